@@ -1,0 +1,283 @@
+"""Row identity: the one rule for when two rows are equal, how rows sort, and consolidation.
+
+Every component that compares rows (the shard's snapshots, the Correction buffer, compaction,
+the Spark reader) uses the functions here, so there is exactly one rule:
+
+- Two rows are equal when every column is equal. Nulls equal nulls (at any depth).
+- Floating point: all NaNs are equal to each other (whatever their payload); ``-0.0`` and
+  ``0.0`` are *different* rows. Rationale: consolidation must never change a value the user
+  wrote, and ``-0.0`` round-trips exactly; NaN payloads carry no meaning in Spark.
+- Nested values (lists, structs, maps) are equal when their canonical encodings are equal:
+  element by element, in stored order (map entries are compared in their stored order).
+- The order is a total order consistent with that equality: for each column in schema order,
+  nulls last; numbers ascending with ``-0.0 < 0.0`` and NaN after every number; strings and
+  binary by bytes; nested values by their canonical encoding (deterministic but not
+  "natural"). Time ``_time`` breaks ties, then nothing (equal rows at equal times are one
+  update after consolidation).
+
+Consolidation (`consolidate`) sums the diffs of updates that share (row, time), drops those
+that sum to zero, and returns them sorted. It assumes diffs fit in int64 when summed.
+Everything is vectorized: one Arrow sort and numpy reductions, no per-row Python except for
+nested columns, which are encoded per value.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+TIME = "_time"
+DIFF = "_diff"
+SYSTEM_COLUMNS = (TIME, DIFF)
+
+Order = Literal["row_time", "time_row"]
+
+_SIGN_FLIP = np.int64(0x7FFFFFFFFFFFFFFF)
+_CANONICAL_NAN_BITS = np.float64("nan").view(np.int64)
+
+
+def row_columns(schema: pa.Schema) -> list[str]:
+    """The user's columns of an update schema: everything but ``_time`` and ``_diff``."""
+    return [name for name in schema.names if name not in SYSTEM_COLUMNS]
+
+
+def _is_primitive_sortable(t: pa.DataType) -> bool:
+    return (
+        pa.types.is_integer(t)
+        or pa.types.is_boolean(t)
+        or pa.types.is_string(t)
+        or pa.types.is_large_string(t)
+        or pa.types.is_binary(t)
+        or pa.types.is_large_binary(t)
+        or pa.types.is_fixed_size_binary(t)
+        or pa.types.is_decimal(t)
+        or pa.types.is_date(t)
+        or pa.types.is_time(t)
+        or pa.types.is_timestamp(t)
+        or pa.types.is_duration(t)
+    )
+
+
+def _float_key(arr: pa.Array) -> pa.Array:
+    """An int64 array whose signed order is the float total order; NaNs collapse to one key."""
+    values = pc.cast(arr, pa.float64()) if not pa.types.is_float64(arr.type) else arr
+    data = values.to_numpy(zero_copy_only=False)
+    data = np.where(np.isnan(data), np.float64("nan"), data)
+    bits = data.view(np.int64)
+    key = bits ^ ((bits >> 63) & _SIGN_FLIP)
+    mask = np.asarray(values.is_null()) if values.null_count else None
+    return pa.array(key, type=pa.int64(), mask=mask)
+
+
+def _encode_value(value: Any, t: pa.DataType, out: bytearray) -> None:
+    """Append a canonical, self-delimiting encoding of ``value`` (of Arrow type ``t``)."""
+    if value is None:
+        out += b"\x00"
+        return
+    out += b"\x01"
+    if pa.types.is_floating(t):
+        f = float(value)
+        if f != f:
+            out += struct.pack(">q", int(_CANONICAL_NAN_BITS))
+        else:
+            out += struct.pack(">d", f)
+    elif pa.types.is_struct(t):
+        for i in range(t.num_fields):
+            field = t.field(i)
+            _encode_value(value.get(field.name), field.type, out)
+    elif pa.types.is_map(t):
+        out += struct.pack(">Q", len(value))
+        for k, v in value:
+            _encode_value(k, t.key_type, out)
+            _encode_value(v, t.item_type, out)
+    elif (
+        pa.types.is_list(t)
+        or pa.types.is_large_list(t)
+        or pa.types.is_fixed_size_list(t)
+        or pa.types.is_list_view(t)
+        or pa.types.is_large_list_view(t)
+    ):
+        out += struct.pack(">Q", len(value))
+        for item in value:
+            _encode_value(item, t.value_type, out)
+    elif isinstance(value, (bytes, bytearray, memoryview)):
+        data = bytes(value)
+        out += struct.pack(">Q", len(data)) + data
+    elif isinstance(value, str):
+        data = value.encode("utf-8")
+        out += struct.pack(">Q", len(data)) + data
+    else:
+        data = repr(value).encode("utf-8")
+        out += struct.pack(">Q", len(data)) + data
+
+
+def _encoded_key(arr: pa.Array) -> pa.Array:
+    """Binary canonical encodings of each value of a nested (or otherwise unsortable) array."""
+    encoded: list[bytes | None] = []
+    t = arr.type
+    for value in arr.to_pylist():
+        if value is None:
+            encoded.append(None)
+            continue
+        buf = bytearray()
+        _encode_value(value, t, buf)
+        encoded.append(bytes(buf))
+    return pa.array(encoded, type=pa.binary())
+
+
+def key_array(arr: pa.Array | pa.ChunkedArray) -> pa.Array | None:
+    """The array that stands for ``arr`` in sorting and equality, or None if it never differs.
+
+    The result sorts (with Arrow's sort, nulls at end) in our total order, and two of its
+    values are equal exactly when the original values are equal under our rule.
+    """
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    t = arr.type
+    if pa.types.is_dictionary(t):
+        arr = arr.dictionary_decode()
+        t = arr.type
+    if pa.types.is_null(t):
+        return None
+    if pa.types.is_string_view(t):
+        return pc.cast(arr, pa.string())
+    if pa.types.is_binary_view(t):
+        return pc.cast(arr, pa.binary())
+    if pa.types.is_floating(t):
+        return _float_key(arr)
+    if _is_primitive_sortable(t):
+        return arr
+    return _encoded_key(arr)
+
+
+def key_columns(table: pa.Table, columns: Sequence[str]) -> list[pa.Array]:
+    """`key_array` of each named column, skipping columns that never differ (null type)."""
+    keys = []
+    for name in columns:
+        key = key_array(table.column(name))
+        if key is not None:
+            keys.append(key)
+    return keys
+
+
+def sort_indices(table: pa.Table, columns: Sequence[str], order: Order = "row_time") -> pa.Array:
+    """Indices that sort ``table`` by (row, time) or (time, row) in our total order."""
+    keys = key_columns(table, columns)
+    names = [f"k{i}" for i in range(len(keys))]
+    arrays: list[pa.Array] = list(keys)
+    has_time = TIME in table.column_names
+    if has_time:
+        time = table.column(TIME).combine_chunks()
+        if order == "time_row":
+            arrays.insert(0, time)
+            names.insert(0, "t")
+        else:
+            arrays.append(time)
+            names.append("t")
+    if not arrays:
+        return pa.array(np.arange(table.num_rows, dtype=np.int64))
+    sort_table = pa.Table.from_arrays(arrays, names=names)
+    return pc.sort_indices(sort_table, sort_keys=[(n, "ascending", "at_end") for n in names])
+
+
+def sort_table(table: pa.Table, columns: Sequence[str], order: Order = "row_time") -> pa.Table:
+    """``table`` sorted by (row, time) or (time, row) in our total order."""
+    if table.num_rows <= 1:
+        return table
+    return table.take(sort_indices(table, columns, order))
+
+
+def _equal_to_previous(key: pa.Array) -> np.ndarray:
+    """Boolean mask, length n-1: value i+1 equals value i (nulls equal nulls)."""
+    prev = key.slice(0, len(key) - 1)
+    cur = key.slice(1)
+    eq = pc.fill_null(pc.equal(cur, prev), False)
+    result = np.asarray(eq.to_numpy(zero_copy_only=False), dtype=bool)
+    if key.null_count:
+        both_null = np.asarray(pc.and_(pc.is_null(cur), pc.is_null(prev)), dtype=bool)
+        result |= both_null
+    return result
+
+
+def run_starts(keys: Sequence[pa.Array], n: int) -> np.ndarray:
+    """Indices where a new run of equal keys begins, for rows already sorted by ``keys``."""
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    same = np.ones(n - 1, dtype=bool)
+    for key in keys:
+        same &= _equal_to_previous(key)
+    return np.concatenate(([0], np.flatnonzero(~same) + 1)).astype(np.int64)
+
+
+def sum_runs(table: pa.Table, starts: np.ndarray) -> pa.Table:
+    """One row per run (the first), with ``_diff`` the run's sum; zero sums are dropped."""
+    if table.num_rows == 0:
+        return table
+    diffs = table.column(DIFF).to_numpy()
+    sums = np.add.reduceat(diffs, starts)
+    keep = sums != 0
+    idx = starts[keep]
+    out = table.take(pa.array(idx))
+    diff_index = out.schema.get_field_index(DIFF)
+    diff_field = out.schema.field(diff_index)
+    return out.set_column(diff_index, diff_field, pa.array(sums[keep], type=pa.int64()))
+
+
+def consolidate(
+    table: pa.Table,
+    columns: Sequence[str] | None = None,
+    *,
+    order: Order = "row_time",
+    presorted: bool = False,
+) -> pa.Table:
+    """Sum diffs of equal (row, time) updates, drop zero sums, return sorted by ``order``.
+
+    ``columns`` are the row columns (default: all but ``_time``/``_diff``). When ``table`` has
+    no ``_time`` column, updates are grouped by row alone. ``presorted`` skips the sort when the
+    caller guarantees the input is already in ``order``.
+    """
+    if columns is None:
+        columns = row_columns(table.schema)
+    if table.num_rows == 0:
+        return table
+    if not presorted:
+        table = sort_table(table, columns, order)
+    keys = key_columns(table, columns)
+    if TIME in table.column_names:
+        keys.append(table.column(TIME).combine_chunks())
+    starts = run_starts(keys, table.num_rows)
+    if len(starts) == table.num_rows:
+        diffs = table.column(DIFF)
+        if pc.all(pc.not_equal(diffs, 0)).as_py() is not False:
+            return table.combine_chunks() if table.column(DIFF).num_chunks > 1 else table
+    return sum_runs(table.combine_chunks(), starts)
+
+
+def advance_times(table: pa.Table, frontier: int) -> pa.Table:
+    """Forward every ``_time`` below ``frontier`` to ``frontier`` (logical compaction)."""
+    if table.num_rows == 0 or TIME not in table.column_names:
+        return table
+    idx = table.schema.get_field_index(TIME)
+    times = pc.max_element_wise(table.column(TIME), pa.scalar(frontier, pa.int64()))
+    return table.set_column(idx, table.schema.field(idx), times)
+
+
+def snapshot_of(table: pa.Table, columns: Sequence[str] | None = None) -> pa.Table:
+    """Rows + ``_diff``: one row per distinct row, diffs summed over all times, zeros dropped."""
+    if TIME in table.column_names:
+        table = table.drop_columns([TIME])
+    return consolidate(table, columns)
+
+
+def expand_by_diff(table: pa.Table) -> pa.Table:
+    """Repeat each row ``_diff`` times and drop ``_diff``; diffs must be positive."""
+    diffs = table.column(DIFF).to_numpy()
+    rows = table.drop_columns([DIFF])
+    if diffs.size == 0 or bool(np.all(diffs == 1)):
+        return rows
+    return rows.take(pa.array(np.repeat(np.arange(len(diffs), dtype=np.int64), diffs)))

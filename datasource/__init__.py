@@ -1,0 +1,1 @@
+"""persistshard.datasource."""

@@ -1,0 +1,118 @@
+"""The errors persistshard raises, one class per thing the caller must do differently.
+
+Invariants:
+- Every message starts with the class name followed by a colon, because in Spark the Python
+  class is lost on the way to the user and only the text survives.
+- Every message names the shard (its location) when one is involved, and the values that
+  disagree.
+- An error is *determinate* (the operation certainly did not take effect) unless it is an
+  `Indeterminate`, which says the operation may or may not have been applied; the caller must
+  re-read the state before retrying.
+"""
+
+from __future__ import annotations
+
+
+class PersistShardError(Exception):
+    """Base class of every persistshard error; its message starts with the class name."""
+
+    def __init__(self, message: str, *, location: str | None = None) -> None:
+        self.location = location
+        self.detail = message
+        text = f"{type(self).__name__}: {message}"
+        if location is not None:
+            text += f" (shard {location})"
+        super().__init__(text)
+
+
+class UpperMismatch(PersistShardError):
+    """`expected_upper` was not the shard's upper; nothing was written. Re-read and retry."""
+
+    def __init__(self, expected: int, actual: int, *, location: str | None = None) -> None:
+        self.expected = expected
+        self.actual = actual
+        super().__init__(f"expected upper {expected}, shard upper is {actual}", location=location)
+
+
+class SinceViolation(PersistShardError):
+    """A read at a time before the shard's since; read at a later time."""
+
+    def __init__(self, as_of: int, since: int, *, location: str | None = None) -> None:
+        self.as_of = as_of
+        self.since = since
+        super().__init__(
+            f"as_of {as_of} is before the shard's since {since}; "
+            f"history before {since} has been compacted, read at {since} or later",
+            location=location,
+        )
+
+
+class NotSealed(PersistShardError):
+    """A read at a time at or after the shard's upper; wait or seal first."""
+
+    def __init__(self, as_of: int, upper: int, *, location: str | None = None) -> None:
+        self.as_of = as_of
+        self.upper = upper
+        super().__init__(
+            f"as_of {as_of} is not sealed: the shard's upper is {upper}, so only times "
+            f"below {upper} are final; read at {upper - 1} or earlier, or seal first",
+            location=location,
+        )
+
+
+class InvalidUpdates(PersistShardError):
+    """Bad input (schema, times, diffs, options); nothing was written."""
+
+
+class CorruptData(PersistShardError):
+    """Stored bytes fail a checksum, magic number or length check; names the file and chunk."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        file: str | None = None,
+        chunk: int | None = None,
+        location: str | None = None,
+    ) -> None:
+        self.file = file
+        self.chunk = chunk
+        where = []
+        if file is not None:
+            where.append(f"file {file}")
+        if chunk is not None:
+            where.append(f"chunk {chunk}")
+        text = f"{message} ({', '.join(where)})" if where else message
+        super().__init__(text, location=location)
+
+
+class StorageUnsupported(PersistShardError):
+    """The storage cannot give an atomic put-if-absent and no other consensus was configured."""
+
+
+class Indeterminate(PersistShardError):
+    """An operation may or may not have been applied (for example a timeout after a write).
+
+    The caller must re-read the state before deciding whether to retry; the shard's own
+    retry loops do this by recognising their own commit (by its id) in the log.
+    """
+
+
+class StateConflict(PersistShardError):
+    """A maintenance commit (compaction, gc) lost because its inputs are no longer current.
+
+    Determinate: nothing was applied; the outputs it wrote are deleted.
+    """
+
+
+__all__ = [
+    "CorruptData",
+    "Indeterminate",
+    "InvalidUpdates",
+    "NotSealed",
+    "PersistShardError",
+    "SinceViolation",
+    "StateConflict",
+    "StorageUnsupported",
+    "UpperMismatch",
+]

@@ -1,0 +1,1 @@
+"""Spark looks for this module by name; it registers the format `persistshard`."""
