@@ -281,3 +281,58 @@ def expand_by_diff(table: pa.Table) -> pa.Table:
     if diffs.size == 0 or bool(np.all(diffs == 1)):
         return rows
     return rows.take(pa.array(np.repeat(np.arange(len(diffs), dtype=np.int64), diffs)))
+
+
+def consolidation_indices(
+    table: pa.Table,
+    columns: Sequence[str] | None = None,
+    *,
+    order: Order = "row_time",
+    presorted: bool = False,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Where `consolidate`'s output comes from, without building it.
+
+    Returns ``(indices, diffs)``: for each (row, time) whose diffs do not sum to zero, the
+    index in ``table`` of its first update in ``order``, and the summed diff, both in
+    ``order``. ``table.take(indices)`` with ``_diff`` replaced by ``diffs`` equals
+    ``consolidate(table, columns, order=order, presorted=presorted)``. Callers that cut the
+    result into pieces take each piece separately, so the pieces own their buffers. Row keys
+    are computed once (they are expensive for float and nested columns).
+    """
+    if columns is None:
+        columns = row_columns(table.schema)
+    n = table.num_rows
+    if n == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    keys = key_columns(table, columns)
+    has_time = TIME in table.column_names
+    time = table.column(TIME).combine_chunks() if has_time else None
+    diffs = np.asarray(table.column(DIFF).to_numpy(), dtype=np.int64)
+    if presorted:
+        perm = np.arange(n, dtype=np.int64)
+    else:
+        arrays: list[pa.Array] = list(keys)
+        if time is not None:
+            if order == "time_row":
+                arrays.insert(0, time)
+            else:
+                arrays.append(time)
+        if arrays:
+            names = [f"k{i}" for i in range(len(arrays))]
+            perm_arr = pc.sort_indices(
+                pa.Table.from_arrays(arrays, names=names),
+                sort_keys=[(name, "ascending", "at_end") for name in names],
+            )
+            perm = np.asarray(perm_arr.to_numpy(), dtype=np.int64)
+            keys = [key.take(perm_arr) for key in keys]
+            if time is not None:
+                time = time.take(perm_arr)
+            diffs = diffs[perm]
+        else:
+            perm = np.arange(n, dtype=np.int64)
+    if time is not None:
+        keys.append(time)
+    starts = run_starts(keys, n)
+    sums = np.add.reduceat(diffs, starts)
+    keep = sums != 0
+    return perm[starts[keep]], sums[keep]
