@@ -1,5 +1,6 @@
 """persistshard: versioned, compacting storage of (row, time, diff) updates, for Spark."""
 
+from persistshard.core.shard import Shard, VerifyReport, open_shard
 from persistshard.errors import (
     CorruptData,
     Indeterminate,
@@ -20,9 +21,12 @@ __all__ = [
     "InvalidUpdates",
     "NotSealed",
     "PersistShardError",
+    "Shard",
     "SinceViolation",
     "StateConflict",
     "StorageUnsupported",
     "UpperMismatch",
+    "VerifyReport",
     "__version__",
+    "open_shard",
 ]

@@ -37,11 +37,14 @@ class UpperMismatch(PersistShardError):
 class SinceViolation(PersistShardError):
     """A read at a time before the shard's since; read at a later time."""
 
-    def __init__(self, as_of: int, since: int, *, location: str | None = None) -> None:
+    def __init__(
+        self, as_of: int, since: int, *, location: str | None = None, message: str | None = None
+    ) -> None:
         self.as_of = as_of
         self.since = since
         super().__init__(
-            f"as_of {as_of} is before the shard's since {since}; "
+            message
+            or f"as_of {as_of} is before the shard's since {since}; "
             f"history before {since} has been compacted, read at {since} or later",
             location=location,
         )
@@ -50,11 +53,14 @@ class SinceViolation(PersistShardError):
 class NotSealed(PersistShardError):
     """A read at a time at or after the shard's upper; wait or seal first."""
 
-    def __init__(self, as_of: int, upper: int, *, location: str | None = None) -> None:
+    def __init__(
+        self, as_of: int, upper: int, *, location: str | None = None, message: str | None = None
+    ) -> None:
         self.as_of = as_of
         self.upper = upper
         super().__init__(
-            f"as_of {as_of} is not sealed: the shard's upper is {upper}, so only times "
+            message
+            or f"as_of {as_of} is not sealed: the shard's upper is {upper}, so only times "
             f"below {upper} are final; read at {upper - 1} or earlier, or seal first",
             location=location,
         )

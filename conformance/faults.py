@@ -1,0 +1,91 @@
+"""Fault injection: a Blob wrapper that fails, or succeeds and then reports failure.
+
+`FaultyBlob` wraps a real `Blob` and, by a seeded random draw per call, either
+- raises *before* doing the operation (``fail_before``: certainly not done), or
+- does the operation and then raises (``fail_after``: done, but the caller is told it failed;
+  the indeterminate case a timeout produces).
+Errors are ``TimeoutError`` (an ``OSError``), as a network filesystem would raise. The commit
+protocol must stay correct under both: no lost commit, no commit applied twice, no partial
+state visible.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from typing import Any
+
+from persistshard.core.blob import Blob, BlobMeta
+
+
+class FaultyBlob(Blob):
+    """A `Blob` whose operations fail at random (see the module docstring)."""
+
+    def __init__(
+        self,
+        inner: Blob,
+        *,
+        fail_before: float = 0.0,
+        fail_after: float = 0.0,
+        seed: int = 0,
+        operations: frozenset[str] = frozenset({"put", "put_if_absent", "get", "delete"}),
+    ) -> None:
+        self.inner = inner
+        self.fs = inner.fs
+        self.url = inner.url
+        self.root = inner.root
+        self.protocol = inner.protocol
+        self._local = inner._local
+        self.fail_before = fail_before
+        self.fail_after = fail_after
+        self.operations = operations
+        self.enabled = True
+        self.injected = 0
+        self._rng = random.Random(seed)
+        self._lock = threading.Lock()
+
+    def _draw(self, op: str) -> str | None:
+        if not self.enabled or op not in self.operations:
+            return None
+        with self._lock:
+            r = self._rng.random()
+        if r < self.fail_before:
+            return "before"
+        if r < self.fail_before + self.fail_after:
+            return "after"
+        return None
+
+    def _run(self, op: str, fn: Any, *args: Any) -> Any:
+        fault = self._draw(op)
+        if fault == "before":
+            self.injected += 1
+            raise TimeoutError(f"injected failure before {op}")
+        result = fn(*args)
+        if fault == "after":
+            self.injected += 1
+            raise TimeoutError(f"injected failure after {op} (it was done)")
+        return result
+
+    def get(self, key: str) -> bytes | None:
+        result: bytes | None = self._run("get", self.inner.get, key)
+        return result
+
+    def get_range(self, key: str, offset: int, length: int) -> bytes:
+        result: bytes = self._run("get", self.inner.get_range, key, offset, length)
+        return result
+
+    def size(self, key: str) -> int | None:
+        return self.inner.size(key)
+
+    def put(self, key: str, data: bytes) -> None:
+        self._run("put", self.inner.put, key, data)
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        result: bool = self._run("put_if_absent", self.inner.put_if_absent, key, data)
+        return result
+
+    def delete(self, key: str) -> None:
+        self._run("delete", self.inner.delete, key)
+
+    def list(self, prefix: str = "") -> list[BlobMeta]:
+        return self.inner.list(prefix)

@@ -1,0 +1,235 @@
+"""Consensus: a linearizable, versioned log per shard, with compare-and-set at its head.
+
+Contract (every implementation; tested by `persistshard.conformance`):
+- Versions start at 1 and increase by exactly one per successful `compare_and_set`.
+- ``compare_and_set(expected, data)`` appends ``data`` as version ``expected + 1`` (``expected``
+  is None for an empty log) if and only if the head is currently ``expected``. Of any number of
+  racing callers with the same ``expected``, at most one succeeds. Implementations are required
+  to be linearizable: once a call returns True, every later `head` sees that version or a newer.
+- A ``compare_and_set`` that raises `Indeterminate` may or may not have appended. Callers
+  resolve it by reading the log (entries carry the caller's own commit id).
+- ``scan(from_version)`` returns the entries at or after ``from_version`` in order.
+- ``truncate(below)`` deletes entries with versions < ``below``; it never deletes the head.
+
+`BlobConsensus` keeps the log next to the data, one object per version, using the blob's atomic
+put-if-absent. Because truncation deletes old versions, a writer that read the head long ago
+could re-create a truncated version; every entry therefore names its predecessor's digest, and
+a created entry whose successor does not name it is withdrawn and reported as a lost race.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+from persistshard.core.blob import Blob
+from persistshard.errors import CorruptData, Indeterminate, StorageUnsupported
+
+
+@dataclass(frozen=True)
+class VersionedData:
+    """One log entry: its version and its bytes."""
+
+    version: int
+    data: bytes
+
+    @property
+    def digest(self) -> str:
+        """A short content hash, by which the next entry names this one."""
+        return hashlib.sha256(self.data).hexdigest()[:32]
+
+
+class Consensus(ABC):
+    """A versioned log with compare-and-set at its head (see the module docstring)."""
+
+    @abstractmethod
+    def head(self) -> VersionedData | None:
+        """The newest entry, or None for an empty log."""
+
+    @abstractmethod
+    def compare_and_set(self, expected: int | None, data: bytes) -> bool:
+        """Append ``data`` as version ``(expected or 0) + 1`` iff the head is ``expected``."""
+
+    @abstractmethod
+    def scan(self, from_version: int, limit: int | None = None) -> list[VersionedData]:
+        """Entries with version >= ``from_version``, oldest first."""
+
+    @abstractmethod
+    def truncate(self, below: int) -> int:
+        """Delete entries with version < ``below`` (never the head); return how many."""
+
+
+_ENTRY = re.compile(r"^v(\d{20})\.json$")
+_PREFIX = "consensus/"
+
+
+def _key(version: int) -> str:
+    return f"{_PREFIX}v{version:020d}.json"
+
+
+def _wrap(prev_digest: str | None, payload: bytes) -> bytes:
+    head = json.dumps({"prev": prev_digest}).encode() + b"\n"
+    return head + payload
+
+
+def _unwrap(raw: bytes, key: str) -> tuple[str | None, bytes]:
+    line, sep, payload = raw.partition(b"\n")
+    if not sep:
+        raise CorruptData("consensus entry has no header line", file=key)
+    try:
+        prev: Any = json.loads(line)["prev"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise CorruptData(f"consensus entry header unreadable: {e}", file=key) from e
+    return prev, payload
+
+
+class BlobConsensus(Consensus):
+    """The default consensus: one object per version under ``consensus/`` of the shard's blob.
+
+    Requires a blob whose put-if-absent is atomic (local files, memory, S3); refuses others
+    with `StorageUnsupported`. Each stored entry is a one-line JSON header naming the digest
+    of its predecessor, then the caller's bytes; `VersionedData.data` is the caller's bytes.
+    """
+
+    def __init__(self, blob: Blob) -> None:
+        if not blob.supports_atomic_create:
+            raise StorageUnsupported(
+                f"the {blob.protocol!r} filesystem has no atomic put-if-absent, which the "
+                "default consensus needs; pass consensus=... with an implementation that "
+                "can compare-and-set",
+                location=blob.url,
+            )
+        self.blob = blob
+
+    def _versions(self) -> list[int]:
+        out = []
+        for meta in self.blob.list(_PREFIX):
+            m = _ENTRY.match(meta.key[len(_PREFIX) :])
+            if m:
+                out.append(int(m.group(1)))
+        out.sort()
+        return out
+
+    def _read(self, version: int) -> tuple[str | None, VersionedData] | None:
+        key = _key(version)
+        raw = self.blob.get(key)
+        if raw is None:
+            return None
+        prev, payload = _unwrap(raw, key)
+        return prev, VersionedData(version, payload)
+
+    def head(self) -> VersionedData | None:
+        for version in reversed(self._versions()):
+            entry = self._read(version)
+            if entry is not None:
+                return entry[1]
+        return None
+
+    def compare_and_set(self, expected: int | None, data: bytes) -> bool:
+        base = expected or 0
+        prev_digest: str | None = None
+        if base > 0:
+            prev = self._read(base)
+            if prev is None:
+                return False
+            prev_digest = prev[1].digest
+        new_version = base + 1
+        raw = _wrap(prev_digest, data)
+        try:
+            created = self.blob.put_if_absent(_key(new_version), raw)
+        except StorageUnsupported:
+            raise
+        except OSError as e:
+            raise Indeterminate(
+                f"writing consensus version {new_version} failed ({e}); it may have been applied"
+            ) from e
+        if not created:
+            return False
+        return self._confirm(new_version, VersionedData(new_version, data).digest)
+
+    def _confirm(self, version: int, digest: str) -> bool:
+        """Whether the entry just created at ``version`` is on the live chain.
+
+        A version can be re-created after truncation removed it; then newer versions exist
+        that do not descend from it. Such an entry is withdrawn and the CAS reported lost.
+        """
+        newer = [v for v in self._versions() if v > version]
+        if not newer:
+            return True
+        successor = self._read(version + 1)
+        if successor is not None and successor[0] == digest:
+            return True
+        self.blob.delete(_key(version))
+        return False
+
+    def scan(self, from_version: int, limit: int | None = None) -> list[VersionedData]:
+        out = []
+        for version in self._versions():
+            if version < from_version:
+                continue
+            entry = self._read(version)
+            if entry is None:
+                continue
+            out.append(entry[1])
+            if limit is not None and len(out) >= limit:
+                break
+        return out
+
+    def truncate(self, below: int) -> int:
+        versions = self._versions()
+        if not versions:
+            return 0
+        head = versions[-1]
+        deleted = 0
+        for version in versions:
+            if version >= below or version >= head:
+                break
+            self.blob.delete(_key(version))
+            deleted += 1
+        return deleted
+
+
+class MemoryConsensus(Consensus):
+    """An in-process consensus (a list under a lock), for tests and single-process use."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self._lock = threading.Lock()
+        self._entries: dict[int, bytes] = {}
+
+    def head(self) -> VersionedData | None:
+        with self._lock:
+            if not self._entries:
+                return None
+            v = max(self._entries)
+            return VersionedData(v, self._entries[v])
+
+    def compare_and_set(self, expected: int | None, data: bytes) -> bool:
+        with self._lock:
+            current = max(self._entries) if self._entries else 0
+            if current != (expected or 0):
+                return False
+            self._entries[current + 1] = data
+            return True
+
+    def scan(self, from_version: int, limit: int | None = None) -> list[VersionedData]:
+        with self._lock:
+            out = [
+                VersionedData(v, d) for v, d in sorted(self._entries.items()) if v >= from_version
+            ]
+        return out[:limit] if limit is not None else out
+
+    def truncate(self, below: int) -> int:
+        with self._lock:
+            if not self._entries:
+                return 0
+            head = max(self._entries)
+            doomed = [v for v in self._entries if v < below and v < head]
+            for v in doomed:
+                del self._entries[v]
+            return len(doomed)

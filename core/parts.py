@@ -1,0 +1,134 @@
+"""Parts on blob storage: writing sorted, consolidated updates as part files and reading them.
+
+This is the only module of `core` that talks to `persistshard.format`. Invariants:
+- A part is written once, under a key no other part uses (``parts/<write id>/<uuid>.part``),
+  with a single ``put``; it is sorted by (row, time) and consolidated.
+- Parts are read with ranged gets: the footer first, then only the chunks and columns needed.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from persistshard.core.blob import Blob
+from persistshard.core.rows import TIME, row_columns
+from persistshard.core.state import PartRef
+from persistshard.format import PartReader, encode_part
+
+#: A part is cut into several once its uncompressed size passes this.
+PART_TARGET_BYTES = 256 << 20
+#: Uncompressed bytes per chunk inside a part.
+CHUNK_BYTES = 8 << 20
+PARTS_PREFIX = "parts/"
+
+
+def part_key(write_id: str) -> str:
+    """A fresh key for a part of the write ``write_id`` (its prefix lets failed writes be swept)."""
+    return f"{PARTS_PREFIX}{write_id}/{uuid.uuid4().hex}.part"
+
+
+def write_part(
+    blob: Blob, write_id: str, table: pa.Table, *, metadata: dict[str, str] | None = None
+) -> PartRef:
+    """Write one part of ``table`` (already sorted by (row, time) and consolidated)."""
+    columns = row_columns(table.schema)
+    data, info = encode_part(
+        table,
+        sort_column=columns[0] if columns else None,
+        chunk_bytes=CHUNK_BYTES,
+        metadata=metadata,
+    )
+    key = part_key(write_id)
+    blob.put(key, data)
+    return PartRef(
+        key=key,
+        size=len(data),
+        num_rows=table.num_rows,
+        min_time=info.min_time if info.min_time is not None else 0,
+        max_time=info.max_time if info.max_time is not None else 0,
+    )
+
+
+def write_parts(blob: Blob, write_id: str, table: pa.Table) -> list[PartRef]:
+    """Write ``table`` (sorted, consolidated) as parts of at most about `PART_TARGET_BYTES`."""
+    if table.num_rows == 0:
+        return []
+    n_parts = max(1, -(-table.nbytes // PART_TARGET_BYTES))
+    step = -(-table.num_rows // n_parts)
+    return [
+        write_part(blob, write_id, table.slice(start, step))
+        for start in range(0, table.num_rows, step)
+    ]
+
+
+def open_part(blob: Blob, ref: PartRef) -> PartReader:
+    """A reader over ``ref`` that fetches bytes with ranged gets."""
+    return PartReader.open(
+        ref.key, ref.size, lambda offset, length: blob.get_range(ref.key, offset, length)
+    )
+
+
+def read_part(
+    blob: Blob,
+    ref: PartRef,
+    *,
+    columns: Sequence[str] | None = None,
+    min_time: int | None = None,
+    max_time: int | None = None,
+) -> pa.Table:
+    """The rows of ``ref`` with ``min_time <= _time <= max_time`` (bounds optional)."""
+    reader = open_part(blob, ref)
+    chunks = [
+        i
+        for i, c in enumerate(reader.chunks)
+        if (max_time is None or c.min_time is None or c.min_time <= max_time)
+        and (min_time is None or c.max_time is None or c.max_time >= min_time)
+    ]
+    table = reader.read(columns=columns, chunks=chunks)
+    if table.num_rows and TIME in table.column_names:
+        lo_ok = min_time is None or ref.min_time >= min_time
+        hi_ok = max_time is None or ref.max_time <= max_time
+        if not (lo_ok and hi_ok):
+            mask = None
+            times = table.column(TIME)
+            if min_time is not None:
+                mask = pc.greater_equal(times, min_time)
+            if max_time is not None:
+                upper_mask = pc.less_equal(times, max_time)
+                mask = upper_mask if mask is None else pc.and_(mask, upper_mask)
+            table = table.filter(mask)
+    return table
+
+
+def read_parts(
+    blob: Blob,
+    refs: Iterable[PartRef],
+    schema: pa.Schema,
+    *,
+    min_time: int | None = None,
+    max_time: int | None = None,
+    threads: int = 4,
+) -> pa.Table:
+    """All rows of ``refs`` within the time bounds, concatenated (no consolidation)."""
+    wanted = [
+        r
+        for r in refs
+        if r.num_rows
+        and (max_time is None or r.min_time <= max_time)
+        and (min_time is None or r.max_time >= min_time)
+    ]
+    if not wanted:
+        return schema.empty_table()
+    if len(wanted) == 1:
+        tables = [read_part(blob, wanted[0], min_time=min_time, max_time=max_time)]
+    else:
+        with ThreadPoolExecutor(max_workers=min(threads, len(wanted))) as pool:
+            tables = list(
+                pool.map(lambda r: read_part(blob, r, min_time=min_time, max_time=max_time), wanted)
+            )
+    return pa.concat_tables([t.cast(schema) if t.schema != schema else t for t in tables])

@@ -1,0 +1,549 @@
+"""Shard: a durable collection of (row, time, diff) updates with two frontiers.
+
+What always holds (for every state version a reader can see):
+- Everything at a time ``< upper`` is final: no later commit adds or removes updates there.
+  Every append starts exactly at the current upper (compare-and-append).
+- Reads at ``as_of`` in ``[since, upper)`` are exact: the snapshot is the sum of diffs of
+  every update at a time ``<= as_of``. Updates at times ``< since`` may have been forwarded
+  to ``since``; reads forward them too, so answers do not depend on whether physical
+  compaction has happened.
+- Updates at times ``>= upper`` (unsealed) are durable but invisible until upper passes them.
+- A failed write changes nothing: parts are written before the commit under fresh keys, the
+  commit is one compare-and-set, and a refused commit deletes the parts it wrote.
+
+Every state change is a `Commit` applied by a pure function (`persistshard.core.state.apply`)
+and stored with compare-and-set; a lost race re-reads and re-applies the same commit (same id,
+same parts: data blobs are never rewritten on retry). A write that fails with `Indeterminate`
+is resolved by looking for its commit id in the log before retrying.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from persistshard.core import state as st
+from persistshard.core.blob import Blob
+from persistshard.core.consensus import BlobConsensus, Consensus
+from persistshard.core.parts import read_parts, write_parts
+from persistshard.core.rows import DIFF, TIME, advance_times, consolidate, snapshot_of
+from persistshard.core.state import (
+    ROLLUP_EVERY,
+    Batch,
+    Commit,
+    Entry,
+    PartRef,
+    ShardState,
+    WriterAlreadyCommitted,
+)
+from persistshard.core.validate import normalize_updates, update_schema, user_schema
+from persistshard.errors import (
+    CorruptData,
+    Indeterminate,
+    InvalidUpdates,
+    NotSealed,
+    PersistShardError,
+    SinceViolation,
+    StateConflict,
+    UpperMismatch,
+)
+
+ROLLUPS_PREFIX = "rollups/"
+
+#: Errors after which a commit certainly did not land (its parts may be deleted).
+DETERMINATE_REFUSALS = (UpperMismatch, InvalidUpdates, NotSealed, StateConflict)
+
+
+def new_id() -> str:
+    """A fresh unique id (for writes, commits and batches)."""
+    return uuid.uuid4().hex
+
+
+def _as_location(location: str) -> str:
+    if "://" in location or location.startswith("memory:"):
+        return location
+    return "file://" + os.path.abspath(os.path.expanduser(location))
+
+
+@dataclass
+class WrittenUpdates:
+    """What a write task produced: sealed parts (below the new upper) and unsealed parts."""
+
+    sealed: list[PartRef] = field(default_factory=list)
+    unsealed: list[PartRef] = field(default_factory=list)
+
+    def extend(self, other: WrittenUpdates) -> None:
+        self.sealed.extend(other.sealed)
+        self.unsealed.extend(other.unsealed)
+
+    def keys(self) -> list[str]:
+        return [p.key for p in (*self.sealed, *self.unsealed)]
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """What `Shard.verify` checked and found; ``ok`` when ``problems`` is empty."""
+
+    version: int
+    parts_checked: int
+    bytes_checked: int
+    problems: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+class Shard:
+    """A shard at ``location`` (any fsspec URL or local path). See the module docstring."""
+
+    def __init__(
+        self,
+        location: str,
+        *,
+        consensus: Consensus | None = None,
+        blob: Blob | None = None,
+        **storage_options: Any,
+    ) -> None:
+        self.location = _as_location(location)
+        self.storage_options = storage_options
+        self.blob = blob if blob is not None else Blob(self.location, **storage_options)
+        self.consensus = consensus if consensus is not None else BlobConsensus(self.blob)
+        self._state = ShardState()
+        self._rollup: tuple[int, str | None] = (0, None)
+
+    # --- state --------------------------------------------------------------------------
+
+    def state(self) -> ShardState:
+        """The newest state version (re-reads the consensus head)."""
+        return self._refresh()
+
+    def _load_rollup(self, version: int, key: str | None) -> ShardState:
+        if version == 0 or key is None:
+            return ShardState()
+        data = self.blob.get(key)
+        if data is None:
+            raise CorruptData(f"state rollup of version {version} is missing", file=key)
+        return st.decode_rollup(data, key)
+
+    def _refresh(self) -> ShardState:
+        head = self.consensus.head()
+        if head is None:
+            self._state, self._rollup = ShardState(), (0, None)
+            return self._state
+        if head.version == self._state.version:
+            return self._state
+        entry = Entry.decode(head.data, f"consensus version {head.version}")
+        base = self._state if 0 < self._state.version < head.version else None
+        entries = self.consensus.scan(base.version + 1) if base is not None else []
+        if base is None or not entries or entries[0].version != base.version + 1:
+            base = self._load_rollup(entry.rollup_version, entry.rollup_key)
+            entries = self.consensus.scan(base.version + 1)
+        commits = [
+            Entry.decode(e.data, f"consensus version {e.version}").commit
+            for e in entries
+            if e.version <= head.version
+        ]
+        folded = st.fold(base, commits)
+        if folded.version < head.version:
+            raise CorruptData(
+                f"consensus log has a gap: rebuilt version {folded.version}, head is "
+                f"{head.version}",
+                location=self.location,
+            )
+        self._state = folded
+        self._rollup = (entry.rollup_version, entry.rollup_key)
+        return folded
+
+    def _find_commit(self, commit_id: str, after: int) -> ShardState | None:
+        """The state in which ``commit_id`` landed at a version > ``after``, if it did."""
+        for e in self.consensus.scan(after + 1):
+            if Entry.decode(e.data).commit.id == commit_id:
+                return self._refresh()
+        return None
+
+    def _commit(self, commit: Commit, *, max_attempts: int = 1000) -> ShardState:
+        """Apply ``commit`` with compare-and-set, re-applying it after each lost race.
+
+        Precondition failures (`UpperMismatch`, `StateConflict`, ...) propagate: determinate.
+        """
+        for _ in range(max_attempts):
+            current = self._refresh()
+            new = st.apply(current, commit, self.location)
+            rollup = self._rollup
+            if new.version % ROLLUP_EVERY == 0:
+                key = f"{ROLLUPS_PREFIX}v{new.version:020d}-{new_id()}.json"
+                self.blob.put(key, st.encode_rollup(new))
+                rollup = (new.version, key)
+            entry = Entry(commit, rollup[0], rollup[1])
+            try:
+                ok = self.consensus.compare_and_set(current.version or None, entry.encode())
+            except Indeterminate:
+                landed = self._find_commit(commit.id, current.version)
+                if landed is not None:
+                    return landed
+                continue
+            if ok:
+                self._state, self._rollup = new, rollup
+                return new
+        raise Indeterminate(
+            f"commit {commit.id} lost {max_attempts} races in a row", location=self.location
+        )
+
+    @property
+    def upper(self) -> int:
+        return self._refresh().upper
+
+    @property
+    def since(self) -> int:
+        return self._refresh().since
+
+    @property
+    def schema(self) -> pa.Schema | None:
+        """The user columns (without ``_time``/``_diff``), or None before the first write."""
+        return self._refresh().schema
+
+    # --- writes -------------------------------------------------------------------------
+
+    def write_updates(
+        self,
+        updates: pa.Table,
+        *,
+        lower: int,
+        new_upper: int,
+        write_id: str,
+        schema: pa.Schema | None,
+    ) -> WrittenUpdates:
+        """Validate, consolidate and write ``updates`` as parts; commits nothing.
+
+        Updates below ``new_upper`` become sealed parts, the rest unsealed parts. Used by
+        `compare_and_append` and by Spark write tasks (which commit on the driver).
+        """
+        table = normalize_updates(updates, lower=lower, schema=schema, location=self.location)
+        if table.num_rows == 0:
+            return WrittenUpdates()
+        below = pc.less(table.column(TIME), new_upper)
+        sealed = consolidate(table.filter(below))
+        unsealed = consolidate(table.filter(pc.invert(below)))
+        return WrittenUpdates(
+            sealed=write_parts(self.blob, write_id, sealed),
+            unsealed=write_parts(self.blob, write_id, unsealed),
+        )
+
+    def commit_written(
+        self,
+        written: WrittenUpdates,
+        *,
+        expected_upper: int,
+        new_upper: int,
+        schema: pa.Schema | None,
+        commit_id: str | None = None,
+        writer: tuple[str, int] | None = None,
+    ) -> ShardState:
+        """Append parts already written (one compare-and-append). On any refusal the parts
+        are deleted and the error re-raised; a streaming writer's replayed batch is a no-op.
+        """
+        commit_id = commit_id or new_id()
+        batch = Batch(
+            id=f"{commit_id}-t",
+            lower=expected_upper,
+            upper=new_upper,
+            parts=tuple(written.sealed),
+        )
+        unsealed = None
+        if written.unsealed:
+            unsealed = Batch(
+                id=f"{commit_id}-u",
+                lower=min(p.min_time for p in written.unsealed),
+                upper=max(p.max_time for p in written.unsealed) + 1,
+                parts=tuple(written.unsealed),
+            )
+        commit = st.append_commit(
+            commit_id, expected_upper, new_upper, batch, unsealed, schema, writer
+        )
+        try:
+            return self._commit(commit)
+        except WriterAlreadyCommitted:
+            self.delete_parts(written.keys())
+            return self._refresh()
+        except DETERMINATE_REFUSALS:
+            # Certainly not applied: the parts are garbage now.
+            self.delete_parts(written.keys())
+            raise
+        # Anything else (I/O errors, Indeterminate) may have landed: the parts stay; gc
+        # removes them later if no state references them.
+
+    def delete_parts(self, keys: list[str]) -> None:
+        """Delete parts that no state references (after a refused commit)."""
+        for key in keys:
+            self.blob.delete(key)
+
+    def compare_and_append(
+        self,
+        updates: pa.Table | None,
+        expected_upper: int,
+        new_upper: int,
+        *,
+        writer: tuple[str, int] | None = None,
+    ) -> ShardState:
+        """Append ``updates`` iff the shard's upper is ``expected_upper``; move it to ``new_upper``.
+
+        Updates must have times ``>= expected_upper``; those ``>= new_upper`` are unsealed.
+        Raises `UpperMismatch` (nothing written) if the upper moved, `InvalidUpdates` for bad
+        input (nothing written).
+        """
+        if new_upper < expected_upper:
+            raise InvalidUpdates(
+                f"new upper {new_upper} is below the expected upper {expected_upper}",
+                location=self.location,
+            )
+        current = self._refresh()
+        if current.upper != expected_upper:
+            raise UpperMismatch(expected_upper, current.upper, location=self.location)
+        written = WrittenUpdates()
+        schema = current.schema
+        if updates is not None:
+            incoming = user_schema(updates.schema) if schema is None else None
+            write_id = new_id()
+            written = self.write_updates(
+                updates,
+                lower=expected_upper,
+                new_upper=new_upper,
+                write_id=write_id,
+                schema=schema,
+            )
+            schema = schema or incoming
+        return self.commit_written(
+            written,
+            expected_upper=expected_upper,
+            new_upper=new_upper,
+            schema=schema,
+            writer=writer,
+        )
+
+    def append(self, updates: pa.Table, new_upper: int | None = None) -> ShardState:
+        """Append at the current upper; ``new_upper`` defaults to one past the largest time
+        (or current upper + 1 when the updates are empty)."""
+        expected = self._refresh().upper
+        if new_upper is None:
+            times = updates.column(TIME) if TIME in updates.column_names else None
+            biggest = pc.max(times).as_py() if times is not None and len(times) else None
+            new_upper = max(expected, biggest) + 1 if biggest is not None else expected + 1
+        return self.compare_and_append(updates, expected, new_upper)
+
+    def seal(self, new_upper: int) -> ShardState:
+        """Move upper to ``new_upper`` without new updates (unsealed ones below it appear)."""
+        current = self._refresh()
+        if new_upper < current.upper:
+            raise InvalidUpdates(
+                f"cannot seal at {new_upper}: the upper is already {current.upper} and only "
+                "moves forward",
+                location=self.location,
+            )
+        if new_upper == current.upper:
+            return current
+        return self.compare_and_append(None, current.upper, new_upper)
+
+    def advance_since(self, since: int) -> ShardState:
+        """Allow compaction of history before ``since`` (a no-op if since is already later)."""
+        current = self._refresh()
+        if since <= current.since:
+            return current
+        return self._commit(Commit("advance_since", new_id(), {"since": since}))
+
+    # --- reads --------------------------------------------------------------------------
+
+    def _check_as_of(self, state: ShardState, as_of: int) -> None:
+        if as_of < state.since:
+            raise SinceViolation(as_of, state.since, location=self.location)
+        if as_of >= state.upper:
+            raise NotSealed(as_of, state.upper, location=self.location)
+
+    def read_range(
+        self, state: ShardState, *, min_time: int | None, max_time: int | None
+    ) -> pa.Table:
+        """Every stored update of ``state`` with time in ``[min_time, max_time]`` (inclusive
+        bounds, optional), unconsolidated, times not forwarded."""
+        assert state.schema is not None
+        refs: list[PartRef] = []
+        for b in state.trace:
+            if (max_time is None or b.lower <= max_time) and (
+                min_time is None or b.upper > min_time
+            ):
+                refs.extend(b.parts)
+        for b in state.unsealed:
+            refs.extend(b.parts)
+        hi = state.upper - 1 if max_time is None else min(max_time, state.upper - 1)
+        return read_parts(
+            self.blob, refs, update_schema(state.schema), min_time=min_time, max_time=hi
+        )
+
+    def snapshot(self, as_of: int | None = None) -> pa.Table:
+        """Rows + ``_diff`` at ``as_of`` (default upper - 1): one row per distinct row, diffs
+        summed over all times ``<= as_of``, zero sums dropped, sorted by row."""
+        state = self._refresh()
+        if state.schema is None:
+            if as_of is not None:
+                self._check_as_of(state, as_of)
+            return pa.schema([pa.field(DIFF, pa.int64(), False)]).empty_table()
+        if as_of is None:
+            if state.upper == 0:
+                return _snapshot_schema(state.schema).empty_table()
+            as_of = state.upper - 1
+        self._check_as_of(state, as_of)
+        updates = self.read_range(state, min_time=None, max_time=as_of)
+        return snapshot_of(updates)
+
+    def updates(self, from_time: int, to_time: int) -> pa.Table:
+        """Rows + ``_time`` + ``_diff`` for every update whose time, forwarded to since, is in
+        ``[from_time, to_time)``; consolidated and sorted by (row, time).
+
+        Exact only when ``from_time`` is 0 or later than since (otherwise updates from before
+        ``from_time`` may have been forwarded into the range): else `SinceViolation`.
+        """
+        state = self._refresh()
+        if from_time > to_time:
+            raise InvalidUpdates(
+                f"updates_from {from_time} is after updates_to {to_time}", location=self.location
+            )
+        if to_time > state.upper:
+            raise NotSealed(
+                to_time - 1,
+                state.upper,
+                location=self.location,
+                message=f"updates up to {to_time} are not sealed: the shard's upper is "
+                f"{state.upper}; read to {state.upper} at most, or seal first",
+            )
+        if 0 < from_time <= state.since:
+            raise SinceViolation(
+                from_time,
+                state.since,
+                location=self.location,
+                message=f"updates from {from_time} are not exact: history up to the since "
+                f"{state.since} has been compacted; read from 0 or from {state.since + 1}",
+            )
+        if state.schema is None:
+            return pa.schema(
+                [pa.field(TIME, pa.int64(), False), pa.field(DIFF, pa.int64(), False)]
+            ).empty_table()
+        if from_time == to_time:
+            return update_schema(state.schema).empty_table()
+        # A stored time is at most its forwarded time, so this reads a superset.
+        lo = from_time if from_time > state.since else None
+        table = advance_times(
+            self.read_range(state, min_time=lo, max_time=to_time - 1), state.since
+        )
+        times = table.column(TIME)
+        table = table.filter(pc.and_(pc.greater_equal(times, from_time), pc.less(times, to_time)))
+        return consolidate(table)
+
+    # --- inspection ---------------------------------------------------------------------
+
+    def history(self) -> list[dict[str, Any]]:
+        """The commits still in the log, oldest first: version, kind, id and arguments."""
+        out = []
+        for e in self.consensus.scan(1):
+            entry = Entry.decode(e.data, f"consensus version {e.version}")
+            out.append(
+                {
+                    "version": e.version,
+                    "kind": entry.commit.kind,
+                    "id": entry.commit.id,
+                    "summary": _summarize(entry.commit),
+                }
+            )
+        return out
+
+    def verify(self) -> VerifyReport:
+        """Check every invariant of the newest state and every checksum of every part."""
+        from persistshard.core.parts import open_part
+
+        problems: list[str] = []
+        state = self._refresh()
+        try:
+            state.check()
+        except CorruptData as e:
+            problems.append(str(e))
+        checked = 0
+        nbytes = 0
+        for b in (*state.trace, *state.unsealed):
+            for ref in b.parts:
+                size = self.blob.size(ref.key)
+                if size is None:
+                    problems.append(f"part {ref.key} of batch {b.id} is missing")
+                    continue
+                if size != ref.size:
+                    problems.append(f"part {ref.key} has {size} bytes, the state says {ref.size}")
+                    continue
+                try:
+                    reader = open_part(self.blob, ref)
+                    reader.verify()
+                    if reader.num_rows != ref.num_rows:
+                        problems.append(
+                            f"part {ref.key} has {reader.num_rows} rows, state says {ref.num_rows}"
+                        )
+                except PersistShardError as e:
+                    problems.append(str(e))
+                checked += 1
+                nbytes += size
+        return VerifyReport(state.version, checked, nbytes, problems)
+
+    def describe(self) -> dict[str, Any]:
+        """Upper, since, batches by level, sizes, unsealed updates (for `persistshard inspect`)."""
+        state = self._refresh()
+        levels: dict[int, dict[str, int]] = {}
+        for b in state.trace:
+            lvl = levels.setdefault(b.level, {"batches": 0, "parts": 0, "rows": 0, "bytes": 0})
+            lvl["batches"] += 1
+            lvl["parts"] += len(b.parts)
+            lvl["rows"] += b.num_rows
+            lvl["bytes"] += b.size_bytes
+        return {
+            "location": self.location,
+            "version": state.version,
+            "upper": state.upper,
+            "since": state.since,
+            "schema": str(state.schema) if state.schema is not None else None,
+            "trace_levels": {str(k): v for k, v in sorted(levels.items())},
+            "trace_batches": len(state.trace),
+            "unsealed_batches": len(state.unsealed),
+            "unsealed_rows": sum(b.num_rows for b in state.unsealed),
+            "unsealed_bytes": sum(b.size_bytes for b in state.unsealed),
+            "writers": dict(state.writers),
+        }
+
+
+def _snapshot_schema(user: pa.Schema) -> pa.Schema:
+    return pa.schema([*user, pa.field(DIFF, pa.int64(), nullable=False)])
+
+
+def _summarize(c: Commit) -> str:
+    a = c.args
+    if c.kind == "append":
+        rows = sum(p["rows"] for p in a["batch"]["parts"])
+        unsealed = a.get("unsealed")
+        urows = sum(p["rows"] for p in unsealed["parts"]) if unsealed else 0
+        text = f"upper {a['expected_upper']} -> {a['new_upper']}, {rows} rows sealed"
+        if urows:
+            text += f", {urows} rows unsealed"
+        if a.get("writer"):
+            text += f", writer {a['writer'][0]} batch {a['writer'][1]}"
+        return text
+    if c.kind == "advance_since":
+        return f"since -> {a['since']}"
+    if c.kind == "compact":
+        return f"{len(a['inputs'])} batches -> 1 ({a['output']['lower']}..{a['output']['upper']})"
+    return json.dumps(a)[:200]
+
+
+def open_shard(
+    location: str, *, consensus: Consensus | None = None, **storage_options: Any
+) -> Shard:
+    """Open (or create on first write) the shard at ``location``."""
+    return Shard(location, consensus=consensus, **storage_options)

@@ -1,0 +1,441 @@
+"""Shard state: the versioned metadata of a shard, and the commits that move it forward.
+
+A state version is a pure fold of commits: ``state(N) = apply(state(N-1), commit(N))``. The
+consensus log stores each commit (small: it names the parts it adds and removes), and every
+`ROLLUP_EVERY` versions a full copy of the state (a *rollup*) is written as a blob and named by
+the commit's entry, so loading costs one rollup plus at most `ROLLUP_EVERY` commits, and the
+bytes written per commit do not grow with history.
+
+Invariants of a `ShardState` (checked by `ShardState.check`):
+- ``0 <= since <= upper``; both only move forward.
+- Trace batches cover consecutive, non-overlapping time intervals ``[lower, upper)``, oldest
+  first, the first starting at 0 and the last ending at ``upper`` (a shard that was never
+  written has none); a batch with no parts may stand for a seal; every update in a trace
+  batch has a time in its interval, or was forwarded to a time ``<= since`` by logical compaction.
+- Compaction levels are non-increasing from oldest to newest trace batch.
+- Unsealed batches hold updates at times ``>= `` the upper at which they were written; they are
+  durable and become visible once ``upper`` passes their times. ``min_time <= max_time``.
+- A part key is referenced by at most one batch.
+- Batches and parts are immutable: a batch is replaced, never changed.
+
+Commit kinds, all in `apply` (their preconditions are named `Precondition`s):
+- `append`: expected upper == upper; adds a trace batch ``[expected, new)`` and optionally an
+  unsealed batch; may set the schema (first write) and record a streaming writer's progress.
+- `advance_since`: since <= new since <= upper.
+- `compact`: its input batches are all still present; replaces them with one output batch.
+- `replace_unsealed`: its input unsealed batches are still present; replaces them (trimmed).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import pyarrow as pa
+
+from persistshard.errors import (
+    CorruptData,
+    InvalidUpdates,
+    NotSealed,
+    StateConflict,
+    UpperMismatch,
+)
+
+#: A full copy of the state is written every this many versions.
+ROLLUP_EVERY = 16
+
+
+@dataclass(frozen=True)
+class PartRef:
+    """A part file of a batch: its key under the shard, size, rows and time range."""
+
+    key: str
+    size: int
+    num_rows: int
+    min_time: int
+    max_time: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "size": self.size,
+            "rows": self.num_rows,
+            "min_time": self.min_time,
+            "max_time": self.max_time,
+        }
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> PartRef:
+        return PartRef(d["key"], d["size"], d["rows"], d["min_time"], d["max_time"])
+
+
+@dataclass(frozen=True)
+class Batch:
+    """A batch of updates: its parts, sorted by (row, time) within each part.
+
+    A trace batch describes the interval ``[lower, upper)`` and carries a compaction
+    ``level``; its parts together are consolidated as of ``since`` when ``compacted``. An
+    unsealed batch uses ``lower``/``upper`` for the min time and max time + 1 of its updates.
+    """
+
+    id: str
+    lower: int
+    upper: int
+    parts: tuple[PartRef, ...]
+    level: int = 0
+    since: int = 0
+
+    @property
+    def num_rows(self) -> int:
+        return sum(p.num_rows for p in self.parts)
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(p.size for p in self.parts)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "lower": self.lower,
+            "upper": self.upper,
+            "level": self.level,
+            "since": self.since,
+            "parts": [p.to_json() for p in self.parts],
+        }
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> Batch:
+        return Batch(
+            id=d["id"],
+            lower=d["lower"],
+            upper=d["upper"],
+            parts=tuple(PartRef.from_json(p) for p in d["parts"]),
+            level=d.get("level", 0),
+            since=d.get("since", 0),
+        )
+
+
+def schema_to_b64(schema: pa.Schema) -> str:
+    return base64.b64encode(schema.serialize().to_pybytes()).decode()
+
+
+def schema_from_b64(text: str) -> pa.Schema:
+    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
+
+
+@dataclass(frozen=True)
+class ShardState:
+    """One version of a shard's metadata (see the module docstring for the invariants)."""
+
+    version: int = 0
+    upper: int = 0
+    since: int = 0
+    schema: pa.Schema | None = None
+    trace: tuple[Batch, ...] = ()
+    unsealed: tuple[Batch, ...] = ()
+    writers: dict[str, int] = field(default_factory=dict)
+    last_commit: str | None = None
+
+    def parts(self) -> list[PartRef]:
+        """Every part referenced by this version."""
+        return [p for b in (*self.trace, *self.unsealed) for p in b.parts]
+
+    def part_keys(self) -> set[str]:
+        return {p.key for p in self.parts()}
+
+    def check(self) -> None:
+        """Raise `CorruptData` if any invariant of the module docstring does not hold."""
+
+        def fail(msg: str) -> None:
+            raise CorruptData(f"state version {self.version} breaks an invariant: {msg}")
+
+        if not 0 <= self.since <= self.upper:
+            fail(f"since {self.since} and upper {self.upper} out of order")
+        expected_lower = 0
+        last_level = None
+        for b in self.trace:
+            if b.lower != expected_lower:
+                fail(f"trace batch {b.id} starts at {b.lower}, expected {expected_lower}")
+            if b.upper < b.lower:
+                fail(f"trace batch {b.id} has upper {b.upper} < lower {b.lower}")
+            if last_level is not None and b.level > last_level:
+                fail(f"trace batch {b.id} has level {b.level} above its predecessor's")
+            last_level = b.level
+            expected_lower = b.upper
+            for p in b.parts:
+                if p.num_rows and p.max_time >= b.upper:
+                    fail(f"part {p.key} has time {p.max_time} beyond its batch [.., {b.upper})")
+        if self.trace and expected_lower != self.upper:
+            fail(f"trace ends at {expected_lower}, upper is {self.upper}")
+        for b in self.unsealed:
+            if b.lower >= b.upper:
+                fail(f"unsealed batch {b.id} has an empty time range")
+        keys = [p.key for p in self.parts()]
+        if len(keys) != len(set(keys)):
+            fail("a part is referenced twice")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "upper": self.upper,
+            "since": self.since,
+            "schema": schema_to_b64(self.schema) if self.schema is not None else None,
+            "trace": [b.to_json() for b in self.trace],
+            "unsealed": [b.to_json() for b in self.unsealed],
+            "writers": dict(self.writers),
+            "last_commit": self.last_commit,
+        }
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> ShardState:
+        return ShardState(
+            version=d["version"],
+            upper=d["upper"],
+            since=d["since"],
+            schema=schema_from_b64(d["schema"]) if d.get("schema") else None,
+            trace=tuple(Batch.from_json(b) for b in d["trace"]),
+            unsealed=tuple(Batch.from_json(b) for b in d["unsealed"]),
+            writers=dict(d.get("writers", {})),
+            last_commit=d.get("last_commit"),
+        )
+
+
+# --- preconditions -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AssertUpper:
+    """The shard's upper must be exactly ``expected``."""
+
+    expected: int
+
+    def check(self, state: ShardState, location: str | None) -> None:
+        if state.upper != self.expected:
+            raise UpperMismatch(self.expected, state.upper, location=location)
+
+
+@dataclass(frozen=True)
+class AssertBatchesPresent:
+    """Every named batch must still be in the state (compaction inputs)."""
+
+    trace_ids: tuple[str, ...] = ()
+    unsealed_ids: tuple[str, ...] = ()
+
+    def check(self, state: ShardState, location: str | None) -> None:
+        have = {b.id for b in state.trace}
+        have_unsealed = {b.id for b in state.unsealed}
+        missing = [i for i in self.trace_ids if i not in have]
+        missing += [i for i in self.unsealed_ids if i not in have_unsealed]
+        if missing:
+            raise StateConflict(
+                f"inputs {missing} are no longer in the shard (another compaction won)",
+                location=location,
+            )
+
+
+# --- commits -------------------------------------------------------------------------------
+
+
+class WriterAlreadyCommitted(Exception):
+    """A streaming writer's batch was already committed: the commit is a no-op (exactly once)."""
+
+
+@dataclass(frozen=True)
+class Commit:
+    """One state transition, as stored in the consensus log.
+
+    ``kind`` is one of ``append``, ``advance_since``, ``compact``, ``replace_unsealed``.
+    ``id`` is unique per attempt group: retries of the same logical commit reuse it, so a
+    retry after an `Indeterminate` error can find out whether the first attempt landed.
+    """
+
+    kind: str
+    id: str
+    args: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "id": self.id, "args": self.args}
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> Commit:
+        return Commit(d["kind"], d["id"], d["args"])
+
+
+def append_commit(
+    commit_id: str,
+    expected_upper: int,
+    new_upper: int,
+    batch: Batch,
+    unsealed: Batch | None,
+    schema: pa.Schema | None,
+    writer: tuple[str, int] | None = None,
+) -> Commit:
+    return Commit(
+        "append",
+        commit_id,
+        {
+            "expected_upper": expected_upper,
+            "new_upper": new_upper,
+            "batch": batch.to_json(),
+            "unsealed": unsealed.to_json() if unsealed is not None else None,
+            "schema": schema_to_b64(schema) if schema is not None else None,
+            "writer": list(writer) if writer is not None else None,
+        },
+    )
+
+
+def _schemas_equal(a: pa.Schema, b: pa.Schema) -> bool:
+    return [(f.name, f.type) for f in a] == [(f.name, f.type) for f in b]
+
+
+def _apply_append(state: ShardState, c: Commit, location: str | None) -> ShardState:
+    a = c.args
+    writer = a.get("writer")
+    if writer is not None and state.writers.get(writer[0], -1) >= writer[1]:
+        raise WriterAlreadyCommitted(writer[0], writer[1])
+    AssertUpper(a["expected_upper"]).check(state, location)
+    new_upper = a["new_upper"]
+    if new_upper < state.upper:
+        raise InvalidUpdates(
+            f"new upper {new_upper} is below the shard's upper {state.upper}; upper only "
+            "moves forward",
+            location=location,
+        )
+    schema = state.schema
+    if a.get("schema") is not None:
+        incoming = schema_from_b64(a["schema"])
+        if schema is None:
+            schema = incoming
+        elif not _schemas_equal(schema, incoming):
+            raise InvalidUpdates(
+                f"schema {incoming} does not match the shard's schema {schema}",
+                location=location,
+            )
+    batch = Batch.from_json(a["batch"])
+    trace = state.trace
+    if batch.upper > batch.lower:
+        last = trace[-1] if trace else None
+        if not batch.parts and last is not None and not last.parts and last.level == 0:
+            # A seal after a seal: widen the empty batch instead of piling up empty ones.
+            trace = (*trace[:-1], replace(last, upper=batch.upper))
+        else:
+            trace = (*trace, batch)
+    unsealed = state.unsealed
+    if a.get("unsealed") is not None:
+        unsealed = (*unsealed, Batch.from_json(a["unsealed"]))
+    writers = dict(state.writers)
+    if writer is not None:
+        writers[writer[0]] = writer[1]
+    return replace(
+        state, upper=new_upper, schema=schema, trace=trace, unsealed=unsealed, writers=writers
+    )
+
+
+def _apply_advance_since(state: ShardState, c: Commit, location: str | None) -> ShardState:
+    since = c.args["since"]
+    if since > state.upper:
+        raise NotSealed(
+            since,
+            state.upper,
+            location=location,
+            message=f"cannot advance since to {since}: it would pass the upper {state.upper}",
+        )
+    return replace(state, since=max(state.since, since))
+
+
+def _apply_compact(state: ShardState, c: Commit, location: str | None) -> ShardState:
+    inputs = tuple(c.args["inputs"])
+    AssertBatchesPresent(trace_ids=inputs).check(state, location)
+    output = Batch.from_json(c.args["output"])
+    ids = [b.id for b in state.trace]
+    positions = sorted(ids.index(i) for i in inputs)
+    if positions != list(range(positions[0], positions[0] + len(positions))):
+        raise StateConflict(f"compaction inputs {list(inputs)} are not consecutive")
+    first, last = state.trace[positions[0]], state.trace[positions[-1]]
+    if output.lower != first.lower or output.upper != last.upper:
+        raise StateConflict(
+            f"compaction output [{output.lower}, {output.upper}) does not cover its inputs "
+            f"[{first.lower}, {last.upper})"
+        )
+    trace = (*state.trace[: positions[0]], output, *state.trace[positions[-1] + 1 :])
+    return replace(state, trace=trace)
+
+
+def _apply_replace_unsealed(state: ShardState, c: Commit, location: str | None) -> ShardState:
+    inputs = tuple(c.args["inputs"])
+    AssertBatchesPresent(unsealed_ids=inputs).check(state, location)
+    outputs = tuple(Batch.from_json(b) for b in c.args["outputs"])
+    unsealed = tuple(b for b in state.unsealed if b.id not in inputs) + outputs
+    return replace(state, unsealed=unsealed)
+
+
+_APPLY = {
+    "append": _apply_append,
+    "advance_since": _apply_advance_since,
+    "compact": _apply_compact,
+    "replace_unsealed": _apply_replace_unsealed,
+}
+
+
+def apply(state: ShardState, commit: Commit, location: str | None = None) -> ShardState:
+    """The state after ``commit``: a pure function; raises if a precondition fails.
+
+    The result has ``version = state.version + 1`` and ``last_commit = commit.id``.
+    """
+    try:
+        fn = _APPLY[commit.kind]
+    except KeyError:
+        raise CorruptData(f"unknown commit kind {commit.kind!r}") from None
+    new = fn(state, commit, location)
+    return replace(new, version=state.version + 1, last_commit=commit.id)
+
+
+# --- log entries ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Entry:
+    """What one consensus version holds: the commit, and where the latest rollup is."""
+
+    commit: Commit
+    rollup_version: int
+    rollup_key: str | None
+
+    def encode(self) -> bytes:
+        return json.dumps(
+            {
+                "commit": self.commit.to_json(),
+                "rollup": {"version": self.rollup_version, "key": self.rollup_key},
+            },
+            separators=(",", ":"),
+            sort_keys=True,
+        ).encode()
+
+    @staticmethod
+    def decode(data: bytes, where: str = "consensus") -> Entry:
+        try:
+            d = json.loads(data)
+            return Entry(Commit.from_json(d["commit"]), d["rollup"]["version"], d["rollup"]["key"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise CorruptData(f"unreadable consensus entry: {e}", file=where) from e
+
+
+def encode_rollup(state: ShardState) -> bytes:
+    return json.dumps(state.to_json(), separators=(",", ":"), sort_keys=True).encode()
+
+
+def decode_rollup(data: bytes, where: str) -> ShardState:
+    try:
+        return ShardState.from_json(json.loads(data))
+    except (ValueError, KeyError, TypeError) as e:
+        raise CorruptData(f"unreadable state rollup: {e}", file=where) from e
+
+
+def fold(state: ShardState, commits: Sequence[Commit], location: str | None = None) -> ShardState:
+    """Apply ``commits`` in order (replaying the log; preconditions held when they landed)."""
+    for c in commits:
+        state = apply(state, c, location)
+    return state

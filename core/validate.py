@@ -1,0 +1,140 @@
+"""Input checks for updates: what a shard accepts, and the normal form it stores.
+
+Every write path (Python API, Spark tasks) passes its input through `normalize_updates`, so
+a write is refused with `InvalidUpdates` *before* anything is written, and the refusal names
+the problem. The normal form:
+- ``_time`` and ``_diff`` are non-null int64; times are ``>= lower``, and ``>= 0``; diffs are
+  non-zero.
+- User columns keep their order; types are normalised (large and view string/binary/list
+  types to their plain forms, dictionaries decoded), fields are nullable and carry no
+  metadata. The shard's schema is the normal form of the user columns of its first write.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from persistshard.core.rows import DIFF, SYSTEM_COLUMNS, TIME
+from persistshard.errors import InvalidUpdates
+
+
+def normalize_type(t: pa.DataType) -> pa.DataType:
+    """The stored form of an Arrow type (see the module docstring)."""
+    if pa.types.is_dictionary(t):
+        return normalize_type(t.value_type)
+    if pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return pa.string()
+    if pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
+        return pa.binary()
+    if pa.types.is_large_list(t) or pa.types.is_list(t) or pa.types.is_list_view(t):
+        return pa.list_(normalize_field(t.value_field))
+    if pa.types.is_large_list_view(t):
+        return pa.list_(normalize_field(t.value_field))
+    if pa.types.is_fixed_size_list(t):
+        return pa.list_(normalize_field(t.value_field), t.list_size)
+    if pa.types.is_struct(t):
+        return pa.struct([normalize_field(t.field(i)) for i in range(t.num_fields)])
+    if pa.types.is_map(t):
+        return pa.map_(
+            normalize_type(t.key_type), normalize_field(t.item_field), keys_sorted=t.keys_sorted
+        )
+    return t
+
+
+def normalize_field(f: pa.Field) -> pa.Field:
+    return pa.field(f.name, normalize_type(f.type), nullable=True)
+
+
+def user_schema(schema: pa.Schema) -> pa.Schema:
+    """The normal form of the user columns of ``schema``."""
+    return pa.schema([normalize_field(f) for f in schema if f.name not in SYSTEM_COLUMNS])
+
+
+def update_schema(user: pa.Schema) -> pa.Schema:
+    """The full schema of updates with user columns ``user``: ``user + _time + _diff``."""
+    return pa.schema(
+        [*user, pa.field(TIME, pa.int64(), nullable=False), pa.field(DIFF, pa.int64(), False)]
+    )
+
+
+def _check_int_column(table: pa.Table, name: str, location: str | None) -> pa.ChunkedArray:
+    if name not in table.column_names:
+        raise InvalidUpdates(f"updates have no {name} column", location=location)
+    col = table.column(name)
+    if not pa.types.is_integer(col.type):
+        raise InvalidUpdates(f"{name} must be an integer column, got {col.type}", location=location)
+    if col.null_count:
+        raise InvalidUpdates(f"{name} has {col.null_count} null values", location=location)
+    if col.type != pa.int64():
+        try:
+            col = pc.cast(col, pa.int64())
+        except pa.ArrowInvalid as e:
+            raise InvalidUpdates(f"{name} does not fit in int64: {e}", location=location) from e
+    return col
+
+
+def normalize_updates(
+    table: pa.Table,
+    *,
+    lower: int,
+    schema: pa.Schema | None,
+    location: str | None = None,
+) -> pa.Table:
+    """``table`` in the normal form, or `InvalidUpdates` naming what is wrong.
+
+    ``schema`` is the shard's user schema (None for a shard never written); ``lower`` is the
+    smallest time this write may contain (the expected upper).
+    """
+    names = table.column_names
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise InvalidUpdates(f"duplicate column names {dupes}", location=location)
+    time = _check_int_column(table, TIME, location)
+    diff = _check_int_column(table, DIFF, location)
+    if len(time):
+        min_time = pc.min(time).as_py()
+        if min_time < 0:
+            raise InvalidUpdates(f"{TIME} has negative time {min_time}", location=location)
+        if min_time < lower:
+            raise InvalidUpdates(
+                f"{TIME} {min_time} is below the write's lower {lower} (the shard's upper): "
+                "times before the upper are final",
+                location=location,
+            )
+        zeros = pc.sum(pc.equal(diff, 0)).as_py()
+        if zeros:
+            raise InvalidUpdates(f"{DIFF} has {zeros} zero values", location=location)
+    incoming = user_schema(table.schema)
+    if schema is not None:
+        got = [(f.name, f.type) for f in incoming]
+        want = [(f.name, f.type) for f in schema]
+        if got != want:
+            raise InvalidUpdates(
+                f"columns {_describe(incoming)} do not match the shard's columns "
+                f"{_describe(schema)}",
+                location=location,
+            )
+        incoming = schema
+    if not len(incoming):
+        raise InvalidUpdates(
+            "updates have no row columns besides _time and _diff", location=location
+        )
+    columns = []
+    for f in incoming:
+        col = table.column(f.name)
+        if col.type != f.type:
+            try:
+                col = col.cast(f.type)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+                raise InvalidUpdates(
+                    f"column {f.name} of type {col.type} cannot be stored as {f.type}: {e}",
+                    location=location,
+                ) from e
+        columns.append(col)
+    columns += [time, diff]
+    return pa.Table.from_arrays(columns, schema=update_schema(incoming))
+
+
+def _describe(schema: pa.Schema) -> str:
+    return "(" + ", ".join(f"{f.name} {f.type}" for f in schema) + ")"
