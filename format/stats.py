@@ -1,0 +1,121 @@
+"""Chunk statistics: min/max of `_time` and of the sort column, as stored in the footer.
+
+Invariants:
+- A chunk's `key_min`/`key_max` bound every non-null value of the sort column in that chunk
+  (`key_min <= v <= key_max` in pyarrow's `min_max` order, which for the supported types is
+  the natural order: numbers, bytewise strings and binary, false < true, earlier < later).
+  They are None when the type has no meaningful min/max (floats, nested, null) or when every
+  value is null. `key_null_count` counts the nulls.
+- The stored ("raw") form is JSON: integers for integer, temporal (physical value in the
+  type's unit) and boolean types; a string for strings; lowercase hex for binary; the
+  decimal's text (`str(Decimal)`) for decimals. `stat_to_py` turns it into the `.as_py()`
+  value of the column type, exactly.
+"""
+
+from __future__ import annotations
+
+import decimal
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+
+def _temporal_int(t: pa.DataType) -> pa.DataType | None:
+    if pa.types.is_date32(t) or pa.types.is_time32(t):
+        return pa.int32()
+    if (
+        pa.types.is_date64(t)
+        or pa.types.is_time64(t)
+        or pa.types.is_timestamp(t)
+        or pa.types.is_duration(t)
+    ):
+        return pa.int64()
+    return None
+
+
+def _is_binary(t: pa.DataType) -> bool:
+    return pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t)
+
+
+def _is_string(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t)
+
+
+def key_stats_supported(t: pa.DataType) -> bool:
+    """Whether chunks keep min/max for a sort column of type `t`."""
+    return (
+        pa.types.is_integer(t)
+        or pa.types.is_boolean(t)
+        or pa.types.is_decimal(t)
+        or _is_string(t)
+        or _is_binary(t)
+        or _temporal_int(t) is not None
+    )
+
+
+def key_stats(arr: pa.Array) -> tuple[Any, Any]:
+    """Raw (JSON) min and max of the non-null values of `arr`; (None, None) if unsupported."""
+    t = arr.type
+    if not key_stats_supported(t) or arr.null_count == len(arr):
+        return None, None
+    physical = _temporal_int(t)
+    if physical is not None:
+        arr = arr.view(physical)
+    mm = pc.min_max(arr)
+    lo, hi = mm["min"], mm["max"]
+    if pa.types.is_decimal(t):
+        return str(lo.as_py()), str(hi.as_py())
+    if _is_binary(t):
+        return lo.as_py().hex(), hi.as_py().hex()
+    if _is_string(t):
+        try:
+            return lo.as_py(), hi.as_py()
+        except UnicodeDecodeError:  # invalid UTF-8 smuggled into a string column
+            return None, None
+    return lo.as_py(), hi.as_py()
+
+
+def raw_sort_key(raw: Any, t: pa.DataType) -> Any:
+    """A Python value ordering raw stats of type `t` the way `min_max` orders them."""
+    if pa.types.is_decimal(t):
+        return decimal.Decimal(raw)
+    if _is_binary(t):
+        return bytes.fromhex(raw)
+    if _is_string(t):
+        return raw.encode("utf-8")
+    return raw
+
+
+def check_raw(raw: Any, t: pa.DataType) -> None:
+    """Raise ValueError unless `raw` is a well-formed raw stat of type `t` (or None)."""
+    if raw is None:
+        return
+    if not key_stats_supported(t):
+        raise ValueError(f"no key statistics for type {t}")
+    if pa.types.is_boolean(t):
+        ok = isinstance(raw, bool)
+    elif pa.types.is_integer(t) or _temporal_int(t) is not None:
+        ok = isinstance(raw, int) and not isinstance(raw, bool)
+    else:
+        ok = isinstance(raw, str)
+    if not ok:
+        raise ValueError(f"key statistic {raw!r} does not fit type {t}")
+    if pa.types.is_decimal(t):
+        decimal.Decimal(raw)  # raises decimal.InvalidOperation (an ArithmeticError)
+    elif _is_binary(t):
+        bytes.fromhex(raw)
+
+
+def stat_to_py(raw: Any, t: pa.DataType) -> Any:
+    """The `.as_py()` value of a raw stat of type `t`."""
+    if raw is None:
+        return None
+    if pa.types.is_decimal(t):
+        return decimal.Decimal(raw)
+    if _is_binary(t):
+        return bytes.fromhex(raw)
+    physical = _temporal_int(t)
+    if physical is not None:
+        return pa.array([raw], physical).view(t)[0].as_py()
+    return raw
