@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,8 +62,17 @@ DETERMINATE_REFUSALS = (UpperMismatch, InvalidUpdates, NotSealed, StateConflict)
 
 
 def new_id() -> str:
-    """A fresh unique id (for writes, commits and batches)."""
-    return uuid.uuid4().hex
+    """A fresh unique id (for writes, commits and batches): 32 hex digits, the first 12 the
+    wall-clock milliseconds, so ids sort by creation time and GC can tell an id's age."""
+    return f"{int(time.time() * 1000):012x}{uuid.uuid4().hex[:20]}"
+
+
+def id_time_ms(identifier: str) -> int | None:
+    """The creation time (ms since the epoch) of an id made by `new_id`, else None."""
+    try:
+        return int(identifier[:12], 16)
+    except ValueError:
+        return None
 
 
 def _as_location(location: str) -> str:
@@ -181,7 +191,7 @@ class Shard:
                 key = f"{ROLLUPS_PREFIX}v{new.version:020d}-{new_id()}.json"
                 self.blob.put(key, st.encode_rollup(new))
                 rollup = (new.version, key)
-            entry = Entry(commit, rollup[0], rollup[1])
+            entry = Entry(commit, rollup[0], rollup[1], at_ms=int(time.time() * 1000))
             try:
                 ok = self.consensus.compare_and_set(current.version or None, entry.encode())
             except Indeterminate:
@@ -455,6 +465,7 @@ class Shard:
                     "version": e.version,
                     "kind": entry.commit.kind,
                     "id": entry.commit.id,
+                    "at_ms": entry.at_ms,
                     "summary": _summarize(entry.commit),
                 }
             )

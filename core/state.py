@@ -403,12 +403,14 @@ class Entry:
     commit: Commit
     rollup_version: int
     rollup_key: str | None
+    at_ms: int | None = None
 
     def encode(self) -> bytes:
         return json.dumps(
             {
                 "commit": self.commit.to_json(),
                 "rollup": {"version": self.rollup_version, "key": self.rollup_key},
+                "at_ms": self.at_ms,
             },
             separators=(",", ":"),
             sort_keys=True,
