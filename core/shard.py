@@ -529,6 +529,8 @@ class Shard:
             "writers": dict(state.writers),
         }
 
+    # --- maintenance: compaction and garbage collection (core/trace.py, core/gc.py) ---------
+
 
 def _snapshot_schema(user: pa.Schema) -> pa.Schema:
     return pa.schema([*user, pa.field(DIFF, pa.int64(), nullable=False)])

@@ -420,7 +420,12 @@ class Entry:
     def decode(data: bytes, where: str = "consensus") -> Entry:
         try:
             d = json.loads(data)
-            return Entry(Commit.from_json(d["commit"]), d["rollup"]["version"], d["rollup"]["key"])
+            return Entry(
+                Commit.from_json(d["commit"]),
+                d["rollup"]["version"],
+                d["rollup"]["key"],
+                d.get("at_ms"),
+            )
         except (ValueError, KeyError, TypeError) as e:
             raise CorruptData(f"unreadable consensus entry: {e}", file=where) from e
 
