@@ -116,7 +116,11 @@ def _shuffle(data: np.ndarray, width: int) -> np.ndarray:
     """Byte-shuffle: byte j of value i goes to position j * n + i."""
     if width == 1 or data.size == 0:
         return data
-    return np.ascontiguousarray(data.reshape(-1, width).T).reshape(-1)
+    values = data.reshape(-1, width)
+    out = np.empty((width, len(values)), np.uint8)
+    for j in range(width):  # one strided pass per byte plane beats a 2-D transpose copy
+        out[j] = values[:, j]
+    return out.reshape(-1)
 
 
 def _offsets(arr: pa.Array, width: int) -> tuple[np.ndarray, int, int]:
@@ -250,7 +254,11 @@ def _unshuffle(buf: pa.Buffer, n: int, width: int) -> pa.Buffer:
     if width == 1 or n == 0:
         return buf
     planes = np.frombuffer(buf, np.uint8, count=n * width).reshape(width, n)
-    return pa.py_buffer(np.ascontiguousarray(planes.T))
+    out = pa.allocate_buffer(n * width)  # Arrow's pool: aligned, and reused without page faults
+    values = np.frombuffer(out, np.uint8).reshape(n, width)
+    for j in range(width):
+        values[:, j] = planes[j]
+    return out
 
 
 def _decode_offsets(buf: pa.Buffer, n: int, width: int, total: int | None) -> tuple[pa.Buffer, int]:
