@@ -22,7 +22,10 @@ Commit kinds, all in `apply` (their preconditions are named `Precondition`s):
 - `append`: expected upper == upper; adds a trace batch ``[expected, new)`` and optionally an
   unsealed batch; may set the schema (first write) and record a streaming writer's progress.
 - `advance_since`: since <= new since <= upper.
-- `compact`: its input batches are all still present; replaces them with one output batch.
+- `compact`: its input batches are all still present (`AssertBatchesPresent`) and consecutive,
+  the output covers exactly their interval and keeps levels ordered (`AssertLevelsOrdered`);
+  replaces them with one output batch. It may also name unsealed input batches (whose updates
+  below the upper the output absorbed) and unsealed outputs (their trimmed remainders).
 - `replace_unsealed`: its input unsealed batches are still present; replaces them (trimmed).
 """
 
@@ -346,9 +349,32 @@ def _apply_advance_since(state: ShardState, c: Commit, location: str | None) -> 
     return replace(state, since=max(state.since, since))
 
 
+@dataclass(frozen=True)
+class AssertLevelsOrdered:
+    """A compaction output at trace positions ``[first, last]`` keeps levels non-increasing:
+    its predecessor's level is at least, and its successor's at most, the output's level."""
+
+    first: int
+    last: int
+    level: int
+
+    def check(self, state: ShardState, location: str | None) -> None:
+        before = state.trace[self.first - 1] if self.first > 0 else None
+        after = state.trace[self.last + 1] if self.last + 1 < len(state.trace) else None
+        if (before is not None and before.level < self.level) or (
+            after is not None and after.level > self.level
+        ):
+            raise StateConflict(
+                f"compaction output at level {self.level} would sit between levels "
+                f"{before.level if before else None} and {after.level if after else None}",
+                location=location,
+            )
+
+
 def _apply_compact(state: ShardState, c: Commit, location: str | None) -> ShardState:
     inputs = tuple(c.args["inputs"])
-    AssertBatchesPresent(trace_ids=inputs).check(state, location)
+    unsealed_inputs = tuple(c.args.get("unsealed_inputs") or ())
+    AssertBatchesPresent(trace_ids=inputs, unsealed_ids=unsealed_inputs).check(state, location)
     output = Batch.from_json(c.args["output"])
     ids = [b.id for b in state.trace]
     positions = sorted(ids.index(i) for i in inputs)
@@ -360,8 +386,14 @@ def _apply_compact(state: ShardState, c: Commit, location: str | None) -> ShardS
             f"compaction output [{output.lower}, {output.upper}) does not cover its inputs "
             f"[{first.lower}, {last.upper})"
         )
+    AssertLevelsOrdered(positions[0], positions[-1], output.level).check(state, location)
     trace = (*state.trace[: positions[0]], output, *state.trace[positions[-1] + 1 :])
-    return replace(state, trace=trace)
+    unsealed = state.unsealed
+    if unsealed_inputs or c.args.get("unsealed_outputs"):
+        kept = tuple(b for b in state.unsealed if b.id not in unsealed_inputs)
+        outputs = tuple(Batch.from_json(b) for b in c.args.get("unsealed_outputs") or ())
+        unsealed = kept + outputs
+    return replace(state, trace=trace, unsealed=unsealed)
 
 
 def _apply_replace_unsealed(state: ShardState, c: Commit, location: str | None) -> ShardState:
