@@ -101,7 +101,13 @@ class Segment:
 
 @dataclass(frozen=True)
 class ChunkInfo:
-    """A chunk as the footer indexes it. Times and keys are None when unknown/not kept."""
+    """A chunk as the footer indexes it.
+
+    `min_time`/`max_time` are None when the part has no `_time` column. `key_min`/`key_max`
+    bound the non-null values of the sort column; None means no bound is known (no sort
+    column, a type without statistics, every value null (`key_null_count == num_rows`), or
+    a bound Python cannot represent). `segments` lists the column segments in schema order.
+    """
 
     offset: int
     length: int
@@ -116,7 +122,11 @@ class ChunkInfo:
 
 @dataclass(frozen=True)
 class PartInfo:
-    """What a state entry needs to know about a part, over all its chunks."""
+    """What a state entry needs to know about a part, over all its chunks.
+
+    Times and keys combine the chunks' (None when no chunk has one); `key_min`/`key_max`
+    are None if any chunk's bound could not be represented in Python.
+    """
 
     size_bytes: int
     num_rows: int
@@ -143,7 +153,7 @@ def _part_info(
     if key_type is not None:
         lo = _combine([r[0] for r in raw_keys], min, lambda r: stats.raw_sort_key(r, key_type))
         hi = _combine([r[1] for r in raw_keys], max, lambda r: stats.raw_sort_key(r, key_type))
-        key_min, key_max = stats.stat_to_py(lo, key_type), stats.stat_to_py(hi, key_type)
+        key_min, key_max = stats.stats_to_py(lo, hi, key_type)
     return PartInfo(
         size_bytes=size,
         num_rows=sum(c.num_rows for c in chunks),
@@ -364,6 +374,9 @@ class PartWriter:
             segments.append(Segment(self._offset, len(seg.data), seg.raw_length, seg.crc))
             self._emit(seg.data)
         key_type = self._key_type
+        py_min, py_max = (None, None)
+        if key_type is not None:
+            py_min, py_max = stats.stats_to_py(key_min, key_max, key_type)
         self._chunks.append(
             ChunkInfo(
                 offset=start,
@@ -371,8 +384,8 @@ class PartWriter:
                 num_rows=num_rows,
                 min_time=min_time,
                 max_time=max_time,
-                key_min=stats.stat_to_py(key_min, key_type) if key_type is not None else None,
-                key_max=stats.stat_to_py(key_max, key_type) if key_type is not None else None,
+                key_min=py_min,
+                key_max=py_max,
                 key_null_count=key_nulls,
                 segments=tuple(segments),
             )
@@ -492,11 +505,13 @@ class PartReader:
     """Reads a part through ranged gets: footer first, then only the segments asked for."""
 
     name: str
+    size: int
     schema: pa.Schema
     num_rows: int
     chunks: list[ChunkInfo]
     metadata: dict[str, str]
     sort_column: str | None
+    info: PartInfo  # the same summary the writer's close() returned
 
     def __init__(
         self,
@@ -636,10 +651,7 @@ class PartReader:
             if key_type is not None:
                 stats.check_raw(raw[0], key_type)
                 stats.check_raw(raw[1], key_type)
-                key_min, key_max = (
-                    stats.stat_to_py(raw[0], key_type),
-                    stats.stat_to_py(raw[1], key_type),
-                )
+                key_min, key_max = stats.stats_to_py(raw[0], raw[1], key_type)
             elif raw != (None, None):
                 raise ValueError("key statistics without a sort column")
             else:
@@ -830,10 +842,7 @@ class PartReader:
             key_col = batch.column(self.sort_column) if self.sort_column is not None else None
             min_time, max_time, key_min, key_max, nulls = _chunk_stats(time_col, key_col)
             if key_type is not None:
-                key_min, key_max = (
-                    stats.stat_to_py(key_min, key_type),
-                    stats.stat_to_py(key_max, key_type),
-                )
+                key_min, key_max = stats.stats_to_py(key_min, key_max, key_type)
             found = (min_time, max_time, key_min, key_max, nulls)
             stored = (info.min_time, info.max_time, info.key_min, info.key_max, info.key_null_count)
             if found != stored:

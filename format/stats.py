@@ -5,7 +5,8 @@ Invariants:
   (`key_min <= v <= key_max` in pyarrow's `min_max` order, which for the supported types is
   the natural order: numbers, bytewise strings and binary, false < true, earlier < later).
   They are None when the type has no meaningful min/max (floats, nested, null) or when every
-  value is null. `key_null_count` counts the nulls.
+  value is null, and also when Python cannot hold a bound exactly (temporal values outside
+  `datetime`'s range, nanoseconds without pandas). `key_null_count` counts the nulls.
 - The stored ("raw") form is JSON: integers for integer, temporal (physical value in the
   type's unit) and boolean types; a string for strings; lowercase hex for binary; the
   decimal's text (`str(Decimal)`) for decimals. `stat_to_py` turns it into the `.as_py()`
@@ -43,11 +44,18 @@ def _is_string(t: pa.DataType) -> bool:
 
 
 def key_stats_supported(t: pa.DataType) -> bool:
-    """Whether chunks keep min/max for a sort column of type `t`."""
+    """Whether chunks keep min/max for a sort column of type `t`.
+
+    Not for decimal32/64 (Arrow has no min_max kernel for them) nor time64[ns] (its
+    `.as_py()` truncates to microseconds, which would not bound the values).
+    """
+    if pa.types.is_decimal(t):
+        return t.bit_width in (128, 256)
+    if pa.types.is_time64(t) and t.unit == "ns":
+        return False
     return (
         pa.types.is_integer(t)
         or pa.types.is_boolean(t)
-        or pa.types.is_decimal(t)
         or _is_string(t)
         or _is_binary(t)
         or _temporal_int(t) is not None
@@ -105,6 +113,19 @@ def check_raw(raw: Any, t: pa.DataType) -> None:
         decimal.Decimal(raw)  # raises decimal.InvalidOperation (an ArithmeticError)
     elif _is_binary(t):
         bytes.fromhex(raw)
+
+
+def stats_to_py(raw_min: Any, raw_max: Any, t: pa.DataType) -> tuple[Any, Any]:
+    """Both bounds as Python values, or (None, None) when Python cannot hold one of them.
+
+    Temporal values outside `datetime`'s range (years before 1 or after 9999, or
+    nanoseconds without pandas installed) have no `.as_py()` value; such a chunk reports
+    no bounds rather than failing the read.
+    """
+    try:
+        return stat_to_py(raw_min, t), stat_to_py(raw_max, t)
+    except (OverflowError, ValueError):
+        return None, None
 
 
 def stat_to_py(raw: Any, t: pa.DataType) -> Any:

@@ -390,6 +390,8 @@ def test_chunk_and_part_statistics() -> None:
         ("list", (None, None)),
         ("struct", (None, None)),
         ("null", (None, None)),
+        ("t64", (None, None)),  # time64[ns]: as_py() would truncate to microseconds
+        ("mdn", (None, None)),
     ],
 )
 def test_key_statistics_per_type(column: str, expected: tuple[object, object]) -> None:
@@ -402,6 +404,21 @@ def test_key_statistics_per_type(column: str, expected: tuple[object, object]) -
     assert (reader.chunks[0].key_min, reader.chunks[0].key_max) == expected
     assert (info.key_min, info.key_max) == expected
     assert reader.chunks[0].key_null_count == table.column(column).null_count
+
+
+def test_bounds_python_cannot_hold_are_none() -> None:
+    table = pa.table({"ts": pa.array([0, 2**62, None], pa.timestamp("us")), "x": [1, 2, 3]})
+    data, info = encode_part(table, sort_column="ts", chunk_bytes=1)
+    reader = PartReader.from_bytes("t", data)
+    reader.verify()
+    assert [(c.key_min, c.key_max) for c in reader.chunks] == [
+        (datetime.datetime(1970, 1, 1), datetime.datetime(1970, 1, 1)),
+        (None, None),  # year 146 thousand: stored in the footer, not representable here
+        (None, None),
+    ]
+    assert [c.key_null_count for c in reader.chunks] == [0, 0, 1]
+    assert (info.key_min, info.key_max) == (None, None)
+    assert_exact(reader.read(), table)
 
 
 def test_dictionary_columns_are_stored_decoded() -> None:
