@@ -48,7 +48,13 @@ from persistshard.errors import CorruptData, InvalidUpdates
 
 from . import chunk as chunk_codec
 from . import stats
-from .schema import has_dictionary, normalize_schema, schema_from_json, schema_to_json
+from .schema import (
+    decoded_type,
+    has_dictionary,
+    normalize_schema,
+    schema_from_json,
+    schema_to_json,
+)
 
 FORMAT_VERSION = 1
 MAGIC = b"PSPART"
@@ -207,10 +213,11 @@ class PartWriter:
 
     `write` appends rows (in the given order) and cuts a chunk whenever the pending rows
     reach `chunk_bytes`; `close` writes the last chunk, the footer and the tail, and returns
-    the `PartInfo`. Input must match `schema` (column names and types; dictionary columns may
-    arrive encoded or decoded); rows in a non-nullable top-level column must not be null, and
-    `_time`/`_diff`, when present, must be non-null int64. Violations raise `InvalidUpdates`
-    before anything of that call is written.
+    the `PartInfo`. Input must match `schema` (column names and types; dictionary columns are
+    stored decoded, and may arrive encoded, with any index type, or decoded); rows in a
+    non-nullable top-level column must not be null, and `_time`/`_diff`, when present, must
+    be non-null int64. Violations raise `InvalidUpdates` before anything of that call is
+    written. Errors of the sink propagate; after any error the sink holds no valid part.
     """
 
     def __init__(
@@ -226,7 +233,6 @@ class PartWriter:
     ) -> None:
         self._sink = sink
         self._name = name
-        self._input_schema = schema
         self._schema = normalize_schema(schema)
         if chunk_bytes < 1:
             raise InvalidUpdates(f"chunk_bytes must be positive, got {chunk_bytes}")
@@ -288,10 +294,9 @@ class PartWriter:
                 f"{self._schema.names} (part {self._name})"
             )
         arrays = []
-        for i, (arr, field) in enumerate(zip(batch.columns, self._schema, strict=True)):
+        for arr, field in zip(batch.columns, self._schema, strict=True):
             if not arr.type.equals(field.type):
-                given = self._input_schema.field(i).type
-                if arr.type.equals(given) and has_dictionary(given):
+                if has_dictionary(arr.type) and decoded_type(arr.type).equals(field.type):
                     arr = arr.cast(field.type)
                 else:
                     raise InvalidUpdates(

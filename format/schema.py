@@ -136,6 +136,11 @@ def normalize_schema(schema: pa.Schema) -> pa.Schema:
     return pa.schema(fields, metadata=schema.metadata)
 
 
+def decoded_type(t: pa.DataType) -> pa.DataType:
+    """`t` with every dictionary replaced by its value type (what a part stores)."""
+    return _normalize_type(t, "<column>")
+
+
 def has_dictionary(t: pa.DataType) -> bool:
     """Whether `t` is or contains a dictionary type (then arrays must be cast before writing)."""
     if pa.types.is_dictionary(t):
