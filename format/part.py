@@ -74,6 +74,7 @@ _INLINE_DECODE_BYTES = 1 << 20
 # ---------------------------------------------------------------------------------------------
 # Shared worker pool (recreated after fork: Spark's Python workers are forked)
 
+_WORKERS = max(2, min(8, os.cpu_count() or 2))
 _pool: ThreadPoolExecutor | None = None
 _pool_pid = -1
 _pool_lock = threading.Lock()
@@ -83,9 +84,8 @@ def _executor() -> ThreadPoolExecutor:
     global _pool, _pool_pid
     with _pool_lock:
         if _pool is None or _pool_pid != os.getpid():
-            workers = max(2, min(8, os.cpu_count() or 2))
             _pool = ThreadPoolExecutor(
-                max_workers=workers, thread_name_prefix="persistshard-format"
+                max_workers=_WORKERS, thread_name_prefix="persistshard-format"
             )
             _pool_pid = os.getpid()
         return _pool
@@ -507,7 +507,13 @@ def _int(obj: Any, key: str, *, nullable: bool = False) -> Any:
 
 
 class PartReader:
-    """Reads a part through ranged gets: footer first, then only the segments asked for."""
+    """Reads a part through ranged gets: footer first, then only the segments asked for.
+
+    `read_range(offset, length)` must return exactly those bytes (any bytes-like object);
+    fewer bytes are reported as `CorruptData` (a truncated object), and exceptions it raises
+    (a missing object, a network error) propagate unchanged. Open readers are independent:
+    several may be opened and read from different threads at once.
+    """
 
     name: str
     size: int
@@ -796,7 +802,7 @@ class PartReader:
         indices = self._chunk_indices(chunks)
         pool = _executor()
         window: deque[tuple[int, list[Future[pa.Array] | pa.Array]]] = deque()
-        lookahead = max(2, pool._max_workers)
+        lookahead = _WORKERS
         for index in indices:
             raw = self._fetch_chunk(index, cols)
             segs = self.chunks[index].segments
