@@ -607,3 +607,22 @@ def test_random_tables_round_trip(table: pa.Table, chunk_bytes: int) -> None:
     if table.num_rows:
         col = table.column_names[-1]
         assert_exact(reader.read([col]), table.select([col]))
+
+
+def test_format_imports_neither_spark_nor_core() -> None:
+    import ast
+    from pathlib import Path
+
+    import persistshard.format as package
+
+    for path in Path(package.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            for name in names:
+                assert not name.startswith(("pyspark", "persistshard.core")), (
+                    f"{path.name} imports {name}"
+                )
