@@ -1,0 +1,65 @@
+"""persistshard's benchmarks: one harness (`benchmarks.harness`), one registry (`REGISTRY`).
+
+Run ``python -m benchmarks --help``. Each entry names the module whose ``run(...,
+rounds)`` returns a result in the shape documented in `benchmarks.harness`, and what the
+size knob passes to it: ``quick`` for a laptop, ``full`` for the figures of record.
+"""
+
+from __future__ import annotations
+
+from benchmarks.harness import Benchmark
+
+REGISTRY: tuple[Benchmark, ...] = (
+    Benchmark(
+        name="spark",
+        module="benchmarks.spark_bench",
+        summary="Spark append and snapshot read + sum vs native parquet and a pass-through "
+        "Python source",
+        sizes={"quick": {"rows": 200_000}, "full": {"rows": 2_000_000}},
+        headings=("spark data source",),
+        uses_spark=True,
+    ),
+    Benchmark(
+        name="scaling",
+        module="benchmarks.scaling_bench",
+        summary="Spark write and snapshot read at growing sizes vs native parquet",
+        sizes={
+            "quick": {"sizes": (250_000, 500_000, 1_000_000)},
+            "full": {"sizes": (1_000_000, 4_000_000, 16_000_000)},
+        },
+        headings=("scaling",),
+        uses_spark=True,
+    ),
+    Benchmark(
+        name="peer",
+        module="benchmarks.peer_bench",
+        summary="Python API append and snapshot vs delta-rs on the same Arrow table",
+        sizes={"quick": {"rows": 200_000}, "full": {"rows": 2_000_000}},
+        headings=("delta-rs", "deltalake"),
+    ),
+    Benchmark(
+        name="format",
+        module="benchmarks.format_bench",
+        summary="the part file format vs pyarrow Parquet and Arrow IPC",
+        sizes={"quick": {"size": 200_000}, "full": {"size": 2_000_000}},
+        headings=("format",),
+    ),
+    Benchmark(
+        name="correction",
+        module="benchmarks.correction_bench",
+        summary="the Correction buffer vs a naive sort-and-group",
+        sizes={"quick": {"rows": 200_000}, "full": {"rows": 2_000_000}},
+        headings=("correction",),
+    ),
+    Benchmark(
+        name="compaction",
+        module="benchmarks.compaction_bench",
+        summary="read time against commits before and after compaction; bytes against overwrites",
+        sizes={"quick": {"rows": 100_000}, "full": {"rows": 1_000_000}},
+        headings=("compaction",),
+    ),
+)
+
+BY_NAME = {b.name: b for b in REGISTRY}
+
+__all__ = ["BY_NAME", "REGISTRY", "Benchmark"]

@@ -1,0 +1,132 @@
+"""``python -m benchmarks [NAME ...] [--size quick|full] [--rounds N] [--check] [--render]``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from benchmarks import BY_NAME, REGISTRY
+from benchmarks import harness as h
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks",
+        description="Run persistshard's benchmarks side by side with their anchors; record "
+        "the results in docs/benchmarks.json and regenerate docs/benchmarks.md.",
+    )
+    p.add_argument("names", nargs="*", metavar="NAME", help="benchmarks to run (default: all)")
+    p.add_argument("--size", choices=h.SIZES, default=None, help="quick (default) or full")
+    p.add_argument("--rounds", type=int, default=None, help="rounds (default: 3 quick, 5 full)")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="run fresh and compare ratios with the record of the same size; record nothing; "
+        f"exit 1 if a ratio got worse by more than {h.TOLERANCE * 100:.0f}%%",
+    )
+    p.add_argument(
+        "--fresh", type=Path, help="with --check: compare this saved run instead of running"
+    )
+    p.add_argument("--render", action="store_true", help="only regenerate the page from the record")
+    p.add_argument("--list", action="store_true", help="list the benchmarks")
+    p.add_argument("--record", type=Path, default=h.RECORD, help="the JSON record")
+    p.add_argument("--page", type=Path, default=h.PAGE, help="the markdown page")
+    args = p.parse_args(argv)
+    unknown = [n for n in args.names if n not in BY_NAME]
+    if unknown:
+        p.error(f"unknown benchmark(s) {', '.join(unknown)}; known: {', '.join(BY_NAME)}")
+    return args
+
+
+def run_all(names: list[str], size: str, rounds: int) -> tuple[list[h.Result], list[str]]:
+    results, failed = [], []
+    for name in names:
+        bench = BY_NAME[name]
+        print(f"== {name} ({size}, {rounds} rounds): {bench.summary}", flush=True)
+        try:
+            bench.load()
+        except ImportError as e:
+            print(f"   not available yet, skipped: {e}", flush=True)
+            continue
+        started = time.time()
+        try:
+            result = h.run_benchmark(bench, size, rounds)
+        except Exception:
+            traceback.print_exc()
+            failed.append(name)
+            continue
+        for m in result["measurements"]:
+            r = m["ratio"]
+            shown = (
+                f"skipped: {m['skipped']}"
+                if m.get("skipped")
+                else (f"ratio {r['median']:.2f}x ({r['min']:.2f} to {r['max']:.2f})" if r else "-")
+            )
+            target = "" if m["target"] is None else f", target <= {m['target']:g}x"
+            print(f"   {m['what']} vs {m['anchor']}: {shown}{target}", flush=True)
+        print(f"   done in {time.time() - started:.0f} s", flush=True)
+        results.append(result)
+    return results, failed
+
+
+def stop_spark() -> None:
+    if "pyspark" not in sys.modules:
+        return
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.getActiveSession()
+    if spark is not None:
+        spark.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    if args.list:
+        for b in REGISTRY:
+            print(f"{b.name:<12} {b.summary}")
+        return 0
+    record = h.load_record(args.record)
+    if args.render:
+        h.write_page(record, REGISTRY, args.page)
+        print(f"wrote {args.page}")
+        return 0
+    names = args.names or [b.name for b in REGISTRY]
+    size = args.size or "quick"
+    rounds = args.rounds or h.DEFAULT_ROUNDS[size]
+    if args.check:
+        if args.fresh:
+            fresh = h.load_record(args.fresh)["runs"][size]
+            fresh = {n: r for n, r in fresh.items() if not args.names or n in names}
+            failed: list[str] = []
+        else:
+            try:
+                results, failed = run_all(names, size, rounds)
+            finally:
+                stop_spark()
+            fresh = {r["name"]: r for r in results}
+            out = h.ROOT / "benchmarks" / "results" / f"check-{size}.json"
+            h.save_record(h.merge(h.empty_record(), results), out)
+            print(f"fresh results saved to {out.relative_to(h.ROOT)}")
+        comparisons = h.compare(record["runs"][size], fresh)
+        print(h.check_report(comparisons))
+        worse = any(c.worse() for c in comparisons)
+        return 1 if worse or failed else 0
+    try:
+        results, failed = run_all(names, size, rounds)
+    finally:
+        stop_spark()
+    if results:
+        record = h.merge(record, results)
+        h.save_record(record, args.record)
+        h.write_page(record, REGISTRY, args.page)
+        print(f"wrote {args.record} and {args.page}")
+    if failed:
+        print(f"failed or unavailable: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
