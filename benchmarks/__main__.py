@@ -66,10 +66,17 @@ def run_all(names: list[str], size: str, rounds: int) -> tuple[list[h.Result], l
                 else (f"ratio {r['median']:.2f}x ({r['min']:.2f} to {r['max']:.2f})" if r else "-")
             )
             target = "" if m["target"] is None else f", target <= {m['target']:g}x"
-            print(f"   {m['what']} vs {m['anchor']}: {shown}{target}", flush=True)
+            print(f"   {m['what']}: {m['ours']} vs {m['anchor']}: {shown}{target}", flush=True)
         print(f"   done in {time.time() - started:.0f} s", flush=True)
         results.append(result)
     return results, failed
+
+
+def _shown_path(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 def stop_spark() -> None:
@@ -91,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     record = h.load_record(args.record)
     if args.render:
         h.write_page(record, REGISTRY, args.page)
-        print(f"wrote {args.page}")
+        print(f"wrote {_shown_path(args.page)}")
         return 0
     names = args.names or [b.name for b in REGISTRY]
     size = args.size or "quick"
@@ -122,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         record = h.merge(record, results)
         h.save_record(record, args.record)
         h.write_page(record, REGISTRY, args.page)
-        print(f"wrote {args.record} and {args.page}")
+        print(f"wrote {_shown_path(args.record)} and {_shown_path(args.page)}")
     if failed:
         print(f"failed or unavailable: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0

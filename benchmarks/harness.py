@@ -344,6 +344,7 @@ class Comparison:
 
     benchmark: str
     what: str
+    ours: str
     anchor: str
     recorded: float | None
     fresh: float | None
@@ -365,18 +366,23 @@ def _ratio_median(m: Mapping[str, Any]) -> float | None:
     return None if ratio is None else float(ratio["median"])
 
 
+def _key(m: Mapping[str, Any]) -> tuple[str, str, str]:
+    return (m["what"], m["ours"], m["anchor"])
+
+
 def compare(recorded: Mapping[str, Result], fresh: Mapping[str, Result]) -> list[Comparison]:
-    """Every ratio of ``fresh`` next to the recorded ratio of the same benchmark, operation and
-    anchor (recorded None when the record has no such ratio)."""
+    """Every ratio of ``fresh`` next to the recorded ratio of the same benchmark, operation,
+    contender and anchor (recorded None when the record has no such ratio)."""
     out = []
     for name, result in fresh.items():
-        old = {(m["what"], m["anchor"]): m for m in recorded.get(name, {}).get("measurements", [])}
+        old = {_key(m): m for m in recorded.get(name, {}).get("measurements", [])}
         for m in result.get("measurements", []):
-            before = old.get((m["what"], m["anchor"]))
+            before = old.get(_key(m))
             out.append(
                 Comparison(
                     name,
                     m["what"],
+                    m["ours"],
                     m["anchor"],
                     None if before is None else _ratio_median(before),
                     _ratio_median(m),
@@ -387,7 +393,10 @@ def compare(recorded: Mapping[str, Result], fresh: Mapping[str, Result]) -> list
 
 def check_report(comparisons: Sequence[Comparison], tolerance: float = TOLERANCE) -> str:
     """A plain-text table of the comparisons, regressions marked."""
-    lines = [f"{'benchmark':<12} {'what':<36} {'anchor':<24} {'record':>7} {'fresh':>7} change"]
+    lines = [
+        f"{'benchmark':<12} {'what':<36} {'ours':<20} {'anchor':<20} {'record':>7} {'fresh':>7} "
+        "change"
+    ]
     for c in comparisons:
         rec = "-" if c.recorded is None else f"{c.recorded:.2f}"
         new = "-" if c.fresh is None else f"{c.fresh:.2f}"
@@ -396,7 +405,8 @@ def check_report(comparisons: Sequence[Comparison], tolerance: float = TOLERANCE
         if c.worse(tolerance):
             verdict += f"  WORSE by more than {tolerance:.0%}"
         lines.append(
-            f"{c.benchmark:<12} {c.what[:36]:<36} {c.anchor[:24]:<24} {rec:>7} {new:>7} {verdict}"
+            f"{c.benchmark:<12} {c.what[:36]:<36} {c.ours[:20]:<20} {c.anchor[:20]:<20} "
+            f"{rec:>7} {new:>7} {verdict}"
         )
     worse = [c for c in comparisons if c.worse(tolerance)]
     lines.append(
@@ -486,7 +496,7 @@ def render_section(result: Mapping[str, Any], notes: str | None, images: Mapping
     lines.append("")
     for m in result["measurements"]:
         if m.get("note"):
-            lines.append(f"- {m['what']} vs {m['anchor']}: {m['note']}")
+            lines.append(f"- {m['ours']} vs {m['anchor']}, {m['what']}: {m['note']}")
     for note in result.get("notes", []):
         lines.append(f"- {note}")
     if any(m.get("note") for m in result["measurements"]) or result.get("notes"):
@@ -579,8 +589,8 @@ def render_page(
         "",
         "## Summary",
         "",
-        "| benchmark | what | anchor | ratio median | target | met |",
-        "| --- | --- | --- | ---: | ---: | :---: |",
+        "| benchmark | what | ours | anchor | ratio median | target | met |",
+        "| --- | --- | --- | --- | ---: | ---: | :---: |",
     ]
     for name in order:
         for m in results[name]["measurements"]:
@@ -589,7 +599,7 @@ def render_page(
             r = m.get("ratio")
             met = {True: "yes", False: "**no**", None: ""}[m.get("met")]
             lines.append(
-                f"| {name} | {m['what']} | {m['anchor']} "
+                f"| {name} | {m['what']} | {m['ours']} | {m['anchor']} "
                 f"| {_fmt_ratio(r['median']) if r else 'skipped'} | {_target(m)} | {met} |"
             )
     lines += ["<!-- /bench:header -->", ""]

@@ -114,7 +114,7 @@ def test_page_has_tables_keeps_hand_written_sections_and_notes(fake_module):
         "| append 10 rows | ours | anchor | 1.100 s | 1.000 s "
         "| 1.10x | 1.00x to 1.20x | ≤ 1.3x | yes |" in page
     )
-    assert "| fake | append 10 rows | anchor | 1.10x | ≤ 1.3x | yes |" in page
+    assert "| fake | append 10 rows | ours | anchor | 1.10x | ≤ 1.3x | yes |" in page
     assert "old figures" not in page  # replaced by results
     assert "## Other thing\n\n| a | b |\n| --- | --- |\n| 1 | 2 |\n" in page  # kept verbatim
     assert "Some intro." in page
