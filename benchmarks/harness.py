@@ -25,7 +25,7 @@ Every benchmark is a module with ``run(..., rounds: int) -> dict`` returning a *
       "series": [                           # optional: plots, drawn by the harness
         {"id": "throughput", "title": "...", "x_label": "rows", "y_label": "rows/s",
          "x": [1e6, 4e6], "lines": {"persistshard write": [..], "parquet write": [..]},
-         "log_x": true, "log_y": false},
+         "log_x": true, "log_y": false, "x_tick_labels": ["1M", "4M"]},  # the last three optional
       ],
       "notes": ["markdown line", ...],      # optional, shown at the end of the section
     }
@@ -648,6 +648,9 @@ def plot_series(
         ax.set_ylabel(s.get("y_label", ""))
         if s.get("log_x"):
             ax.set_xscale("log")
+        if s.get("x_tick_labels"):
+            ax.minorticks_off()
+            ax.set_xticks(s["x"], s["x_tick_labels"])
         if s.get("log_y"):
             ax.set_yscale("log")
         ax.grid(True, alpha=0.3)

@@ -58,7 +58,7 @@ def run(
                 measurements.append(skipped(what, OURS, PARQUET, missing or ""))
             for name in names:
                 t = sorted(times[name])[len(times[name]) // 2]
-                tput[f"{name} {op.split()[0]}"].append(rows / t)
+                tput[f"{name} {op.split()[0]}"].append(rows / t / 1e6)
         for name in names:
             stored[name].append(bytes_[name])
     x = list(sizes)
@@ -78,19 +78,21 @@ def run(
                 "id": "write_throughput",
                 "title": "Spark write throughput against size",
                 "x_label": "rows",
-                "y_label": "rows per second (median)",
+                "y_label": "million rows per second (median)",
                 "x": x,
                 "lines": write_tput,
                 "log_x": True,
+                "x_tick_labels": [human(s) for s in sizes],
             },
             {
                 "id": "read_throughput",
                 "title": "Spark snapshot read + sum throughput against size",
                 "x_label": "rows",
-                "y_label": "rows per second (median)",
+                "y_label": "million rows per second (median)",
                 "x": x,
                 "lines": read_tput,
                 "log_x": True,
+                "x_tick_labels": [human(s) for s in sizes],
             },
         ],
         "notes": [
