@@ -388,7 +388,7 @@ class Correction:
         everything = lower <= self._since
         runs: list[_Chain] = []
         sources = [self._emitted, *self._pending_low, *self._spilled]
-        sources += [c for b in self._buckets if b.upper > lower for c in b.chains]
+        sources += [c for b in self._buckets if everything or b.upper > lower for c in b.chains]
         for chain in sources:
             if not chain.segs:
                 continue
@@ -585,7 +585,13 @@ class Correction:
         bucket = self._buckets.pop(0)
         lower, top, chains = bucket.lower, bucket.upper, bucket.chains
         above: list[_Bucket] = []
-        while lower < upper:
+        while True:
+            if top <= upper:
+                peeled.extend(chains)
+                break
+            if lower >= upper:
+                above.insert(0, _Bucket(lower, top, chains))
+                break
             mid = (lower + top) // 2
             left, right = [], []
             for chain in chains:
@@ -600,7 +606,6 @@ class Correction:
             else:
                 peeled.extend(left)
                 lower, chains = mid, right
-        above.insert(0, _Bucket(lower, top, chains))
         for piece in above:
             piece.chains = self._restored(piece.chains, self._bucket_advance(piece))
         self._buckets[:0] = above
