@@ -524,22 +524,45 @@ def split_sections(text: str) -> tuple[str, list[tuple[str, str]]]:
     return head, sections
 
 
-def kept_sections(
+def hand_written_sections(
     old_page: str, results: Mapping[str, Result], registry: Sequence[Benchmark]
-) -> list[str]:
-    """Hand-written sections of ``old_page`` to keep verbatim: every section outside the
-    generated blocks, except those that a benchmark with results now replaces (its
-    ``headings`` words occur in the section's heading)."""
+) -> tuple[list[str], dict[str, list[str]]]:
+    """The sections of ``old_page`` outside the generated blocks: ``(kept, replaced)``.
+
+    A section is replaced when a benchmark with results claims it (one of its ``headings``
+    words occurs in the section's heading); ``replaced`` maps the benchmark to those
+    sections, whose words move into its notes block. Every other section is kept verbatim.
+    """
     without = _BENCH_BLOCK.sub("", old_page)
     _head, sections = split_sections(without)
     replacing = [b for b in registry if b.name in results]
-    kept = []
+    kept: list[str] = []
+    replaced: dict[str, list[str]] = {}
     for heading, body in sections:
         h = heading.lower()
-        if any(word.lower() in h for b in replacing for word in b.headings):
-            continue
-        kept.append(body.rstrip("\n") + "\n")
-    return kept
+        owner = next((b for b in replacing if any(w.lower() in h for w in b.headings)), None)
+        if owner is None:
+            kept.append(body.rstrip("\n") + "\n")
+        else:
+            replaced.setdefault(owner.name, []).append(body)
+    return kept, replaced
+
+
+def carried_notes(sections: Sequence[str]) -> str:
+    """Hand-written sections a generated one replaces, as notes: their text verbatim under a
+    heading that says where it came from (its figures are from the run it was written for)."""
+    out = []
+    for body in sections:
+        heading, _, rest = body.partition("\n")
+        out += [
+            f'### Notes carried over from the hand-written section "{heading[3:].strip()}"',
+            "",
+            "(Its figures are from the run it was written for; the table above is the record.)",
+            "",
+            rest.strip("\n"),
+            "",
+        ]
+    return "\n".join(out)
 
 
 def old_notes(old_page: str) -> dict[str, str]:
@@ -607,8 +630,11 @@ def render_page(
     if intro:
         lines += [intro, ""]
     notes = old_notes(old_page)
+    kept, replaced = hand_written_sections(old_page, results, registry)
+    for name, sections in replaced.items():
+        carried = carried_notes(sections)
+        notes[name] = f"{notes[name].rstrip()}\n\n{carried}" if notes.get(name) else carried
     body = [render_section(results[n], notes.get(n), images.get(n, {})) for n in order]
-    kept = kept_sections(old_page, results, registry)
     return "\n".join(lines) + "\n" + "\n".join(body + kept)
 
 

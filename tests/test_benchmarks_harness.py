@@ -115,14 +115,17 @@ def test_page_has_tables_keeps_hand_written_sections_and_notes(fake_module):
         "| 1.10x | 1.00x to 1.20x | ≤ 1.3x | yes |" in page
     )
     assert "| fake | append 10 rows | ours | anchor | 1.10x | ≤ 1.3x | yes |" in page
-    assert "old figures" not in page  # replaced by results
+    # The hand-written section the results replace moves into the notes block, words kept.
+    notes = page.split("<!-- notes:fake -->")[1].split("<!-- /notes:fake -->")[0]
+    assert '"Fake thing (hand-written)"' in notes and "old figures" in notes
+    assert "## Fake thing (hand-written)" not in page
     assert "## Other thing\n\n| a | b |\n| --- | --- |\n| 1 | 2 |\n" in page  # kept verbatim
     assert "Some intro." in page
 
     # A human's notes inside the notes markers survive regeneration; regeneration is stable.
     edited = page.replace("<!-- notes:fake -->\n", "<!-- notes:fake -->\nWhy it is 1.1x.\n")
     again = h.render_page(record, registry, edited)
-    assert "Why it is 1.1x.\n<!-- /notes:fake -->" in again
+    assert "<!-- notes:fake -->\nWhy it is 1.1x.\n" in again
     assert h.render_page(record, registry, again) == again
     assert again.count("## Other thing") == 1 and again.count("Some intro.") == 1
 
@@ -192,3 +195,21 @@ def test_write_page_draws_series(tmp_path, fake_module):
     h.write_page(h.merge(h.empty_record(), [result]), [bench()], page)
     assert (tmp_path / "img" / "fake_tput.png").stat().st_size > 0
     assert "![t](img/fake_tput.png)" in page.read_text()
+
+
+def test_check_tells_contenders_apart_on_the_same_operation_and_anchor():
+    def two(ours_ratio: float, pass_ratio: float) -> dict:
+        return {
+            "x": h.summarize(
+                {
+                    "measurements": [
+                        h.measurement("w", "ours", "parquet", [ours_ratio], [1.0]),
+                        h.measurement("w", "pass-through", "parquet", [pass_ratio], [1.0]),
+                    ]
+                },
+                "x",
+            )
+        }
+
+    comparisons = h.compare(two(1.0, 3.0), two(1.5, 3.0))
+    assert [(c.ours, c.worse()) for c in comparisons] == [("ours", True), ("pass-through", False)]
