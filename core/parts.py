@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from persistshard.core.blob import Blob
-from persistshard.core.rows import TIME, row_columns
+from persistshard.core.rows import TIME, row_columns, sort_table
 from persistshard.core.state import PartRef
 from persistshard.format import PartReader, encode_part
 
@@ -64,6 +64,44 @@ def write_parts(blob: Blob, write_id: str, table: pa.Table) -> list[PartRef]:
         write_part(blob, write_id, table.slice(start, step))
         for start in range(0, table.num_rows, step)
     ]
+
+
+class PartSink:
+    """Turns a stream of consolidated batches into sorted parts of bounded size.
+
+    Batches arrive in any order that is consolidated as a whole (a Correction buffer yields
+    (time, row) order); they are gathered up to ``part_bytes`` and each gathering is sorted
+    by (row, time) and written as one part. Memory: about two gatherings (one being sorted).
+    Because the input is consolidated as a whole, so is every slice of it.
+    """
+
+    def __init__(self, blob: Blob, write_id: str, *, part_bytes: int = PART_TARGET_BYTES) -> None:
+        self.blob = blob
+        self.write_id = write_id
+        self.part_bytes = part_bytes
+        self.parts: list[PartRef] = []
+        self._pending: list[pa.RecordBatch] = []
+        self._pending_bytes = 0
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        if batch.num_rows == 0:
+            return
+        self._pending.append(batch)
+        self._pending_bytes += batch.nbytes
+        if self._pending_bytes >= self.part_bytes:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self._pending:
+            return
+        table = pa.Table.from_batches(self._pending)
+        self._pending, self._pending_bytes = [], 0
+        table = sort_table(table, row_columns(table.schema), "row_time")
+        self.parts.append(write_part(self.blob, self.write_id, table))
+
+    def close(self) -> list[PartRef]:
+        self.flush()
+        return self.parts
 
 
 def open_part(blob: Blob, ref: PartRef) -> PartReader:

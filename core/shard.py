@@ -76,7 +76,11 @@ def id_time_ms(identifier: str) -> int | None:
 
 
 def _as_location(location: str) -> str:
-    if "://" in location or location.startswith("memory:"):
+    """A URL for ``location``: local paths (also Spark's qualified ``file:/...``) become
+    absolute ``file://`` URLs; other URLs are kept as they are."""
+    if location.startswith("file:") and not location.startswith("file://"):
+        location = location[len("file:") :]
+    if "://" in location:
         return location
     return "file://" + os.path.abspath(os.path.expanduser(location))
 
@@ -288,6 +292,47 @@ class Shard:
             raise
         # Anything else (I/O errors, Indeterminate) may have landed: the parts stay; gc
         # removes them later if no state references them.
+
+    def self_correct(
+        self, staged: WrittenUpdates, *, time: int, write_id: str, state: ShardState | None = None
+    ) -> WrittenUpdates:
+        """The updates that turn the shard's current contents into the staged rows.
+
+        ``staged`` holds the desired contents (rows with positive diffs, any times); the result
+        holds, at ``time``, a retraction for every row that goes away and an insertion for every
+        row that comes (only the difference), written as parts of ``write_id``. The staged
+        parts are deleted. The current contents are those of ``state`` (default: newest), all
+        sealed updates summed; the caller commits with ``expected_upper = state.upper``.
+        """
+        state = state if state is not None else self._refresh()
+        if staged.unsealed:
+            raise InvalidUpdates(
+                "an overwrite writes the whole table at one time; it has no unsealed updates",
+                location=self.location,
+            )
+        if state.schema is None and not staged.sealed:
+            return WrittenUpdates()
+        schema = state.schema
+        if schema is None:
+            desired = read_parts(self.blob, staged.sealed, _full_schema_of(self.blob, staged))
+        else:
+            desired = read_parts(self.blob, staged.sealed, update_schema(schema))
+        desired = snapshot_of(desired)
+        if state.schema is not None and state.upper > 0:
+            current = snapshot_of(self.read_range(state, min_time=None, max_time=None))
+            negated = pc.negate(current.column(DIFF))
+            current = current.set_column(
+                current.schema.get_field_index(DIFF), current.schema.field(DIFF), negated
+            )
+            desired = snapshot_of(pa.concat_tables([desired, current]))
+        delta = desired.append_column(
+            pa.field(TIME, pa.int64(), nullable=False),
+            pa.array([time] * desired.num_rows, pa.int64()),
+        )
+        delta = delta.select([*delta.schema.names[:-2], TIME, DIFF])
+        result = WrittenUpdates(sealed=write_parts(self.blob, write_id, consolidate(delta)))
+        self.delete_parts(staged.keys())
+        return result
 
     def delete_parts(self, keys: list[str]) -> None:
         """Delete parts that no state references (after a refused commit)."""
@@ -530,6 +575,12 @@ class Shard:
         }
 
     # --- maintenance: compaction and garbage collection (core/trace.py, core/gc.py) ---------
+
+def _full_schema_of(blob: Blob, written: WrittenUpdates) -> pa.Schema:
+    """The schema of written parts (read from the first part's footer)."""
+    from persistshard.core.parts import open_part
+
+    return open_part(blob, written.sealed[0]).schema
 
 
 def _snapshot_schema(user: pa.Schema) -> pa.Schema:

@@ -92,6 +92,11 @@ class CorruptData(PersistShardError):
         super().__init__(text, location=location)
 
 
+class NegativeDiff(PersistShardError):
+    """A snapshot read without ``_diff`` met a row whose net diff is negative: it cannot be
+    repeated a negative number of times. Read with ``with_diff`` to see it."""
+
+
 class StorageUnsupported(PersistShardError):
     """The storage cannot give an atomic put-if-absent and no other consensus was configured."""
 
@@ -115,6 +120,7 @@ __all__ = [
     "CorruptData",
     "Indeterminate",
     "InvalidUpdates",
+    "NegativeDiff",
     "NotSealed",
     "PersistShardError",
     "SinceViolation",

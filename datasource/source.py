@@ -1,0 +1,110 @@
+"""The `persistshard` Spark data source: schema, readers and writers for batch, stream and SQL.
+
+`PersistShardDataSource` is what Spark instantiates (as ``pyspark_persistshard.DefaultSource``)
+for ``format("persistshard")`` and ``USING persistshard``. It only parses options and hands
+off: reads to `persistshard.datasource.reader`, writes to `persistshard.datasource.writer`,
+streams to `persistshard.datasource.stream`.
+
+The schema it reports:
+- a snapshot: the shard's columns (plus ``_diff`` with ``with_diff``);
+- a change read (``updates_from`` / ``updates_to``) and a stream: columns + ``_time`` + ``_diff``;
+- in ``CREATE TABLE`` (options carry ``location``): the shard's columns, or those of the
+  ``columns`` option for a new shard, each field carrying the location in its metadata, which
+  is how later SQL statements find the table's shard (see `persistshard.datasource.options`).
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+)
+from pyspark.sql.types import LongType, StructField, StructType
+
+from persistshard.core.rows import DIFF, TIME
+from persistshard.core.shard import open_shard
+from persistshard.datasource.options import (
+    LOCATION_KEY,
+    ReadOptions,
+    find_location,
+    require_location,
+)
+from persistshard.datasource.types import spark_schema_of
+from persistshard.errors import InvalidUpdates
+
+STREAM_MARK = "persistshard.stream"
+
+
+def _with_system(schema: StructType, *names: str) -> StructType:
+    fields = [f for f in schema.fields if f.name not in (TIME, DIFF)]
+    for name in names:
+        fields.append(StructField(name, LongType(), nullable=False))
+    return StructType(fields)
+
+
+class PersistShardDataSource(DataSource):
+    """``format("persistshard")``: versioned, compacting (row, time, diff) storage."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "persistshard"
+
+    def schema(self) -> StructType:
+        options = dict(self.options)
+        location = require_location(options)
+        shard = open_shard(location)
+        stored = shard.schema
+        creating = "location" in options or "provider" in options
+        if stored is None:
+            columns = options.get("columns")
+            if columns is None:
+                raise InvalidUpdates(
+                    f"no shard at {shard.location} yet: give its columns, e.g. "
+                    "OPTIONS (columns 'id BIGINT, name STRING'), or write to it first",
+                )
+            from persistshard.core.validate import user_schema
+            from persistshard.datasource.ddl import parse_columns
+            from persistshard.datasource.types import arrow_schema_of
+
+            stored = user_schema(arrow_schema_of(parse_columns(columns)))
+        elif options.get("columns"):
+            raise InvalidUpdates(
+                f"the shard at {shard.location} already has columns ({stored}); drop the "
+                "columns option to use them",
+            )
+        if creating:
+            return spark_schema_of(stored, {LOCATION_KEY: shard.location})
+        base = spark_schema_of(stored)
+        opts = ReadOptions.parse(options)
+        if opts.reads_updates:
+            return _with_system(base, TIME, DIFF)
+        if opts.with_diff:
+            return _with_system(base, DIFF)
+        return base
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        from persistshard.datasource.reader import PersistShardReader
+
+        return PersistShardReader(dict(self.options), schema)
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        from persistshard.datasource.writer import PersistShardWriter
+
+        return PersistShardWriter(dict(self.options), schema, overwrite)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        from persistshard.datasource.writer import PersistShardStreamWriter
+
+        return PersistShardStreamWriter(dict(self.options), schema, overwrite)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        from persistshard.datasource.stream import PersistShardStreamReader
+
+        return PersistShardStreamReader(dict(self.options), schema)
+
+
+__all__ = ["LOCATION_KEY", "PersistShardDataSource", "find_location", "pa"]
