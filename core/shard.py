@@ -576,6 +576,22 @@ class Shard:
 
     # --- maintenance: compaction and garbage collection (core/trace.py, core/gc.py) ---------
 
+    def compact(self, *, full: bool = True, max_merges: int | None = None) -> Any:
+        """Merge trace batches (unsealed updates, same-level pairs, and with ``full`` every
+        batch below since) until the trace is tidy; returns a
+        `persistshard.core.compact.CompactionReport`. See `persistshard.core.trace`."""
+        from persistshard.core import compact
+
+        return compact.compact_shard(self, full=full, max_merges=max_merges)
+
+    def maybe_compact(self, max_merges: int = 1) -> Any:
+        """The small compaction a writer may run after its commit: a `CompactionReport`, or
+        None if nothing was due (`persistshard.core.compact.maybe_compact`)."""
+        from persistshard.core import compact
+
+        return compact.maybe_compact(self, max_merges=max_merges)
+
+
 def _full_schema_of(blob: Blob, written: WrittenUpdates) -> pa.Schema:
     """The schema of written parts (read from the first part's footer)."""
     from persistshard.core.parts import open_part

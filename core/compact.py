@@ -1,0 +1,588 @@
+"""Compaction execution: streaming k-way merges of sorted runs, and committing their outputs.
+
+`run_merge` executes one `MergePlan` (see `persistshard.core.trace`): it reads the input
+parts chunk by chunk, forwards times below the plan's floor, merges and consolidates them by
+the one row rule (`persistshard.core.rows`), and writes one sorted, consolidated run as parts
+of at most about ``part_bytes`` each, cut only where the row (not just the time) changes. It
+commits nothing; `commit_merge` turns its result into a ``compact`` commit, and on a
+`StateConflict` deletes the parts the merge wrote (never parts it reused from an input).
+`compact_shard` and `maybe_compact` drive plan, run, commit in a loop on one process.
+
+The merge. Each input part is a *run*, sorted by (row, time) and consolidated; forwarding
+times is monotone, so a run stays sorted after it. A run's *frontier* is the last (row, time)
+it has delivered; a run with chunks left can still deliver keys at or after its frontier,
+and nothing below. So every buffered update strictly below the smallest frontier among runs
+with chunks left is final: it is emitted, and the buffer keeps the rest. Then the run with
+the smallest frontier delivers its next non-empty chunk. The buffer is re-sorted and
+consolidated with each new chunk (one stable Arrow sort with the bound row placed first, so
+its position counts the keys below it).
+
+Memory bound (measured by `MergeStats.peak_buffered_bytes`, checked by the tests): a run's
+buffered updates come from its most recently delivered chunk only (older chunks ended at or
+below an earlier bound, and everything below a bound was emitted; keys equal to the bound
+were consolidated into one update), so the buffer holds at most ``k`` chunks plus one update,
+for ``k`` input parts: about ``k * CHUNK_BYTES`` of decoded Arrow data, and twice that while
+sorting. The output side adds the part writer's two encoded chunks in flight and the
+compressed bytes of the one output part being assembled (blobs are written with one ``put``):
+at most the compressed size of ``part_bytes`` of data. None of it depends on batch sizes.
+
+Unsealed trimming: an unsealed batch straddling the plan's upper is rewritten part by part,
+streaming, keeping only updates at or after the upper (each part stays sorted and
+consolidated, a filter preserves both); a part entirely at or after the upper is reused.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from persistshard.core import trace
+from persistshard.core.blob import Blob
+from persistshard.core.parts import CHUNK_BYTES, PART_TARGET_BYTES, open_part, part_key
+from persistshard.core.rows import (
+    DIFF,
+    TIME,
+    advance_times,
+    consolidate,
+    key_columns,
+    row_columns,
+    run_starts,
+    sort_indices,
+)
+from persistshard.core.shard import Shard, new_id
+from persistshard.core.state import Batch, Commit, PartRef, ShardState
+from persistshard.core.trace import MergePlan
+from persistshard.core.validate import update_schema
+from persistshard.errors import StateConflict
+from persistshard.format import PartReader, PartWriter
+
+# --- results and reports -----------------------------------------------------------------
+
+
+@dataclass
+class MergeStats:
+    """What one merge read, wrote and held."""
+
+    rows_read: int = 0
+    rows_written: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+    chunks_read: int = 0
+    peak_buffered_bytes: int = 0
+    seconds: float = 0.0
+
+    def add(self, other: MergeStats) -> None:
+        self.rows_read += other.rows_read
+        self.rows_written += other.rows_written
+        self.bytes_read += other.bytes_read
+        self.bytes_written += other.bytes_written
+        self.chunks_read += other.chunks_read
+        self.peak_buffered_bytes = max(self.peak_buffered_bytes, other.peak_buffered_bytes)
+        self.seconds += other.seconds
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> MergeStats:
+        return MergeStats(**d)
+
+
+@dataclass
+class MergeResult:
+    """The output of `run_merge`: parts of the trace output (some possibly reused from an
+    input), the unsealed remainders, and which part keys the merge itself wrote."""
+
+    parts: list[PartRef]
+    unsealed_outputs: list[Batch]
+    written_keys: list[str]
+    stats: MergeStats
+    free: bool = False
+
+    @property
+    def rows_out(self) -> int:
+        return sum(p.num_rows for p in self.parts)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "parts": [p.to_json() for p in self.parts],
+            "unsealed_outputs": [b.to_json() for b in self.unsealed_outputs],
+            "written_keys": list(self.written_keys),
+            "stats": self.stats.to_json(),
+            "free": self.free,
+        }
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> MergeResult:
+        return MergeResult(
+            parts=[PartRef.from_json(p) for p in d["parts"]],
+            unsealed_outputs=[Batch.from_json(b) for b in d["unsealed_outputs"]],
+            written_keys=list(d["written_keys"]),
+            stats=MergeStats.from_json(d["stats"]),
+            free=d["free"],
+        )
+
+
+@dataclass(frozen=True)
+class MergeReport:
+    """One merge as `compact_shard` reports it."""
+
+    reason: str
+    inputs: list[str]
+    unsealed_inputs: list[str]
+    lower: int
+    upper: int
+    input_levels: list[int]
+    output: str | None
+    level: int | None
+    rows_in: int
+    rows_out: int
+    bytes_read: int
+    bytes_written: int
+    free: bool
+    committed: bool
+
+
+@dataclass
+class CompactionReport:
+    """What `Shard.compact` / `Shard.maybe_compact` did.
+
+    ``merges`` lists every merge attempted (``committed`` False for one that lost a race and
+    was discarded); ``levels_before``/``levels_after`` are the trace's levels, oldest first.
+    """
+
+    merges: list[MergeReport] = field(default_factory=list)
+    conflicts: int = 0
+    levels_before: list[int] = field(default_factory=list)
+    levels_after: list[int] = field(default_factory=list)
+    batches_before: int = 0
+    batches_after: int = 0
+    stats: MergeStats = field(default_factory=MergeStats)
+
+    @property
+    def committed(self) -> int:
+        return sum(1 for m in self.merges if m.committed)
+
+    @property
+    def bytes_read(self) -> int:
+        return self.stats.bytes_read
+
+    @property
+    def bytes_written(self) -> int:
+        return self.stats.bytes_written
+
+    @property
+    def rows_written(self) -> int:
+        return self.stats.rows_written
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "merges": [asdict(m) for m in self.merges],
+            "committed": self.committed,
+            "conflicts": self.conflicts,
+            "levels_before": self.levels_before,
+            "levels_after": self.levels_after,
+            "batches_before": self.batches_before,
+            "batches_after": self.batches_after,
+            "stats": self.stats.to_json(),
+        }
+
+
+# --- reading runs ----------------------------------------------------------------------
+
+
+class _Run:
+    """One sorted input part, delivered chunk by chunk with times forwarded to ``floor``;
+    for unsealed parts only updates at times ``< below`` are delivered."""
+
+    def __init__(
+        self,
+        reader: PartReader,
+        schema: pa.Schema,
+        floor: int,
+        below: int | None,
+        stats: MergeStats,
+    ) -> None:
+        self.reader = reader
+        self.schema = schema
+        self.floor = floor
+        self.below = below
+        self.stats = stats
+        self.next_chunk = 0
+        self.frontier: pa.Table | None = None  # row columns + time of the last update delivered
+
+    @property
+    def has_more(self) -> bool:
+        return self.next_chunk < len(self.reader.chunks)
+
+    def deliver(self) -> pa.Table | None:
+        """The next non-empty chunk (forwarded, filtered), or None when the run is done."""
+        while self.has_more:
+            index = self.next_chunk
+            self.next_chunk += 1
+            info = self.reader.chunks[index]
+            if self.below is not None and info.min_time is not None and info.min_time >= self.below:
+                continue
+            batch = self.reader.read_chunk(index)
+            self.stats.chunks_read += 1
+            self.stats.bytes_read += info.length
+            table = pa.Table.from_batches([batch])
+            if table.schema != self.schema:
+                table = table.cast(self.schema)
+            if self.below is not None:
+                table = table.filter(pc.less(table.column(TIME), self.below))
+            if table.num_rows == 0:
+                continue
+            self.stats.rows_read += table.num_rows
+            table = advance_times(table, self.floor)
+            last = pa.array([table.num_rows - 1], pa.int64())
+            self.frontier = table.take(last).drop_columns([DIFF])
+            return table
+        return None
+
+
+def _merge_runs(runs: list[_Run], columns: list[str], stats: MergeStats) -> Iterator[pa.Table]:
+    """Yield the merged, consolidated updates of ``runs`` in (row, time) order, in pieces."""
+    schema = runs[0].schema if runs else None
+    if schema is None:
+        return
+    empty = schema.empty_table()
+    pending = empty
+    # After its first delivery a run either has a frontier or is exhausted.
+    arriving = [t for t in (r.deliver() for r in runs) if t is not None]
+    while True:
+        active = [r for r in runs if r.has_more and r.frontier is not None]
+        pieces = [pending, *arriving]
+        if not active:
+            table = pa.concat_tables(pieces)
+            stats.peak_buffered_bytes = max(stats.peak_buffered_bytes, table.nbytes)
+            out = consolidate(table, columns)
+            if out.num_rows:
+                yield out
+            return
+        frontiers = pa.concat_tables([r.frontier for r in active if r.frontier is not None])
+        order = sort_indices(frontiers, columns).to_numpy()
+        first = int(order[0])
+        slowest = active[first]
+        bound = frontiers.slice(first, 1)
+        bound = bound.append_column(DIFF, pa.array([0], pa.int64())).cast(schema)
+        table = pa.concat_tables([bound, *pieces])
+        stats.peak_buffered_bytes = max(stats.peak_buffered_bytes, table.nbytes)
+        idx = sort_indices(table, columns)  # stable: the bound precedes keys equal to it
+        idx_np = np.asarray(idx.to_numpy(), dtype=np.int64)
+        q = int(np.flatnonzero(idx_np == 0)[0])
+        if q:
+            done = consolidate(table.take(idx[:q]), columns, presorted=True)
+            if done.num_rows:
+                yield done
+        rest = table.take(idx[q + 1 :])
+        pending = consolidate(rest, columns, presorted=True) if rest.num_rows else empty
+        nxt = slowest.deliver()
+        arriving = [nxt] if nxt is not None else []
+
+
+class _RunWriter:
+    """Writes one sorted run as parts, cutting a part only where the row changes."""
+
+    def __init__(
+        self, blob: Blob, write_id: str, schema: pa.Schema, part_bytes: int, stats: MergeStats
+    ) -> None:
+        self.blob = blob
+        self.write_id = write_id
+        self.schema = schema
+        self.columns = row_columns(schema)
+        self.part_bytes = part_bytes
+        self.stats = stats
+        self.parts: list[PartRef] = []
+        self._writer: PartWriter | None = None
+        self._sink: io.BytesIO | None = None
+        self._bytes = 0
+        self._last_row: pa.Table | None = None
+
+    def _open(self) -> PartWriter:
+        if self._writer is None:
+            self._sink = io.BytesIO()
+            self._writer = PartWriter(
+                self._sink,
+                self.schema,
+                sort_column=self.columns[0] if self.columns else None,
+                chunk_bytes=CHUNK_BYTES,
+            )
+            self._bytes = 0
+        return self._writer
+
+    def _put(self, table: pa.Table) -> None:
+        if table.num_rows == 0:
+            return
+        self._open().write(table)
+        self._bytes += table.nbytes
+        self.stats.rows_written += table.num_rows
+        self._last_row = table.slice(table.num_rows - 1, 1)
+
+    def _row_cut(self, table: pa.Table, start: int) -> int | None:
+        """The first index ``>= start`` of ``table`` whose row differs from the row before it
+        (index 0 counts when it differs from the last row written), or None."""
+        rows = table.select(self.columns)
+        offset = 0
+        if self._last_row is not None:
+            rows = pa.concat_tables([self._last_row.select(self.columns), rows])
+            offset = 1
+        starts = run_starts(key_columns(rows, self.columns), rows.num_rows) - offset
+        later = starts[(starts >= start) & (starts + offset >= 1)]
+        return int(later[0]) if len(later) else None
+
+    def write(self, table: pa.Table) -> None:
+        """Append ``table`` (the next updates of the run); starts a new part when the current
+        one would pass ``part_bytes``, at the first row boundary past that point."""
+        while table.num_rows:
+            room = self.part_bytes - self._bytes
+            if table.nbytes <= room:
+                self._put(table)
+                return
+            fit = int(room // max(1.0, table.nbytes / table.num_rows))
+            if self._writer is None:
+                fit = max(fit, 1)  # an empty part takes at least one update
+            cut = self._row_cut(table, fit)
+            if cut is None:
+                self._put(table)  # the rest is one row's versions: they stay together
+                return
+            self._put(table.slice(0, cut))
+            self.close_part()
+            table = table.slice(cut)
+
+    def close_part(self) -> None:
+        if self._writer is None or self._sink is None:
+            return
+        info = self._writer.close()
+        data = self._sink.getvalue()
+        key = part_key(self.write_id)
+        self.blob.put(key, data)
+        self.stats.bytes_written += len(data)
+        self.parts.append(
+            PartRef(
+                key=key,
+                size=len(data),
+                num_rows=info.num_rows,
+                min_time=info.min_time if info.min_time is not None else 0,
+                max_time=info.max_time if info.max_time is not None else 0,
+            )
+        )
+        self._writer, self._sink, self._bytes = None, None, 0
+
+    def abort(self) -> None:
+        if self._writer is not None:
+            self._writer.abort()
+        self._writer, self._sink = None, None
+
+
+def _trim_unsealed(
+    blob: Blob,
+    batch: Batch,
+    upper: int,
+    schema: pa.Schema,
+    write_id: str,
+    stats: MergeStats,
+    written: list[str],
+) -> Batch | None:
+    """``batch`` without its updates at times ``< upper``; None if nothing remains."""
+    if batch.lower >= upper:
+        return batch
+    if batch.upper <= upper:
+        return None
+    parts: list[PartRef] = []
+    for ref in batch.parts:
+        if ref.max_time < upper:
+            continue
+        if ref.min_time >= upper:
+            parts.append(ref)
+            continue
+        reader = open_part(blob, ref)
+        out = _RunWriter(blob, write_id, schema, PART_TARGET_BYTES, stats)
+        try:
+            for index, info in enumerate(reader.chunks):
+                if info.max_time is not None and info.max_time < upper:
+                    continue
+                table = pa.Table.from_batches([reader.read_chunk(index)])
+                stats.chunks_read += 1
+                stats.bytes_read += info.length
+                if table.schema != schema:
+                    table = table.cast(schema)
+                table = table.filter(pc.greater_equal(table.column(TIME), upper))
+                if table.num_rows:
+                    out._put(table)
+            out.close_part()
+        except BaseException:
+            out.abort()
+            raise
+        finally:
+            written.extend(p.key for p in out.parts)
+        parts.extend(out.parts)
+    if not parts:
+        return None
+    return Batch(
+        id=new_id(),
+        lower=min(p.min_time for p in parts),
+        upper=max(p.max_time for p in parts) + 1,
+        parts=tuple(parts),
+    )
+
+
+def run_merge(
+    blob: Blob,
+    plan: MergePlan,
+    user_schema: pa.Schema,
+    *,
+    write_id: str,
+    part_bytes: int = PART_TARGET_BYTES,
+) -> MergeResult:
+    """Execute ``plan``: write its output run and unsealed remainders; commit nothing.
+
+    On an exception, parts already written are deleted before it propagates.
+    """
+    started = time.perf_counter()
+    stats = MergeStats()
+    schema = update_schema(user_schema)
+    reusable = plan.reusable_parts()
+    if reusable is not None:
+        stats.seconds = time.perf_counter() - started
+        return MergeResult(list(reusable), [], [], stats, free=True)
+    written: list[str] = []
+    writer = _RunWriter(blob, write_id, schema, part_bytes, stats)
+    try:
+        runs = [
+            _Run(open_part(blob, ref), schema, plan.floor, None, stats)
+            for b in plan.inputs
+            for ref in b.parts
+            if ref.num_rows
+        ]
+        runs += [
+            _Run(open_part(blob, ref), schema, plan.floor, plan.upper_at_plan, stats)
+            for u in plan.unsealed
+            for ref in u.parts
+            if ref.num_rows and ref.min_time < plan.upper_at_plan
+        ]
+        for piece in _merge_runs(runs, row_columns(schema), stats):
+            writer.write(piece)
+        writer.close_part()
+        written.extend(p.key for p in writer.parts)
+        remainders = []
+        for u in plan.unsealed:
+            rest = _trim_unsealed(blob, u, plan.upper_at_plan, schema, write_id, stats, written)
+            if rest is not None:
+                remainders.append(rest)
+    except BaseException:
+        writer.abort()
+        for key in [*written, *(p.key for p in writer.parts)]:
+            blob.delete(key)
+        raise
+    stats.seconds = time.perf_counter() - started
+    return MergeResult(writer.parts, remainders, written, stats)
+
+
+# --- committing ------------------------------------------------------------------------
+
+
+def compact_commit(
+    plan: MergePlan, result: MergeResult, state: ShardState, output_id: str, commit_id: str
+) -> tuple[Commit, Batch]:
+    """The ``compact`` commit installing ``result`` in place of the plan's inputs."""
+    output = Batch(
+        id=output_id,
+        lower=plan.lower,
+        upper=plan.upper,
+        parts=tuple(result.parts),
+        level=trace.commit_level(plan, result.rows_out, state),
+        since=plan.floor,
+    )
+    args: dict[str, Any] = {"inputs": plan.input_ids, "output": output.to_json()}
+    if plan.unsealed:
+        args["unsealed_inputs"] = [u.id for u in plan.unsealed]
+        args["unsealed_outputs"] = [u.to_json() for u in result.unsealed_outputs]
+    return Commit("compact", commit_id, args), output
+
+
+def commit_merge(shard: Shard, plan: MergePlan, result: MergeResult) -> tuple[bool, Batch]:
+    """Commit ``result``; on a lost race (`StateConflict`) delete what the merge wrote and
+    return False. Other errors propagate and leave the parts for gc (the commit may have
+    landed)."""
+    state = shard.state()
+    commit, output = compact_commit(plan, result, state, new_id(), new_id())
+    try:
+        shard._commit(commit)
+    except StateConflict:
+        shard.delete_parts(result.written_keys)
+        return False, output
+    return True, output
+
+
+def _report(plan: MergePlan, result: MergeResult, output: Batch, committed: bool) -> MergeReport:
+    return MergeReport(
+        reason=plan.reason,
+        inputs=plan.input_ids,
+        unsealed_inputs=[u.id for u in plan.unsealed],
+        lower=plan.lower,
+        upper=plan.upper,
+        input_levels=[b.level for b in plan.inputs],
+        output=output.id,
+        level=output.level,
+        rows_in=plan.input_rows,
+        rows_out=result.rows_out,
+        bytes_read=result.stats.bytes_read,
+        bytes_written=result.stats.bytes_written,
+        free=result.free,
+        committed=committed,
+    )
+
+
+def compact_shard(
+    shard: Shard,
+    *,
+    full: bool = True,
+    max_merges: int | None = None,
+    part_bytes: int = PART_TARGET_BYTES,
+    max_conflicts: int = 10,
+) -> CompactionReport:
+    """Plan, run and commit merges one at a time until the trace is tidy (see
+    `persistshard.core.trace`), at most ``max_merges`` of them; gives up after
+    ``max_conflicts`` lost races (other compactors are then doing the work)."""
+    state = shard.state()
+    report = CompactionReport(levels_before=trace.levels(state), batches_before=len(state.trace))
+    while max_merges is None or len(report.merges) < max_merges:
+        if state.schema is None:
+            break
+        plan = trace.next_plan(state, full=full)
+        if plan is None:
+            break
+        result = run_merge(shard.blob, plan, state.schema, write_id=new_id(), part_bytes=part_bytes)
+        committed, output = commit_merge(shard, plan, result)
+        report.merges.append(_report(plan, result, output, committed))
+        report.stats.add(result.stats)
+        if not committed:
+            report.conflicts += 1
+            if report.conflicts >= max_conflicts:
+                break
+        state = shard.state()
+    report.levels_after = trace.levels(state)
+    report.batches_after = len(state.trace)
+    return report
+
+
+def needs_compaction(state: ShardState) -> bool:
+    """Whether a writer-triggered compaction has work: a same-level pair or unsealed updates
+    the upper has passed (cheap: looks at the state only)."""
+    return bool(trace.level_plans(state) or trace.unsealed_plans(state))
+
+
+def maybe_compact(shard: Shard, *, max_merges: int = 1) -> CompactionReport | None:
+    """The small compaction a writer runs after its commit: at most ``max_merges`` merges of
+    the unsealed and level kinds (never the since-prefix merge); None if nothing was due."""
+    if max_merges <= 0 or not needs_compaction(shard.state()):
+        return None
+    return compact_shard(shard, full=False, max_merges=max_merges)

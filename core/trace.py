@@ -1,0 +1,235 @@
+"""Trace compaction planning: which consecutive batches merge, into what level, at what since.
+
+A plan is a pure function of one state version; executing it (`persistshard.core.compact`)
+writes an output batch, and committing it is an ordinary ``compact`` commit that applies only
+if every input is still in the state. This module decides *what* to merge; it reads no data.
+
+The trace is a list of batches over consecutive time intervals, oldest first, each with a
+compaction level. Three kinds of merge, in the order a full compaction tries them:
+
+``unsealed``
+    Unsealed batches that the upper has (partly) passed hand their updates below the upper to
+    the trace batches that cover those times: one merge takes the covering trace batches and
+    the unsealed batches, writes one trace batch over the same interval, and replaces each
+    unsealed batch by its remainder at or after the upper (rewritten only if it straddles the
+    upper; dropped if nothing remains). Unsealed batches whose covering trace ranges overlap
+    are grouped into one merge; groups touch disjoint trace ranges. The output keeps the level
+    of its oldest trace input.
+``level``
+    The Spine rule: appended batches enter at level 0; two consecutive batches at the same
+    level L merge into one at L + 1 if the result holds more updates than each parent, else
+    at L. The oldest such pair goes first. Every update is rewritten at most once per level,
+    and a level only fills up by doubling, so with uniformly sized appends each update is
+    rewritten O(log N) times over N appends (amortized O(log N) merge work per batch). When
+    merges consolidate heavily (since close behind upper) a batch can stay at its level while
+    absorbing small ones; that is the rule's known weakness, and it is bounded by the
+    ``max_merges`` budget of writer-triggered compaction.
+``since``
+    Logical compaction across levels: the batches whose every time is at or below ``since``
+    form a prefix of the trace; merging that prefix into one batch forwards all its times to
+    one time and consolidates, so a row updated many times before ``since`` costs one update.
+    Costs the size of the prefix, so only an explicit full compaction does it (and only when
+    ``since`` moved past a batch boundary since the last time, or a batch was not yet
+    forwarded).
+
+Time forwarding: an output over ``[lower, upper)`` planned at since ``s`` has every time
+``t < f`` replaced by ``f = min(s, upper - 1)`` (the output's ``since`` field records ``f``).
+Every stored time stays inside the batch's interval, and a read at ``as_of >= s`` (the only
+valid ones) sees the same sums: forwarded times are all ``<= s <= as_of``, and readers
+forward the stored times to ``s`` themselves, so ``max(max(t, f), s) = max(t, s)``.
+
+Invariants kept (relied on by `ShardState.check` and by `AssertLevelsOrdered`):
+- Levels are non-increasing from oldest to newest. A ``level`` merge of the oldest pair at L
+  has only levels > L before it; its output is at most L + 1. An output is also clamped to
+  its predecessor's level at commit time (`commit_level`), so independent merges committed
+  oldest first (the distributed path) keep the order; a race that would still break it is
+  refused by `AssertLevelsOrdered` and the merge is discarded.
+- Plans returned together (`independent_plans`) touch disjoint batches, so they can run in
+  parallel and each commits or conflicts on its own.
+Assumes: a batch's parts are each sorted by (row, time) and consolidated (parts of one batch
+may overlap each other), unsealed batches' ``lower``/``upper`` bound their updates' times.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from persistshard.core.state import Batch, PartRef, ShardState
+
+Reason = Literal["unsealed", "level", "since"]
+
+
+@dataclass(frozen=True)
+class MergePlan:
+    """One merge: consecutive trace ``inputs`` (oldest first), optionally with ``unsealed``
+    batches whose updates at times ``< upper_at_plan`` join the output."""
+
+    reason: Reason
+    inputs: tuple[Batch, ...]
+    since: int
+    upper_at_plan: int
+    unsealed: tuple[Batch, ...] = ()
+
+    @property
+    def lower(self) -> int:
+        return self.inputs[0].lower
+
+    @property
+    def upper(self) -> int:
+        return self.inputs[-1].upper
+
+    @property
+    def floor(self) -> int:
+        """The time every earlier time of the output is forwarded to."""
+        return max(0, min(self.since, self.upper - 1))
+
+    @property
+    def input_ids(self) -> list[str]:
+        return [b.id for b in self.inputs]
+
+    @property
+    def input_rows(self) -> int:
+        return sum(b.num_rows for b in (*self.inputs, *self.unsealed))
+
+    @property
+    def input_bytes(self) -> int:
+        return sum(b.size_bytes for b in (*self.inputs, *self.unsealed))
+
+    def natural_level(self, rows_out: int) -> int:
+        """The output's level by the rules of the module docstring (before clamping)."""
+        base = self.inputs[0].level
+        if self.reason == "unsealed":
+            return base
+        grew = all(rows_out > b.num_rows for b in self.inputs)
+        return base + 1 if grew and len(self.inputs) > 1 else base
+
+    def reusable_parts(self) -> tuple[PartRef, ...] | None:
+        """The output's parts if no data needs rewriting (a free merge), else None.
+
+        Free when there are no unsealed inputs and at most one input holds data, none of
+        whose times needs forwarding: the output is that input's parts under a wider interval.
+        """
+        if self.unsealed:
+            return None
+        with_data = [b for b in self.inputs if b.parts]
+        if not with_data:
+            return ()
+        if len(with_data) == 1 and all(p.min_time >= self.floor for p in with_data[0].parts):
+            return with_data[0].parts
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "reason": self.reason,
+            "inputs": [b.to_json() for b in self.inputs],
+            "since": self.since,
+            "upper_at_plan": self.upper_at_plan,
+            "unsealed": [b.to_json() for b in self.unsealed],
+        }
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> MergePlan:
+        return MergePlan(
+            reason=d["reason"],
+            inputs=tuple(Batch.from_json(b) for b in d["inputs"]),
+            since=d["since"],
+            upper_at_plan=d["upper_at_plan"],
+            unsealed=tuple(Batch.from_json(b) for b in d["unsealed"]),
+        )
+
+
+def levels(state: ShardState) -> list[int]:
+    """The trace's levels, oldest first."""
+    return [b.level for b in state.trace]
+
+
+def _plan(
+    state: ShardState, reason: Reason, batches: list[Batch], unsealed: list[Batch]
+) -> MergePlan:
+    return MergePlan(
+        reason=reason,
+        inputs=tuple(batches),
+        since=state.since,
+        upper_at_plan=state.upper,
+        unsealed=tuple(unsealed),
+    )
+
+
+def unsealed_plans(state: ShardState) -> list[MergePlan]:
+    """Merges moving unsealed updates the upper has passed into the trace (disjoint groups)."""
+    visible = [u for u in state.unsealed if u.lower < state.upper]
+    if not visible or not state.trace:
+        return []
+    ranges: list[tuple[int, int, list[Batch]]] = []
+    for u in sorted(visible, key=lambda b: b.lower):
+        hi_time = min(u.upper, state.upper)  # exclusive
+        first = next(i for i, b in enumerate(state.trace) if b.upper > u.lower)
+        last = max(i for i, b in enumerate(state.trace) if b.lower < hi_time)
+        if ranges and first <= ranges[-1][1]:
+            lo, hi, group = ranges[-1]
+            ranges[-1] = (lo, max(hi, last), [*group, u])
+        else:
+            ranges.append((first, last, [u]))
+    return [_plan(state, "unsealed", list(state.trace[lo : hi + 1]), g) for lo, hi, g in ranges]
+
+
+def level_plans(state: ShardState) -> list[MergePlan]:
+    """Pairs of consecutive same-level batches, oldest first, no batch in two pairs."""
+    out = []
+    i = 0
+    trace = state.trace
+    while i + 1 < len(trace):
+        if trace[i].level == trace[i + 1].level:
+            out.append(_plan(state, "level", [trace[i], trace[i + 1]], []))
+            i += 2
+        else:
+            i += 1
+    return out
+
+
+def since_plan(state: ShardState) -> MergePlan | None:
+    """Merge the prefix of batches wholly at or below since, if that changes anything."""
+    prefix = [b for b in state.trace if b.upper - 1 <= state.since]
+    if not prefix:
+        return None
+    plan = _plan(state, "since", prefix, [])
+    if len(prefix) == 1:
+        if not any(p.min_time < plan.floor for p in prefix[0].parts):
+            return None
+    return plan
+
+
+def next_plan(state: ShardState, *, full: bool = True) -> MergePlan | None:
+    """The next merge a sequential compactor should run, or None when the trace is tidy.
+
+    Order: unsealed absorption, then the oldest same-level pair, then (``full`` only) the
+    logical compaction of the prefix below since.
+    """
+    for plans in (unsealed_plans(state), level_plans(state)):
+        if plans:
+            return plans[0]
+    return since_plan(state) if full else None
+
+
+def independent_plans(state: ShardState, *, full: bool = True) -> list[MergePlan]:
+    """Merges that touch disjoint batches and may run in parallel: all unsealed groups if there
+    are any, else every disjoint same-level pair, else (``full``) the since prefix."""
+    for plans in (unsealed_plans(state), level_plans(state)):
+        if plans:
+            return plans
+    plan = since_plan(state) if full else None
+    return [plan] if plan is not None else []
+
+
+def commit_level(plan: MergePlan, rows_out: int, state: ShardState) -> int:
+    """The output's level for a commit against ``state``: the natural level, lowered to the
+    level of the batch now preceding the inputs (other merges may have committed meanwhile)."""
+    level = plan.natural_level(rows_out)
+    ids = [b.id for b in state.trace]
+    first = plan.inputs[0].id
+    if first in ids:
+        pos = ids.index(first)
+        if pos > 0:
+            level = min(level, state.trace[pos - 1].level)
+    return level

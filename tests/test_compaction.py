@@ -1,0 +1,456 @@
+"""Compaction: merges never change a read at or after since, levels stay ordered, work is
+amortized O(log N) per batch, memory is bounded by chunks, lost races clean up after
+themselves, and unsealed updates join the trace once the upper passes them."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+import struct
+import uuid
+from collections import Counter
+
+import pyarrow as pa
+import pytest
+from conformance_helpers import rows_of
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as hs
+from hypothesis.stateful import rule
+
+import persistshard as ps
+from persistshard.conformance.model import make_shard_machine
+from persistshard.core import compact as cm
+from persistshard.core import parts as parts_mod
+from persistshard.core import trace
+from persistshard.core.rows import advance_times, consolidate, row_columns
+from persistshard.core.shard import new_id
+
+
+def updates(rows: list[tuple[int, str, int, int]]) -> pa.Table:
+    return pa.table(
+        {
+            "id": pa.array([r[0] for r in rows], pa.int64()),
+            "item": pa.array([r[1] for r in rows], pa.string()),
+            "_time": pa.array([r[2] for r in rows], pa.int64()),
+            "_diff": pa.array([r[3] for r in rows], pa.int64()),
+        }
+    )
+
+
+@pytest.fixture
+def shard(tmp_path) -> ps.Shard:
+    return ps.open_shard(str(tmp_path / "orders"))
+
+
+def all_reads(shard: ps.Shard) -> dict:
+    """Every answer a reader can get: snapshots at every valid as_of, and the updates."""
+    state = shard.state()
+    out: dict = {}
+    if state.schema is None:
+        return out
+    for as_of in range(state.since, state.upper):
+        out[as_of] = shard.snapshot(as_of).to_pylist()
+    out["updates"] = shard.updates(0, state.upper).to_pylist()
+    if state.since + 1 < state.upper:
+        out["later"] = shard.updates(state.since + 1, state.upper).to_pylist()
+    return out
+
+
+def stored_keys(shard: ps.Shard) -> set[str]:
+    return {m.key for m in shard.blob.list("parts/")}
+
+
+# --- against the reference model ----------------------------------------------------------
+
+_n = iter(range(10**9))
+Base = make_shard_machine(lambda: f"memory://compaction-{uuid.uuid4().hex}-{next(_n)}/shard")
+
+
+class CompactionMachine(Base):  # type: ignore[valid-type, misc]
+    """The shard model's machine plus compactions (full, writer-sized, and stale ones that
+    commit after the state moved on). Every read at every valid as_of must be the same
+    before and after each of them; the inherited rules compare reads with the model, and
+    the inherited invariant checks every state invariant (levels included) after each step."""
+
+    @rule(full=hs.booleans())
+    def compact(self, full: bool) -> None:
+        before = all_reads(self.shard)
+        self.shard.compact(full=full)
+        assert all_reads(self.shard) == before
+
+    @rule(budget=hs.integers(1, 2))
+    def maybe_compact(self, budget: int) -> None:
+        before = all_reads(self.shard)
+        self.shard.maybe_compact(budget)
+        assert all_reads(self.shard) == before
+
+    @rule(step=hs.integers(0, 2), rival=hs.booleans())
+    def stale_compaction(self, step: int, rival: bool) -> None:
+        """Plan and run a merge, let the state move (a seal, or a rival compaction), then
+        commit: it lands only if its inputs are still there; if not, its parts are gone."""
+        state = self.shard.state()
+        plan = trace.next_plan(state) if state.schema is not None else None
+        if plan is None:
+            return
+        result = cm.run_merge(self.shard.blob, plan, state.schema, write_id=new_id())
+        if rival:
+            self.other.compact()
+        elif step:
+            self.other.seal(self.model.upper + step)
+            self.model.upper += step
+        before = all_reads(self.shard)
+        committed, _ = cm.commit_merge(self.shard, plan, result)
+        assert all_reads(self.shard) == before
+        keys = stored_keys(self.shard)
+        if not committed:
+            assert not set(result.written_keys) & keys
+
+
+TestCompactionModel = CompactionMachine.TestCase
+TestCompactionModel.settings = settings(
+    max_examples=60,
+    stateful_step_count=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+
+
+# --- levels and amortized work ------------------------------------------------------------
+
+
+def _append_batches(shard: ps.Shard, n: int, rows: int, after=None) -> list:
+    reports = []
+    for i in range(n):
+        t = shard.upper
+        shard.append(updates([(i * rows + j, "x", t, 1) for j in range(rows)]))
+        if after is not None:
+            reports.append(after(shard))
+    return reports
+
+
+def test_levels_form_a_binary_counter(tmp_path):
+    shard = ps.open_shard(f"memory://levels-{uuid.uuid4().hex}")
+    for n in range(1, 40):
+        _append_batches(shard, 1, 3)
+        shard.compact()
+        state = shard.state()
+        state.check()
+        # Equal-size appends that never consolidate: one batch per set bit of n.
+        assert sorted(trace.levels(state), reverse=True) == trace.levels(state)
+        assert len(state.trace) == bin(n).count("1")
+        assert [b.num_rows for b in state.trace] == [3 << lvl for lvl in trace.levels(state)]
+
+
+@pytest.mark.parametrize("budget", [1, None])
+def test_merge_work_is_amortized_log_n(budget):
+    """N appends of R rows each, compacting after every append (a writer's budget of one
+    merge, or everything due): every row is rewritten at most once per level, so the total is
+    at most N * R * log2(N), and the trace keeps O(log N) batches."""
+    shard = ps.open_shard(f"memory://work-{uuid.uuid4().hex}")
+    n, rows = 128, 4
+
+    def after(s: ps.Shard):
+        return s.maybe_compact(1) if budget == 1 else s.compact()
+
+    reports = _append_batches(shard, n, rows, after)
+    written = sum(r.rows_written for r in reports if r is not None)
+    assert written <= n * rows * math.log2(n)
+    assert written >= n * rows  # it did merge
+    state = shard.state()
+    assert len(state.trace) <= 2 * math.log2(n) + 2
+    # No single call rewrote more than twice the rows appended so far (a full carry chain).
+    assert all(r is None or r.rows_written <= 2 * n * rows for r in reports)
+
+
+def test_a_row_updated_many_times_before_since_costs_one_update(shard):
+    shard.append(updates([(1, "v0", 0, 1)]))
+    for t in range(1, 121):
+        shard.append(updates([(1, f"v{(t - 1) % 2}", t, -1), (1, f"v{t % 2}", t, 1)]))
+        shard.maybe_compact()
+    assert sum(b.num_rows for b in shard.state().trace) > 120
+    shard.advance_since(shard.upper - 1)
+    before = all_reads(shard)
+    report = shard.compact()
+    assert all_reads(shard) == before
+    state = shard.state()
+    assert sum(b.num_rows for b in state.trace) == 1
+    assert report.levels_after == trace.levels(state)
+    assert rows_of(shard.snapshot()) == {(1, "v0"): 1}
+
+
+def test_compaction_consolidates_by_the_row_rule(shard):
+    """NaNs are one value, -0.0 and 0.0 are two (core.rows): merges follow that rule."""
+    nan1 = float("nan")
+    nan2 = struct.unpack("<d", struct.pack("<Q", 0xFFF8000000000123))[0]  # another payload
+    batches = [
+        [(nan1, 1), (0.0, 1), (-0.0, 1)],
+        [(nan2, -1), (0.0, 1), (-0.0, -1)],
+    ]
+    for t, rows in enumerate(batches):
+        shard.append(
+            pa.table(
+                {
+                    "x": pa.array([r[0] for r in rows], pa.float64()),
+                    "_time": pa.array([t] * len(rows), pa.int64()),
+                    "_diff": pa.array([r[1] for r in rows], pa.int64()),
+                }
+            )
+        )
+    shard.advance_since(1)
+    before = shard.snapshot().to_pylist()
+    shard.compact()
+    assert shard.snapshot().to_pylist() == before
+    stored = shard.updates(0, 2).to_pylist()
+    assert [(str(r["x"]), r["_diff"]) for r in stored] == [("0.0", 2)]
+
+
+def test_nested_columns_merge(shard):
+    for t in range(4):
+        shard.append(
+            pa.table(
+                {
+                    "s": pa.array([{"a": [1, t % 2]}, {"a": [2]}]),
+                    "_time": pa.array([t, t], pa.int64()),
+                    "_diff": pa.array([1, 1 if t % 2 == 0 else -1], pa.int64()),
+                }
+            )
+        )
+    shard.advance_since(3)
+    before = all_reads(shard)
+    shard.compact()
+    assert all_reads(shard) == before
+
+
+# --- seals, lost races ------------------------------------------------------------------
+
+
+def test_seals_merge_for_free(shard):
+    shard.append(updates([(1, "a", 0, 1)]))
+    for u in range(2, 10):
+        shard.seal(u)
+        shard.compare_and_append(None, u, u)  # an empty append is a no-op
+    before = all_reads(shard)
+    report = shard.compact()
+    assert all_reads(shard) == before
+    assert report.bytes_read == 0 and report.bytes_written == 0
+    assert all(m.free for m in report.merges)
+    assert len(shard.state().trace) == 1
+
+
+def test_lost_race_deletes_outputs(shard):
+    for t in range(2):
+        shard.append(updates([(t, "a", t, 1)]))
+    state = shard.state()
+    plan = trace.next_plan(state)
+    assert plan is not None and plan.reason == "level"
+    result = cm.run_merge(shard.blob, plan, state.schema, write_id=new_id())
+    assert result.written_keys and set(result.written_keys) <= stored_keys(shard)
+    rival = ps.open_shard(shard.location)
+    rival.compact()
+    committed, _ = cm.commit_merge(shard, plan, result)
+    assert not committed
+    assert not set(result.written_keys) & stored_keys(shard)
+    assert rows_of(shard.snapshot()) == {(0, "a"): 1, (1, "a"): 1}
+
+
+def test_independent_merges_committed_in_any_order_keep_levels_ordered(shard):
+    for t in range(8):
+        shard.append(updates([(t, "a", t, 1)]))
+    shard.compact(max_merges=2)
+    state = shard.state()
+    assert trace.levels(state) == [1, 1, 0, 0, 0, 0]
+    plans = trace.independent_plans(state)
+    assert [p.input_ids for p in plans] == [
+        [b.id for b in state.trace[i : i + 2]] for i in (0, 2, 4)
+    ]
+    results = [cm.run_merge(shard.blob, p, state.schema, write_id=new_id()) for p in plans]
+    for plan, result in reversed(list(zip(plans, results, strict=True))):  # newest first
+        assert cm.commit_merge(shard, plan, result)[0]
+        shard.state().check()
+    assert trace.levels(shard.state()) == [2, 1, 0]
+
+
+def test_a_merge_that_would_break_level_order_is_refused(shard, monkeypatch):
+    for t in range(3):
+        shard.append(updates([(t, "a", t, 1)]))
+    state = shard.state()
+    plan = trace.MergePlan("level", state.trace[1:], since=0, upper_at_plan=state.upper)
+    result = cm.run_merge(shard.blob, plan, state.schema, write_id=new_id())
+    monkeypatch.setattr(trace, "commit_level", lambda *a: 1)  # above its predecessor's 0
+    committed, _ = cm.commit_merge(shard, plan, result)
+    assert not committed
+    assert not set(result.written_keys) & stored_keys(shard)
+    assert trace.levels(shard.state()) == [0, 0, 0]
+
+
+def test_commit_level_is_clamped_to_the_predecessor():
+    from persistshard.core.state import Batch, ShardState
+
+    def batch(i: int, level: int, rows: int) -> Batch:
+        ref = parts_mod.PartRef(f"parts/w/{i}.part", 10, rows, i, i)
+        return Batch(id=str(i), lower=i, upper=i + 1, parts=(ref,), level=level)
+
+    state = ShardState(upper=3, trace=(batch(0, 1, 5), batch(1, 1, 5), batch(2, 1, 5)))
+    plan = trace.MergePlan("level", state.trace[1:], since=0, upper_at_plan=3)
+    assert plan.natural_level(10) == 2
+    assert trace.commit_level(plan, 10, state) == 1
+
+
+# --- unsealed -----------------------------------------------------------------------------
+
+
+def test_unsealed_updates_join_the_trace(shard):
+    # Updates at 0 (sealed), 3..5 (unsealed, will be passed) and 20 (far ahead).
+    shard.compare_and_append(
+        updates(
+            [
+                (1, "now", 0, 1),
+                (2, "soon", 3, 1),
+                (3, "soon", 5, 1),
+                (2, "soon", 4, -1),
+                (9, "far", 20, 1),
+            ]
+        ),
+        0,
+        1,
+    )
+    shard.compare_and_append(updates([(7, "x", 1, 1)]), 1, 5)  # 3 and 4 now visible
+    before = all_reads(shard)
+    report = shard.compact()
+    assert all_reads(shard) == before
+    assert any(m.reason == "unsealed" for m in report.merges)
+    state = shard.state()
+    assert len(state.unsealed) == 1
+    (u,) = state.unsealed
+    assert (u.lower, u.upper, u.num_rows) == (5, 21, 2)  # trimmed: 5 and 20 remain
+    trace_times = {r["_time"] for r in shard.updates(0, state.upper).to_pylist()}
+    assert trace_times <= set(range(0, 5))
+    shard.seal(21)
+    assert rows_of(shard.snapshot()) == {
+        (1, "now"): 1,
+        (3, "soon"): 1,
+        (7, "x"): 1,
+        (9, "far"): 1,
+    }
+    shard.compact()
+    assert shard.state().unsealed == ()
+    assert rows_of(shard.snapshot()) == {
+        (1, "now"): 1,
+        (3, "soon"): 1,
+        (7, "x"): 1,
+        (9, "far"): 1,
+    }
+
+
+def test_fully_passed_unsealed_batches_are_dropped_and_far_parts_reused(shard):
+    shard.compare_and_append(updates([(1, "a", 2, 1)]), 0, 1)
+    shard.compare_and_append(updates([(2, "b", 1, 1)]), 1, 2)
+    shard.compare_and_append(updates([(3, "c", 50, 1)]), 2, 3)
+    far_parts = shard.state().unsealed[1].parts
+    shard.seal(4)
+    before = all_reads(shard)
+    shard.maybe_compact(5)
+    assert all_reads(shard) == before
+    state = shard.state()
+    assert len(state.unsealed) == 1
+    assert state.unsealed[0].parts == far_parts  # not rewritten
+
+
+# --- memory bound and output shape -------------------------------------------------------
+
+
+def test_merge_memory_is_bounded_by_chunks_not_batches(shard, monkeypatch):
+    chunk = 16 << 10
+    monkeypatch.setattr(parts_mod, "CHUNK_BYTES", chunk)
+    monkeypatch.setattr(cm, "CHUNK_BYTES", chunk)
+    rng = random.Random(7)
+    k = 4
+    for t in range(k):
+        rows = [(rng.randrange(10**6), f"item-{rng.randrange(1000)}", t, 1) for _ in range(20000)]
+        shard.append(updates(rows))
+    state = shard.state()
+    total = sum(b.num_rows for b in state.trace)
+    plan = trace.MergePlan("level", state.trace, since=0, upper_at_plan=state.upper)
+    result = cm.run_merge(shard.blob, plan, state.schema, write_id=new_id())
+    stats = result.stats
+    assert stats.chunks_read > 10 * k
+    # At most one chunk per input run, the arriving chunk, and the bound row.
+    assert stats.peak_buffered_bytes <= (k + 1) * chunk * 1.25
+    assert stats.peak_buffered_bytes < updates([(0, "item-0", 0, 1)] * total).nbytes / 5
+    assert result.rows_out == total
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_multi_chunk_merge_equals_sort_and_consolidate(shard, monkeypatch, seed):
+    """Tiny chunks, few distinct rows repeated across runs and chunk boundaries, times
+    forwarded: the streaming merge equals sorting and consolidating everything at once."""
+    monkeypatch.setattr(parts_mod, "CHUNK_BYTES", 512)
+    monkeypatch.setattr(cm, "CHUNK_BYTES", 512)
+    rng = random.Random(seed)
+    for t in range(5):
+        n = rng.randrange(50, 400)
+        rows = [(rng.randrange(40), rng.choice("ab"), t, rng.choice([1, -1, 2])) for _ in range(n)]
+        shard.append(updates(rows))
+    shard.advance_since(3)
+    state = shard.state()
+    plan = trace.MergePlan("since", state.trace, since=3, upper_at_plan=state.upper)
+    result = cm.run_merge(shard.blob, plan, state.schema, write_id=new_id(), part_bytes=2048)
+    assert result.stats.chunks_read > 10
+    got = pa.concat_tables([parts_mod.read_part(shard.blob, p) for p in result.parts])
+    inputs = [parts_mod.read_part(shard.blob, p) for b in state.trace for p in b.parts]
+    want = consolidate(advance_times(pa.concat_tables(inputs), plan.floor))
+    assert got.equals(want)
+
+
+def test_outputs_are_cut_where_the_row_changes(shard):
+    shard.append(updates([(i, "x", 0, 1) for i in range(1500)]))
+    shard.append(updates([(i, "x", 1, 1) for i in range(1500)]))
+    state = shard.state()
+    plan = trace.next_plan(state)
+    result = cm.run_merge(shard.blob, plan, state.schema, write_id=new_id(), part_bytes=4096)
+    assert len(result.parts) > 3
+    tables = [parts_mod.read_part(shard.blob, p) for p in result.parts]
+    for a, b in itertools.pairwise(tables):
+        assert a.column("id")[-1].as_py() != b.column("id")[0].as_py()
+    merged = pa.concat_tables(tables)
+    expected = consolidate(
+        pa.concat_tables(
+            [parts_mod.read_part(shard.blob, p) for b in state.trace for p in b.parts]
+        ),
+        row_columns(merged.schema),
+    )
+    assert merged.equals(expected)
+    assert [p.num_rows for p in result.parts] == [t.num_rows for t in tables]
+
+
+def test_maybe_compact_is_a_no_op_when_nothing_is_due(shard):
+    assert shard.maybe_compact() is None
+    shard.append(updates([(1, "a", 0, 1)]))
+    assert shard.maybe_compact() is None
+    shard.append(updates([(2, "a", 1, 1)]))
+    report = shard.maybe_compact()
+    assert report is not None and report.committed == 1
+    assert report.levels_before == [0, 0] and report.levels_after == [1]
+    assert report.to_json()["committed"] == 1
+
+
+def test_snapshot_counts_match_after_random_history(tmp_path):
+    """A longer random history with since trailing upper: compaction after every step."""
+    shard = ps.open_shard(str(tmp_path / "random"))
+    rng = random.Random(3)
+    truth: Counter = Counter()
+    for step in range(60):
+        t = shard.upper
+        batch = [(rng.randrange(30), rng.choice("ab"), t, rng.choice([1, -1])) for _ in range(20)]
+        shard.append(updates(batch))
+        for r in batch:
+            truth[(r[0], r[1])] += r[3]
+        if step % 3 == 0:
+            shard.advance_since(max(0, shard.upper - 2))
+        shard.maybe_compact(2)
+        if step % 10 == 9:
+            shard.compact()
+        shard.state().check()
+        want = {k: v for k, v in truth.items() if v}
+        assert rows_of(shard.snapshot()) == want
