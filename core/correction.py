@@ -268,7 +268,8 @@ class Correction:
             index = schema.get_field_index(name)
             if index < 0 or schema.field(index).type != pa.int64():
                 raise InvalidUpdates(
-                    f"Correction needs an int64 column {name!r} in its schema, got {schema}"
+                    f"Correction needs an int64 column {name!r} in its schema, "
+                    f"got ({_describe(schema)})"
                 )
         if chain_proportionality < 2:
             raise ValueError(
@@ -493,9 +494,12 @@ class Correction:
                 table = pa.Table.from_batches(list(chain.batches()), schema=self._schema)
                 times = table.column(rows.TIME).to_numpy()
                 assert times[0] == chain.first and times[-1] == chain.last
-                same = rows.consolidate(table, self._columns, order="time_row")
-                assert same.num_rows == table.num_rows, "chain not consolidated"
-                assert same.equals(table.combine_chunks()), "chain not sorted by (time, row)"
+                order = rows.sort_indices(table, self._columns, "time_row").to_numpy()
+                assert (order == np.arange(table.num_rows)).all(), "chain not sorted"
+                kept, _ = rows.consolidation_indices(
+                    table, self._columns, order="time_row", presorted=True
+                )
+                assert len(kept) == table.num_rows, "chain not consolidated"
 
     def _validated(self, updates: pa.Table | pa.RecordBatch) -> pa.Table:
         table = pa.Table.from_batches([updates]) if isinstance(updates, pa.RecordBatch) else updates
@@ -510,7 +514,8 @@ class Correction:
                 pa.ArrowNotImplementedError,
             ) as e:
                 raise InvalidUpdates(
-                    f"Correction: updates have schema {table.schema}, expected {self._schema} ({e})"
+                    f"Correction: updates have columns ({_describe(table.schema)}), "
+                    f"expected ({_describe(self._schema)}): {e}"
                 ) from e
         if table.num_rows == 0:
             return table
@@ -829,6 +834,10 @@ class _Cursor:
             last = loaded[-1]
             self.frontier = last.slice(last.num_rows - 1, 1)
         return loaded
+
+
+def _describe(schema: pa.Schema) -> str:
+    return ", ".join(f"{f.name} {f.type}" for f in schema)
 
 
 def _initial_buckets(boundary: int) -> list[_Bucket]:
