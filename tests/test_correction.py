@@ -193,7 +193,7 @@ class CorrectionMachine(RuleBasedStateMachine):
 class SpillingCorrectionMachine(CorrectionMachine):
     """The same, with a budget far below the data, so that chains spill and merge back."""
 
-    budget = 3000
+    budget = 1500
 
 
 TestCorrection = CorrectionMachine.TestCase
