@@ -48,7 +48,7 @@ REGISTRY: tuple[Benchmark, ...] = (
         name="correction",
         module="benchmarks.correction_bench",
         summary="the Correction buffer vs a naive sort-and-group",
-        sizes={"quick": {"rows": 200_000}, "full": {"rows": 2_000_000}},
+        sizes={"quick": {"size_factor": 0.05}, "full": {"size_factor": 1.0}},
         headings=("correction",),
     ),
     Benchmark(
