@@ -523,6 +523,17 @@ class Correction:
         diff = table.column(rows.DIFF)
         if time.null_count or diff.null_count:
             raise InvalidUpdates("Correction: updates have null _time or _diff values")
+        times = time.to_numpy()
+        lowest = int(times.min())
+        if lowest < 0:
+            raise InvalidUpdates(f"Correction: negative time {lowest} in updates")
+        if not diff.to_numpy().all():
+            raise InvalidUpdates("Correction: updates have a zero _diff")
+        return table
+        time = table.column(rows.TIME)
+        diff = table.column(rows.DIFF)
+        if time.null_count or diff.null_count:
+            raise InvalidUpdates("Correction: updates have null _time or _diff values")
         if pc.min(time).as_py() < 0:
             raise InvalidUpdates(f"Correction: negative time {pc.min(time).as_py()} in updates")
         if not pc.all(pc.not_equal(diff, 0)).as_py():
