@@ -591,6 +591,19 @@ class Shard:
 
         return compact.maybe_compact(self, max_merges=max_merges)
 
+    def gc(
+        self,
+        dry_run: bool = True,
+        *,
+        retention_seconds: float = 3600.0,
+        now_ms: int | None = None,
+    ) -> Any:
+        """List (and with ``dry_run=False`` delete) parts, rollups and log entries no live
+        version needs; returns a `persistshard.core.gc.GcReport`. See `persistshard.core.gc`."""
+        from persistshard.core import gc
+
+        return gc.collect(self, dry_run=dry_run, retention_seconds=retention_seconds, now_ms=now_ms)
+
 
 def _full_schema_of(blob: Blob, written: WrittenUpdates) -> pa.Schema:
     """The schema of written parts (read from the first part's footer)."""

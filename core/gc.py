@@ -1,0 +1,225 @@
+"""Garbage collection: deleting parts, state rollups and log entries no live version needs.
+
+A state version is *live* while a reader may still be using it: the head, and every version
+that was still the head less than the retention window ago (its successor's commit time,
+``at_ms`` in the log, is after ``now - retention``). Readers holding a version longer than
+the retention window are not protected; writers and compactions whose parts stay
+uncommitted longer than it are not either (the default window, one hour, is meant to be far
+longer than any write). Everything else may go:
+
+- parts under ``parts/`` that no live version references, written (by the time in their
+  write id, `persistshard.core.shard.id_time_ms`) before the retention floor: parts replaced
+  by compaction, and parts of writes that never committed (a Spark task retried, a driver
+  that died). A part without a readable write time is never deleted.
+- log entries older than the rollup R that the earliest live version is rebuilt from
+  (``consensus.truncate(R)``: every live version is rebuilt from R plus later entries).
+- rollups under ``rollups/`` that no log entry at or after R names, written before the floor
+  (older rollups, and rollups of commits that lost their race).
+
+What always holds, whenever gc stops (crash, error, or completion):
+- Nothing a live version references is deleted, and every live version can still be rebuilt:
+  parts are deleted first (only unreferenced ones), then log entries below R (oldest first,
+  never the head), then rollups no remaining entry at or after R names. Each step leaves a
+  state from which the next run computes the same or a smaller plan, so gc resumes by simply
+  running again; deletes are idempotent.
+- ``dry_run=True`` (the default) reads only.
+If the live versions cannot be rebuilt (a rollup or log entry missing), gc raises
+`CorruptData` and deletes nothing.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from persistshard.core import state as st
+from persistshard.core.parts import PARTS_PREFIX
+from persistshard.core.shard import Shard, id_time_ms
+from persistshard.core.state import Entry, ShardState
+from persistshard.errors import CorruptData
+
+#: Versions superseded, and unreferenced objects written, less than this ago are kept.
+DEFAULT_RETENTION_SECONDS = 3600.0
+
+_ROLLUP = re.compile(r"^rollups/v(\d{20})-([0-9a-f]+)\.json$")
+
+
+@dataclass
+class GcReport:
+    """What gc found (``dry_run``) or deleted.
+
+    ``parts`` are the part keys to delete, ``orphaned_parts`` the subset no retained version
+    ever referenced (uncommitted writes), ``young_parts`` how many unreferenced parts were kept
+    because they are newer than the retention floor; ``consensus_below`` is R: log entries
+    below it are truncated (``consensus_versions`` of them).
+    """
+
+    dry_run: bool
+    head_version: int = 0
+    earliest_live_version: int = 0
+    retention_seconds: float = DEFAULT_RETENTION_SECONDS
+    parts: list[str] = field(default_factory=list)
+    part_bytes: int = 0
+    orphaned_parts: list[str] = field(default_factory=list)
+    young_parts: int = 0
+    rollups: list[str] = field(default_factory=list)
+    rollup_bytes: int = 0
+    consensus_below: int = 0
+    consensus_versions: int = 0
+    deleted: int = 0
+
+    @property
+    def bytes(self) -> int:
+        """Bytes of parts and rollups deleted (or deletable on a dry run)."""
+        return self.part_bytes + self.rollup_bytes
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["bytes"] = self.bytes
+        return out
+
+
+def _write_time_ms(part_key: str) -> int | None:
+    rest = part_key[len(PARTS_PREFIX) :]
+    write_id, sep, _ = rest.partition("/")
+    return id_time_ms(write_id) if sep and write_id else None
+
+
+def _live_versions(
+    shard: Shard, now_ms: int, retention_ms: int
+) -> tuple[int, int, int, str | None, list[tuple[int, Entry]]] | None:
+    """(head, earliest live version E, rollup version R, rollup key, entries) or None."""
+    raw = shard.consensus.scan(1)
+    if not raw:
+        return None
+    entries = [(e.version, Entry.decode(e.data, f"consensus version {e.version}")) for e in raw]
+    head = entries[-1][0]
+    floor = now_ms - retention_ms
+    earliest = head
+    for (prev_version, _), (_, entry) in itertools.pairwise(entries):
+        if entry.at_ms is None or entry.at_ms > floor:
+            earliest = prev_version
+            break
+    by_version = dict(entries)
+    anchor = by_version[earliest]
+    return head, earliest, anchor.rollup_version, anchor.rollup_key, entries
+
+
+def _fold_from(
+    shard: Shard, entries: list[tuple[int, Entry]], rollup_version: int, rollup_key: str | None
+) -> ShardState | None:
+    """The state at ``rollup_version`` if the log after it is complete, else None."""
+    if rollup_version + 1 < entries[0][0]:
+        return None
+    return shard._load_rollup(rollup_version, rollup_key)
+
+
+def _referenced(
+    shard: Shard,
+    earliest: int,
+    rollup_version: int,
+    rollup_key: str | None,
+    entries: list[tuple[int, Entry]],
+) -> tuple[set[str], set[str]]:
+    """(part keys of every live version, part keys only older retained versions reference).
+
+    Live versions are rebuilt from the rollup the earliest live version names; older retained
+    versions, when the log reaches back far enough, from the oldest rebuildable point (they
+    only tell replaced parts from never-committed ones in the report).
+    """
+    state = _fold_from(shard, entries, 0, None) if entries[0][0] == 1 else None
+    if state is None:
+        first = entries[0][1]
+        state = _fold_from(shard, entries, first.rollup_version, first.rollup_key)
+    if state is None or state.version > rollup_version:
+        state = _fold_from(shard, entries, rollup_version, rollup_key)
+    if state is None:
+        raise CorruptData(
+            f"cannot rebuild live version {earliest}: the log starts at {entries[0][0]} and "
+            f"the rollup it needs is version {rollup_version}; gc deleted nothing",
+            location=shard.location,
+        )
+    live: set[str] = set()
+    dead: set[str] = set()
+    (live if state.version >= earliest else dead).update(state.part_keys())
+    for version, entry in entries:
+        if version <= state.version:
+            continue
+        if version != state.version + 1:
+            raise CorruptData(
+                f"consensus log has a gap before version {version}; gc deleted nothing",
+                location=shard.location,
+            )
+        state = st.apply(state, entry.commit, shard.location)
+        (live if version >= earliest else dead).update(state.part_keys())
+    return live, dead - live
+
+
+def collect(
+    shard: Shard,
+    *,
+    dry_run: bool = True,
+    retention_seconds: float = DEFAULT_RETENTION_SECONDS,
+    now_ms: int | None = None,
+) -> GcReport:
+    """Find (and unless ``dry_run``, delete) what no live version needs; see the module
+    docstring for what is deleted, in which order, and why that is safe."""
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    retention_ms = int(retention_seconds * 1000)
+    floor = now_ms - retention_ms
+    report = GcReport(dry_run=dry_run, retention_seconds=retention_seconds)
+    found = _live_versions(shard, now_ms, retention_ms)
+    if found is None:
+        return report
+    head, earliest, rollup_version, rollup_key, entries = found
+    report.head_version, report.earliest_live_version = head, earliest
+    live, dead = _referenced(shard, earliest, rollup_version, rollup_key, entries)
+
+    part_sizes: dict[str, int] = {}
+    for meta in shard.blob.list(PARTS_PREFIX):
+        if meta.key in live:
+            continue
+        written = _write_time_ms(meta.key)
+        if written is None or written >= floor:
+            report.young_parts += 1
+            continue
+        part_sizes[meta.key] = meta.size
+        if meta.key not in dead:
+            report.orphaned_parts.append(meta.key)
+    report.parts = sorted(part_sizes)
+    report.part_bytes = sum(part_sizes.values())
+
+    first = entries[0][0]
+    if rollup_version > first:
+        report.consensus_below = rollup_version
+        report.consensus_versions = rollup_version - first
+
+    named = {e.rollup_key for v, e in entries if v >= rollup_version and e.rollup_key}
+    if rollup_key:
+        named.add(rollup_key)
+    rollup_sizes: dict[str, int] = {}
+    for meta in shard.blob.list("rollups/"):
+        m = _ROLLUP.match(meta.key)
+        if meta.key in named or m is None:
+            continue
+        written = id_time_ms(m.group(2))
+        if written is None or written >= floor:
+            continue
+        rollup_sizes[meta.key] = meta.size
+    report.rollups = sorted(rollup_sizes)
+    report.rollup_bytes = sum(rollup_sizes.values())
+
+    if dry_run:
+        return report
+    for key in report.parts:
+        shard.blob.delete(key)
+        report.deleted += 1
+    if report.consensus_below:
+        report.deleted += shard.consensus.truncate(report.consensus_below)
+    for key in report.rollups:
+        shard.blob.delete(key)
+        report.deleted += 1
+    return report
