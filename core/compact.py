@@ -155,11 +155,13 @@ class CompactionReport:
     """What `Shard.compact` / `Shard.maybe_compact` did.
 
     ``merges`` lists every merge attempted (``committed`` False for one that lost a race and
-    was discarded); ``levels_before``/``levels_after`` are the trace's levels, oldest first.
+    was discarded); ``levels_before``/``levels_after`` are the trace's levels, oldest first;
+    ``errors`` holds merges that failed outright (distributed compaction only).
     """
 
     merges: list[MergeReport] = field(default_factory=list)
     conflicts: int = 0
+    errors: list[str] = field(default_factory=list)
     levels_before: list[int] = field(default_factory=list)
     levels_after: list[int] = field(default_factory=list)
     batches_before: int = 0
@@ -187,6 +189,7 @@ class CompactionReport:
             "merges": [asdict(m) for m in self.merges],
             "committed": self.committed,
             "conflicts": self.conflicts,
+            "errors": list(self.errors),
             "levels_before": self.levels_before,
             "levels_after": self.levels_after,
             "batches_before": self.batches_before,
@@ -522,7 +525,9 @@ def commit_merge(shard: Shard, plan: MergePlan, result: MergeResult) -> tuple[bo
     return True, output
 
 
-def _report(plan: MergePlan, result: MergeResult, output: Batch, committed: bool) -> MergeReport:
+def merge_report(
+    plan: MergePlan, result: MergeResult, output: Batch, committed: bool
+) -> MergeReport:
     return MergeReport(
         reason=plan.reason,
         inputs=plan.input_ids,
@@ -562,7 +567,7 @@ def compact_shard(
             break
         result = run_merge(shard.blob, plan, state.schema, write_id=new_id(), part_bytes=part_bytes)
         committed, output = commit_merge(shard, plan, result)
-        report.merges.append(_report(plan, result, output, committed))
+        report.merges.append(merge_report(plan, result, output, committed))
         report.stats.add(result.stats)
         if not committed:
             report.conflicts += 1

@@ -1,4 +1,10 @@
-"""persistshard: versioned, compacting storage of (row, time, diff) updates, for Spark."""
+"""persistshard: versioned, compacting storage of (row, time, diff) updates, for Spark.
+
+``persistshard.compact(spark, location)`` (distributed compaction) is loaded on first use,
+so ``import persistshard`` never imports pyspark.
+"""
+
+from typing import Any
 
 from persistshard.core.shard import Shard, VerifyReport, open_shard
 from persistshard.errors import (
@@ -32,3 +38,11 @@ __all__ = [
     "__version__",
     "open_shard",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "compact":
+        from persistshard.datasource.compact import compact
+
+        return compact
+    raise AttributeError(f"module 'persistshard' has no attribute {name!r}")

@@ -454,3 +454,36 @@ def test_snapshot_counts_match_after_random_history(tmp_path):
         shard.state().check()
         want = {k: v for k, v in truth.items() if v}
         assert rows_of(shard.snapshot()) == want
+
+
+# --- distributed ----------------------------------------------------------------------------
+
+
+def test_import_persistshard_does_not_import_pyspark():
+    import subprocess
+    import sys
+
+    code = "import sys, persistshard as ps; ps.compact; assert 'pyspark' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.spark
+def test_distributed_compaction(spark, tmp_path):
+    """Independent merges run in Spark tasks and commit on the driver; reads are unchanged
+    and the trace ends as tidy as an in-process compaction leaves it."""
+    location = str(tmp_path / "dist")
+    shard = ps.open_shard(location)
+    for t in range(11):
+        shard.append(updates([(t % 4, "x", t, 1), (t, "y", t, 1)]))
+    shard.compare_and_append(updates([(50, "z", 12, 1)]), shard.upper, 12)  # unsealed
+    shard.seal(13)
+    shard.advance_since(5)
+    before = all_reads(shard)
+    report = ps.compact(spark, location)
+    assert report.committed >= 4 and not report.errors and report.conflicts == 0
+    assert all_reads(ps.open_shard(location)) == before
+    state = shard.state()
+    state.check()
+    assert state.unsealed == ()
+    assert trace.next_plan(state) is None
+    assert report.levels_after == trace.levels(state)

@@ -1,0 +1,103 @@
+"""Distributed compaction: merges planned on the driver, run in Spark tasks, committed on the
+driver (`persistshard.compact(spark, location)`).
+
+Each round plans merges that touch disjoint batches (`persistshard.core.trace.
+independent_plans`), ships each plan as JSON to one Spark task, which runs the streaming merge
+(`persistshard.core.compact.run_merge`) against the shard's blob storage and returns a small
+JSON description of the parts it wrote. The driver commits the results oldest first, each as
+an ordinary ``compact`` commit: a merge whose inputs changed meanwhile loses with
+`StateConflict` and its parts are deleted. Rounds repeat until nothing is due (merges cascade
+up the levels, so about log N rounds at most), or ``max_rounds``.
+
+What holds: tasks only write new parts under fresh keys (never touch the state), so a failed
+or retried task leaves at most unreferenced parts, which gc removes once they are older than
+its retention floor; all state changes happen on the driver, one compare-and-set each. A task
+that fails is reported in ``CompactionReport.errors`` and its merge skipped; the others still
+commit. Workers import persistshard from their installed package; nothing global is set.
+Assumes the storage is reachable from every executor under the same location and options
+(``memory://`` is per process and will not work).
+"""
+
+from __future__ import annotations
+
+import json
+import traceback
+from typing import TYPE_CHECKING, Any
+
+from persistshard.core import trace
+from persistshard.core.compact import CompactionReport, MergeResult, commit_merge, merge_report
+from persistshard.core.shard import Shard, new_id
+from persistshard.core.state import schema_from_b64, schema_to_b64
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+
+def run_merge_task(payload: str) -> str:
+    """Run one merge on an executor: plan JSON in, result JSON (or an error) out."""
+    from persistshard.core.blob import Blob
+    from persistshard.core.compact import run_merge
+
+    d = json.loads(payload)
+    try:
+        blob = Blob(d["location"], **d["storage_options"])
+        plan = trace.MergePlan.from_json(d["plan"])
+        result = run_merge(blob, plan, schema_from_b64(d["schema"]), write_id=d["write_id"])
+        return json.dumps({"result": result.to_json()})
+    except Exception as e:  # reported to the driver, which skips this merge
+        return json.dumps({"error": f"{type(e).__name__}: {e}\n{traceback.format_exc()}"})
+
+
+def compact(
+    spark: SparkSession,
+    location: str,
+    *,
+    full: bool = True,
+    max_rounds: int | None = None,
+    **storage_options: Any,
+) -> CompactionReport:
+    """Compact the shard at ``location`` with merges spread over Spark tasks; returns what was
+    done (the same report as `Shard.compact`). ``full`` as in `Shard.compact`."""
+    shard = Shard(location, **storage_options)
+    state = shard.state()
+    report = CompactionReport(levels_before=trace.levels(state), batches_before=len(state.trace))
+    rounds = 0
+    while state.schema is not None and (max_rounds is None or rounds < max_rounds):
+        plans = trace.independent_plans(state, full=full)
+        if not plans:
+            break
+        rounds += 1
+        payloads = [
+            json.dumps(
+                {
+                    "location": shard.location,
+                    "storage_options": shard.storage_options,
+                    "plan": plan.to_json(),
+                    "schema": schema_to_b64(state.schema),
+                    "write_id": new_id(),
+                }
+            )
+            for plan in plans
+        ]
+        sc = spark.sparkContext
+        outcomes = sc.parallelize(payloads, len(payloads)).map(run_merge_task).collect()
+        progress = False
+        for plan, raw in zip(plans, outcomes, strict=True):  # oldest first
+            outcome = json.loads(raw)
+            if "error" in outcome:
+                report.errors.append(outcome["error"])
+                continue
+            result = MergeResult.from_json(outcome["result"])
+            committed, output = commit_merge(shard, plan, result)
+            report.merges.append(merge_report(plan, result, output, committed))
+            report.stats.add(result.stats)
+            if committed:
+                progress = True
+            else:
+                report.conflicts += 1
+        state = shard.state()
+        if not progress:
+            break
+    report.levels_after = trace.levels(state)
+    report.batches_after = len(state.trace)
+    return report
