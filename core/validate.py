@@ -6,8 +6,9 @@ the problem. The normal form:
 - ``_time`` and ``_diff`` are non-null int64; times are ``>= lower``, and ``>= 0``; diffs are
   non-zero.
 - User columns keep their order; types are normalised (large and view string/binary/list
-  types to their plain forms, dictionaries decoded), fields are nullable and carry no
-  metadata. The shard's schema is the normal form of the user columns of its first write.
+  types to their plain forms, dictionaries decoded, zoned timestamps to UTC), fields are
+  nullable and carry no metadata. The shard's schema is the normal form of the user columns
+  of its first write.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ def normalize_type(t: pa.DataType) -> pa.DataType:
     """The stored form of an Arrow type (see the module docstring)."""
     if pa.types.is_dictionary(t):
         return normalize_type(t.value_type)
+    if pa.types.is_timestamp(t) and t.tz is not None and t.tz != "UTC":
+        return pa.timestamp(t.unit, tz="UTC")  # an instant: the zone is only a display hint
     if pa.types.is_large_string(t) or pa.types.is_string_view(t):
         return pa.string()
     if pa.types.is_large_binary(t) or pa.types.is_binary_view(t):

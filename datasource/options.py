@@ -36,10 +36,18 @@ WRITE_OPTIONS = frozenset(
     }
 )
 READ_OPTIONS = frozenset(
-    {"as_of", "with_diff", "updates_from", "updates_to", "partition_bytes", "max_partitions"}
+    {
+        "as_of",
+        "with_diff",
+        "changes",
+        "updates_from",
+        "updates_to",
+        "partition_bytes",
+        "max_partitions",
+    }
 )
 TABLE_OPTIONS = frozenset({"columns", "provider"})
-COMMON_OPTIONS = frozenset({"path", "location", "paths"})
+COMMON_OPTIONS = frozenset({"path", "location", "paths", "checkpointlocation", "queryname"})
 ALL_OPTIONS = WRITE_OPTIONS | READ_OPTIONS | TABLE_OPTIONS | COMMON_OPTIONS
 
 
@@ -140,6 +148,7 @@ class ReadOptions:
     location: str
     as_of: int | None
     with_diff: bool
+    changes: bool
     updates_from: int | None
     updates_to: int | None
     partition_bytes: int
@@ -156,6 +165,7 @@ class ReadOptions:
             location=require_location(options, schema),
             as_of=_int(options, "as_of"),
             with_diff=_bool(options, "with_diff", False),
+            changes=_bool(options, "changes", False),
             updates_from=_int(options, "updates_from"),
             updates_to=_int(options, "updates_to"),
             partition_bytes=_int(options, "partition_bytes") or (24 << 20),
@@ -163,6 +173,8 @@ class ReadOptions:
         )
         if parsed.reads_updates and parsed.as_of is not None:
             raise InvalidUpdates("as_of cannot be combined with updates_from / updates_to")
+        if parsed.changes and parsed.with_diff:
+            raise InvalidUpdates("with_diff is implied by changes")
         if parsed.reads_updates and parsed.with_diff:
             raise InvalidUpdates("with_diff is implied by updates_from / updates_to")
         return parsed

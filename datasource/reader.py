@@ -125,7 +125,9 @@ def check_query(shard: Shard, state: ShardState, opts: ReadOptions) -> Query:
         raise SinceViolation(as_of, state.since, location=shard.location)
     if as_of >= state.upper:
         raise NotSealed(as_of, state.upper, location=shard.location)
-    return Query("snapshot", as_of=as_of, since=state.since, with_diff=opts.with_diff)
+    return Query(
+        "snapshot", as_of=as_of, since=state.since, with_diff=opts.with_diff or opts.changes
+    )
 
 
 def _relevant_parts(state: ShardState, q: Query) -> list[PartRef]:
@@ -278,6 +280,14 @@ def expand_rows(table: pa.Table, location: str, as_of: int) -> pa.Table:
     return rows.take(pa.array(np.repeat(np.arange(len(diffs), dtype=np.int64), diffs)))
 
 
+def with_snapshot_time(table: pa.Table, q: Query) -> pa.Table:
+    """A snapshot's rows as updates at ``as_of`` (adds ``_time``); other results unchanged."""
+    if q.mode != "snapshot" or TIME in table.column_names:
+        return table
+    times = pa.array(np.full(table.num_rows, q.as_of, dtype=np.int64))
+    return table.append_column(pa.field(TIME, pa.int64(), nullable=False), times)
+
+
 class PersistShardReader(DataSourceReader):
     """A batch read (``spark.read.format("persistshard")``); see the module docstring."""
 
@@ -299,5 +309,6 @@ class PersistShardReader(DataSourceReader):
         target = arrow_schema_of(self.schema)
         if q.mode == "snapshot" and DIFF not in target.names:
             table = expand_rows(table, partition.location, q.as_of)
+        table = with_snapshot_time(table, q)
         table = conform(table, target)
         yield from table.to_batches(max_chunksize=BATCH_ROWS)

@@ -7,7 +7,9 @@ streams to `persistshard.datasource.stream`.
 
 The schema it reports:
 - a snapshot: the shard's columns (plus ``_diff`` with ``with_diff``);
-- a change read (``updates_from`` / ``updates_to``) and a stream: columns + ``_time`` + ``_diff``;
+- a change read (``updates_from`` / ``updates_to``, or ``changes``): columns + ``_time`` +
+  ``_diff``. Spark calls ``schema()`` with the same options for a stream as for a batch read,
+  so a stream asks for this schema with ``changes`` or ``updates_from``;
 - in ``CREATE TABLE`` (options carry ``location``): the shard's columns, or those of the
   ``columns`` option for a new shard, each field carrying the location in its metadata, which
   is how later SQL statements find the table's shard (see `persistshard.datasource.options`).
@@ -80,7 +82,7 @@ class PersistShardDataSource(DataSource):
             return spark_schema_of(stored, {LOCATION_KEY: shard.location})
         base = spark_schema_of(stored)
         opts = ReadOptions.parse(options)
-        if opts.reads_updates:
+        if opts.reads_updates or opts.changes:
             return _with_system(base, TIME, DIFF)
         if opts.with_diff:
             return _with_system(base, DIFF)

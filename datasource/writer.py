@@ -179,7 +179,24 @@ def write_task(d: BatchDescription, batches: Any, time: int) -> TaskWritten:
         if d.upper is not None:
             for out in correction.updates_from(upper):
                 unsealed.add(out)
-        return TaskWritten(sealed.close(), unsealed.close(), max_time, rows_in)
+        written = TaskWritten(sealed.close(), unsealed.close(), max_time, rows_in)
+    _fault_point("after_write")
+    return written
+
+
+#: Spark local property that makes a write task's first attempt fail at a named point (for
+#: tests of retried tasks: set with ``sparkContext.setLocalProperty(FAULT_PROPERTY, point)``).
+FAULT_PROPERTY = "persistshard.fault.first_attempt"
+
+
+def _fault_point(name: str) -> None:
+    """Fail here if this task's first attempt was asked to (see `FAULT_PROPERTY`)."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    if ctx is not None and ctx.attemptNumber() == 0:
+        if ctx.getLocalProperty(FAULT_PROPERTY) == name:
+            raise RuntimeError(f"injected failure at {name} (first attempt of this task)")
 
 
 def sweep_write(shard: Shard, write_id: str, keep: set[str]) -> int:
