@@ -1,0 +1,187 @@
+"""The ``persistshard`` command line: look at, check and maintain a shard without Spark.
+
+    persistshard inspect LOCATION        upper, since, batches by level, sizes, unsealed updates
+    persistshard history LOCATION        the state versions still in the log: what each did
+    persistshard verify LOCATION         every checksum and invariant (exit 1 if any fails)
+    persistshard compact LOCATION        physical and logical compaction, in this process
+    persistshard gc LOCATION [--apply]   what garbage collection would delete (deletes with --apply)
+    persistshard conformance LOCATION    run the storage and semantics conformance suite there
+
+Every command takes ``--json`` for machine-readable output. Errors print their message (which
+starts with the error class) and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from persistshard.core.shard import Shard, open_shard
+from persistshard.errors import PersistShardError
+
+
+def _plain(value: Any) -> Any:
+    """A JSON-able form of reports (dataclasses, with their properties)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        out = {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        for name in dir(type(value)):
+            if isinstance(getattr(type(value), name, None), property) and not name.startswith("_"):
+                out[name] = _plain(getattr(value, name))
+        return out
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _size(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
+
+
+def cmd_inspect(shard: Shard, args: argparse.Namespace) -> int:
+    info = shard.describe()
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    print(f"shard     {info['location']}")
+    print(f"version   {info['version']}")
+    print(f"upper     {info['upper']}   (times below it are final)")
+    print(f"since     {info['since']}   (reads are exact at or after it)")
+    print(f"columns   {info['schema'] or '(none yet)'}".replace("\n", ", "))
+    print(f"trace     {info['trace_batches']} batches")
+    for level, s in info["trace_levels"].items():
+        print(
+            f"  level {level}: {s['batches']} batches, {s['parts']} parts, "
+            f"{s['rows']} updates, {_size(s['bytes'])}"
+        )
+    print(
+        f"unsealed  {info['unsealed_batches']} batches, {info['unsealed_rows']} updates, "
+        f"{_size(info['unsealed_bytes'])}"
+    )
+    for writer, batch in info["writers"].items():
+        print(f"writer    {writer}: last committed batch {batch}")
+    return 0
+
+
+def cmd_history(shard: Shard, args: argparse.Namespace) -> int:
+    history = shard.history()
+    if args.json:
+        print(json.dumps(history, indent=2))
+        return 0
+    for h in history:
+        when = ""
+        if h.get("at_ms"):
+            when = dt.datetime.fromtimestamp(h["at_ms"] / 1000, dt.timezone.utc).strftime(
+                "%Y-%m-%d %H:%M:%S"
+            )
+        print(f"v{h['version']:<6} {when:19}  {h['kind']:<16} {h['summary']}")
+    return 0
+
+
+def cmd_verify(shard: Shard, args: argparse.Namespace) -> int:
+    report = shard.verify()
+    if args.json:
+        print(json.dumps(_plain(report) | {"ok": report.ok}, indent=2))
+    else:
+        print(
+            f"version {report.version}: {report.parts_checked} parts, "
+            f"{_size(report.bytes_checked)} checked"
+        )
+        for problem in report.problems:
+            print(f"PROBLEM {problem}")
+        print("ok" if report.ok else f"{len(report.problems)} problems")
+    return 0 if report.ok else 1
+
+
+def cmd_compact(shard: Shard, args: argparse.Namespace) -> int:
+    report = shard.compact()
+    plain = _plain(report)
+    if args.json:
+        print(json.dumps(plain, indent=2, default=str))
+        return 0
+    print(
+        f"{plain.get('committed', 0)} merges committed, {plain.get('conflicts', 0)} lost to "
+        f"concurrent changes; batches {plain.get('batches_before')} -> "
+        f"{plain.get('batches_after')}; levels {plain.get('levels_before')} -> "
+        f"{plain.get('levels_after')}"
+    )
+    return 0
+
+
+def cmd_gc(shard: Shard, args: argparse.Namespace) -> int:
+    report = shard.gc(dry_run=not args.apply, retention_seconds=args.retention_seconds)
+    plain = _plain(report)
+    if args.json:
+        print(json.dumps(plain, indent=2, default=str))
+        return 0
+    verb = "deleted" if args.apply else "would delete"
+    print(
+        f"{verb}: {len(plain.get('parts', []))} unreferenced parts, "
+        f"{len(plain.get('orphaned_parts', []))} orphaned parts, "
+        f"{len(plain.get('rollups', []))} rollups, {plain.get('consensus_versions', 0)} log "
+        f"entries ({_size(int(plain.get('bytes', 0)))})"
+    )
+    if plain.get("young_parts"):
+        print(f"kept {plain['young_parts']} unreferenced parts younger than the retention floor")
+    if not args.apply:
+        print("dry run: nothing deleted; pass --apply to delete")
+    return 0
+
+
+def cmd_conformance(args: argparse.Namespace) -> int:
+    import os
+
+    import pytest
+
+    os.environ["PERSISTSHARD_CONFORMANCE_LOCATION"] = args.location
+    here = os.path.join(os.path.dirname(__file__), "conformance", "run_suite.py")
+    return int(pytest.main([here, "-q", "-p", "no:cacheprovider"]))
+
+
+COMMANDS = {
+    "inspect": cmd_inspect,
+    "history": cmd_history,
+    "verify": cmd_verify,
+    "compact": cmd_compact,
+    "gc": cmd_gc,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="persistshard", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in [*COMMANDS, "conformance"]:
+        p = sub.add_parser(name)
+        p.add_argument("location", help="the shard: a local path or any fsspec URL")
+        p.add_argument("--json", action="store_true", help="machine-readable output")
+        if name == "gc":
+            p.add_argument("--apply", action="store_true", help="delete (default: dry run)")
+            p.add_argument(
+                "--retention-seconds",
+                type=float,
+                default=3600.0,
+                help="keep unreferenced parts and versions younger than this (default 3600)",
+            )
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "conformance":
+            return cmd_conformance(args)
+        return COMMANDS[args.command](open_shard(args.location), args)
+    except PersistShardError as e:
+        print(str(e), file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,65 @@
+"""The command line: every subcommand on a small shard, and its exit codes."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+
+import persistshard as ps
+from persistshard.cli import main
+
+
+def make(tmp_path) -> str:
+    location = str(tmp_path / "s")
+    shard = ps.open_shard(location)
+    for t in range(4):
+        shard.append(pa.table({"id": [t, 100], "_time": [t, t], "_diff": [1, 1]}))
+    shard.advance_since(3)
+    return location
+
+
+def test_inspect_history_verify(tmp_path, capsys):
+    location = make(tmp_path)
+    assert main(["inspect", location, "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert (info["upper"], info["since"], info["trace_batches"]) == (4, 3, 4)
+    assert main(["history", location]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 5 and "advance_since" in out[-1] and "upper 0 -> 1" in out[0]
+    assert main(["verify", location]) == 0
+    assert capsys.readouterr().out.strip().endswith("ok")
+
+
+def test_verify_fails_on_a_missing_part(tmp_path, capsys):
+    location = make(tmp_path)
+    shard = ps.open_shard(location)
+    shard.blob.delete(shard.state().trace[0].parts[0].key)
+    assert main(["verify", location]) == 1
+    assert "is missing" in capsys.readouterr().out
+
+
+def test_compact_then_gc(tmp_path, capsys):
+    location = make(tmp_path)
+    assert main(["compact", location]) == 0
+    assert "merges committed" in capsys.readouterr().out
+    assert main(["gc", location]) == 0
+    assert "dry run: nothing deleted" in capsys.readouterr().out
+    before = {m.key for m in ps.open_shard(location).blob.list("parts/")}
+    assert main(["gc", location, "--apply", "--retention-seconds", "0", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    after = {m.key for m in ps.open_shard(location).blob.list("parts/")}
+    assert set(report["parts"]) == before - after and report["parts"]
+    snap = {r["id"]: r["_diff"] for r in ps.open_shard(location).snapshot().to_pylist()}
+    assert snap == {0: 1, 1: 1, 2: 1, 3: 1, 100: 4}
+
+
+def test_errors_exit_2_with_the_class_name(tmp_path, capsys, monkeypatch):
+    location = make(tmp_path)
+
+    def boom(self):
+        raise ps.CorruptData("bad footer", file="x.part")
+
+    monkeypatch.setattr(ps.Shard, "describe", boom)
+    assert main(["inspect", location]) == 2
+    assert capsys.readouterr().err.startswith("CorruptData: bad footer")
