@@ -38,6 +38,16 @@ REGISTRY: tuple[Benchmark, ...] = (
         headings=("delta-rs", "deltalake"),
     ),
     Benchmark(
+        name="curves",
+        module="benchmarks.curves_bench",
+        summary="read time against commits before and after compaction; bytes stored against "
+        "overwrites",
+        sizes={
+            "quick": {"rows": 100_000, "commits": (1, 10, 100), "overwrites": 20, "every": 2},
+            "full": {"rows": 1_000_000, "commits": (1, 10, 100, 1000), "overwrites": 50},
+        },
+    ),
+    Benchmark(
         name="format",
         module="benchmarks.format_bench",
         summary="the part file format vs pyarrow Parquet and Arrow IPC",

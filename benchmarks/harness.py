@@ -661,15 +661,20 @@ def plot_series(
         import matplotlib.pyplot as plt
     except ImportError:
         return {}
+    from matplotlib import ticker
+
     img_dir.mkdir(parents=True, exist_ok=True)
     links = {}
+    styles = [("o", "-"), ("s", "--"), ("^", "-."), ("D", ":"), ("v", "-"), ("P", "--")]
     for s in result["series"]:
         fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
-        for label, ys in s["lines"].items():
+        for i, (label, ys) in enumerate(s["lines"].items()):
             points = [(x, y) for x, y in zip(s["x"], ys, strict=False) if y is not None]
             if points:
-                ax.plot(*zip(*points, strict=True), marker="o", label=label)
-        ax.set_title(s.get("title", ""))
+                marker, dash = styles[i % len(styles)]
+                # Distinct markers and dashes keep coinciding lines visible.
+                ax.plot(*zip(*points, strict=True), marker=marker, linestyle=dash, label=label)
+        ax.set_title(s.get("title", ""), fontsize="medium")
         ax.set_xlabel(s.get("x_label", ""))
         ax.set_ylabel(s.get("y_label", ""))
         if s.get("log_x"):
@@ -677,8 +682,15 @@ def plot_series(
         if s.get("x_tick_labels"):
             ax.minorticks_off()
             ax.set_xticks(s["x"], s["x_tick_labels"])
+        elif all(isinstance(x, int) for x in s["x"]):
+            ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
         if s.get("log_y"):
             ax.set_yscale("log")
+            ax.yaxis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+            ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _pos: f"{v:g}"))
+            ax.yaxis.set_minor_formatter(ticker.NullFormatter())
+        else:
+            ax.set_ylim(bottom=0)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize="small")
         fig.tight_layout()
