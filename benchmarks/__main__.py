@@ -117,6 +117,12 @@ def main(argv: list[str] | None = None) -> int:
             out = h.ROOT / "benchmarks" / "results" / f"check-{size}.json"
             h.save_record(h.merge(h.empty_record(), results), out)
             print(f"fresh results saved to {out.relative_to(h.ROOT)}")
+        missing = sorted(set(fresh) - set(record["runs"][size]))
+        if missing:
+            print(
+                f"no recorded {size}-size figures for {', '.join(missing)}: record them with "
+                f"`python -m benchmarks {' '.join(missing)} --size {size}`"
+            )
         comparisons = h.compare(record["runs"][size], fresh)
         print(h.check_report(comparisons))
         worse = any(c.worse() for c in comparisons)
