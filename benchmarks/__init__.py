@@ -29,6 +29,7 @@ REGISTRY: tuple[Benchmark, ...] = (
         },
         headings=("scaling",),
         uses_spark=True,
+        rounds={"full": 3},
     ),
     Benchmark(
         name="peer",

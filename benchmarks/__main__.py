@@ -20,7 +20,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("names", nargs="*", metavar="NAME", help="benchmarks to run (default: all)")
     p.add_argument("--size", choices=h.SIZES, default=None, help="quick (default) or full")
-    p.add_argument("--rounds", type=int, default=None, help="rounds (default: 3 quick, 5 full)")
+    p.add_argument(
+        "--rounds", type=int, default=None, help="rounds (default: 3 quick, 5 full, 3 full scaling)"
+    )
     p.add_argument(
         "--check",
         action="store_true",
@@ -41,11 +43,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def run_all(names: list[str], size: str, rounds: int) -> tuple[list[h.Result], list[str]]:
+def run_all(names: list[str], size: str, rounds: int | None) -> tuple[list[h.Result], list[str]]:
+    """Run ``names`` one after the other (never two at once: they would measure each other)."""
     results, failed = [], []
     for name in names:
         bench = BY_NAME[name]
-        print(f"== {name} ({size}, {rounds} rounds): {bench.summary}", flush=True)
+        rounds_here = rounds or bench.default_rounds(size)
+        print(f"== {name} ({size}, {rounds_here} rounds): {bench.summary}", flush=True)
         try:
             bench.load()
         except ImportError as e:
@@ -53,7 +57,7 @@ def run_all(names: list[str], size: str, rounds: int) -> tuple[list[h.Result], l
             continue
         started = time.time()
         try:
-            result = h.run_benchmark(bench, size, rounds)
+            result = h.run_benchmark(bench, size, rounds_here)
         except Exception:
             traceback.print_exc()
             failed.append(name)
@@ -102,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     names = args.names or [b.name for b in REGISTRY]
     size = args.size or "quick"
-    rounds = args.rounds or h.DEFAULT_ROUNDS[size]
+    rounds = args.rounds
     if args.check:
         if args.fresh:
             fresh = h.load_record(args.fresh)["runs"][size]

@@ -227,6 +227,11 @@ class Benchmark:
     #: words that identify a hand-written section of the page this benchmark's results replace
     headings: tuple[str, ...] = ()
     uses_spark: bool = False
+    #: rounds per size when the command line does not say (else `DEFAULT_ROUNDS`)
+    rounds: Mapping[str, int] = dataclasses.field(default_factory=dict)
+
+    def default_rounds(self, size: str) -> int:
+        return self.rounds.get(size, DEFAULT_ROUNDS[size])
 
     def load(self) -> Callable[..., Any]:
         return importlib.import_module(self.module).run  # type: ignore[no-any-return]
