@@ -496,8 +496,9 @@ def compact_commit(
     plan: MergePlan, result: MergeResult, state: ShardState, output_id: str, commit_id: str
 ) -> tuple[Commit, Batch]:
     """The ``compact`` commit installing ``result`` in place of the plan's inputs."""
+    one_run = not result.free or all(trace.is_one_run(b) for b in plan.inputs if b.parts)
     output = Batch(
-        id=output_id,
+        id=output_id + (trace.RUN_SUFFIX if one_run else ""),
         lower=plan.lower,
         upper=plan.upper,
         parts=tuple(result.parts),
@@ -511,18 +512,21 @@ def compact_commit(
     return Commit("compact", commit_id, args), output
 
 
-def commit_merge(shard: Shard, plan: MergePlan, result: MergeResult) -> tuple[bool, Batch]:
-    """Commit ``result``; on a lost race (`StateConflict`) delete what the merge wrote and
-    return False. Other errors propagate and leave the parts for gc (the commit may have
-    landed)."""
-    state = shard.state()
+def commit_merge(
+    shard: Shard, plan: MergePlan, result: MergeResult, state: ShardState | None = None
+) -> tuple[bool, Batch, ShardState | None]:
+    """Commit ``result``, its level chosen against ``state`` (default: the newest); returns
+    (committed, output batch, the state after the commit, or None after a lost race). On a
+    lost race (`StateConflict`) the parts the merge wrote are deleted. Other errors propagate
+    and leave the parts for gc (the commit may have landed)."""
+    state = state if state is not None else shard.state()
     commit, output = compact_commit(plan, result, state, new_id(), new_id())
     try:
-        shard._commit(commit)
+        after = shard._commit(commit)
     except StateConflict:
         shard.delete_parts(result.written_keys)
-        return False, output
-    return True, output
+        return False, output, None
+    return True, output, after
 
 
 def merge_report(
@@ -557,7 +561,17 @@ def compact_shard(
     """Plan, run and commit merges one at a time until the trace is tidy (see
     `persistshard.core.trace`), at most ``max_merges`` of them; gives up after
     ``max_conflicts`` lost races (other compactors are then doing the work)."""
-    state = shard.state()
+    return _compact_from(shard, shard.state(), full, max_merges, part_bytes, max_conflicts)
+
+
+def _compact_from(
+    shard: Shard,
+    state: ShardState,
+    full: bool,
+    max_merges: int | None,
+    part_bytes: int,
+    max_conflicts: int,
+) -> CompactionReport:
     report = CompactionReport(levels_before=trace.levels(state), batches_before=len(state.trace))
     while max_merges is None or len(report.merges) < max_merges:
         if state.schema is None:
@@ -566,14 +580,14 @@ def compact_shard(
         if plan is None:
             break
         result = run_merge(shard.blob, plan, state.schema, write_id=new_id(), part_bytes=part_bytes)
-        committed, output = commit_merge(shard, plan, result)
+        committed, output, after = commit_merge(shard, plan, result, state)
         report.merges.append(merge_report(plan, result, output, committed))
         report.stats.add(result.stats)
         if not committed:
             report.conflicts += 1
             if report.conflicts >= max_conflicts:
                 break
-        state = shard.state()
+        state = after if after is not None else shard.state()
     report.levels_after = trace.levels(state)
     report.batches_after = len(state.trace)
     return report
@@ -587,7 +601,8 @@ def needs_compaction(state: ShardState) -> bool:
 
 def maybe_compact(shard: Shard, *, max_merges: int = 1) -> CompactionReport | None:
     """The small compaction a writer runs after its commit: at most ``max_merges`` merges of
-    the unsealed and level kinds (never the since-prefix merge); None if nothing was due."""
-    if max_merges <= 0 or not needs_compaction(shard.state()):
+    the unsealed and level kinds (never the whole-trace merge); None if nothing was due."""
+    state = shard.state()
+    if max_merges <= 0 or not needs_compaction(state):
         return None
-    return compact_shard(shard, full=False, max_merges=max_merges)
+    return _compact_from(shard, state, False, max_merges, PART_TARGET_BYTES, 10)

@@ -24,13 +24,13 @@ compaction level. Three kinds of merge, in the order a full compaction tries the
     merges consolidate heavily (since close behind upper) a batch can stay at its level while
     absorbing small ones; that is the rule's known weakness, and it is bounded by the
     ``max_merges`` budget of writer-triggered compaction.
-``since``
-    Logical compaction across levels: the batches whose every time is at or below ``since``
-    form a prefix of the trace; merging that prefix into one batch forwards all its times to
-    one time and consolidates, so a row updated many times before ``since`` costs one update.
-    Costs the size of the prefix, so only an explicit full compaction does it (and only when
-    ``since`` moved past a batch boundary since the last time, or a batch was not yet
-    forwarded).
+``full``
+    What an idle Spine converges to: the whole trace merged into one sorted, consolidated run
+    with every time below ``since`` forwarded, so a row updated many times before ``since``
+    costs one update, storage is that of one compacted snapshot, and a read sorts one run.
+    Costs the size of the shard, so only an explicit `Shard.compact` (``full=True``) does it,
+    and only when it changes something: more than one batch, a batch of several runs, or
+    times still to forward. Writers never trigger it.
 
 Time forwarding: an output over ``[lower, upper)`` planned at since ``s`` has every time
 ``t < f`` replaced by ``f = min(s, upper - 1)`` (the output's ``since`` field records ``f``).
@@ -46,8 +46,11 @@ Invariants kept (relied on by `ShardState.check` and by `AssertLevelsOrdered`):
   refused by `AssertLevelsOrdered` and the merge is discarded.
 - Plans returned together (`independent_plans`) touch disjoint batches, so they can run in
   parallel and each commits or conflicts on its own.
+- A compaction output is one sorted run, even when cut into several parts (key ranges in
+  order); its id ends with `RUN_SUFFIX` so that a later full compaction leaves it alone.
 Assumes: a batch's parts are each sorted by (row, time) and consolidated (parts of one batch
-may overlap each other), unsealed batches' ``lower``/``upper`` bound their updates' times.
+may overlap each other, except in compaction outputs), unsealed batches' ``lower``/``upper``
+bound their updates' times.
 """
 
 from __future__ import annotations
@@ -57,7 +60,15 @@ from typing import Any, Literal
 
 from persistshard.core.state import Batch, PartRef, ShardState
 
-Reason = Literal["unsealed", "level", "since"]
+Reason = Literal["unsealed", "level", "full"]
+
+#: Ids of batches whose parts form one sorted run (compaction outputs) end with this.
+RUN_SUFFIX = "-run"
+
+
+def is_one_run(batch: Batch) -> bool:
+    """Whether ``batch``'s parts form a single sorted run (trivially so with one part)."""
+    return len(batch.parts) <= 1 or batch.id.endswith(RUN_SUFFIX)
 
 
 @dataclass(frozen=True)
@@ -108,16 +119,19 @@ class MergePlan:
         """The output's parts if no data needs rewriting (a free merge), else None.
 
         Free when there are no unsealed inputs and at most one input holds data, none of
-        whose times needs forwarding: the output is that input's parts under a wider interval.
+        whose times needs forwarding (and, for a full merge, which is one run): the output is
+        that input's parts under a wider interval.
         """
         if self.unsealed:
             return None
         with_data = [b for b in self.inputs if b.parts]
         if not with_data:
             return ()
-        if len(with_data) == 1 and all(p.min_time >= self.floor for p in with_data[0].parts):
-            return with_data[0].parts
-        return None
+        if len(with_data) != 1 or any(p.min_time < self.floor for p in with_data[0].parts):
+            return None
+        if self.reason == "full" and not is_one_run(with_data[0]):
+            return None  # a full compaction must leave one run
+        return with_data[0].parts
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -188,37 +202,38 @@ def level_plans(state: ShardState) -> list[MergePlan]:
     return out
 
 
-def since_plan(state: ShardState) -> MergePlan | None:
-    """Merge the prefix of batches wholly at or below since, if that changes anything."""
-    prefix = [b for b in state.trace if b.upper - 1 <= state.since]
-    if not prefix:
+def full_plan(state: ShardState) -> MergePlan | None:
+    """Merge the whole trace into one run, if that changes anything (see ``full`` above)."""
+    if not state.trace:
         return None
-    plan = _plan(state, "since", prefix, [])
-    if len(prefix) == 1:
-        if not any(p.min_time < plan.floor for p in prefix[0].parts):
-            return None
-    return plan
+    plan = _plan(state, "full", list(state.trace), [])
+    if len(state.trace) > 1:
+        return plan
+    (only,) = state.trace
+    if not is_one_run(only) or any(p.min_time < plan.floor for p in only.parts):
+        return plan
+    return None
 
 
 def next_plan(state: ShardState, *, full: bool = True) -> MergePlan | None:
     """The next merge a sequential compactor should run, or None when the trace is tidy.
 
     Order: unsealed absorption, then the oldest same-level pair, then (``full`` only) the
-    logical compaction of the prefix below since.
+    merge of the whole trace into one run.
     """
     for plans in (unsealed_plans(state), level_plans(state)):
         if plans:
             return plans[0]
-    return since_plan(state) if full else None
+    return full_plan(state) if full else None
 
 
 def independent_plans(state: ShardState, *, full: bool = True) -> list[MergePlan]:
     """Merges that touch disjoint batches and may run in parallel: all unsealed groups if there
-    are any, else every disjoint same-level pair, else (``full``) the since prefix."""
+    are any, else every disjoint same-level pair, else (``full``) the whole-trace merge."""
     for plans in (unsealed_plans(state), level_plans(state)):
         if plans:
             return plans
-    plan = since_plan(state) if full else None
+    plan = full_plan(state) if full else None
     return [plan] if plan is not None else []
 
 

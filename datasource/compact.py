@@ -88,7 +88,7 @@ def compact(
                 report.errors.append(outcome["error"])
                 continue
             result = MergeResult.from_json(outcome["result"])
-            committed, output = commit_merge(shard, plan, result)
+            committed, output, _ = commit_merge(shard, plan, result)
             report.merges.append(merge_report(plan, result, output, committed))
             report.stats.add(result.stats)
             if committed:

@@ -25,6 +25,7 @@ from persistshard.core import parts as parts_mod
 from persistshard.core import trace
 from persistshard.core.rows import advance_times, consolidate, row_columns
 from persistshard.core.shard import new_id
+from persistshard.core.validate import user_schema
 
 
 def updates(rows: list[tuple[int, str, int, int]]) -> pa.Table:
@@ -100,7 +101,7 @@ class CompactionMachine(Base):  # type: ignore[valid-type, misc]
             self.other.seal(self.model.upper + step)
             self.model.upper += step
         before = all_reads(self.shard)
-        committed, _ = cm.commit_merge(self.shard, plan, result)
+        committed, _, _ = cm.commit_merge(self.shard, plan, result)
         assert all_reads(self.shard) == before
         keys = stored_keys(self.shard)
         if not committed:
@@ -133,7 +134,7 @@ def test_levels_form_a_binary_counter(tmp_path):
     shard = ps.open_shard(f"memory://levels-{uuid.uuid4().hex}")
     for n in range(1, 40):
         _append_batches(shard, 1, 3)
-        shard.compact()
+        shard.compact(full=False)
         state = shard.state()
         state.check()
         # Equal-size appends that never consolidate: one batch per set bit of n.
@@ -151,7 +152,7 @@ def test_merge_work_is_amortized_log_n(budget):
     n, rows = 128, 4
 
     def after(s: ps.Shard):
-        return s.maybe_compact(1) if budget == 1 else s.compact()
+        return s.maybe_compact(1) if budget == 1 else s.compact(full=False)
 
     reports = _append_batches(shard, n, rows, after)
     written = sum(r.rows_written for r in reports if r is not None)
@@ -222,6 +223,44 @@ def test_nested_columns_merge(shard):
     assert all_reads(shard) == before
 
 
+def test_full_compaction_leaves_one_run_and_then_has_nothing_to_do(shard):
+    # One batch made of two overlapping runs (as a Spark write with two tasks makes).
+    written = shard.write_updates(
+        updates([(i, "a", 0, 1) for i in range(0, 100, 2)]),
+        lower=0,
+        new_upper=1,
+        write_id=new_id(),
+        schema=None,
+    )
+    written.extend(
+        shard.write_updates(
+            updates([(i, "a", 0, 1) for i in range(1, 100, 2)]),
+            lower=0,
+            new_upper=1,
+            write_id=new_id(),
+            schema=None,
+        )
+    )
+    schema = user_schema(updates([]).schema)
+    shard.commit_written(written, expected_upper=0, new_upper=1, schema=schema)
+    state = shard.state()
+    assert len(state.trace[0].parts) == 2 and not trace.is_one_run(state.trace[0])
+    assert shard.compact(full=False).merges == []
+    for t in range(1, 6):
+        shard.append(updates([(t, "b", t, 1)]))
+    before = all_reads(shard)
+    shard.compact()
+    assert all_reads(shard) == before
+    (only,) = shard.state().trace
+    assert trace.is_one_run(only) and len(only.parts) == 1
+    assert shard.compact().merges == []
+    shard.seal(9)
+    report = shard.compact()  # an empty batch joins for free and the run stays one run
+    assert [m.free for m in report.merges] == [True]
+    assert trace.is_one_run(shard.state().trace[0])
+    assert shard.compact().merges == []
+
+
 # --- seals, lost races ------------------------------------------------------------------
 
 
@@ -248,7 +287,7 @@ def test_lost_race_deletes_outputs(shard):
     assert result.written_keys and set(result.written_keys) <= stored_keys(shard)
     rival = ps.open_shard(shard.location)
     rival.compact()
-    committed, _ = cm.commit_merge(shard, plan, result)
+    committed, _, _ = cm.commit_merge(shard, plan, result)
     assert not committed
     assert not set(result.written_keys) & stored_keys(shard)
     assert rows_of(shard.snapshot()) == {(0, "a"): 1, (1, "a"): 1}
@@ -278,7 +317,7 @@ def test_a_merge_that_would_break_level_order_is_refused(shard, monkeypatch):
     plan = trace.MergePlan("level", state.trace[1:], since=0, upper_at_plan=state.upper)
     result = cm.run_merge(shard.blob, plan, state.schema, write_id=new_id())
     monkeypatch.setattr(trace, "commit_level", lambda *a: 1)  # above its predecessor's 0
-    committed, _ = cm.commit_merge(shard, plan, result)
+    committed, _, _ = cm.commit_merge(shard, plan, result)
     assert not committed
     assert not set(result.written_keys) & stored_keys(shard)
     assert trace.levels(shard.state()) == [0, 0, 0]
@@ -394,7 +433,7 @@ def test_multi_chunk_merge_equals_sort_and_consolidate(shard, monkeypatch, seed)
         shard.append(updates(rows))
     shard.advance_since(3)
     state = shard.state()
-    plan = trace.MergePlan("since", state.trace, since=3, upper_at_plan=state.upper)
+    plan = trace.MergePlan("full", state.trace, since=3, upper_at_plan=state.upper)
     result = cm.run_merge(shard.blob, plan, state.schema, write_id=new_id(), part_bytes=2048)
     assert result.stats.chunks_read > 10
     got = pa.concat_tables([parts_mod.read_part(shard.blob, p) for p in result.parts])
