@@ -69,9 +69,10 @@ def write_parts(blob: Blob, write_id: str, table: pa.Table) -> list[PartRef]:
 class PartSink:
     """Turns a stream of consolidated batches into sorted parts of bounded size.
 
-    Batches arrive in any order that is consolidated as a whole (a Correction buffer yields
-    (time, row) order); they are gathered up to ``part_bytes`` and each gathering is sorted
-    by (row, time) and written as one part. Memory: about two gatherings (one being sorted).
+    Batches arrive consolidated as a whole and sorted by (time, row), as a Correction buffer
+    yields them; they are gathered up to ``part_bytes`` and each gathering is sorted by
+    (row, time) (unless it holds a single time, when it already is) and written as one part.
+    Memory: about two gatherings (one being sorted).
     Because the input is consolidated as a whole, so is every slice of it.
     """
 
@@ -96,7 +97,10 @@ class PartSink:
             return
         table = pa.Table.from_batches(self._pending)
         self._pending, self._pending_bytes = [], 0
-        table = sort_table(table, row_columns(table.schema), "row_time")
+        times = table.column(TIME)
+        if pc.min(times).as_py() != pc.max(times).as_py():
+            table = sort_table(table, row_columns(table.schema), "row_time")
+        # else: one time, so the input's (time, row) order is already (row, time) order.
         self.parts.append(write_part(self.blob, self.write_id, table))
 
     def close(self) -> list[PartRef]:

@@ -204,6 +204,48 @@ def _equal_to_previous(key: pa.Array) -> np.ndarray:
     return result
 
 
+class _Permuted:
+    """A key column seen through a sort permutation, gathered only where it is compared."""
+
+    def __init__(self, key: pa.Array, perm: pa.Array) -> None:
+        self.key = key
+        self.perm = perm
+
+    def at(self, positions: np.ndarray) -> pa.Array:
+        return self.key.take(pa.array(self.perm.to_numpy()[positions]))
+
+
+def _equal_pairs(cur: pa.Array, prev: pa.Array) -> np.ndarray:
+    """Element-wise equality of two equally long arrays, nulls equal to nulls."""
+    eq = np.asarray(pc.fill_null(pc.equal(cur, prev), False).to_numpy(zero_copy_only=False))
+    if cur.null_count or prev.null_count:
+        eq = eq | np.asarray(pc.and_(pc.is_null(cur), pc.is_null(prev)), dtype=bool)
+    return eq.astype(bool)
+
+
+def _sorted_run_starts(keys: Sequence[pa.Array | _Permuted], n: int) -> np.ndarray:
+    """`run_starts` for rows sorted by ``keys``, comparing later keys only where all earlier
+    keys tie: with a unique first column, no other column is gathered or compared at all."""
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    # ``tied`` holds positions i (1 <= i < n) whose row equals row i - 1 in every key so far.
+    tied = np.arange(1, n, dtype=np.int64)
+    for key in keys:
+        if tied.size == 0:
+            break
+        if tied.size == n - 1:  # every position still tied: compare whole shifted arrays
+            whole = key.at(np.arange(n)) if isinstance(key, _Permuted) else key
+            cur, prev = whole.slice(1), whole.slice(0, n - 1)
+        elif isinstance(key, _Permuted):
+            cur, prev = key.at(tied), key.at(tied - 1)
+        else:
+            cur, prev = key.take(pa.array(tied)), key.take(pa.array(tied - 1))
+        tied = tied[_equal_pairs(cur, prev)]
+    same = np.zeros(n, dtype=bool)
+    same[tied] = True
+    return np.flatnonzero(~same).astype(np.int64)
+
+
 def run_starts(keys: Sequence[pa.Array], n: int) -> np.ndarray:
     """Indices where a new run of equal keys begins, for rows already sorted by ``keys``."""
     if n == 0:
@@ -241,21 +283,18 @@ def consolidate(
     no ``_time`` column, updates are grouped by row alone. ``presorted`` skips the sort when the
     caller guarantees the input is already in ``order``.
     """
-    if columns is None:
-        columns = row_columns(table.schema)
     if table.num_rows == 0:
         return table
-    if not presorted:
-        table = sort_table(table, columns, order)
-    keys = key_columns(table, columns)
-    if TIME in table.column_names:
-        keys.append(table.column(TIME).combine_chunks())
-    starts = run_starts(keys, table.num_rows)
-    if len(starts) == table.num_rows:
-        diffs = table.column(DIFF)
-        if pc.all(pc.not_equal(diffs, 0)).as_py() is not False:
-            return table.combine_chunks() if table.column(DIFF).num_chunks > 1 else table
-    return sum_runs(table.combine_chunks(), starts)
+    indices, sums = consolidation_indices(table, columns, order=order, presorted=presorted)
+    if presorted and len(indices) == table.num_rows:
+        diffs = table.column(DIFF).to_numpy()
+        if np.array_equal(diffs, sums):
+            return table  # already sorted and consolidated: nothing to do
+    if table.num_columns and table.column(0).num_chunks > 1:
+        table = table.combine_chunks()  # Arrow's gather is much slower across many chunks
+    out = table.take(pa.array(indices))
+    diff_index = out.schema.get_field_index(DIFF)
+    return out.set_column(diff_index, out.schema.field(diff_index), pa.array(sums, type=pa.int64()))
 
 
 def advance_times(table: pa.Table, frontier: int) -> pa.Table:
@@ -324,15 +363,15 @@ def consolidation_indices(
                 sort_keys=[(name, "ascending", "at_end") for name in names],
             )
             perm = np.asarray(perm_arr.to_numpy(), dtype=np.int64)
-            keys = [key.take(perm_arr) for key in keys]
+            keys = [_Permuted(key, perm_arr) for key in keys]
             if time is not None:
-                time = time.take(perm_arr)
+                time = _Permuted(time, perm_arr)
             diffs = diffs[perm]
         else:
             perm = np.arange(n, dtype=np.int64)
     if time is not None:
         keys.append(time)
-    starts = run_starts(keys, n)
+    starts = _sorted_run_starts(keys, n)
     sums = np.add.reduceat(diffs, starts)
     keep = sums != 0
     return perm[starts[keep]], sums[keep]
