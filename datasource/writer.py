@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -41,7 +41,7 @@ from persistshard.core.state import PartRef
 from persistshard.core.validate import normalize_updates, update_schema, user_schema
 from persistshard.datasource.options import LOCATION_KEY, WriteOptions
 from persistshard.datasource.types import arrow_schema_of
-from persistshard.errors import InvalidUpdates
+from persistshard.errors import InvalidUpdates, UpperMismatch
 
 #: Largest time a shard can hold; "no upper given" writes everything as sealed below it.
 MAX_TIME = (1 << 63) - 2
@@ -239,8 +239,6 @@ def commit_write(
         state = shard.state()
         if d.overwrite:
             if state.upper != d.lower:
-                from persistshard.errors import UpperMismatch
-
                 raise UpperMismatch(d.lower, state.upper, location=shard.location)
             written = shard.self_correct(
                 written, time=d.lower, write_id=d.write_id + "-delta", state=state
@@ -258,7 +256,7 @@ def commit_write(
         sweep_write(shard, d.write_id, set(written.keys()))
         if d.overwrite:
             sweep_write(shard, d.write_id + "-delta", set(written.keys()))
-    if compact and hasattr(shard, "maybe_compact"):
+    if compact:
         shard.maybe_compact()
 
 
@@ -328,7 +326,7 @@ class PersistShardStreamWriter(DataSourceStreamArrowWriter):
         d = describe_write(self.opts, self.schema, False, shard)
         batch_id = _batch_id()
         write_id = f"{new_id()[:12]}{self.opts.writer_id}-{batch_id}-{uuid.uuid4().hex[:8]}"
-        d = BatchDescription(**{**d.__dict__, "write_id": _safe_id(write_id)})
+        d = replace(d, write_id=_safe_id(write_id))
         out = write_task(d, iterator, d.lower)
         return StreamTaskWritten(
             out.sealed, out.unsealed, out.max_time, out.rows_in, d.lower, d.write_id
@@ -343,15 +341,15 @@ class PersistShardStreamWriter(DataSourceStreamArrowWriter):
             for m in present:
                 sweep_write(shard, m.write_id, set())
             return
-        lower = lowers.pop() if len(lowers) == 1 else state.upper
-        if lowers:
+        if len(lowers) > 1:
             raise InvalidUpdates(
                 f"micro-batch {batchId} was written at different uppers; the shard changed "
                 "under the stream (another writer?)",
                 location=shard.location,
             )
+        lower = lowers.pop() if lowers else state.upper
         d = describe_write(self.opts, self.schema, False, shard)
-        d = BatchDescription(**{**d.__dict__, "lower": lower, "write_id": _safe_id(f"s{batchId}")})
+        d = replace(d, lower=lower, write_id=_safe_id(f"s{batchId}"))
         try:
             commit_write(
                 d, present, writer=(self.opts.writer_id or "", batchId), compact=self.opts.compact
