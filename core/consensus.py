@@ -15,6 +15,12 @@ Contract (every implementation; tested by `persistshard.conformance`):
 put-if-absent. Because truncation deletes old versions, a writer that read the head long ago
 could re-create a truncated version; every entry therefore names its predecessor's digest, and
 a created entry whose successor does not name it is withdrawn and reported as a lost race.
+
+Finding the head does not list the log: versions are created one after another and only ever
+deleted from below, so the retained versions are contiguous up to the head. A hint (the last
+head this object saw, else the best-effort ``consensus/HEAD`` object) is probed upward until a
+version is missing; only a missing hint (truncated, or never written) falls back to listing.
+The hint may be stale but never makes the answer wrong: probing always reaches the true head.
 """
 
 from __future__ import annotations
@@ -65,6 +71,7 @@ class Consensus(ABC):
 
 _ENTRY = re.compile(r"^v(\d{20})\.json$")
 _PREFIX = "consensus/"
+_HINT = f"{_PREFIX}HEAD"
 
 
 def _key(version: int) -> str:
@@ -104,6 +111,34 @@ class BlobConsensus(Consensus):
                 location=blob.url,
             )
         self.blob = blob
+        self._hint = 0
+
+    def _read_hint(self) -> int:
+        if self._hint:
+            return self._hint
+        try:
+            raw = self.blob.get(_HINT)
+            return int(raw) if raw else 0
+        except (OSError, ValueError):
+            return 0
+
+    def _write_hint(self, version: int) -> None:
+        self._hint = max(self._hint, version)
+        try:
+            self.blob.put(_HINT, str(version).encode())
+        except OSError:
+            pass  # only a hint: readers probe upward from whatever it says
+
+    def _probe_from(self, start: int) -> tuple[str | None, VersionedData] | None:
+        """The newest entry at or above ``start``, if ``start`` itself exists."""
+        found = self._read(start)
+        if found is None:
+            return None
+        while True:
+            nxt = self._read(found[1].version + 1)
+            if nxt is None:
+                return found
+            found = nxt
 
     def _versions(self) -> list[int]:
         out = []
@@ -123,9 +158,16 @@ class BlobConsensus(Consensus):
         return prev, VersionedData(version, payload)
 
     def head(self) -> VersionedData | None:
+        hint = self._read_hint()
+        if hint > 0:
+            found = self._probe_from(hint)
+            if found is not None:
+                self._hint = found[1].version
+                return found[1]
         for version in reversed(self._versions()):
             entry = self._read(version)
             if entry is not None:
+                self._hint = version
                 return entry[1]
         return None
 
@@ -149,7 +191,10 @@ class BlobConsensus(Consensus):
             ) from e
         if not created:
             return False
-        return self._confirm(new_version, VersionedData(new_version, data).digest)
+        if not self._confirm(new_version, VersionedData(new_version, data).digest):
+            return False
+        self._write_hint(new_version)
+        return True
 
     def _confirm(self, version: int, digest: str) -> bool:
         """Whether the entry just created at ``version`` is on the live chain.
@@ -157,16 +202,27 @@ class BlobConsensus(Consensus):
         A version can be re-created after truncation removed it; then newer versions exist
         that do not descend from it. Such an entry is withdrawn and the CAS reported lost.
         """
-        newer = [v for v in self._versions() if v > version]
-        if not newer:
-            return True
         successor = self._read(version + 1)
-        if successor is not None and successor[0] == digest:
-            return True
+        if successor is not None:
+            if successor[0] == digest:
+                return True
+        else:
+            head = self.head()
+            if head is None or head.version <= version:
+                return True
         self.blob.delete(_key(version))
         return False
 
     def scan(self, from_version: int, limit: int | None = None) -> list[VersionedData]:
+        first = self._read(max(from_version, 1))
+        if first is not None:  # contiguous from here: probe upward, no listing
+            out = [first[1]]
+            while limit is None or len(out) < limit:
+                nxt = self._read(out[-1].version + 1)
+                if nxt is None:
+                    break
+                out.append(nxt[1])
+            return out
         out = []
         for version in self._versions():
             if version < from_version:
