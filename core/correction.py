@@ -114,7 +114,7 @@ class _SpillFile:
         return self._reader.get_batch(index)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _Seg:
     """One chunk of a chain: a record batch in memory, or rows of a batch in a spill file."""
 
@@ -157,7 +157,7 @@ class _Seg:
         return low, high
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _Chain:
     """Updates sorted by (time, row) and consolidated, as a list of chunks.
 
@@ -229,7 +229,7 @@ class _Chain:
         return table.combine_chunks().to_batches()[0]
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _Bucket:
     """The chains at times in ``[lower, upper)``, an aligned power-of-two range."""
 
@@ -424,6 +424,8 @@ class Correction:
         self._spilled = []
         if self._spill_cleanup is not None:
             self._spill_cleanup()
+            self._spill_cleanup = None
+            self._spill_path = None
 
     def __enter__(self) -> Correction:
         return self

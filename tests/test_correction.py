@@ -198,14 +198,14 @@ class SpillingCorrectionMachine(CorrectionMachine):
 
 TestCorrection = CorrectionMachine.TestCase
 TestCorrection.settings = settings(
-    max_examples=60,
+    max_examples=40,
     stateful_step_count=25,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 TestSpillingCorrection = SpillingCorrectionMachine.TestCase
 TestSpillingCorrection.settings = settings(
-    max_examples=30,
+    max_examples=25,
     stateful_step_count=25,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
