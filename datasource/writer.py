@@ -160,12 +160,17 @@ def write_task(d: BatchDescription, batches: Any, time: int) -> TaskWritten:
     upper = d.upper if d.upper is not None else MAX_TIME
     max_time: int | None = None
     rows_in = 0
-    part_bytes = max(1 << 20, min(d.memory_budget // 2, 256 << 20))
+    # The task's memory: the Correction buffer (a third of the budget, spilling beyond it;
+    # its sorts and merges need transient copies of about as much again) plus one part being
+    # gathered and sorted (2 x 1/12). Measured peak: about the budget, whatever the input
+    # (tests/test_writer_memory.py).
+    part_bytes = max(1 << 20, min(d.memory_budget // 12, 256 << 20))
+    correction_bytes = max(1 << 20, d.memory_budget // 3)
     spill_dir = os.environ.get("PERSISTSHARD_SPILL_DIR")
     # Large chunks: a write task inserts everything, then reads once, so fewer, bigger sorted
     # runs (fewer chain merges) are cheaper; Correction caps chunks at an eighth of the budget.
     with Correction(
-        full, chunk_bytes=d.memory_budget // 8, budget_bytes=d.memory_budget, spill_dir=spill_dir
+        full, chunk_bytes=correction_bytes // 8, budget_bytes=correction_bytes, spill_dir=spill_dir
     ) as correction:
         for batch in batches:
             if batch.num_rows == 0:
