@@ -85,6 +85,38 @@ def _as_location(location: str) -> str:
     return "file://" + os.path.abspath(os.path.expanduser(location))
 
 
+def check_as_of(state: ShardState, as_of: int, location: str | None) -> None:
+    """A snapshot at ``as_of`` is exact only in ``[since, upper)``; else the API's error."""
+    if as_of < state.since:
+        raise SinceViolation(as_of, state.since, location=location)
+    if as_of >= state.upper:
+        raise NotSealed(as_of, state.upper, location=location)
+
+
+def check_updates_range(state: ShardState, lo: int, hi: int, location: str | None) -> None:
+    """The updates in ``[lo, hi)`` are exact only when sealed (``hi <= upper``) and when ``lo``
+    is 0 or after since (else updates from before ``lo`` may have been forwarded into the
+    range); else the API's error."""
+    if lo > hi:
+        raise InvalidUpdates(f"updates_from {lo} is after updates_to {hi}", location=location)
+    if hi > state.upper:
+        raise NotSealed(
+            hi - 1,
+            state.upper,
+            location=location,
+            message=f"updates up to {hi} are not sealed: the shard's upper is "
+            f"{state.upper}; read to {state.upper} at most, or seal first",
+        )
+    if 0 < lo <= state.since:
+        raise SinceViolation(
+            lo,
+            state.since,
+            location=location,
+            message=f"updates from {lo} are not exact: history up to the since "
+            f"{state.since} has been compacted; read from 0 or from {state.since + 1}",
+        )
+
+
 @dataclass
 class WrittenUpdates:
     """What a write task produced: sealed parts (below the new upper) and unsealed parts."""
@@ -414,12 +446,6 @@ class Shard:
 
     # --- reads --------------------------------------------------------------------------
 
-    def _check_as_of(self, state: ShardState, as_of: int) -> None:
-        if as_of < state.since:
-            raise SinceViolation(as_of, state.since, location=self.location)
-        if as_of >= state.upper:
-            raise NotSealed(as_of, state.upper, location=self.location)
-
     def read_range(
         self, state: ShardState, *, min_time: int | None, max_time: int | None
     ) -> pa.Table:
@@ -445,13 +471,13 @@ class Shard:
         state = self._refresh()
         if state.schema is None:
             if as_of is not None:
-                self._check_as_of(state, as_of)
+                check_as_of(state, as_of, self.location)
             return pa.schema([pa.field(DIFF, pa.int64(), False)]).empty_table()
         if as_of is None:
             if state.upper == 0:
                 return _snapshot_schema(state.schema).empty_table()
             as_of = state.upper - 1
-        self._check_as_of(state, as_of)
+        check_as_of(state, as_of, self.location)
         updates = self.read_range(state, min_time=None, max_time=as_of)
         return snapshot_of(updates)
 
@@ -463,26 +489,7 @@ class Shard:
         ``from_time`` may have been forwarded into the range): else `SinceViolation`.
         """
         state = self._refresh()
-        if from_time > to_time:
-            raise InvalidUpdates(
-                f"updates_from {from_time} is after updates_to {to_time}", location=self.location
-            )
-        if to_time > state.upper:
-            raise NotSealed(
-                to_time - 1,
-                state.upper,
-                location=self.location,
-                message=f"updates up to {to_time} are not sealed: the shard's upper is "
-                f"{state.upper}; read to {state.upper} at most, or seal first",
-            )
-        if 0 < from_time <= state.since:
-            raise SinceViolation(
-                from_time,
-                state.since,
-                location=self.location,
-                message=f"updates from {from_time} are not exact: history up to the since "
-                f"{state.since} has been compacted; read from 0 or from {state.since + 1}",
-            )
+        check_updates_range(state, from_time, to_time, self.location)
         if state.schema is None:
             return pa.schema(
                 [pa.field(TIME, pa.int64(), False), pa.field(DIFF, pa.int64(), False)]

@@ -32,12 +32,12 @@ from pyspark.sql.types import StructType
 from persistshard.core.blob import Blob
 from persistshard.core.parts import open_part
 from persistshard.core.rows import DIFF, TIME, advance_times, consolidate, snapshot_of
-from persistshard.core.shard import Shard, open_shard
+from persistshard.core.shard import Shard, check_as_of, check_updates_range, open_shard
 from persistshard.core.state import PartRef, ShardState
 from persistshard.core.validate import update_schema
 from persistshard.datasource.options import ReadOptions
 from persistshard.datasource.types import arrow_schema_of, conform
-from persistshard.errors import InvalidUpdates, NegativeDiff, NotSealed, SinceViolation
+from persistshard.errors import InvalidUpdates, NegativeDiff
 
 #: Rows per Arrow batch handed to Spark.
 BATCH_ROWS = 1 << 16
@@ -99,32 +99,10 @@ def check_query(shard: Shard, state: ShardState, opts: ReadOptions) -> Query:
     if opts.reads_updates:
         lo = opts.updates_from if opts.updates_from is not None else 0
         hi = opts.updates_to if opts.updates_to is not None else state.upper
-        if lo > hi:
-            raise InvalidUpdates(
-                f"updates_from {lo} is after updates_to {hi}", location=shard.location
-            )
-        if hi > state.upper:
-            raise NotSealed(
-                hi - 1,
-                state.upper,
-                location=shard.location,
-                message=f"updates up to {hi} are not sealed: the shard's upper is "
-                f"{state.upper}; read to {state.upper} at most, or seal first",
-            )
-        if 0 < lo <= state.since:
-            raise SinceViolation(
-                lo,
-                state.since,
-                location=shard.location,
-                message=f"updates from {lo} are not exact: history up to the since "
-                f"{state.since} has been compacted; read from 0 or from {state.since + 1}",
-            )
+        check_updates_range(state, lo, hi, shard.location)
         return Query("updates", lo=lo, hi=hi, since=state.since)
     as_of = opts.as_of if opts.as_of is not None else state.upper - 1
-    if as_of < state.since:
-        raise SinceViolation(as_of, state.since, location=shard.location)
-    if as_of >= state.upper:
-        raise NotSealed(as_of, state.upper, location=shard.location)
+    check_as_of(state, as_of, shard.location)
     return Query(
         "snapshot", as_of=as_of, since=state.since, with_diff=opts.with_diff or opts.changes
     )

@@ -21,7 +21,7 @@ from pyspark.sql.datasource import DataSourceStreamReader
 from pyspark.sql.types import StructType
 
 from persistshard.core.rows import DIFF, TIME
-from persistshard.core.shard import open_shard
+from persistshard.core.shard import check_as_of, check_updates_range, open_shard
 from persistshard.datasource.options import ReadOptions
 from persistshard.datasource.reader import (
     BATCH_ROWS,
@@ -32,7 +32,7 @@ from persistshard.datasource.reader import (
     with_snapshot_time,
 )
 from persistshard.datasource.types import arrow_schema_of, conform
-from persistshard.errors import InvalidUpdates, SinceViolation
+from persistshard.errors import InvalidUpdates
 
 INITIAL = -1
 
@@ -70,20 +70,12 @@ class PersistShardStreamReader(DataSourceStreamReader):
             return []
         if lo == INITIAL:
             as_of = hi - 1
-            if as_of < state.since:
-                raise SinceViolation(as_of, state.since, location=shard.location)
+            check_as_of(state, as_of, shard.location)
             q = Query("snapshot", as_of=as_of, since=state.since, with_diff=True)
         elif lo >= hi:
             return []
         else:
-            if 0 < lo <= state.since:
-                raise SinceViolation(
-                    lo,
-                    state.since,
-                    location=shard.location,
-                    message=f"the stream's offset {lo} has been compacted away (since is "
-                    f"{state.since}); restart the stream from a new checkpoint",
-                )
+            check_updates_range(state, lo, hi, shard.location)
             q = Query("updates", lo=lo, hi=hi, since=state.since)
         return plan_partitions(shard, state, q, self.opts)
 
