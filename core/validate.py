@@ -110,14 +110,7 @@ def normalize_updates(
             raise InvalidUpdates(f"{DIFF} has {zeros} zero values", location=location)
     incoming = user_schema(table.schema)
     if schema is not None:
-        got = [(f.name, f.type) for f in incoming]
-        want = [(f.name, f.type) for f in schema]
-        if got != want:
-            raise InvalidUpdates(
-                f"columns {_describe(incoming)} do not match the shard's columns "
-                f"{_describe(schema)}",
-                location=location,
-            )
+        check_columns(incoming, schema, location)
         incoming = schema
     if not len(incoming):
         raise InvalidUpdates(
@@ -137,6 +130,16 @@ def normalize_updates(
         columns.append(col)
     columns += [time, diff]
     return pa.Table.from_arrays(columns, schema=update_schema(incoming))
+
+
+def check_columns(incoming: pa.Schema, schema: pa.Schema, location: str | None) -> None:
+    """`InvalidUpdates` unless ``incoming`` (normalised user columns) are the shard's columns,
+    same names, order and types."""
+    if [(f.name, f.type) for f in incoming] != [(f.name, f.type) for f in schema]:
+        raise InvalidUpdates(
+            f"columns {_describe(incoming)} do not match the shard's columns {_describe(schema)}",
+            location=location,
+        )
 
 
 def _describe(schema: pa.Schema) -> str:

@@ -38,7 +38,12 @@ from persistshard.core.parts import PARTS_PREFIX, PartSink
 from persistshard.core.rows import DIFF, TIME
 from persistshard.core.shard import Shard, WrittenUpdates, new_id, open_shard
 from persistshard.core.state import PartRef
-from persistshard.core.validate import normalize_updates, update_schema, user_schema
+from persistshard.core.validate import (
+    check_columns,
+    normalize_updates,
+    update_schema,
+    user_schema,
+)
 from persistshard.datasource.options import LOCATION_KEY, WriteOptions
 from persistshard.datasource.types import arrow_schema_of
 from persistshard.errors import InvalidUpdates, UpperMismatch
@@ -108,14 +113,7 @@ def describe_write(
     ]
     incoming = user_schema(pa.schema(fields))
     if state.schema is not None:
-        got = [(f.name, f.type) for f in incoming]
-        want = [(f.name, f.type) for f in state.schema]
-        if got != want:
-            raise InvalidUpdates(
-                f"columns ({_fmt(incoming)}) do not match the shard's columns "
-                f"({_fmt(state.schema)})",
-                location=shard.location,
-            )
+        check_columns(incoming, state.schema, shard.location)
     return BatchDescription(
         location=shard.location,
         write_id=new_id(),
@@ -129,10 +127,6 @@ def describe_write(
         memory_budget=opts.memory_budget,
         storage_options=dict(shard.storage_options),
     )
-
-
-def _fmt(schema: pa.Schema) -> str:
-    return ", ".join(f"{f.name} {f.type}" for f in schema)
 
 
 def _as_updates(batch: pa.RecordBatch, d: BatchDescription, time: int) -> pa.Table:
