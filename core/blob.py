@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import posixpath
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +33,22 @@ from persistshard.errors import StorageUnsupported
 
 #: Protocols whose exclusive create (``open(path, "xb")``) is atomic.
 ATOMIC_CREATE_PROTOCOLS = frozenset({"file", "local", "memory", "s3", "s3a"})
+
+
+def _publish_local(path: str, data: bytes, publish: Callable[[str, str], None]) -> None:
+    """Write ``data`` to a temporary sibling of ``path``, then ``publish(tmp, path)`` it
+    (``os.replace``: atomic overwrite; ``os.link``: atomic create-if-absent). Readers never
+    see a partial file; the temporary file is always removed."""
+    directory = os.path.dirname(path)
+    os.makedirs(directory, exist_ok=True)
+    tmp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        publish(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 @dataclass(frozen=True)
@@ -86,16 +103,7 @@ class Blob:
         """Store ``data`` under ``key`` atomically (readers see all of it or none)."""
         path = self._path(key)
         if self._local:
-            directory = os.path.dirname(path)
-            os.makedirs(directory, exist_ok=True)
-            tmp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}")
-            try:
-                with open(tmp, "wb") as f:
-                    f.write(data)
-                os.replace(tmp, path)
-            finally:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
+            _publish_local(path, data, os.replace)
             return
         self.fs.pipe_file(path, data)
 
@@ -108,19 +116,11 @@ class Blob:
         """
         path = self._path(key)
         if self._local:
-            directory = os.path.dirname(path)
-            os.makedirs(directory, exist_ok=True)
-            tmp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}")
             try:
-                with open(tmp, "wb") as f:
-                    f.write(data)
-                os.link(tmp, path)
+                _publish_local(path, data, os.link)  # link fails if the key exists
                 return True
             except FileExistsError:
                 return False
-            finally:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
         if not self.supports_atomic_create:
             raise StorageUnsupported(
                 f"the {self.protocol!r} filesystem has no atomic put-if-absent, which the "
