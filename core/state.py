@@ -15,7 +15,7 @@ Invariants of a `ShardState` (checked by `ShardState.check`):
 - Compaction levels are non-increasing from oldest to newest trace batch.
 - Unsealed batches hold updates at times ``>= `` the upper at which they were written; they are
   durable and become visible once ``upper`` passes their times. ``min_time <= max_time``.
-- A part key is referenced by at most one batch.
+- A part key is referenced by at most one batch; batch ids are unique.
 - Batches and parts are immutable: a batch is replaced, never changed.
 
 Commit kinds, all in `apply` (their preconditions are named `Precondition`s):
@@ -179,6 +179,9 @@ class ShardState:
         keys = [p.key for p in self.parts()]
         if len(keys) != len(set(keys)):
             fail("a part is referenced twice")
+        ids = [b.id for b in (*self.trace, *self.unsealed)]
+        if len(ids) != len(set(ids)):
+            fail("two batches share an id")
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -348,7 +348,7 @@ class PersistShardStreamWriter(DataSourceStreamArrowWriter):
             )
         lower = lowers.pop() if lowers else state.upper
         d = describe_write(self.opts, self.schema, False, shard)
-        d = replace(d, lower=lower, write_id=_safe_id(f"s{batchId}"))
+        d = replace(d, lower=lower, write_id=new_id())  # unique: batch ids must never repeat
         try:
             commit_write(
                 d, present, writer=(self.opts.writer_id or "", batchId), compact=self.opts.compact

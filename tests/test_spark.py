@@ -537,3 +537,31 @@ def test_duplicate_rows_across_tasks_count_correctly(spark, location):
     assert counts(read(spark, location, with_diff=True)) == Counter(
         {(1, "x", 7): 1, (2, "y", 2): 1}
     )
+
+
+def test_two_streams_batch_ids_do_not_collide(location):
+    """Two streaming writers both commit their micro-batch 0: the trace batches they create
+    must have distinct ids (compaction identifies batches by id)."""
+    from pyspark.sql.types import StructType as ST
+
+    from persistshard.datasource.options import WriteOptions
+    from persistshard.datasource.writer import (
+        PersistShardStreamWriter,
+        StreamTaskWritten,
+        describe_write,
+        write_task,
+    )
+
+    schema = ST([StructField("id", LongType())])
+    shard = ps.open_shard(location)
+    for writer in ("a", "b"):
+        opts = {"path": location, "writer_id": writer, "compact": "false"}
+        d = describe_write(WriteOptions.parse(opts), schema, False, shard)
+        out = write_task(d, [pa.record_batch({"id": [ord(writer)]})], d.lower)
+        msg = StreamTaskWritten(
+            out.sealed, out.unsealed, out.max_time, out.rows_in, d.lower, d.write_id
+        )
+        PersistShardStreamWriter(opts, schema, False).commit([msg], 0)
+    ids = [b.id for b in shard.state().trace]
+    assert len(ids) == 2 and len(set(ids)) == 2
+    assert shard.state().writers == {"a": 0, "b": 0}
