@@ -28,8 +28,8 @@ Invariants kept after every public call (`Correction.check_invariants` verifies 
 
 - the chain invariant: in every bucket, in ``pending_low`` and among the spilled runs, each
   chain holds at least ``chain_proportionality`` times as many updates as the next one
-  (counted in updates, not chunks). Inserting a chain merges the last two until it holds
-  again, so an update takes part in O(log N) merges: inserts are amortized O(log N).
+  (counted in updates, not chunks). Inserting a chain merges chains at the tail until it
+  holds again, so an update takes part in O(log N) merges: inserts are amortized O(log N).
 - placement: bucket chains hold only times inside their bucket's range, ``pending_low`` and
   ``emitted`` only times below the boundary.
 - the stage holds fewer than ``chunk_bytes`` bytes.
@@ -573,13 +573,24 @@ class Correction:
         return min(self._since, bucket.upper - 1) if self._since > bucket.lower else None
 
     def _push(self, chains: list[_Chain], chain: _Chain, advance: int | None) -> None:
-        """Append ``chain`` and merge the last two until the chain invariant holds."""
+        """Append ``chain`` and merge tail chains until the chain invariant holds.
+
+        Where merging the last two would only make the tail violate the invariant with the
+        chain before it (a cascade), the whole tail that the cascade would reach (counting
+        updates as if nothing consolidated) is merged at once: one k-way merge instead of a
+        pairwise merge per level, which copies the smaller chains once instead of repeatedly.
+        """
         if chain.segs:
             chains.append(chain)
-        while len(chains) >= 2 and len(chains[-2]) < self._proportionality * len(chains[-1]):
-            second = chains.pop()
-            first = chains.pop()
-            runs = [first, second]
+        p = self._proportionality
+        while len(chains) >= 2 and len(chains[-2]) < p * len(chains[-1]):
+            total = len(chains[-1])
+            start = len(chains) - 1
+            while start >= 1 and len(chains[start - 1]) < p * total:
+                start -= 1
+                total += len(chains[start])
+            runs = chains[start:]
+            del chains[start:]
             if advance is not None:
                 runs = self._advanced_runs(runs, advance)
             merged = self._merge(runs, may_spill=False)
