@@ -136,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         stop_spark()
     if results:
-        record = h.merge(record, results)
+        # Re-read: a run takes long, and others may have recorded other benchmarks meanwhile.
+        record = h.merge(h.load_record(args.record), results)
         h.save_record(record, args.record)
         h.write_page(record, REGISTRY, args.page)
         print(f"wrote {_shown_path(args.record)} and {_shown_path(args.page)}")
