@@ -49,11 +49,20 @@ in-memory size passes the budget the largest chains are written to Arrow IPC fil
 ``spill_dir`` (a fresh temporary directory inside it, or inside the system's temporary
 directory) until it is back under half the budget. Reads merge spilled runs back with a
 streaming k-way merge that holds a bounded slice of each run at a time; a read whose result
-is larger than half the budget writes that result (the new ``emitted``) to a file too. The
-merge of spilled runs that only have a few stale times is streaming too; with many stale
-times, the stale part of spilled runs is materialized in memory (the only place the budget can
-be exceeded). Spill files are deleted once no chain refers to them, on `Correction.close`,
-and when the object is garbage collected.
+is larger than half the budget writes that result (the new ``emitted``) to a file too.
+``size_bytes`` counts the updates held; a merge needs working memory on top (its output,
+about the size of its inputs), and a read of spilled runs with many distinct stale times
+loads their stale part into memory. Spill files are deleted once no chain refers to them, on
+`Correction.close`, and when the object is garbage collected.
+
+Merging. Chains are merged by concatenating them, sorting with `rows.consolidation_indices`
+(Arrow's sort, fast on input made of sorted runs) and summing equal updates; the streaming
+merge does the same a bounded slice at a time. When merging inside ``pending_low`` or a
+bucket, times below ``since`` are advanced as far as the place allows (to ``since``, or to
+just below the end of the place's range), which consolidates more and stays exact.
+
+A read ``updates_before(upper)`` with ``upper <= since`` returns nothing: once advanced,
+every update is at ``since`` or later.
 
 Assumes: times are non-negative int64, diffs non-zero int64 whose sums fit in int64. Not
 thread-safe. Iterators returned by reads see the state at the time of the call and stay
