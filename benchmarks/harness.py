@@ -399,7 +399,7 @@ def compare(recorded: Mapping[str, Result], fresh: Mapping[str, Result]) -> list
 def check_report(comparisons: Sequence[Comparison], tolerance: float = TOLERANCE) -> str:
     """A plain-text table of the comparisons, regressions marked."""
     lines = [
-        f"{'benchmark':<12} {'what':<36} {'ours':<20} {'anchor':<20} {'record':>7} {'fresh':>7} "
+        f"{'benchmark':<12} {'what':<48} {'ours':<24} {'anchor':<22} {'record':>7} {'fresh':>7} "
         "change"
     ]
     for c in comparisons:
@@ -410,7 +410,7 @@ def check_report(comparisons: Sequence[Comparison], tolerance: float = TOLERANCE
         if c.worse(tolerance):
             verdict += f"  WORSE by more than {tolerance:.0%}"
         lines.append(
-            f"{c.benchmark:<12} {c.what[:36]:<36} {c.ours[:20]:<20} {c.anchor[:20]:<20} "
+            f"{c.benchmark:<12} {c.what[:48]:<48} {c.ours[:24]:<24} {c.anchor[:22]:<22} "
             f"{rec:>7} {new:>7} {verdict}"
         )
     worse = [c for c in comparisons if c.worse(tolerance)]
