@@ -14,3 +14,15 @@ def rows_of(table: pa.Table) -> dict[tuple, int]:
         assert key not in out, f"row {key} appears twice"
         out[key] = r["_diff"]
     return out
+
+
+def updates(rows: list[tuple[int, str, int, int]]) -> pa.Table:
+    """Updates with columns ``id BIGINT, item STRING`` from (id, item, time, diff) tuples."""
+    return pa.table(
+        {
+            "id": pa.array([r[0] for r in rows], pa.int64()),
+            "item": pa.array([r[1] for r in rows], pa.string()),
+            "_time": pa.array([r[2] for r in rows], pa.int64()),
+            "_diff": pa.array([r[3] for r in rows], pa.int64()),
+        }
+    )

@@ -13,7 +13,7 @@ from collections import Counter
 
 import pyarrow as pa
 import pytest
-from conformance_helpers import rows_of
+from conformance_helpers import rows_of, updates
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as hs
 from hypothesis.stateful import rule
@@ -26,17 +26,6 @@ from persistshard.core import trace
 from persistshard.core.rows import advance_times, consolidate, row_columns
 from persistshard.core.shard import new_id
 from persistshard.core.validate import user_schema
-
-
-def updates(rows: list[tuple[int, str, int, int]]) -> pa.Table:
-    return pa.table(
-        {
-            "id": pa.array([r[0] for r in rows], pa.int64()),
-            "item": pa.array([r[1] for r in rows], pa.string()),
-            "_time": pa.array([r[2] for r in rows], pa.int64()),
-            "_diff": pa.array([r[3] for r in rows], pa.int64()),
-        }
-    )
 
 
 @pytest.fixture

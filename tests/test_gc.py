@@ -10,7 +10,7 @@ import uuid
 
 import pyarrow as pa
 import pytest
-from conformance_helpers import rows_of
+from conformance_helpers import rows_of, updates
 
 import persistshard as ps
 from persistshard.core import shard as shard_mod
@@ -19,17 +19,6 @@ from persistshard.core.shard import new_id
 from persistshard.core.state import ROLLUP_EVERY, ShardState
 
 HOUR_MS = 3600 * 1000
-
-
-def updates(rows: list[tuple[int, str, int, int]]) -> pa.Table:
-    return pa.table(
-        {
-            "id": pa.array([r[0] for r in rows], pa.int64()),
-            "item": pa.array([r[1] for r in rows], pa.string()),
-            "_time": pa.array([r[2] for r in rows], pa.int64()),
-            "_diff": pa.array([r[3] for r in rows], pa.int64()),
-        }
-    )
 
 
 class Clock:

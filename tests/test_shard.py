@@ -10,23 +10,12 @@ from collections import Counter
 import fsspec
 import pyarrow as pa
 import pytest
-from conformance_helpers import rows_of
+from conformance_helpers import rows_of, updates
 from fsspec.implementations.memory import MemoryFileSystem
 
 import persistshard as ps
 from persistshard.core.consensus import MemoryConsensus
 from persistshard.core.state import ROLLUP_EVERY
-
-
-def updates(rows: list[tuple[int, str, int, int]]) -> pa.Table:
-    return pa.table(
-        {
-            "id": pa.array([r[0] for r in rows], pa.int64()),
-            "item": pa.array([r[1] for r in rows], pa.string()),
-            "_time": pa.array([r[2] for r in rows], pa.int64()),
-            "_diff": pa.array([r[3] for r in rows], pa.int64()),
-        }
-    )
 
 
 @pytest.fixture
