@@ -142,8 +142,15 @@ def cmd_gc(shard: Shard, args: argparse.Namespace) -> int:
 def cmd_conformance(args: argparse.Namespace) -> int:
     import os
 
-    import pytest
-
+    try:
+        import hypothesis  # noqa: F401
+        import pytest
+    except ImportError as e:
+        print(
+            f"persistshard conformance needs {e.name}: pip install 'persistshard[conformance]'",
+            file=sys.stderr,
+        )
+        return 2
     os.environ["PERSISTSHARD_CONFORMANCE_LOCATION"] = args.location
     here = os.path.join(os.path.dirname(__file__), "conformance", "run_suite.py")
     return int(pytest.main([here, "-q", "-p", "no:cacheprovider"]))

@@ -11,11 +11,15 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, DataFrameReader
 
 
-def _show(title: str, df: object) -> None:
+def _show(title: str, df: DataFrame) -> None:
     print(f"\n== {title}")
-    rows = df.orderBy(*df.columns).collect()  # type: ignore[attr-defined]
+    rows = df.orderBy(*df.columns).collect()
     for row in rows:
         print("  ", ", ".join(f"{k}={v}" for k, v in row.asDict().items()))
     if not rows:
@@ -55,7 +59,7 @@ def main(argv: list[str]) -> int:
     cdc.write.format("persistshard").mode("append").save(orders)
     print("\nappend (a change at time 2: plum 7 -> 5) as _time/_diff updates")
 
-    def read() -> object:
+    def read() -> DataFrameReader:
         return spark.read.format("persistshard")
 
     _show("snapshot now (upper - 1 = 2)", read().load(orders))

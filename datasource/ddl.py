@@ -10,6 +10,7 @@ backquoted names, ``NOT NULL`` and ``COMMENT '...'``; anything else is refused w
 from __future__ import annotations
 
 import re
+from typing import NoReturn
 
 from pyspark.sql.types import (
     ArrayType,
@@ -68,14 +69,17 @@ class _Parser:
             if text[pos:].strip() == "":
                 break
             m = _TOKEN.match(text, pos)
-            if not m:
-                self.fail(pos, "unexpected character")
+            if m is None:
+                raise self.error(pos, "unexpected character")
             self.tokens.append((m.group(1), m.start(1)))
             pos = m.end()
         self.i = 0
 
-    def fail(self, pos: int, why: str) -> None:
-        raise InvalidUpdates(f"cannot parse columns {self.text!r} at position {pos}: {why}")
+    def error(self, pos: int, why: str) -> InvalidUpdates:
+        return InvalidUpdates(f"cannot parse columns {self.text!r} at position {pos}: {why}")
+
+    def fail(self, pos: int, why: str) -> NoReturn:
+        raise self.error(pos, why)
 
     def peek(self) -> str | None:
         return self.tokens[self.i][0] if self.i < len(self.tokens) else None

@@ -216,9 +216,7 @@ def read_partition(
         reader = open_part(blob, s.ref)
         chunks = list(range(len(reader.chunks))) if s.chunks is None else list(s.chunks)
         chunks = [
-            c
-            for c in chunks
-            if reader.chunks[c].min_time is None or reader.chunks[c].min_time <= max_time
+            c for c in chunks if (low := reader.chunks[c].min_time) is None or low <= max_time
         ]
         table = reader.read(chunks=chunks)
         if table.schema != p.stored_schema:

@@ -1,15 +1,56 @@
-"""Shared fixtures: one local SparkSession for the whole run (pytest-spark's ``spark_session``).
+"""Shared fixtures, and the guarantee that the tests test the working tree.
 
-Spark's Python workers run ``$PYSPARK_PYTHON``; it is set to this interpreter before any
-session starts, so workers import the same installed persistshard.
+The repository root *is* the package ``persistshard`` (``package-dir`` maps it), so without
+help ``import persistshard`` would find whatever copy ``pip install`` last put into
+site-packages, while ``import core`` would find the tree. Before anything imports the
+package, this module builds a tiny directory that holds two links, ``persistshard`` -> the
+repository root and ``pyspark_persistshard.py`` -> its twin in ``entry/`` (and ``benchmarks``,
+not shipped, for the harness tests), and puts it first on
+``sys.path`` *and* on ``PYTHONPATH``. So the test process and every Python worker that Spark
+starts (they inherit the environment of the JVM, which inherits ours) import exactly the code
+in this tree, with or without a reinstall. The repository root itself is taken off
+``sys.path``, so no test can import ``core`` or ``errors`` as top-level modules by accident.
+
+One session-scoped SparkSession (pytest-spark's ``spark_session``, local[2]) serves the run.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 
 import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+
+
+def _import_the_tree() -> str:
+    if "persistshard" in sys.modules:  # pragma: no cover - a plugin imported it first
+        raise RuntimeError("persistshard was imported before tests/conftest.py could redirect it")
+    shim = tempfile.mkdtemp(prefix="persistshard-tree-")
+    atexit.register(shutil.rmtree, shim, True)
+    os.symlink(ROOT, os.path.join(shim, "persistshard"))
+    os.symlink(os.path.join(ROOT, "benchmarks"), os.path.join(shim, "benchmarks"))
+    os.symlink(
+        os.path.join(ROOT, "entry", "pyspark_persistshard.py"),
+        os.path.join(shim, "pyspark_persistshard.py"),
+    )
+    sys.path[:] = [p for p in sys.path if os.path.realpath(p or os.curdir) != ROOT]
+    sys.path.insert(0, shim)
+    previous = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = shim + (os.pathsep + previous if previous else "")
+    return shim
+
+
+TREE_SHIM = _import_the_tree()
+
+import persistshard  # noqa: E402  (after the redirection above, on purpose)
+
+if os.path.realpath(os.path.dirname(persistshard.__file__ or "")) != ROOT:  # pragma: no cover
+    raise RuntimeError(f"tests would import {persistshard.__file__}, not the tree at {ROOT}")
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -20,3 +61,9 @@ def spark(spark_session):
     """The session-scoped SparkSession (local[2], see ``spark_options`` in pyproject.toml)."""
     spark_session.sparkContext.setLogLevel("ERROR")
     return spark_session
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> str:
+    """The repository root: the directory the package ``persistshard`` is imported from."""
+    return ROOT

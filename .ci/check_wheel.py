@@ -1,0 +1,58 @@
+"""CI: the wheel holds exactly the package's modules, the Spark entry module and py.typed.
+
+Builds the wheel from the working tree and compares its file list with what the tree says
+should ship: every ``.py`` file of the packages listed in pyproject.toml, ``py.typed``, the one
+top-level module ``pyspark_persistshard`` and the dist-info. Anything more (tests, benchmarks,
+a second copy of the entry module) or less fails, naming the files.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+
+import tomllib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def expected_files() -> set[str]:
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        setuptools_cfg = tomllib.load(f)["tool"]["setuptools"]
+    package_dir = setuptools_cfg["package-dir"]
+    out = {"pyspark_persistshard.py", "persistshard/py.typed"}
+    for package in setuptools_cfg["packages"]:
+        head, _, rest = package.partition(".")
+        directory = os.path.join(ROOT, package_dir[head], *rest.split(".") if rest else [])
+        for name in os.listdir(directory):
+            if name.endswith(".py"):
+                out.add("/".join([*package.split("."), name]))
+    return out
+
+
+def main() -> int:
+    with tempfile.TemporaryDirectory() as out:
+        subprocess.run(
+            [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", out, ROOT],
+            check=True,
+        )
+        (wheel,) = glob.glob(os.path.join(out, "*.whl"))
+        names = [n for n in zipfile.ZipFile(wheel).namelist() if ".dist-info/" not in n]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    extra = sorted(set(names) - expected_files())
+    missing = sorted(expected_files() - set(names))
+    for label, files in (("duplicated", duplicates), ("unexpected", extra), ("missing", missing)):
+        if files:
+            print(f"wheel: {label} files: {', '.join(files)}", file=sys.stderr)
+    if duplicates or extra or missing:
+        return 1
+    print(f"wheel: {len(names)} files, exactly the expected ones")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
