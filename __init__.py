@@ -9,6 +9,7 @@ from typing import Any
 from persistshard.core.shard import Shard, VerifyReport, open_shard
 from persistshard.errors import (
     CorruptData,
+    HoldExpired,
     Indeterminate,
     InvalidUpdates,
     NegativeDiff,
@@ -24,6 +25,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CorruptData",
+    "HoldExpired",
     "Indeterminate",
     "InvalidUpdates",
     "NegativeDiff",

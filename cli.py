@@ -21,6 +21,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from persistshard.core.layout import DEFAULT_RETENTION_SECONDS
 from persistshard.core.shard import Shard, open_shard
 from persistshard.errors import PersistShardError
 
@@ -111,10 +112,9 @@ def cmd_compact(shard: Shard, args: argparse.Namespace) -> int:
         print(json.dumps(plain, indent=2, default=str))
         return 0
     print(
-        f"{plain.get('committed', 0)} merges committed, {plain.get('conflicts', 0)} lost to "
-        f"concurrent changes; batches {plain.get('batches_before')} -> "
-        f"{plain.get('batches_after')}; levels {plain.get('levels_before')} -> "
-        f"{plain.get('levels_after')}"
+        f"{report.committed} merges committed, {report.conflicts} lost to concurrent changes; "
+        f"batches {report.batches_before} -> {report.batches_after}; levels "
+        f"{report.levels_before} -> {report.levels_after}"
     )
     return 0
 
@@ -127,13 +127,13 @@ def cmd_gc(shard: Shard, args: argparse.Namespace) -> int:
         return 0
     verb = "deleted" if args.apply else "would delete"
     print(
-        f"{verb}: {len(plain.get('parts', []))} unreferenced parts, "
-        f"{len(plain.get('orphaned_parts', []))} orphaned parts, "
-        f"{len(plain.get('rollups', []))} rollups, {plain.get('consensus_versions', 0)} log "
-        f"entries ({_size(int(plain.get('bytes', 0)))})"
+        f"{verb}: {len(report.parts)} unreferenced parts, "
+        f"{len(report.orphaned_parts)} orphaned parts, "
+        f"{len(report.rollups)} rollups, {report.consensus_versions} log "
+        f"entries ({_size(report.bytes)})"
     )
-    if plain.get("young_parts"):
-        print(f"kept {plain['young_parts']} unreferenced parts younger than the retention floor")
+    if report.young_parts:
+        print(f"kept {report.young_parts} unreferenced parts younger than the retention floor")
     if not args.apply:
         print("dry run: nothing deleted; pass --apply to delete")
     return 0
@@ -177,8 +177,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             p.add_argument(
                 "--retention-seconds",
                 type=float,
-                default=3600.0,
-                help="keep unreferenced parts and versions younger than this (default 3600)",
+                default=DEFAULT_RETENTION_SECONDS,
+                help="keep unreferenced parts and versions younger than this "
+                f"(default {DEFAULT_RETENTION_SECONDS:g})",
             )
     args = parser.parse_args(argv)
     try:

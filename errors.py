@@ -109,6 +109,35 @@ class Indeterminate(PersistShardError):
     """
 
 
+class HoldExpired(PersistShardError):
+    """A reader's hold on since is gone: its lease ran out (or it was expired), so the shard
+    may already have compacted past it. Register the reader again and re-read from the
+    shard's since."""
+
+    def __init__(self, reader_id: str, *, location: str | None = None) -> None:
+        self.reader_id = reader_id
+        super().__init__(
+            f"reader {reader_id!r} holds no since: its lease ran out or it was expired; "
+            "register it again and read from the shard's since",
+            location=location,
+        )
+
+
+class WriterAlreadyCommitted(PersistShardError):
+    """A streaming writer's batch was already committed: its replay is a no-op (exactly once).
+
+    Determinate: the replay wrote nothing new; the shard handles it (the parts the replay wrote
+    are deleted) and users do not see it.
+    """
+
+    def __init__(self, writer_id: str, batch_id: int, *, location: str | None = None) -> None:
+        self.writer_id = writer_id
+        self.batch_id = batch_id
+        super().__init__(
+            f"writer {writer_id!r} already committed batch {batch_id}", location=location
+        )
+
+
 class StateConflict(PersistShardError):
     """A maintenance commit (compaction, gc) lost because its inputs are no longer current.
 
@@ -118,6 +147,7 @@ class StateConflict(PersistShardError):
 
 __all__ = [
     "CorruptData",
+    "HoldExpired",
     "Indeterminate",
     "InvalidUpdates",
     "NegativeDiff",
@@ -127,4 +157,5 @@ __all__ = [
     "StateConflict",
     "StorageUnsupported",
     "UpperMismatch",
+    "WriterAlreadyCommitted",
 ]

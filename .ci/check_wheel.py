@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import glob
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -35,6 +36,8 @@ def expected_files() -> set[str]:
 
 
 def main() -> int:
+    leftovers = [os.path.join(ROOT, d) for d in ("build", "persistshard.egg-info")]
+    before = {d for d in leftovers if os.path.exists(d)}
     with tempfile.TemporaryDirectory() as out:
         subprocess.run(
             [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", out, ROOT],
@@ -42,6 +45,8 @@ def main() -> int:
         )
         (wheel,) = glob.glob(os.path.join(out, "*.whl"))
         names = [n for n in zipfile.ZipFile(wheel).namelist() if ".dist-info/" not in n]
+    for d in set(leftovers) - before:  # what the in-tree build left behind
+        shutil.rmtree(d, ignore_errors=True)
     duplicates = sorted({n for n in names if names.count(n) > 1})
     extra = sorted(set(names) - expected_files())
     missing = sorted(expected_files() - set(names))

@@ -45,7 +45,9 @@ import pyarrow.compute as pc
 
 from persistshard.core import trace
 from persistshard.core.blob import Blob
-from persistshard.core.parts import CHUNK_BYTES, PART_TARGET_BYTES, open_part, part_key
+from persistshard.core.layout import new_id, part_key
+from persistshard.core.machine import StateMachine
+from persistshard.core.parts import CHUNK_BYTES, PART_TARGET_BYTES, open_part
 from persistshard.core.rows import (
     DIFF,
     TIME,
@@ -56,7 +58,6 @@ from persistshard.core.rows import (
     run_starts,
     sort_indices,
 )
-from persistshard.core.shard import Shard, new_id
 from persistshard.core.state import Batch, Commit, PartRef, ShardState
 from persistshard.core.trace import MergePlan
 from persistshard.core.validate import update_schema
@@ -155,13 +156,12 @@ class CompactionReport:
     """What `Shard.compact` / `Shard.maybe_compact` did.
 
     ``merges`` lists every merge attempted (``committed`` False for one that lost a race and
-    was discarded); ``levels_before``/``levels_after`` are the trace's levels, oldest first;
-    ``errors`` holds merges that failed outright (distributed compaction only).
+    was discarded); ``levels_before``/``levels_after`` are the trace's levels, oldest first.
+    A merge that fails outright raises; it is never only reported.
     """
 
     merges: list[MergeReport] = field(default_factory=list)
     conflicts: int = 0
-    errors: list[str] = field(default_factory=list)
     levels_before: list[int] = field(default_factory=list)
     levels_after: list[int] = field(default_factory=list)
     batches_before: int = 0
@@ -189,7 +189,6 @@ class CompactionReport:
             "merges": [asdict(m) for m in self.merges],
             "committed": self.committed,
             "conflicts": self.conflicts,
-            "errors": list(self.errors),
             "levels_before": self.levels_before,
             "levels_after": self.levels_after,
             "batches_before": self.batches_before,
@@ -513,18 +512,18 @@ def compact_commit(
 
 
 def commit_merge(
-    shard: Shard, plan: MergePlan, result: MergeResult, state: ShardState | None = None
+    machine: StateMachine, plan: MergePlan, result: MergeResult, state: ShardState | None = None
 ) -> tuple[bool, Batch, ShardState | None]:
     """Commit ``result``, its level chosen against ``state`` (default: the newest); returns
     (committed, output batch, the state after the commit, or None after a lost race). On a
     lost race (`StateConflict`) the parts the merge wrote are deleted. Other errors propagate
     and leave the parts for gc (the commit may have landed)."""
-    state = state if state is not None else shard.state()
+    state = state if state is not None else machine.state()
     commit, output = compact_commit(plan, result, state, new_id(), new_id())
     try:
-        after = shard._commit(commit)
+        after = machine.commit(commit)
     except StateConflict:
-        shard.delete_parts(result.written_keys)
+        machine.delete_parts(result.written_keys)
         return False, output, None
     return True, output, after
 
@@ -551,7 +550,7 @@ def merge_report(
 
 
 def compact_shard(
-    shard: Shard,
+    machine: StateMachine,
     *,
     full: bool = True,
     max_merges: int | None = None,
@@ -561,11 +560,11 @@ def compact_shard(
     """Plan, run and commit merges one at a time until the trace is tidy (see
     `persistshard.core.trace`), at most ``max_merges`` of them; gives up after
     ``max_conflicts`` lost races (other compactors are then doing the work)."""
-    return _compact_from(shard, shard.state(), full, max_merges, part_bytes, max_conflicts)
+    return _compact_from(machine, machine.state(), full, max_merges, part_bytes, max_conflicts)
 
 
 def _compact_from(
-    shard: Shard,
+    machine: StateMachine,
     state: ShardState,
     full: bool,
     max_merges: int | None,
@@ -579,15 +578,17 @@ def _compact_from(
         plan = trace.next_plan(state, full=full)
         if plan is None:
             break
-        result = run_merge(shard.blob, plan, state.schema, write_id=new_id(), part_bytes=part_bytes)
-        committed, output, after = commit_merge(shard, plan, result, state)
+        result = run_merge(
+            machine.blob, plan, state.schema, write_id=new_id(), part_bytes=part_bytes
+        )
+        committed, output, after = commit_merge(machine, plan, result, state)
         report.merges.append(merge_report(plan, result, output, committed))
         report.stats.add(result.stats)
         if not committed:
             report.conflicts += 1
             if report.conflicts >= max_conflicts:
                 break
-        state = after if after is not None else shard.state()
+        state = after if after is not None else machine.state()
     report.levels_after = trace.levels(state)
     report.batches_after = len(state.trace)
     return report
@@ -599,10 +600,10 @@ def needs_compaction(state: ShardState) -> bool:
     return bool(trace.level_plans(state) or trace.unsealed_plans(state))
 
 
-def maybe_compact(shard: Shard, *, max_merges: int = 1) -> CompactionReport | None:
+def maybe_compact(machine: StateMachine, *, max_merges: int = 1) -> CompactionReport | None:
     """The small compaction a writer runs after its commit: at most ``max_merges`` merges of
     the unsealed and level kinds (never the whole-trace merge); None if nothing was due."""
-    state = shard.state()
+    state = machine.state()
     if max_merges <= 0 or not needs_compaction(state):
         return None
-    return _compact_from(shard, state, False, max_merges, PART_TARGET_BYTES, 10)
+    return _compact_from(machine, state, False, max_merges, PART_TARGET_BYTES, 10)

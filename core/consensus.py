@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from persistshard.core.blob import Blob
+from persistshard.core.layout import CONSENSUS_PREFIX
 from persistshard.errors import CorruptData, Indeterminate, StorageUnsupported
 
 
@@ -70,7 +71,7 @@ class Consensus(ABC):
 
 
 _ENTRY = re.compile(r"^v(\d{20})\.json$")
-_PREFIX = "consensus/"
+_PREFIX = CONSENSUS_PREFIX
 _HINT = f"{_PREFIX}HEAD"
 
 

@@ -8,8 +8,8 @@ uncommitted longer than it are not either (the default window, one hour, is mean
 longer than any write). Everything else may go:
 
 - parts under ``parts/`` that no live version references, written (by the time in their
-  write id, `persistshard.core.shard.id_time_ms`) before the retention floor: parts replaced
-  by compaction, and parts of writes that never committed (a Spark task retried, a driver
+  write id, `persistshard.core.layout.part_write_time_ms`) before the retention floor: parts
+  replaced by compaction, and parts of writes that never committed (a Spark task retried, a driver
   that died). A part without a readable write time is never deleted.
 - log entries older than the rollup R that the earliest live version is rebuilt from
   (``consensus.truncate(R)``: every live version is rebuilt from R plus later entries).
@@ -30,21 +30,21 @@ If the live versions cannot be rebuilt (a rollup or log entry missing), gc raise
 from __future__ import annotations
 
 import itertools
-import re
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from persistshard.core import state as st
-from persistshard.core.parts import PARTS_PREFIX
-from persistshard.core.shard import Shard, id_time_ms
+from persistshard.core.layout import (
+    DEFAULT_RETENTION_SECONDS,
+    PARTS_PREFIX,
+    ROLLUPS_PREFIX,
+    part_write_time_ms,
+    rollup_write_time_ms,
+)
+from persistshard.core.machine import StateMachine
 from persistshard.core.state import Entry, ShardState
 from persistshard.errors import CorruptData
-
-#: Versions superseded, and unreferenced objects written, less than this ago are kept.
-DEFAULT_RETENTION_SECONDS = 3600.0
-
-_ROLLUP = re.compile(r"^rollups/v(\d{20})-([0-9a-f]+)\.json$")
 
 
 @dataclass
@@ -82,20 +82,13 @@ class GcReport:
         return out
 
 
-def _write_time_ms(part_key: str) -> int | None:
-    rest = part_key[len(PARTS_PREFIX) :]
-    write_id, sep, _ = rest.partition("/")
-    return id_time_ms(write_id) if sep and write_id else None
-
-
 def _live_versions(
-    shard: Shard, now_ms: int, retention_ms: int
+    machine: StateMachine, now_ms: int, retention_ms: int
 ) -> tuple[int, int, int, str | None, list[tuple[int, Entry]]] | None:
     """(head, earliest live version E, rollup version R, rollup key, entries) or None."""
-    raw = shard.consensus.scan(1)
-    if not raw:
+    entries = machine.entries(1)
+    if not entries:
         return None
-    entries = [(e.version, Entry.decode(e.data, f"consensus version {e.version}")) for e in raw]
     head = entries[-1][0]
     floor = now_ms - retention_ms
     earliest = head
@@ -109,16 +102,19 @@ def _live_versions(
 
 
 def _fold_from(
-    shard: Shard, entries: list[tuple[int, Entry]], rollup_version: int, rollup_key: str | None
+    machine: StateMachine,
+    entries: list[tuple[int, Entry]],
+    rollup_version: int,
+    rollup_key: str | None,
 ) -> ShardState | None:
     """The state at ``rollup_version`` if the log after it is complete, else None."""
     if rollup_version + 1 < entries[0][0]:
         return None
-    return shard._load_rollup(rollup_version, rollup_key)
+    return machine.load_rollup(rollup_version, rollup_key)
 
 
 def _referenced(
-    shard: Shard,
+    machine: StateMachine,
     earliest: int,
     rollup_version: int,
     rollup_key: str | None,
@@ -130,17 +126,17 @@ def _referenced(
     versions, when the log reaches back far enough, from the oldest rebuildable point (they
     only tell replaced parts from never-committed ones in the report).
     """
-    state = _fold_from(shard, entries, 0, None) if entries[0][0] == 1 else None
+    state = _fold_from(machine, entries, 0, None) if entries[0][0] == 1 else None
     if state is None:
         first = entries[0][1]
-        state = _fold_from(shard, entries, first.rollup_version, first.rollup_key)
+        state = _fold_from(machine, entries, first.rollup_version, first.rollup_key)
     if state is None or state.version > rollup_version:
-        state = _fold_from(shard, entries, rollup_version, rollup_key)
+        state = _fold_from(machine, entries, rollup_version, rollup_key)
     if state is None:
         raise CorruptData(
             f"cannot rebuild live version {earliest}: the log starts at {entries[0][0]} and "
             f"the rollup it needs is version {rollup_version}; gc deleted nothing",
-            location=shard.location,
+            location=machine.location,
         )
     live: set[str] = set()
     dead: set[str] = set()
@@ -151,15 +147,15 @@ def _referenced(
         if version != state.version + 1:
             raise CorruptData(
                 f"consensus log has a gap before version {version}; gc deleted nothing",
-                location=shard.location,
+                location=machine.location,
             )
-        state = st.apply(state, entry.commit, shard.location)
+        state = st.apply(state, entry.commit, machine.location)
         (live if version >= earliest else dead).update(state.part_keys())
     return live, dead - live
 
 
 def collect(
-    shard: Shard,
+    machine: StateMachine,
     *,
     dry_run: bool = True,
     retention_seconds: float = DEFAULT_RETENTION_SECONDS,
@@ -171,18 +167,18 @@ def collect(
     retention_ms = int(retention_seconds * 1000)
     floor = now_ms - retention_ms
     report = GcReport(dry_run=dry_run, retention_seconds=retention_seconds)
-    found = _live_versions(shard, now_ms, retention_ms)
+    found = _live_versions(machine, now_ms, retention_ms)
     if found is None:
         return report
     head, earliest, rollup_version, rollup_key, entries = found
     report.head_version, report.earliest_live_version = head, earliest
-    live, dead = _referenced(shard, earliest, rollup_version, rollup_key, entries)
+    live, dead = _referenced(machine, earliest, rollup_version, rollup_key, entries)
 
     part_sizes: dict[str, int] = {}
-    for meta in shard.blob.list(PARTS_PREFIX):
+    for meta in machine.blob.list(PARTS_PREFIX):
         if meta.key in live:
             continue
-        written = _write_time_ms(meta.key)
+        written = part_write_time_ms(meta.key)
         if written is None or written >= floor:
             report.young_parts += 1
             continue
@@ -201,11 +197,10 @@ def collect(
     if rollup_key:
         named.add(rollup_key)
     rollup_sizes: dict[str, int] = {}
-    for meta in shard.blob.list("rollups/"):
-        m = _ROLLUP.match(meta.key)
-        if meta.key in named or m is None:
+    for meta in machine.blob.list(ROLLUPS_PREFIX):
+        if meta.key in named:
             continue
-        written = id_time_ms(m.group(2))
+        written = rollup_write_time_ms(meta.key)
         if written is None or written >= floor:
             continue
         rollup_sizes[meta.key] = meta.size
@@ -215,11 +210,11 @@ def collect(
     if dry_run:
         return report
     for key in report.parts:
-        shard.blob.delete(key)
+        machine.blob.delete(key)
         report.deleted += 1
     if report.consensus_below:
-        report.deleted += shard.consensus.truncate(report.consensus_below)
+        report.deleted += machine.consensus.truncate(report.consensus_below)
     for key in report.rollups:
-        shard.blob.delete(key)
+        machine.blob.delete(key)
         report.deleted += 1
     return report

@@ -8,7 +8,6 @@ This is the only module of `core` that talks to `persistshard.format`. Invariant
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -16,6 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from persistshard.core.blob import Blob
+from persistshard.core.layout import part_key
 from persistshard.core.rows import TIME, row_columns, sort_table
 from persistshard.core.state import PartRef
 from persistshard.format import PartReader, encode_part
@@ -24,12 +24,6 @@ from persistshard.format import PartReader, encode_part
 PART_TARGET_BYTES = 256 << 20
 #: Uncompressed bytes per chunk inside a part.
 CHUNK_BYTES = 8 << 20
-PARTS_PREFIX = "parts/"
-
-
-def part_key(write_id: str) -> str:
-    """A fresh key for a part of the write ``write_id`` (its prefix lets failed writes be swept)."""
-    return f"{PARTS_PREFIX}{write_id}/{uuid.uuid4().hex}.part"
 
 
 def write_part(

@@ -11,68 +11,54 @@ What always holds (for every state version a reader can see):
 - A failed write changes nothing: parts are written before the commit under fresh keys, the
   commit is one compare-and-set, and a refused commit deletes the parts it wrote.
 
-Every state change is a `Commit` applied by a pure function (`persistshard.core.state.apply`)
-and stored with compare-and-set; a lost race re-reads and re-applies the same commit (same id,
-same parts: data blobs are never rewritten on retry). A write that fails with `Indeterminate`
-is resolved by looking for its commit id in the log before retrying.
+`Shard` is the user-facing facade: it validates input, writes parts and builds commits, and
+hands every state change to its `persistshard.core.machine.StateMachine`, which owns the
+commit loop (compare-and-set, retries of the same commit, rollups) and the refresh of the
+state. Compaction (`persistshard.core.compact`) and gc (`persistshard.core.gc`) work on the
+machine too; `Shard.compact` and `Shard.gc` only call them.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from persistshard.core import layout
 from persistshard.core import state as st
 from persistshard.core.blob import Blob
+from persistshard.core.compact import CompactionReport, compact_shard
+from persistshard.core.compact import maybe_compact as maybe_compact_shard
 from persistshard.core.consensus import BlobConsensus, Consensus
+from persistshard.core.gc import GcReport, collect
+from persistshard.core.holds import DEFAULT_LEASE_SECONDS, ReaderHold
+from persistshard.core.layout import DEFAULT_RETENTION_SECONDS, new_id
+from persistshard.core.listen import Listen
+from persistshard.core.machine import DETERMINATE_REFUSALS, StateMachine
 from persistshard.core.parts import read_parts, write_parts
 from persistshard.core.rows import DIFF, TIME, advance_times, consolidate, snapshot_of
 from persistshard.core.state import (
-    ROLLUP_EVERY,
     Batch,
     Commit,
-    Entry,
     PartRef,
     ShardState,
-    WriterAlreadyCommitted,
 )
 from persistshard.core.validate import normalize_updates, update_schema, user_schema
 from persistshard.errors import (
     CorruptData,
-    Indeterminate,
     InvalidUpdates,
     NotSealed,
     PersistShardError,
     SinceViolation,
-    StateConflict,
     UpperMismatch,
+    WriterAlreadyCommitted,
 )
 
-ROLLUPS_PREFIX = "rollups/"
-
-#: Errors after which a commit certainly did not land (its parts may be deleted).
-DETERMINATE_REFUSALS = (UpperMismatch, InvalidUpdates, NotSealed, StateConflict)
-
-
-def new_id() -> str:
-    """A fresh unique id (for writes, commits and batches): 32 hex digits, the first 12 the
-    wall-clock milliseconds, so ids sort by creation time and GC can tell an id's age."""
-    return f"{int(time.time() * 1000):012x}{uuid.uuid4().hex[:20]}"
-
-
-def id_time_ms(identifier: str) -> int | None:
-    """The creation time (ms since the epoch) of an id made by `new_id`, else None."""
-    try:
-        return int(identifier[:12], 16)
-    except ValueError:
-        return None
+__all__ = ["Shard", "VerifyReport", "WrittenUpdates", "new_id", "open_shard"]
 
 
 def _as_location(location: str) -> str:
@@ -159,101 +145,36 @@ class Shard:
     ) -> None:
         self.location = _as_location(location)
         self.storage_options = storage_options
-        self.blob = blob if blob is not None else Blob(self.location, **storage_options)
-        self.consensus = consensus if consensus is not None else BlobConsensus(self.blob)
-        self._state = ShardState()
-        self._rollup: tuple[int, str | None] = (0, None)
+        blob = blob if blob is not None else Blob(self.location, **storage_options)
+        consensus = consensus if consensus is not None else BlobConsensus(blob)
+        self.machine = StateMachine(self.location, blob, consensus)
+
+    @property
+    def blob(self) -> Blob:
+        return self.machine.blob
+
+    @property
+    def consensus(self) -> Consensus:
+        return self.machine.consensus
 
     # --- state --------------------------------------------------------------------------
 
     def state(self) -> ShardState:
         """The newest state version (re-reads the consensus head)."""
-        return self._refresh()
-
-    def _load_rollup(self, version: int, key: str | None) -> ShardState:
-        if version == 0 or key is None:
-            return ShardState()
-        data = self.blob.get(key)
-        if data is None:
-            raise CorruptData(f"state rollup of version {version} is missing", file=key)
-        return st.decode_rollup(data, key)
-
-    def _refresh(self) -> ShardState:
-        head = self.consensus.head()
-        if head is None:
-            self._state, self._rollup = ShardState(), (0, None)
-            return self._state
-        if head.version == self._state.version:
-            return self._state
-        entry = Entry.decode(head.data, f"consensus version {head.version}")
-        base = self._state if 0 < self._state.version < head.version else None
-        entries = self.consensus.scan(base.version + 1) if base is not None else []
-        if base is None or not entries or entries[0].version != base.version + 1:
-            base = self._load_rollup(entry.rollup_version, entry.rollup_key)
-            entries = self.consensus.scan(base.version + 1)
-        commits = [
-            Entry.decode(e.data, f"consensus version {e.version}").commit
-            for e in entries
-            if e.version <= head.version
-        ]
-        folded = st.fold(base, commits)
-        if folded.version < head.version:
-            raise CorruptData(
-                f"consensus log has a gap: rebuilt version {folded.version}, head is "
-                f"{head.version}",
-                location=self.location,
-            )
-        self._state = folded
-        self._rollup = (entry.rollup_version, entry.rollup_key)
-        return folded
-
-    def _find_commit(self, commit_id: str, after: int) -> ShardState | None:
-        """The state in which ``commit_id`` landed at a version > ``after``, if it did."""
-        for e in self.consensus.scan(after + 1):
-            if Entry.decode(e.data).commit.id == commit_id:
-                return self._refresh()
-        return None
-
-    def _commit(self, commit: Commit, *, max_attempts: int = 1000) -> ShardState:
-        """Apply ``commit`` with compare-and-set, re-applying it after each lost race.
-
-        Precondition failures (`UpperMismatch`, `StateConflict`, ...) propagate: determinate.
-        """
-        for _ in range(max_attempts):
-            current = self._refresh()
-            new = st.apply(current, commit, self.location)
-            rollup = self._rollup
-            if new.version % ROLLUP_EVERY == 0:
-                key = f"{ROLLUPS_PREFIX}v{new.version:020d}-{new_id()}.json"
-                self.blob.put(key, st.encode_rollup(new))
-                rollup = (new.version, key)
-            entry = Entry(commit, rollup[0], rollup[1], at_ms=int(time.time() * 1000))
-            try:
-                ok = self.consensus.compare_and_set(current.version or None, entry.encode())
-            except Indeterminate:
-                landed = self._find_commit(commit.id, current.version)
-                if landed is not None:
-                    return landed
-                continue
-            if ok:
-                self._state, self._rollup = new, rollup
-                return new
-        raise Indeterminate(
-            f"commit {commit.id} lost {max_attempts} races in a row", location=self.location
-        )
+        return self.machine.state()
 
     @property
     def upper(self) -> int:
-        return self._refresh().upper
+        return self.machine.state().upper
 
     @property
     def since(self) -> int:
-        return self._refresh().since
+        return self.machine.state().since
 
     @property
     def schema(self) -> pa.Schema | None:
         """The user columns (without ``_time``/``_diff``), or None before the first write."""
-        return self._refresh().schema
+        return self.machine.state().schema
 
     # --- writes -------------------------------------------------------------------------
 
@@ -314,10 +235,10 @@ class Shard:
             commit_id, expected_upper, new_upper, batch, unsealed, schema, writer
         )
         try:
-            return self._commit(commit)
+            return self.machine.commit(commit)
         except WriterAlreadyCommitted:
             self.delete_parts(written.keys())
-            return self._refresh()
+            return self.machine.state()
         except DETERMINATE_REFUSALS:
             # Certainly not applied: the parts are garbage now.
             self.delete_parts(written.keys())
@@ -336,7 +257,7 @@ class Shard:
         parts are deleted. The current contents are those of ``state`` (default: newest), all
         sealed updates summed; the caller commits with ``expected_upper = state.upper``.
         """
-        state = state if state is not None else self._refresh()
+        state = state if state is not None else self.machine.state()
         if staged.unsealed:
             raise InvalidUpdates(
                 "an overwrite writes the whole table at one time; it has no unsealed updates",
@@ -368,8 +289,7 @@ class Shard:
 
     def delete_parts(self, keys: list[str]) -> None:
         """Delete parts that no state references (after a refused commit)."""
-        for key in keys:
-            self.blob.delete(key)
+        self.machine.delete_parts(keys)
 
     def compare_and_append(
         self,
@@ -390,7 +310,7 @@ class Shard:
                 f"new upper {new_upper} is below the expected upper {expected_upper}",
                 location=self.location,
             )
-        current = self._refresh()
+        current = self.machine.state()
         if current.upper != expected_upper:
             raise UpperMismatch(expected_upper, current.upper, location=self.location)
         written = WrittenUpdates()
@@ -417,7 +337,7 @@ class Shard:
     def append(self, updates: pa.Table, new_upper: int | None = None) -> ShardState:
         """Append at the current upper; ``new_upper`` defaults to one past the largest time
         (or current upper + 1 when the updates are empty)."""
-        expected = self._refresh().upper
+        expected = self.machine.state().upper
         if new_upper is None:
             times = updates.column(TIME) if TIME in updates.column_names else None
             biggest = pc.max(times).as_py() if times is not None and len(times) else None
@@ -426,7 +346,7 @@ class Shard:
 
     def seal(self, new_upper: int) -> ShardState:
         """Move upper to ``new_upper`` without new updates (unsealed ones below it appear)."""
-        current = self._refresh()
+        current = self.machine.state()
         if new_upper < current.upper:
             raise InvalidUpdates(
                 f"cannot seal at {new_upper}: the upper is already {current.upper} and only "
@@ -437,12 +357,44 @@ class Shard:
             return current
         return self.compare_and_append(None, current.upper, new_upper)
 
-    def advance_since(self, since: int) -> ShardState:
-        """Allow compaction of history before ``since`` (a no-op if since is already later)."""
-        current = self._refresh()
+    def advance_since(self, since: int) -> int:
+        """Allow compaction of history before ``since``, as far as live reader holds allow:
+        since moves to ``min(since, every live hold)`` (never back); returns the since reached."""
+        current = self.machine.state()
         if since <= current.since:
-            return current
-        return self._commit(Commit("advance_since", new_id(), {"since": since}))
+            return current.since
+        return self.machine.commit(Commit("advance_since", new_id(), {"since": since})).since
+
+    # --- reader holds (core/holds.py) and listen -----------------------------------------
+
+    def register_reader(
+        self, reader_id: str, *, lease_seconds: float = DEFAULT_LEASE_SECONDS
+    ) -> ReaderHold:
+        """Hold the current since for ``reader_id`` (unique among live holds) with a lease."""
+        return ReaderHold.register(self.machine, reader_id, lease_seconds)
+
+    def reader(self, reader_id: str) -> ReaderHold:
+        """The handle of ``reader_id``'s live hold (renews it); `HoldExpired` if it has none."""
+        return ReaderHold.attach(self.machine, reader_id)
+
+    def readers(self) -> dict[str, tuple[int, int]]:
+        """``{reader_id: (since, lease expiry in ms since the epoch)}`` of the live holds."""
+        holds = self.machine.state().live_holds(layout.now_ms())
+        return {r: (h.since, h.expires_ms) for r, h in sorted(holds.items())}
+
+    def listen(
+        self,
+        as_of: int,
+        *,
+        timeout: float | None = None,
+        reader_id: str | None = None,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
+    ) -> Listen:
+        """Iterate ``(updates, frontier)`` from ``as_of`` on, holding since while open; see
+        `persistshard.core.listen.Listen`."""
+        return Listen(
+            self, as_of, timeout=timeout, reader_id=reader_id, lease_seconds=lease_seconds
+        )
 
     # --- reads --------------------------------------------------------------------------
 
@@ -468,7 +420,7 @@ class Shard:
     def snapshot(self, as_of: int | None = None) -> pa.Table:
         """Rows + ``_diff`` at ``as_of`` (default upper - 1): one row per distinct row, diffs
         summed over all times ``<= as_of``, zero sums dropped, sorted by row."""
-        state = self._refresh()
+        state = self.machine.state()
         if state.schema is None:
             if as_of is not None:
                 check_as_of(state, as_of, self.location)
@@ -488,7 +440,7 @@ class Shard:
         Exact only when ``from_time`` is 0 or later than since (otherwise updates from before
         ``from_time`` may have been forwarded into the range): else `SinceViolation`.
         """
-        state = self._refresh()
+        state = self.machine.state()
         check_updates_range(state, from_time, to_time, self.location)
         if state.schema is None:
             return pa.schema(
@@ -510,11 +462,10 @@ class Shard:
     def history(self) -> list[dict[str, Any]]:
         """The commits still in the log, oldest first: version, kind, id and arguments."""
         out = []
-        for e in self.consensus.scan(1):
-            entry = Entry.decode(e.data, f"consensus version {e.version}")
+        for version, entry in self.machine.entries(1):
             out.append(
                 {
-                    "version": e.version,
+                    "version": version,
                     "kind": entry.commit.kind,
                     "id": entry.commit.id,
                     "at_ms": entry.at_ms,
@@ -528,7 +479,7 @@ class Shard:
         from persistshard.core.parts import open_part
 
         problems: list[str] = []
-        state = self._refresh()
+        state = self.machine.state()
         try:
             state.check()
         except CorruptData as e:
@@ -559,7 +510,8 @@ class Shard:
 
     def describe(self) -> dict[str, Any]:
         """Upper, since, batches by level, sizes, unsealed updates (for `persistshard inspect`)."""
-        state = self._refresh()
+        state = self.machine.state()
+        now = layout.now_ms()
         levels: dict[int, dict[str, int]] = {}
         for b in state.trace:
             lvl = levels.setdefault(b.level, {"batches": 0, "parts": 0, "rows": 0, "bytes": 0})
@@ -579,37 +531,40 @@ class Shard:
             "unsealed_rows": sum(b.num_rows for b in state.unsealed),
             "unsealed_bytes": sum(b.size_bytes for b in state.unsealed),
             "writers": dict(state.writers),
+            "holds": {
+                r: {
+                    "since": h.since,
+                    "expires_ms": h.expires_ms,
+                    "live": h.live_at(now),
+                }
+                for r, h in sorted(state.holds.items())
+            },
         }
 
     # --- maintenance: compaction and garbage collection (core/trace.py, core/gc.py) ---------
 
-    def compact(self, *, full: bool = True, max_merges: int | None = None) -> Any:
+    def compact(self, *, full: bool = True, max_merges: int | None = None) -> CompactionReport:
         """Merge trace batches (unsealed updates, same-level pairs, and with ``full`` every
-        batch below since) until the trace is tidy; returns a
-        `persistshard.core.compact.CompactionReport`. See `persistshard.core.trace`."""
-        from persistshard.core import compact
+        batch below since) until the trace is tidy. See `persistshard.core.trace`."""
+        return compact_shard(self.machine, full=full, max_merges=max_merges)
 
-        return compact.compact_shard(self, full=full, max_merges=max_merges)
-
-    def maybe_compact(self, max_merges: int = 1) -> Any:
-        """The small compaction a writer may run after its commit: a `CompactionReport`, or
-        None if nothing was due (`persistshard.core.compact.maybe_compact`)."""
-        from persistshard.core import compact
-
-        return compact.maybe_compact(self, max_merges=max_merges)
+    def maybe_compact(self, max_merges: int = 1) -> CompactionReport | None:
+        """The small compaction a writer may run after its commit; None if nothing was due
+        (`persistshard.core.compact.maybe_compact`)."""
+        return maybe_compact_shard(self.machine, max_merges=max_merges)
 
     def gc(
         self,
         dry_run: bool = True,
         *,
-        retention_seconds: float = 3600.0,
+        retention_seconds: float = DEFAULT_RETENTION_SECONDS,
         now_ms: int | None = None,
-    ) -> Any:
+    ) -> GcReport:
         """List (and with ``dry_run=False`` delete) parts, rollups and log entries no live
-        version needs; returns a `persistshard.core.gc.GcReport`. See `persistshard.core.gc`."""
-        from persistshard.core import gc
-
-        return gc.collect(self, dry_run=dry_run, retention_seconds=retention_seconds, now_ms=now_ms)
+        version needs. See `persistshard.core.gc`."""
+        return collect(
+            self.machine, dry_run=dry_run, retention_seconds=retention_seconds, now_ms=now_ms
+        )
 
 
 def _full_schema_of(blob: Blob, written: WrittenUpdates) -> pa.Schema:

@@ -2,9 +2,9 @@
 
 A state version is a pure fold of commits: ``state(N) = apply(state(N-1), commit(N))``. The
 consensus log stores each commit (small: it names the parts it adds and removes), and every
-`ROLLUP_EVERY` versions a full copy of the state (a *rollup*) is written as a blob and named by
-the commit's entry, so loading costs one rollup plus at most `ROLLUP_EVERY` commits, and the
-bytes written per commit do not grow with history.
+`ROLLUP_EVERY` versions (`persistshard.core.layout`) a full copy of the state (a *rollup*) is
+written as a blob and named by the commit's entry, so loading costs one rollup plus at most
+`ROLLUP_EVERY` commits, and the bytes written per commit do not grow with history.
 
 Invariants of a `ShardState` (checked by `ShardState.check`):
 - ``0 <= since <= upper``; both only move forward.
@@ -16,17 +16,24 @@ Invariants of a `ShardState` (checked by `ShardState.check`):
 - Unsealed batches hold updates at times ``>= `` the upper at which they were written; they are
   durable and become visible once ``upper`` passes their times. ``min_time <= max_time``.
 - A part key is referenced by at most one batch; batch ids are unique.
+- Reader holds: ``since <= hold.since`` for every hold that was live when since last moved
+  (`advance_since` stops at the smallest live hold). A hold is live until its lease runs out:
+  ``expires_ms`` is compared with the committing clock (`Commit.at_ms`), and every commit that
+  carries a time removes the holds that had run out by then.
 - Batches and parts are immutable: a batch is replaced, never changed.
 
 Commit kinds, all in `apply` (their preconditions are named `Precondition`s):
 - `append`: expected upper == upper; adds a trace batch ``[expected, new)`` and optionally an
   unsealed batch; may set the schema (first write) and record a streaming writer's progress.
-- `advance_since`: since <= new since <= upper.
+- `advance_since`: since <= new since <= upper; stops at the smallest live hold.
+- `register_reader`: the reader id has no live hold (`AssertNoLiveHold`); holds the since.
+- `downgrade_since`: the reader's hold is live (`AssertLiveHold`) and moves forward only;
+  renews the lease. `heartbeat`: renews a live hold's lease. `expire_reader`: drops a hold
+  (idempotent).
 - `compact`: its input batches are all still present (`AssertBatchesPresent`) and consecutive,
   the output covers exactly their interval and keeps levels ordered (`AssertLevelsOrdered`);
   replaces them with one output batch. It may also name unsealed input batches (whose updates
   below the upper the output absorbed) and unsealed outputs (their trimmed remainders).
-- `replace_unsealed`: its input unsealed batches are still present; replaces them (trimmed).
 """
 
 from __future__ import annotations
@@ -41,14 +48,14 @@ import pyarrow as pa
 
 from persistshard.errors import (
     CorruptData,
+    HoldExpired,
     InvalidUpdates,
     NotSealed,
+    SinceViolation,
     StateConflict,
     UpperMismatch,
+    WriterAlreadyCommitted,
 )
-
-#: A full copy of the state is written every this many versions.
-ROLLUP_EVERY = 16
 
 
 @dataclass(frozen=True)
@@ -130,6 +137,27 @@ def schema_from_b64(text: str) -> pa.Schema:
 
 
 @dataclass(frozen=True)
+class Hold:
+    """A reader's hold on since: the shard's since does not pass ``since`` while the hold is
+    live, i.e. until ``expires_ms`` (ms since the epoch) on the committing clock. The lease
+    (``lease_ms``) is what every renewal adds to the renewing commit's time."""
+
+    since: int
+    expires_ms: int
+    lease_ms: int
+
+    def live_at(self, now_ms: int) -> bool:
+        return now_ms < self.expires_ms
+
+    def to_json(self) -> list[int]:
+        return [self.since, self.expires_ms, self.lease_ms]
+
+    @staticmethod
+    def from_json(d: list[int]) -> Hold:
+        return Hold(int(d[0]), int(d[1]), int(d[2]))
+
+
+@dataclass(frozen=True)
 class ShardState:
     """One version of a shard's metadata (see the module docstring for the invariants)."""
 
@@ -141,6 +169,11 @@ class ShardState:
     unsealed: tuple[Batch, ...] = ()
     writers: dict[str, int] = field(default_factory=dict)
     last_commit: str | None = None
+    holds: dict[str, Hold] = field(default_factory=dict)
+
+    def live_holds(self, now_ms: int) -> dict[str, Hold]:
+        """The holds whose lease has not run out at ``now_ms``."""
+        return {r: h for r, h in self.holds.items() if h.live_at(now_ms)}
 
     def parts(self) -> list[PartRef]:
         """Every part referenced by this version."""
@@ -193,6 +226,7 @@ class ShardState:
             "unsealed": [b.to_json() for b in self.unsealed],
             "writers": dict(self.writers),
             "last_commit": self.last_commit,
+            "holds": {r: h.to_json() for r, h in sorted(self.holds.items())},
         }
 
     @staticmethod
@@ -206,6 +240,7 @@ class ShardState:
             unsealed=tuple(Batch.from_json(b) for b in d["unsealed"]),
             writers=dict(d.get("writers", {})),
             last_commit=d.get("last_commit"),
+            holds={r: Hold.from_json(h) for r, h in d.get("holds", {}).items()},
         )
 
 
@@ -245,29 +280,31 @@ class AssertBatchesPresent:
 # --- commits -------------------------------------------------------------------------------
 
 
-class WriterAlreadyCommitted(Exception):
-    """A streaming writer's batch was already committed: the commit is a no-op (exactly once)."""
-
-
 @dataclass(frozen=True)
 class Commit:
     """One state transition, as stored in the consensus log.
 
-    ``kind`` is one of ``append``, ``advance_since``, ``compact``, ``replace_unsealed``.
-    ``id`` is unique per attempt group: retries of the same logical commit reuse it, so a
-    retry after an `Indeterminate` error can find out whether the first attempt landed.
+    ``kind`` is one of the keys of `_APPLY` (the module docstring lists them). ``id`` is unique
+    per attempt group: retries of the same logical commit reuse it, so a retry after an
+    `Indeterminate` error can find out whether the first attempt landed. ``at_ms`` is the
+    committing clock, stamped on each attempt by the state machine; leases are judged by it,
+    so replaying the log gives the same states.
     """
 
     kind: str
     id: str
     args: dict[str, Any]
+    at_ms: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "id": self.id, "args": self.args}
+        out: dict[str, Any] = {"kind": self.kind, "id": self.id, "args": self.args}
+        if self.at_ms is not None:
+            out["at_ms"] = self.at_ms
+        return out
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> Commit:
-        return Commit(d["kind"], d["id"], d["args"])
+        return Commit(d["kind"], d["id"], d["args"], d.get("at_ms"))
 
 
 def append_commit(
@@ -301,7 +338,7 @@ def _apply_append(state: ShardState, c: Commit, location: str | None) -> ShardSt
     a = c.args
     writer = a.get("writer")
     if writer is not None and state.writers.get(writer[0], -1) >= writer[1]:
-        raise WriterAlreadyCommitted(writer[0], writer[1])
+        raise WriterAlreadyCommitted(writer[0], writer[1], location=location)
     AssertUpper(a["expected_upper"]).check(state, location)
     new_upper = a["new_upper"]
     if new_upper < state.upper:
@@ -349,7 +386,84 @@ def _apply_advance_since(state: ShardState, c: Commit, location: str | None) -> 
             location=location,
             message=f"cannot advance since to {since}: it would pass the upper {state.upper}",
         )
+    holds = state.holds if c.at_ms is None else state.live_holds(c.at_ms)
+    for hold in holds.values():
+        since = min(since, hold.since)
     return replace(state, since=max(state.since, since))
+
+
+def _now(c: Commit) -> int:
+    if c.at_ms is None:
+        raise CorruptData(f"commit {c.id} ({c.kind}) has no commit time")
+    return c.at_ms
+
+
+@dataclass(frozen=True)
+class AssertLiveHold:
+    """The reader must hold since, with a lease that has not run out at ``now_ms``."""
+
+    reader_id: str
+    now_ms: int
+
+    def check(self, state: ShardState, location: str | None) -> Hold:
+        hold = state.holds.get(self.reader_id)
+        if hold is None or not hold.live_at(self.now_ms):
+            raise HoldExpired(self.reader_id, location=location)
+        return hold
+
+
+@dataclass(frozen=True)
+class AssertNoLiveHold:
+    """No live hold may already use the reader id (reader ids are unique)."""
+
+    reader_id: str
+    now_ms: int
+
+    def check(self, state: ShardState, location: str | None) -> None:
+        hold = state.holds.get(self.reader_id)
+        if hold is not None and hold.live_at(self.now_ms):
+            raise InvalidUpdates(
+                f"reader {self.reader_id!r} is already registered (holding since {hold.since}); "
+                "reader ids are unique: pick another, or expire the old hold first",
+                location=location,
+            )
+
+
+def _apply_register_reader(state: ShardState, c: Commit, location: str | None) -> ShardState:
+    reader, lease = c.args["reader_id"], int(c.args["lease_ms"])
+    now = _now(c)
+    AssertNoLiveHold(reader, now).check(state, location)
+    holds = {**state.holds, reader: Hold(state.since, now + lease, lease)}
+    return replace(state, holds=holds)
+
+
+def _apply_downgrade_since(state: ShardState, c: Commit, location: str | None) -> ShardState:
+    reader, since = c.args["reader_id"], int(c.args["since"])
+    now = _now(c)
+    hold = AssertLiveHold(reader, now).check(state, location)
+    if since < hold.since:
+        raise SinceViolation(
+            since,
+            hold.since,
+            location=location,
+            message=f"reader {reader!r} cannot move its hold back from {hold.since} to {since}: "
+            "holds only move forward",
+        )
+    holds = {**state.holds, reader: Hold(since, now + hold.lease_ms, hold.lease_ms)}
+    return replace(state, holds=holds)
+
+
+def _apply_heartbeat(state: ShardState, c: Commit, location: str | None) -> ShardState:
+    reader = c.args["reader_id"]
+    now = _now(c)
+    hold = AssertLiveHold(reader, now).check(state, location)
+    holds = {**state.holds, reader: replace(hold, expires_ms=now + hold.lease_ms)}
+    return replace(state, holds=holds)
+
+
+def _apply_expire_reader(state: ShardState, c: Commit, location: str | None) -> ShardState:
+    holds = {r: h for r, h in state.holds.items() if r != c.args["reader_id"]}
+    return replace(state, holds=holds)
 
 
 @dataclass(frozen=True)
@@ -399,32 +513,30 @@ def _apply_compact(state: ShardState, c: Commit, location: str | None) -> ShardS
     return replace(state, trace=trace, unsealed=unsealed)
 
 
-def _apply_replace_unsealed(state: ShardState, c: Commit, location: str | None) -> ShardState:
-    inputs = tuple(c.args["inputs"])
-    AssertBatchesPresent(unsealed_ids=inputs).check(state, location)
-    outputs = tuple(Batch.from_json(b) for b in c.args["outputs"])
-    unsealed = tuple(b for b in state.unsealed if b.id not in inputs) + outputs
-    return replace(state, unsealed=unsealed)
-
-
 _APPLY = {
     "append": _apply_append,
     "advance_since": _apply_advance_since,
     "compact": _apply_compact,
-    "replace_unsealed": _apply_replace_unsealed,
+    "register_reader": _apply_register_reader,
+    "downgrade_since": _apply_downgrade_since,
+    "heartbeat": _apply_heartbeat,
+    "expire_reader": _apply_expire_reader,
 }
 
 
 def apply(state: ShardState, commit: Commit, location: str | None = None) -> ShardState:
     """The state after ``commit``: a pure function; raises if a precondition fails.
 
-    The result has ``version = state.version + 1`` and ``last_commit = commit.id``.
+    The result has ``version = state.version + 1`` and ``last_commit = commit.id``; a commit
+    with a time also drops the holds whose lease had run out by then.
     """
     try:
         fn = _APPLY[commit.kind]
     except KeyError:
         raise CorruptData(f"unknown commit kind {commit.kind!r}") from None
     new = fn(state, commit, location)
+    if commit.at_ms is not None and any(not h.live_at(commit.at_ms) for h in new.holds.values()):
+        new = replace(new, holds=new.live_holds(commit.at_ms))
     return replace(new, version=state.version + 1, last_commit=commit.id)
 
 

@@ -11,9 +11,11 @@ up the levels, so about log N rounds at most), or ``max_rounds``.
 
 What holds: tasks only write new parts under fresh keys (never touch the state), so a failed
 or retried task leaves at most unreferenced parts, which gc removes once they are older than
-its retention floor; all state changes happen on the driver, one compare-and-set each. A task
-that fails is reported in ``CompactionReport.errors`` and its merge skipped; the others still
-commit. Workers import persistshard from their installed package; nothing global is set.
+its retention floor; all state changes happen on the driver, one compare-and-set each. When a
+task fails, the other merges of its round still commit, then the failure is raised on the
+driver as its own class (`CorruptData` names the damaged file): a damaged shard never looks
+compacted. A failure that is not a persistshard error is raised as `PersistShardError` with the
+task's error text. Workers import persistshard from their installed package; nothing global is set.
 Assumes the storage is reachable from every executor under the same location and options
 (``memory://`` is per process and will not work).
 """
@@ -21,12 +23,13 @@ Assumes the storage is reachable from every executor under the same location and
 from __future__ import annotations
 
 import json
-import traceback
 from typing import TYPE_CHECKING, Any
 
+from persistshard import errors
 from persistshard.core import trace
 from persistshard.core.compact import CompactionReport, MergeResult, commit_merge, merge_report
-from persistshard.core.shard import Shard, new_id
+from persistshard.core.layout import new_id
+from persistshard.core.shard import Shard
 from persistshard.core.state import schema_from_b64, schema_to_b64
 
 if TYPE_CHECKING:
@@ -44,8 +47,23 @@ def run_merge_task(payload: str) -> str:
         plan = trace.MergePlan.from_json(d["plan"])
         result = run_merge(blob, plan, schema_from_b64(d["schema"]), write_id=d["write_id"])
         return json.dumps({"result": result.to_json()})
-    except Exception as e:  # reported to the driver, which skips this merge
-        return json.dumps({"error": f"{type(e).__name__}: {e}\n{traceback.format_exc()}"})
+    except Exception as e:  # raised again on the driver, after the round's other commits
+        detail = e.detail if isinstance(e, errors.PersistShardError) else f"{type(e).__name__}: {e}"
+        return json.dumps({"error": {"class": type(e).__name__, "detail": detail}})
+
+
+def task_error(error: dict[str, str], location: str) -> errors.PersistShardError:
+    """The driver-side error for a merge task's failure: the task's persistshard error class
+    with its message, or `PersistShardError` carrying any other exception's text."""
+    cls = getattr(errors, error["class"], None)
+    if not (isinstance(cls, type) and issubclass(cls, errors.PersistShardError)):
+        cls = errors.PersistShardError
+        detail = f"a merge task failed: {error['detail']}"
+    else:
+        detail = error["detail"]
+    err = cls.__new__(cls)
+    errors.PersistShardError.__init__(err, detail, location=location)
+    return err
 
 
 def compact(
@@ -82,19 +100,22 @@ def compact(
         sc = spark.sparkContext
         outcomes = sc.parallelize(payloads, len(payloads)).map(run_merge_task).collect()
         progress = False
+        failures: list[errors.PersistShardError] = []
         for plan, raw in zip(plans, outcomes, strict=True):  # oldest first
             outcome = json.loads(raw)
             if "error" in outcome:
-                report.errors.append(outcome["error"])
+                failures.append(task_error(outcome["error"], shard.location))
                 continue
             result = MergeResult.from_json(outcome["result"])
-            committed, output, _ = commit_merge(shard, plan, result)
+            committed, output, _ = commit_merge(shard.machine, plan, result)
             report.merges.append(merge_report(plan, result, output, committed))
             report.stats.add(result.stats)
             if committed:
                 progress = True
             else:
                 report.conflicts += 1
+        if failures:
+            raise failures[0]
         state = shard.state()
         if not progress:
             break

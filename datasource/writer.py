@@ -34,9 +34,10 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from persistshard.core.correction import Correction
-from persistshard.core.parts import PARTS_PREFIX, PartSink
+from persistshard.core.layout import PARTS_PREFIX, new_id
+from persistshard.core.parts import PartSink
 from persistshard.core.rows import DIFF, TIME
-from persistshard.core.shard import Shard, WrittenUpdates, new_id, open_shard
+from persistshard.core.shard import Shard, WrittenUpdates, open_shard
 from persistshard.core.state import PartRef
 from persistshard.core.validate import (
     check_columns,

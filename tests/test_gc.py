@@ -13,22 +13,22 @@ import pytest
 from conformance_helpers import rows_of, updates
 
 import persistshard as ps
-from persistshard.core import shard as shard_mod
+from persistshard.core import layout
 from persistshard.core.blob import Blob, BlobMeta
-from persistshard.core.shard import new_id
-from persistshard.core.state import ROLLUP_EVERY, ShardState
+from persistshard.core.layout import ROLLUP_EVERY, new_id
+from persistshard.core.state import ShardState
 
 HOUR_MS = 3600 * 1000
 
 
 class Clock:
-    """A settable wall clock for the shard module (ids and commit times)."""
+    """A settable wall clock for the shard's code (ids and commit times)."""
 
     def __init__(self) -> None:
         self.ms = int(time.time() * 1000)
 
-    def time(self) -> float:
-        return self.ms / 1000
+    def now(self) -> int:
+        return self.ms
 
     def advance(self, ms: int) -> None:
         self.ms += ms
@@ -37,8 +37,7 @@ class Clock:
 @pytest.fixture
 def clock(monkeypatch) -> Clock:
     c = Clock()
-    fake = type("FakeTime", (), {"time": staticmethod(c.time)})
-    monkeypatch.setattr(shard_mod, "time", fake)
+    monkeypatch.setattr(layout, "now_ms", c.now)
     return c
 
 

@@ -15,7 +15,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 
 import persistshard as ps
 from persistshard.core.consensus import MemoryConsensus
-from persistshard.core.state import ROLLUP_EVERY
+from persistshard.core.layout import ROLLUP_EVERY
 
 
 @pytest.fixture

@@ -1,0 +1,73 @@
+"""Layout: where a shard keeps each kind of object, how ids are made, and the shared defaults.
+
+Everything a shard stores lives under its location, in three prefixes, and nothing else does:
+
+- ``parts/<write id>/<uuid>.part``: part files (`persistshard.format`), written once each. The
+  write id (made by `new_id`) starts with its creation time, so gc can tell an orphan's age.
+- ``rollups/v<version:020d>-<id>.json``: full copies of the state every `ROLLUP_EVERY` versions.
+- ``consensus/v<version:020d>.json`` and ``consensus/HEAD``: the log of state versions kept by
+  `persistshard.core.consensus.BlobConsensus` (another consensus may keep it elsewhere).
+
+Invariant relied on by gc: every key under ``parts/`` and ``rollups/`` embeds an id from
+`new_id`, so its write time is known without reading it.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+
+PARTS_PREFIX = "parts/"
+ROLLUPS_PREFIX = "rollups/"
+CONSENSUS_PREFIX = "consensus/"
+
+#: A full copy of the state is written every this many versions.
+ROLLUP_EVERY = 16
+
+#: gc keeps superseded versions, and unreferenced objects, younger than this.
+DEFAULT_RETENTION_SECONDS = 3600.0
+
+_ROLLUP_KEY = re.compile(r"^rollups/v(\d{20})-([0-9a-f]+)\.json$")
+
+
+def now_ms() -> int:
+    """The wall clock (ms since the epoch) of every id, commit time and lease: the one clock
+    a shard's code reads, so tests can set it in one place."""
+    return int(time.time() * 1000)
+
+
+def new_id() -> str:
+    """A fresh unique id (for writes, commits and batches): 32 hex digits, the first 12 the
+    wall-clock milliseconds, so ids sort by creation time and gc can tell an id's age."""
+    return f"{now_ms():012x}{uuid.uuid4().hex[:20]}"
+
+
+def id_time_ms(identifier: str) -> int | None:
+    """The creation time (ms since the epoch) of an id made by `new_id`, else None."""
+    try:
+        return int(identifier[:12], 16)
+    except ValueError:
+        return None
+
+
+def part_key(write_id: str) -> str:
+    """A fresh key for a part of the write ``write_id`` (its prefix lets failed writes be swept)."""
+    return f"{PARTS_PREFIX}{write_id}/{uuid.uuid4().hex}.part"
+
+
+def part_write_time_ms(key: str) -> int | None:
+    """The creation time of the write a part key belongs to, else None."""
+    write_id, sep, _ = key[len(PARTS_PREFIX) :].partition("/")
+    return id_time_ms(write_id) if key.startswith(PARTS_PREFIX) and sep and write_id else None
+
+
+def rollup_key(version: int) -> str:
+    """A fresh key for the rollup of state ``version``."""
+    return f"{ROLLUPS_PREFIX}v{version:020d}-{new_id()}.json"
+
+
+def rollup_write_time_ms(key: str) -> int | None:
+    """The creation time of a rollup key made by `rollup_key`, else None."""
+    m = _ROLLUP_KEY.match(key)
+    return id_time_ms(m.group(2)) if m else None

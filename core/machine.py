@@ -1,0 +1,192 @@
+"""State machine: the one owner of a shard's versioned state (refresh, commit loop, rollups).
+
+A shard's state is the fold of the commits in its consensus log (`persistshard.core.state`).
+`StateMachine` is the only code that reads that log into a state or appends to it; the user
+facing `persistshard.core.shard.Shard`, compaction (`persistshard.core.compact`) and gc
+(`persistshard.core.gc`) all go through it.
+
+What always holds:
+- `StateMachine.state` returns the newest version at the time of the call: it re-reads the head
+  and folds only the entries it has not seen (or starts again from the newest rollup).
+- `StateMachine.commit` applies a commit with compare-and-set and, after a lost race, re-applies
+  the *same* commit (same id, same parts) to the newer state; data blobs are never rewritten on
+  retry. A precondition failure (`UpperMismatch`, `StateConflict`, ...) is raised at once and
+  is determinate: nothing landed.
+- An ambiguous attempt (the consensus raised `Indeterminate` or an `OSError`) is resolved by
+  looking for the commit's id in the log before anything else: if it landed, its state is
+  returned; if not, the commit is tried again. Only when the outcome stays unknown (the
+  storage keeps failing) does `Indeterminate` escape; an `OSError` before any attempt, and
+  exhausting the attempts after plain lost races (`StateConflict`), are determinate.
+- Each attempt stamps the commit with the clock (`persistshard.core.layout.now_ms`): leases of
+  reader holds are judged by the time of the commit that sees them, the same on every replay.
+- Every `ROLLUP_EVERY`-th version also writes a rollup (a full copy of the state) before its
+  entry, and the entry names it, so loading costs one rollup plus fewer than `ROLLUP_EVERY`
+  entries, however long the log.
+
+Relies on: the consensus contract (`persistshard.core.consensus`: linearizable
+compare-and-set, contiguous retained versions) and immutable blobs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import replace
+
+from persistshard.core import layout
+from persistshard.core import state as st
+from persistshard.core.blob import Blob
+from persistshard.core.consensus import Consensus
+from persistshard.core.layout import ROLLUP_EVERY, rollup_key
+from persistshard.core.state import Commit, Entry, ShardState
+from persistshard.errors import (
+    CorruptData,
+    Indeterminate,
+    InvalidUpdates,
+    NotSealed,
+    StateConflict,
+    UpperMismatch,
+)
+
+#: Errors after which a commit certainly did not land (its parts may be deleted).
+DETERMINATE_REFUSALS = (UpperMismatch, InvalidUpdates, NotSealed, StateConflict)
+
+#: How many compare-and-set attempts one commit makes before giving up.
+MAX_ATTEMPTS = 1000
+#: How often reading the log back may fail, after an ambiguous attempt, before `Indeterminate`.
+MAX_STORAGE_FAILURES = 8
+
+
+class StateMachine:
+    """The versioned state of the shard at ``location``, kept in ``consensus`` (entries) and
+    ``blob`` (rollups). See the module docstring for what it guarantees."""
+
+    def __init__(self, location: str, blob: Blob, consensus: Consensus) -> None:
+        self.location = location
+        self.blob = blob
+        self.consensus = consensus
+        self._state = ShardState()
+        self._rollup: tuple[int, str | None] = (0, None)
+
+    # --- reading ------------------------------------------------------------------------
+
+    def state(self) -> ShardState:
+        """The newest state version (re-reads the consensus head)."""
+        head = self.consensus.head()
+        if head is None:
+            self._state, self._rollup = ShardState(), (0, None)
+            return self._state
+        if head.version == self._state.version:
+            return self._state
+        entry = Entry.decode(head.data, f"consensus version {head.version}")
+        base = self._state if 0 < self._state.version < head.version else None
+        entries = self.consensus.scan(base.version + 1) if base is not None else []
+        if base is None or not entries or entries[0].version != base.version + 1:
+            base = self.load_rollup(entry.rollup_version, entry.rollup_key)
+            entries = self.consensus.scan(base.version + 1)
+        commits = [
+            Entry.decode(e.data, f"consensus version {e.version}").commit
+            for e in entries
+            if e.version <= head.version
+        ]
+        folded = st.fold(base, commits, self.location)
+        if folded.version < head.version:
+            raise CorruptData(
+                f"consensus log has a gap: rebuilt version {folded.version}, head is "
+                f"{head.version}",
+                location=self.location,
+            )
+        self._state = folded
+        self._rollup = (entry.rollup_version, entry.rollup_key)
+        return folded
+
+    def load_rollup(self, version: int, key: str | None) -> ShardState:
+        """The state stored in the rollup of ``version`` (the empty state for version 0)."""
+        if version == 0 or key is None:
+            return ShardState()
+        data = self.blob.get(key)
+        if data is None:
+            raise CorruptData(
+                f"state rollup of version {version} is missing", file=key, location=self.location
+            )
+        return st.decode_rollup(data, key)
+
+    def entries(self, from_version: int = 1) -> list[tuple[int, Entry]]:
+        """The decoded log entries at or after ``from_version``, oldest first."""
+        return [
+            (e.version, Entry.decode(e.data, f"consensus version {e.version}"))
+            for e in self.consensus.scan(from_version)
+        ]
+
+    def find_commit(self, commit_id: str, after: int) -> ShardState | None:
+        """The newest state if ``commit_id`` landed at a version > ``after``, else None."""
+        for _, entry in self.entries(after + 1):
+            if entry.commit.id == commit_id:
+                return self.state()
+        return None
+
+    # --- writing ------------------------------------------------------------------------
+
+    def commit(self, commit: Commit, *, max_attempts: int = MAX_ATTEMPTS) -> ShardState:
+        """Apply ``commit`` with compare-and-set, re-applying it after each lost race; the
+        state it produced. Precondition failures propagate (determinate).
+
+        After an ambiguous attempt, every later attempt first looks for the commit in the log:
+        a precondition that fails *because the commit itself landed* must never be reported
+        as a refusal (the caller would delete parts the shard now references).
+        """
+        ambiguous_after: int | None = None  # the head before the first ambiguous attempt
+        unknown: BaseException | None = None
+        failures = 0
+        for _ in range(max_attempts):
+            try:
+                current = self.state()
+                if ambiguous_after is not None:
+                    landed = self.find_commit(commit.id, ambiguous_after)
+                    if landed is not None:
+                        return landed
+            except OSError as e:
+                if ambiguous_after is None:
+                    raise  # nothing was tried yet: determinate, nothing landed
+                unknown = e
+                failures += 1
+                if failures >= MAX_STORAGE_FAILURES:
+                    break
+                time.sleep(min(1.0, 0.01 * 2**failures))
+                continue
+            now = layout.now_ms()
+            stamped = replace(commit, at_ms=now)
+            new = st.apply(current, stamped, self.location)
+            rollup = self._rollup
+            if new.version % ROLLUP_EVERY == 0:
+                key = rollup_key(new.version)
+                self.blob.put(key, st.encode_rollup(new))
+                rollup = (new.version, key)
+            entry = Entry(stamped, rollup[0], rollup[1], at_ms=now)
+            try:
+                ok = self.consensus.compare_and_set(current.version or None, entry.encode())
+            except (Indeterminate, OSError) as e:
+                if ambiguous_after is None:
+                    ambiguous_after = current.version
+                unknown = e
+                continue
+            if ok:
+                self._state, self._rollup = new, rollup
+                return new
+        if ambiguous_after is not None:
+            raise Indeterminate(
+                f"commit {commit.id}: the storage failed ({type(unknown).__name__}: {unknown}) "
+                "and whether the commit landed could not be read back; re-read the shard "
+                "before retrying",
+                location=self.location,
+            ) from unknown
+        raise StateConflict(
+            f"commit {commit.id} lost {max_attempts} races in a row to other writers; "
+            "nothing landed",
+            location=self.location,
+        )
+
+    def delete_parts(self, keys: Iterable[str]) -> None:
+        """Delete parts that no state references (after a refused commit)."""
+        for key in keys:
+            self.blob.delete(key)

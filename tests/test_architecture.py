@@ -1,0 +1,118 @@
+"""The module map holds: no import cycles, and imports point one way (datasource -> core -> format).
+
+Read from the source with `ast` (nothing is imported), so a new cycle or a wrong-way import
+fails here before it can fail somewhere subtle. docs/design.md's module map states the same
+rules; this test keeps it true.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+
+import pytest
+
+#: Which layers a layer may import (besides itself and the leaf modules `errors` and the
+#: package root's lazy exports): datasource -> core -> format, never back.
+ALLOWED = {
+    "format": {"format", "errors"},
+    "core": {"core", "format", "errors"},
+    "datasource": {"datasource", "core", "format", "errors"},
+    "conformance": {"conformance", "core", "format", "errors"},
+}
+
+
+def _modules(root: str) -> dict[str, str]:
+    out = {}
+    for layer in ("core", "format", "datasource", "conformance"):
+        for name in sorted(os.listdir(os.path.join(root, layer))):
+            if name.endswith(".py"):
+                mod = name[:-3]
+                dotted = f"persistshard.{layer}" + ("" if mod == "__init__" else f".{mod}")
+                out[dotted] = os.path.join(root, layer, name)
+    for name in ("errors", "cli", "demo"):
+        out[f"persistshard.{name}"] = os.path.join(root, f"{name}.py")
+    return out
+
+
+def _imports(path: str, dotted: str, known: set[str]) -> set[str]:
+    """The persistshard modules ``path`` imports, anywhere in it (lazy imports count: a cycle
+    hidden inside a function is still a cycle)."""
+    tree = ast.parse(open(path).read())
+    package = dotted if path.endswith("__init__.py") else dotted.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parts, base] if base else parts)
+            names = [base] + [f"{base}.{a.name}" for a in node.names]
+        for name in names:
+            while name and name not in known:
+                name = name.rpartition(".")[0]
+            if name and name != dotted:
+                found.add(name)
+    return found
+
+
+def _layer(dotted: str) -> str:
+    return dotted.split(".")[1]
+
+
+@pytest.fixture(scope="module")
+def graph(repo_root) -> dict[str, set[str]]:
+    modules = _modules(repo_root)
+    known = set(modules)
+    return {m: _imports(p, m, known) - {m.rpartition(".")[0]} for m, p in modules.items()}
+
+
+def test_no_import_cycles(graph):
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for n in sorted(graph.get(m, ())):
+            if state.get(n) == 1:
+                cycle = [*stack[stack.index(n) :], n]
+                pytest.fail("import cycle: " + " -> ".join(cycle))
+            if n not in state:
+                visit(n)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+
+
+def test_imports_point_one_way(repo_root):
+    modules = _modules(repo_root)
+    known = set(modules)
+    wrong = []
+    for m, path in modules.items():
+        layer = _layer(m)
+        if layer not in ALLOWED:
+            continue
+        for n in _imports(path, m, known):
+            if _layer(n) not in ALLOWED[layer] and n != "persistshard":
+                wrong.append(f"{m} imports {n}")
+    assert not wrong, wrong
+
+
+def test_core_and_format_never_import_pyspark(repo_root):
+    for dotted, path in _modules(repo_root).items():
+        if _layer(dotted) not in ("core", "format"):
+            continue
+        for node in ast.walk(ast.parse(open(path).read())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            assert not [n for n in names if n.split(".")[0] == "pyspark"], dotted
