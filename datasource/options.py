@@ -44,6 +44,8 @@ READ_OPTIONS = frozenset(
         "updates_to",
         "partition_bytes",
         "max_partitions",
+        "reader_id",
+        "reader_lease_seconds",
     }
 )
 TABLE_OPTIONS = frozenset({"columns", "provider"})
@@ -153,6 +155,8 @@ class ReadOptions:
     updates_to: int | None
     partition_bytes: int
     max_partitions: int
+    reader_id: str | None = None
+    reader_lease_seconds: int | None = None
 
     @property
     def reads_updates(self) -> bool:
@@ -170,6 +174,8 @@ class ReadOptions:
             updates_to=_int(options, "updates_to"),
             partition_bytes=_int(options, "partition_bytes") or (24 << 20),
             max_partitions=_int(options, "max_partitions") or 64,
+            reader_id=options.get("reader_id") or None,
+            reader_lease_seconds=_int(options, "reader_lease_seconds"),
         )
         if parsed.reads_updates and parsed.as_of is not None:
             raise InvalidUpdates("as_of cannot be combined with updates_from / updates_to")

@@ -6,13 +6,19 @@ updates at that time (one row per distinct row, its net diff); each later micro-
 consolidated updates in ``[start, end)``. Because times below the upper are final, a
 micro-batch replayed after a restart emits exactly the same rows.
 
-Relies on: the shard's since not passing a stream's offset while the stream is stopped (there
-are no read holds yet); a stream that finds its offset compacted away fails with
-`SinceViolation` rather than emit inexact changes.
+Holds: the stream holds the shard's since (`persistshard.core.holds`) at ``offset - 1`` of the
+last offset Spark committed (the last time it has fully emitted), so the updates it reads next
+stay exact. The hold is named by the option ``reader_id`` (default: one fresh id per query
+run) and leased for ``reader_lease_seconds`` (default 900), renewed while the query asks for
+new offsets. A query restarted with the same ``reader_id`` while its hold is still live takes
+the hold over and reads its changes exactly; one whose hold ran out may find its offset
+compacted away, and then fails with `SinceViolation` rather than emit inexact changes. A
+``reader_id`` must not be shared by two running queries.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,8 +26,10 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader
 from pyspark.sql.types import StructType
 
+from persistshard.core.holds import DEFAULT_LEASE_SECONDS, ReaderHold
+from persistshard.core.layout import new_id
 from persistshard.core.rows import DIFF, TIME
-from persistshard.core.shard import check_as_of, check_updates_range, open_shard
+from persistshard.core.shard import Shard, check_as_of, check_updates_range, open_shard
 from persistshard.datasource.options import ReadOptions
 from persistshard.datasource.reader import (
     BATCH_ROWS,
@@ -32,7 +40,7 @@ from persistshard.datasource.reader import (
     with_snapshot_time,
 )
 from persistshard.datasource.types import arrow_schema_of, conform
-from persistshard.errors import InvalidUpdates
+from persistshard.errors import HoldExpired, InvalidUpdates
 
 INITIAL = -1
 
@@ -52,15 +60,44 @@ class PersistShardStreamReader(DataSourceStreamReader):
                 "source that a read is a stream: add .option('changes', True) (the snapshot, "
                 "then every later update) or .option('updates_from', T) (every update from T)"
             )
+        self.reader_id = self.opts.reader_id or f"stream-{new_id()}"
+        self.lease_seconds = float(self.opts.reader_lease_seconds or DEFAULT_LEASE_SECONDS)
+        self._hold: ReaderHold | None = None
+        self._renewed = 0.0
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Executors only read partitions: the hold stays with the driver-side reader.
+        return {**self.__dict__, "_hold": None}
+
+    def _holding(self, shard: Shard) -> ReaderHold:
+        """This stream's live hold: taken over (a restart with the same reader id) or
+        registered, and renewed once a third of its lease has passed."""
+        now = time.monotonic()
+        if self._hold is not None and now - self._renewed < self.lease_seconds / 3:
+            return self._hold
+        try:
+            if self._hold is None:
+                self._hold = ReaderHold.attach(shard.machine, self.reader_id)
+            else:
+                self._hold.heartbeat()
+        except HoldExpired:
+            self._hold = ReaderHold.register(shard.machine, self.reader_id, self.lease_seconds)
+        self._renewed = now
+        return self._hold
 
     def initialOffset(self) -> dict[str, int]:
         start = self.opts.updates_from
+        hold = self._holding(open_shard(self.opts.location))
+        if start is not None and start - 1 > hold.since:
+            hold.downgrade_since(start - 1)
         return {"upper": INITIAL if start is None else start}
 
     def latestOffset(
         self, start: dict[str, Any] | None = None, limit: Any = None
     ) -> dict[str, int]:
-        return {"upper": open_shard(self.opts.location).upper}
+        shard = open_shard(self.opts.location)
+        self._holding(shard)
+        return {"upper": shard.upper}
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[ShardPartition]:
         lo, hi = int(start["upper"]), int(end["upper"])
@@ -86,4 +123,15 @@ class PersistShardStreamReader(DataSourceStreamReader):
         yield from table.to_batches(max_chunksize=BATCH_ROWS)
 
     def commit(self, end: dict[str, Any]) -> None:
-        """Nothing to release: the stream holds no resources between micro-batches."""
+        """Spark has everything below ``end``: hold since at ``end - 1`` from now on."""
+        upper = int(end["upper"])
+        hold = self._holding(open_shard(self.opts.location))
+        if upper - 1 > hold.since:
+            hold.downgrade_since(upper - 1)
+
+    def stop(self) -> None:
+        """The query stopped: keep the hold (a restart with the same ``reader_id`` resumes
+        from it); without a ``reader_id`` nobody can resume it, so release it."""
+        if self._hold is not None and self.opts.reader_id is None:
+            self._hold.expire()
+        self._hold = None
