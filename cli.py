@@ -5,6 +5,7 @@
     persistshard verify LOCATION         every checksum and invariant (exit 1 if any fails)
     persistshard compact LOCATION        physical and logical compaction, in this process
     persistshard gc LOCATION [--apply]   what garbage collection would delete (deletes with --apply)
+    persistshard holds LOCATION [--expire READER]   reader holds on since (drops one by hand)
     persistshard conformance LOCATION    run the storage and semantics conformance suite there
 
 Every command takes ``--json`` for machine-readable output. Errors print their message (which
@@ -21,6 +22,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from persistshard.core import layout
 from persistshard.core.layout import DEFAULT_RETENTION_SECONDS
 from persistshard.core.shard import Shard, open_shard
 from persistshard.errors import PersistShardError
@@ -72,6 +74,31 @@ def cmd_inspect(shard: Shard, args: argparse.Namespace) -> int:
     )
     for writer, batch in info["writers"].items():
         print(f"writer    {writer}: last committed batch {batch}")
+    _print_holds(info["holds"])
+    return 0
+
+
+def _print_holds(holds: dict[str, dict[str, Any]]) -> None:
+    now = layout.now_ms()
+    for reader, h in holds.items():
+        left = (h["expires_ms"] - now) / 1000
+        lease = f"lease {left:.0f} s left" if h["live"] else "lease ran out (no longer holds)"
+        print(f"hold      {reader}: since {h['since']}, {lease}")
+
+
+def cmd_holds(shard: Shard, args: argparse.Namespace) -> int:
+    if args.expire:
+        if args.expire not in shard.state().holds:
+            print(f"no hold named {args.expire!r} at {shard.location}", file=sys.stderr)
+            return 1
+        shard.expire_reader(args.expire)
+    holds = shard.describe()["holds"]
+    if args.json:
+        print(json.dumps(holds, indent=2))
+        return 0
+    if not holds:
+        print("no reader holds")
+    _print_holds(holds)
     return 0
 
 
@@ -162,6 +189,7 @@ COMMANDS = {
     "verify": cmd_verify,
     "compact": cmd_compact,
     "gc": cmd_gc,
+    "holds": cmd_holds,
 }
 
 
@@ -172,6 +200,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         p = sub.add_parser(name)
         p.add_argument("location", help="the shard: a local path or any fsspec URL")
         p.add_argument("--json", action="store_true", help="machine-readable output")
+        if name == "holds":
+            p.add_argument("--expire", metavar="READER", help="drop this reader's hold")
         if name == "gc":
             p.add_argument("--apply", action="store_true", help="delete (default: dry run)")
             p.add_argument(

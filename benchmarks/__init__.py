@@ -69,6 +69,14 @@ REGISTRY: tuple[Benchmark, ...] = (
         sizes={"quick": {"size_factor": 0.05}, "full": {"size_factor": 1.0}},
         headings=("compaction",),
     ),
+    Benchmark(
+        name="holds",
+        module="benchmarks.holds_bench",
+        summary="commit cost with 100 live reader holds vs none",
+        sizes={"quick": {"holds": 100, "history": 32}, "full": {"holds": 100, "history": 256}},
+        headings=("reader holds",),
+        rounds={"quick": 30, "full": 60},
+    ),
 )
 
 BY_NAME = {b.name: b for b in REGISTRY}

@@ -377,6 +377,10 @@ class Shard:
         """The handle of ``reader_id``'s live hold (renews it); `HoldExpired` if it has none."""
         return ReaderHold.attach(self.machine, reader_id)
 
+    def expire_reader(self, reader_id: str) -> None:
+        """Drop ``reader_id``'s hold by hand (an operator's tool; idempotent)."""
+        self.machine.commit(Commit("expire_reader", new_id(), {"reader_id": reader_id}))
+
     def readers(self) -> dict[str, tuple[int, int]]:
         """``{reader_id: (since, lease expiry in ms since the epoch)}`` of the live holds."""
         holds = self.machine.state().live_holds(layout.now_ms())

@@ -116,3 +116,17 @@ def test_core_and_format_never_import_pyspark(repo_root):
             elif isinstance(node, ast.ImportFrom) and not node.level:
                 names = [node.module or ""]
             assert not [n for n in names if n.split(".")[0] == "pyspark"], dotted
+
+
+def test_the_module_map_in_the_design_doc_names_every_module(repo_root):
+    design = open(os.path.join(repo_root, "docs", "design.md")).read()
+    section = design.split("## Module map", 1)[1].split("\n## ", 1)[0]
+    missing = [
+        dotted
+        for dotted in _modules(repo_root)
+        if _layer(dotted) in ALLOWED
+        and not dotted.endswith("__init__")
+        and f"`{dotted.rsplit('.', 1)[1]}`" not in section
+        and dotted.count(".") == 2
+    ]
+    assert not missing, f"docs/design.md's module map does not name {missing}"

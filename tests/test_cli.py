@@ -63,3 +63,19 @@ def test_errors_exit_2_with_the_class_name(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(ps.Shard, "describe", boom)
     assert main(["inspect", location]) == 2
     assert capsys.readouterr().err.startswith("CorruptData: bad footer")
+
+
+def test_holds_listed_and_expired_by_hand(tmp_path, capsys):
+    location = str(tmp_path / "s")
+    shard = ps.open_shard(location)
+    shard.append(pa.table({"id": [1], "_time": [0], "_diff": [1]}))
+    shard.register_reader("dash", lease_seconds=600)
+    assert main(["inspect", location]) == 0
+    assert "hold      dash: since 0, lease" in capsys.readouterr().out
+    assert main(["holds", location, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["dash"]["since"] == 0
+    assert main(["holds", location, "--expire", "nobody"]) == 1
+    assert "no hold named 'nobody'" in capsys.readouterr().err
+    assert main(["holds", location, "--expire", "dash"]) == 0
+    assert "no reader holds" in capsys.readouterr().out
+    assert shard.readers() == {}

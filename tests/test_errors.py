@@ -1,0 +1,153 @@
+"""The error contract: every class in `persistshard.errors` is raised where documented, its
+message starts with its class name, and it is determinate (the shard is unchanged) unless it is
+`Indeterminate`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import fsspec
+import pyarrow as pa
+import pytest
+from conformance_helpers import updates
+from fsspec.implementations.memory import MemoryFileSystem
+
+import persistshard as ps
+from persistshard import errors
+from persistshard.conformance.faults import FaultyBlob
+from persistshard.core.blob import Blob
+from persistshard.core.layout import new_id
+from persistshard.core.state import Commit
+
+
+class NoAtomicCreate(MemoryFileSystem):
+    """An fsspec filesystem whose exclusive create is not atomic (like fsspec's generic one)."""
+
+    protocol = "psnoatomic"
+
+
+fsspec.register_implementation("psnoatomic", NoAtomicCreate, clobber=True)
+
+
+def _shard(tmp_path) -> ps.Shard:
+    shard = ps.open_shard(str(tmp_path / "s"))
+    shard.append(updates([(1, "a", 0, 1), (2, "b", 0, 1)]))
+    shard.append(updates([(1, "a", 1, -1)]))
+    return shard
+
+
+def upper_mismatch(shard: ps.Shard, tmp_path) -> None:
+    shard.compare_and_append(updates([(3, "c", 9, 1)]), 7, 10)
+
+
+def since_violation(shard: ps.Shard, tmp_path) -> None:
+    shard.advance_since(1)
+    shard.snapshot(0)
+
+
+def not_sealed(shard: ps.Shard, tmp_path) -> None:
+    shard.snapshot(5)
+
+
+def invalid_updates(shard: ps.Shard, tmp_path) -> None:
+    bad = pa.table({"id": [3], "item": ["c"], "_time": pa.array([None], pa.int64()), "_diff": [1]})
+    shard.append(bad)
+
+
+def corrupt_data(shard: ps.Shard, tmp_path) -> None:
+    key = shard.state().trace[0].parts[0].key
+    data = bytearray(shard.blob.get(key) or b"")
+    data[len(data) // 3] ^= 0xFF
+    shard.blob.put(key, bytes(data))
+    ps.open_shard(shard.location).snapshot()
+
+
+def storage_unsupported(shard: ps.Shard, tmp_path) -> None:
+    ps.open_shard(f"psnoatomic://{new_id()}").append(updates([(1, "a", 0, 1)]))
+
+
+def indeterminate(shard: ps.Shard, tmp_path) -> None:
+    """Every storage call after the first attempt fails: whether the commit landed is unknown."""
+    blob = FaultyBlob(Blob(shard.location), fail_before=0.0, fail_after=0.0, seed=1)
+    faulty = ps.Shard(shard.location, blob=blob)
+    faulty.state()
+    real_put_if_absent = blob.put_if_absent
+
+    def fail_after_create(key: str, data: bytes) -> bool:
+        real_put_if_absent(key, data)
+        blob.fail_before = 1.0  # and from now on nothing can be read back
+        raise TimeoutError("injected: created, but the reply was lost")
+
+    blob.put_if_absent = fail_after_create  # type: ignore[method-assign]
+    faulty.advance_since(1)
+
+
+def state_conflict(shard: ps.Shard, tmp_path) -> None:
+    args = {"inputs": ["no-such-batch"], "output": {}}
+    shard.machine.commit(Commit("compact", new_id(), args))
+
+
+def hold_expired(shard: ps.Shard, tmp_path) -> None:
+    hold = shard.register_reader("r")
+    hold.expire()
+    hold.heartbeat()
+
+
+def writer_already_committed(shard: ps.Shard, tmp_path) -> None:
+    seal = {"id": "w", "lower": 2, "upper": 3, "parts": []}
+    args = {"expected_upper": 2, "new_upper": 3, "batch": seal, "writer": ["w", 0]}
+    shard.machine.commit(Commit("append", new_id(), args))
+    args = {**args, "expected_upper": 3, "new_upper": 4, "batch": {**seal, "id": "w2"}}
+    shard.machine.commit(Commit("append", new_id(), args))
+
+
+def negative_diff(shard: ps.Shard, tmp_path, spark=None) -> None:
+    shard.append(updates([(2, "b", 2, -1), (2, "b", 2, -1)]))
+    spark.read.format("persistshard").load(shard.location).collect()
+
+
+TRIGGERS: dict[str, Callable[..., None]] = {
+    "UpperMismatch": upper_mismatch,
+    "SinceViolation": since_violation,
+    "NotSealed": not_sealed,
+    "InvalidUpdates": invalid_updates,
+    "CorruptData": corrupt_data,
+    "StorageUnsupported": storage_unsupported,
+    "Indeterminate": indeterminate,
+    "StateConflict": state_conflict,
+    "HoldExpired": hold_expired,
+    "WriterAlreadyCommitted": writer_already_committed,
+    "NegativeDiff": negative_diff,
+}
+#: What changes the shard by design before the error (so "unchanged" is judged after it).
+CHANGES_FIRST = {"SinceViolation", "HoldExpired", "WriterAlreadyCommitted", "NegativeDiff"}
+
+
+def test_every_error_class_has_a_trigger():
+    classes = {n for n in errors.__all__ if n != "PersistShardError"}
+    assert classes == set(TRIGGERS)
+    for name in errors.__all__:
+        assert issubclass(getattr(errors, name), errors.PersistShardError), name
+        assert getattr(ps, name, getattr(errors, name)) is getattr(errors, name)
+
+
+@pytest.mark.parametrize("name", sorted(TRIGGERS))
+def test_raised_where_documented(name, tmp_path, request):
+    shard = _shard(tmp_path)
+    kwargs = {}
+    if name == "NegativeDiff":
+        kwargs["spark"] = request.getfixturevalue("spark")
+    before = shard.state()
+    with pytest.raises(Exception) as info:
+        TRIGGERS[name](shard, tmp_path, **kwargs)
+    err = info.value
+    if name == "NegativeDiff":  # Spark carries the Python error as text
+        assert "NegativeDiff: " in str(err)
+        return
+    assert type(err).__name__ == name, repr(err)
+    assert str(err).startswith(f"{name}: "), str(err)
+    after = ps.open_shard(shard.location).state()
+    if name == "Indeterminate":
+        assert after.version == before.version + 1  # it did land: only the answer was lost
+    elif name not in CHANGES_FIRST and name != "CorruptData":
+        assert after == before, f"{name} changed the shard"
