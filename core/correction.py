@@ -80,6 +80,7 @@ import weakref
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from types import TracebackType
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -295,7 +296,7 @@ class Correction:
         self._proportionality = chain_proportionality
         self._spill_parent = spill_dir
         self._spill_path: str | None = None
-        self._spill_cleanup: weakref.finalize | None = None
+        self._spill_cleanup: weakref.finalize[Any, Any] | None = None
         self._spill_names = itertools.count()
         self._since = 0
         self._boundary = 0
@@ -410,7 +411,7 @@ class Correction:
         return self._merged_batches(runs)
 
     def __len__(self) -> int:
-        staged = sum(t.num_rows for t in self._stage)
+        staged: int = sum(t.num_rows for t in self._stage)
         return staged + sum(len(c) for c in self._all_chains())
 
     @property

@@ -47,7 +47,7 @@ def row_columns(schema: pa.Schema) -> list[str]:
 
 
 def _is_primitive_sortable(t: pa.DataType) -> bool:
-    return (
+    return bool(
         pa.types.is_integer(t)
         or pa.types.is_boolean(t)
         or pa.types.is_string(t)

@@ -255,7 +255,8 @@ def type_from_json(obj: Any) -> pa.DataType:
         bits = _get(obj, "bits", int)
         if bits not in _DECIMALS:
             raise ValueError(f"bad decimal width {bits}")
-        return _DECIMALS[bits](_get(obj, "precision", int), _get(obj, "scale", int))  # type: ignore[no-any-return]
+        decimal: pa.DataType = _DECIMALS[bits](_get(obj, "precision", int), _get(obj, "scale", int))
+        return decimal
     if name == "timestamp":
         tz = obj.get("tz")
         if tz is not None and not isinstance(tz, str):
