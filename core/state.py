@@ -22,7 +22,7 @@ Invariants of a `ShardState` (checked by `ShardState.check`):
   carries a time removes the holds that had run out by then.
 - Batches and parts are immutable: a batch is replaced, never changed.
 
-Commit kinds, all in `apply` (their preconditions are named `Precondition`s):
+Commit kinds, all in `apply` (their preconditions are classes named ``Assert...``):
 - `append`: expected upper == upper; adds a trace batch ``[expected, new)`` and optionally an
   unsealed batch; may set the schema (first write) and record a streaming writer's progress.
 - `advance_since`: since <= new since <= upper; stops at the smallest live hold.

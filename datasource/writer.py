@@ -45,7 +45,7 @@ from persistshard.core.validate import (
     update_schema,
     user_schema,
 )
-from persistshard.datasource.options import LOCATION_KEY, WriteOptions
+from persistshard.datasource.options import WriteOptions
 from persistshard.datasource.types import arrow_schema_of
 from persistshard.errors import InvalidUpdates, UpperMismatch
 
@@ -368,8 +368,3 @@ class PersistShardStreamWriter(DataSourceStreamArrowWriter):
 
 def _safe_id(text: str) -> str:
     return "".join(c if c.isalnum() or c in "-_" else "_" for c in text)
-
-
-def location_metadata(location: str) -> dict[str, str]:
-    """Field metadata that carries a SQL table's location (see `options`)."""
-    return {LOCATION_KEY: location}
