@@ -89,8 +89,14 @@ class PersistShardDataSource(DataSource):
         return base
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        from persistshard.datasource.reader import PersistShardReader
+        from persistshard.datasource.reader import (
+            PersistShardPushdownReader,
+            PersistShardReader,
+            planning_with_pushdown,
+        )
 
+        if planning_with_pushdown():  # only then may the reader have pushFilters (reader.py)
+            return PersistShardPushdownReader(dict(self.options), schema)
         return PersistShardReader(dict(self.options), schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
