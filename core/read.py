@@ -411,3 +411,37 @@ def with_snapshot_time(table: pa.Table, q: Query) -> pa.Table:
         return table
     times = pa.array(np.full(table.num_rows, q.as_of, dtype=np.int64))
     return table.append_column(pa.field(TIME, pa.int64(), nullable=False), times)
+
+
+# --- statistics for people -----------------------------------------------------------------
+
+
+def column_statistics(blob: Blob, state: ShardState) -> dict[str, dict[str, Any]]:
+    """Per column of ``state``'s parts (trace and unsealed): ``min`` and ``max`` over the
+    chunks that keep bounds, ``null_count``, ``chunks`` and ``chunks_with_bounds`` (for
+    `persistshard inspect`). Reads one footer per part. Version 1 parts contribute only the
+    sort column; a column whose bounds no chunk keeps has min and max None."""
+    if state.schema is None:
+        return {}
+    refs = [p for b in (*state.trace, *state.unsealed) for p in b.parts if p.num_rows]
+    from persistshard.core.filters import chunk_stats
+
+    out: dict[str, dict[str, Any]] = {
+        name: {"min": None, "max": None, "null_count": 0, "chunks": 0, "chunks_with_bounds": 0}
+        for name in update_schema(state.schema).names
+    }
+    for reader in _open_all(blob, refs) if refs else []:
+        for index in range(len(reader.chunks)):
+            for name, entry in out.items():
+                entry["chunks"] += 1
+                st = chunk_stats(reader, index, name)
+                if st is None:
+                    continue
+                lo, hi, nulls = st
+                entry["null_count"] += nulls
+                if lo is None:
+                    continue
+                entry["chunks_with_bounds"] += 1
+                entry["min"] = lo if entry["min"] is None else min(entry["min"], lo)
+                entry["max"] = hi if entry["max"] is None else max(entry["max"], hi)
+    return out

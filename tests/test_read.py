@@ -321,3 +321,29 @@ def test_filtered_reads_equal_filtering_the_answer(
             expected = filter_table(whole, pred)
             key = [(c, "ascending") for c in got.column_names]
             assert got.sort_by(key).equals(expected.sort_by(key)), (str(pred), q)
+
+
+def test_inspect_shows_per_column_statistics(tmp_path: Any, capsys: Any) -> None:
+    import json
+
+    from persistshard.cli import main
+
+    location = str(tmp_path / "s")
+    shard = ps.open_shard(location)
+    shard.append(orders(0, 50, 0), new_upper=1)
+    shard.append(orders(50, 120, 1), new_upper=2)
+    assert main(["inspect", location, "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)["column_statistics"]
+    assert stats["id"] == {
+        "min": 0,
+        "max": 119,
+        "null_count": 0,
+        "chunks": 2,
+        "chunks_with_bounds": 2,
+    }
+    assert (stats["day"]["min"], stats["day"]["max"]) == ("2024-01-01", "2024-01-12")
+    assert stats["note"]["null_count"] == len([i for i in range(120) if i % 7 == 0])
+    assert (stats["_time"]["min"], stats["_time"]["max"]) == (0, 1)
+    assert main(["inspect", location]) == 0
+    text = capsys.readouterr().out
+    assert "  id: 0 .. 119, 0 nulls, bounds in 2/2 chunks" in text
