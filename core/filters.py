@@ -148,6 +148,16 @@ def conjunction(preds: Sequence[Pred]) -> Pred | None:
     return Pred("and", children=tuple(preds))
 
 
+def disjunction(preds: Sequence[Pred | None]) -> Pred | None:
+    """The OR of ``preds``; None (no filter: every row) when empty or when one is None."""
+    if not preds or any(p is None for p in preds):
+        return None
+    kept = list(dict.fromkeys(p for p in preds if p is not None))
+    if len(kept) == 1:
+        return kept[0]
+    return Pred("or", children=tuple(kept))
+
+
 # --- evaluation ----------------------------------------------------------------------------
 
 _NULL = pa.scalar(None, pa.bool_())

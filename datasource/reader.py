@@ -14,16 +14,19 @@ is true, and when it is false it refuses every read whose reader class overrides
 returns only while Spark's pushdown planning worker is the caller (`planning_with_pushdown`).
 If that detection ever fails, reads fall back to the plain reader: slower, never wrong.
 
-``pushFilters`` accepts exactly the filters `persistshard.core.filters.bind` can evaluate as
-Spark would (null semantics included) on top-level columns: row columns are filtered before
-consolidation and drive chunk skipping; ``_time`` and ``_diff`` of change and ``with_diff``
-reads are filtered on the final rows. Every other filter is returned to Spark.
+``pushFilters`` takes the filters `persistshard.core.filters.bind` can evaluate as Spark would
+(null semantics included) on top-level columns: row columns are filtered before consolidation
+and drive chunk skipping; ``_time`` and ``_diff`` of change and ``with_diff`` reads are
+filtered on the final rows. It returns every filter to Spark, which re-checks them: Spark 4.3
+may run one scan with another scan's reader (`PersistShardPushdownReader`).
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import sys
+import tempfile
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -49,7 +52,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from persistshard.core.blob import Blob
-from persistshard.core.filters import Pred, bind, conjunction, filter_table
+from persistshard.core.filters import Pred, bind, conjunction, disjunction, filter_table
 from persistshard.core.read import (
     Query,
     ReadTask,
@@ -221,18 +224,30 @@ class PersistShardReader(DataSourceReader):
 
 
 class PersistShardPushdownReader(PersistShardReader):
-    """`PersistShardReader` with ``pushFilters`` (only built while Spark plans pushdown)."""
+    """`PersistShardReader` with ``pushFilters`` (only built while Spark plans pushdown).
+
+    Spark 4.3 keeps the pushdown's reader on the relation, not on the scan: when one relation
+    is scanned twice in a query with different filters (a table and an uncorrelated scalar
+    subquery over it, TPC-H q22), every scan may run the *last* pushdown's reader. So
+    ``pushFilters`` returns every filter to Spark (Spark re-checks them all), and the reader
+    filters with the OR of what every scan of this relation pushed so far (`_pushed_so_far`):
+    a superset of what any of those scans needs. Exactness of each filter still matters: the
+    reader must never drop a row its scan keeps.
+    """
+
+    def __init__(self, options: dict[str, str], schema: StructType, instance_id: str) -> None:
+        super().__init__(options, schema)
+        self.instance_id = instance_id
 
     def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
         state = open_shard(self.opts.location).state()
-        if state.schema is None:
+        if state.schema is None or not self.instance_id:
             return filters  # partitions() reports the missing shard
         stored = state.schema
         output = set(self.schema.fieldNames())
         system = pa.schema([pa.field(name, pa.int64(), nullable=False) for name in SYSTEM_COLUMNS])
         rows: list[Pred] = []
         results: list[Pred] = []
-        rejected: list[Filter] = []
         for f in filters:
             pred = translate_filter(f, stored)
             if pred is not None and pred.columns() <= set(stored.names):
@@ -241,8 +256,41 @@ class PersistShardPushdownReader(PersistShardReader):
             pred = translate_filter(f, system)
             if pred is not None and pred.columns() <= output:
                 results.append(pred)
-                continue
-            rejected.append(f)
-        self.row_filter = conjunction(rows)
-        self.result_filter = conjunction(results)
-        return rejected
+        entries = _pushed_so_far(self.instance_id, (conjunction(rows), conjunction(results)))
+        self.row_filter = disjunction([row for row, _ in entries])
+        if all(result is None for _, result in entries):
+            self.result_filter = None
+        else:
+            self.result_filter = disjunction(
+                [conjunction([p for p in entry if p is not None]) for entry in entries]
+            )
+        return filters  # all of them: Spark re-checks (see the class docstring)
+
+
+#: Filters pushed per relation, kept where Spark plans (its Python planner workers run on the
+#: driver's host); a relation with more than `_MAX_PUSHES` pushes stops filtering.
+_PUSHED_DIR = os.path.join(tempfile.gettempdir(), "persistshard-pushdown")
+_MAX_PUSHES = 16
+_Entry = tuple[Pred | None, Pred | None]
+
+
+def _pushed_so_far(instance_id: str, entry: _Entry) -> list[_Entry]:
+    """Every (row filter, result filter) pushed for the relation ``instance_id``, this one
+    included. Spark plans one query at a time per session, so pushes of one relation do not
+    race; the file is replaced atomically all the same."""
+    os.makedirs(_PUSHED_DIR, exist_ok=True)
+    path = os.path.join(_PUSHED_DIR, f"{instance_id}.pickle")
+    entries: list[_Entry] = []
+    try:
+        with open(path, "rb") as f:
+            entries = pickle.load(f)
+    except FileNotFoundError:
+        pass
+    entries.append(entry)
+    if len(entries) > _MAX_PUSHES:
+        entries = [(None, None)]
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "wb") as f:
+        pickle.dump(entries, f)
+    os.replace(tmp, path)
+    return entries
