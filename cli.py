@@ -54,6 +54,13 @@ def _size(n: int) -> str:
 
 def cmd_inspect(shard: Shard, args: argparse.Namespace) -> int:
     info = shard.describe()
+    from persistshard.core.read import column_statistics
+
+    stats = column_statistics(shard.blob, shard.state())
+    info["column_statistics"] = {
+        name: {k: v if isinstance(v, (int, type(None))) else str(v) for k, v in s.items()}
+        for name, s in stats.items()
+    }
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
@@ -74,6 +81,14 @@ def cmd_inspect(shard: Shard, args: argparse.Namespace) -> int:
     )
     for writer, batch in info["writers"].items():
         print(f"writer    {writer}: last committed batch {batch}")
+    if info["column_statistics"]:
+        print("columns   (statistics over every chunk; bounds from chunks that keep them)")
+    for name, c in info["column_statistics"].items():
+        bounds = f"{c['min']} .. {c['max']}" if c["min"] is not None else "no bounds"
+        print(
+            f"  {name}: {bounds}, {c['null_count']} nulls, bounds in "
+            f"{c['chunks_with_bounds']}/{c['chunks']} chunks"
+        )
     _print_holds(info["holds"])
     return 0
 

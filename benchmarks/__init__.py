@@ -11,6 +11,14 @@ from benchmarks.harness import Benchmark
 
 REGISTRY: tuple[Benchmark, ...] = (
     Benchmark(
+        name="tpch",
+        module="benchmarks.tpch_bench",
+        summary="TPC-H: the 22 queries on persistshard tables vs Spark parquet (tpchgen-cli data)",
+        sizes={"quick": {"sf": 0.1}, "full": {"sf": 1.0}},
+        headings=("tpc-h",),
+        uses_spark=True,
+    ),
+    Benchmark(
         name="spark",
         module="benchmarks.spark_bench",
         summary="Spark append and snapshot read + sum vs native parquet and a pass-through "

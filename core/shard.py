@@ -40,7 +40,15 @@ from persistshard.core.layout import DEFAULT_RETENTION_SECONDS, new_id
 from persistshard.core.listen import Listen
 from persistshard.core.machine import DETERMINATE_REFUSALS, StateMachine
 from persistshard.core.parts import read_parts, write_parts
-from persistshard.core.rows import DIFF, TIME, advance_times, consolidate, snapshot_of
+from persistshard.core.read import (
+    check_as_of,
+    check_updates_range,
+    read_query,
+    read_times,
+    snapshot_query,
+    updates_query,
+)
+from persistshard.core.rows import DIFF, TIME, consolidate, snapshot_of
 from persistshard.core.state import (
     Batch,
     Commit,
@@ -51,9 +59,7 @@ from persistshard.core.validate import normalize_updates, update_schema, user_sc
 from persistshard.errors import (
     CorruptData,
     InvalidUpdates,
-    NotSealed,
     PersistShardError,
-    SinceViolation,
     UpperMismatch,
     WriterAlreadyCommitted,
 )
@@ -69,38 +75,6 @@ def _as_location(location: str) -> str:
     if "://" in location:
         return location
     return "file://" + os.path.abspath(os.path.expanduser(location))
-
-
-def check_as_of(state: ShardState, as_of: int, location: str | None) -> None:
-    """A snapshot at ``as_of`` is exact only in ``[since, upper)``; else the API's error."""
-    if as_of < state.since:
-        raise SinceViolation(as_of, state.since, location=location)
-    if as_of >= state.upper:
-        raise NotSealed(as_of, state.upper, location=location)
-
-
-def check_updates_range(state: ShardState, lo: int, hi: int, location: str | None) -> None:
-    """The updates in ``[lo, hi)`` are exact only when sealed (``hi <= upper``) and when ``lo``
-    is 0 or after since (else updates from before ``lo`` may have been forwarded into the
-    range); else the API's error."""
-    if lo > hi:
-        raise InvalidUpdates(f"updates_from {lo} is after updates_to {hi}", location=location)
-    if hi > state.upper:
-        raise NotSealed(
-            hi - 1,
-            state.upper,
-            location=location,
-            message=f"updates up to {hi} are not sealed: the shard's upper is "
-            f"{state.upper}; read to {state.upper} at most, or seal first",
-        )
-    if 0 < lo <= state.since:
-        raise SinceViolation(
-            lo,
-            state.since,
-            location=location,
-            message=f"updates from {lo} are not exact: history up to the since "
-            f"{state.since} has been compacted; read from 0 or from {state.since + 1}",
-        )
 
 
 @dataclass
@@ -406,20 +380,8 @@ class Shard:
         self, state: ShardState, *, min_time: int | None, max_time: int | None
     ) -> pa.Table:
         """Every stored update of ``state`` with time in ``[min_time, max_time]`` (inclusive
-        bounds, optional), unconsolidated, times not forwarded."""
-        assert state.schema is not None
-        refs: list[PartRef] = []
-        for b in state.trace:
-            if (max_time is None or b.lower <= max_time) and (
-                min_time is None or b.upper > min_time
-            ):
-                refs.extend(b.parts)
-        for b in state.unsealed:
-            refs.extend(b.parts)
-        hi = state.upper - 1 if max_time is None else min(max_time, state.upper - 1)
-        return read_parts(
-            self.blob, refs, update_schema(state.schema), min_time=min_time, max_time=hi
-        )
+        bounds, optional), unconsolidated, times not forwarded (`core.read.read_times`)."""
+        return read_times(self.blob, state, min_time=min_time, max_time=max_time)
 
     def snapshot(self, as_of: int | None = None) -> pa.Table:
         """Rows + ``_diff`` at ``as_of`` (default upper - 1): one row per distinct row, diffs
@@ -433,9 +395,7 @@ class Shard:
             if state.upper == 0:
                 return _snapshot_schema(state.schema).empty_table()
             as_of = state.upper - 1
-        check_as_of(state, as_of, self.location)
-        updates = self.read_range(state, min_time=None, max_time=as_of)
-        return snapshot_of(updates)
+        return read_query(self.blob, state, snapshot_query(state, as_of, self.location))
 
     def updates(self, from_time: int, to_time: int) -> pa.Table:
         """Rows + ``_time`` + ``_diff`` for every update whose time, forwarded to since, is in
@@ -452,14 +412,8 @@ class Shard:
             ).empty_table()
         if from_time == to_time:
             return update_schema(state.schema).empty_table()
-        # A stored time is at most its forwarded time, so this reads a superset.
-        lo = from_time if from_time > state.since else None
-        table = advance_times(
-            self.read_range(state, min_time=lo, max_time=to_time - 1), state.since
-        )
-        times = table.column(TIME)
-        table = table.filter(pc.and_(pc.greater_equal(times, from_time), pc.less(times, to_time)))
-        return consolidate(table)
+        q = updates_query(state, from_time, to_time, self.location)
+        return read_query(self.blob, state, q)
 
     # --- inspection ---------------------------------------------------------------------
 

@@ -1,276 +1,196 @@
-"""Spark reads: consistent snapshots and change reads of one pinned state version.
+"""Spark batch reads: a translation layer over `persistshard.core.read`.
 
 ``partitions()`` runs once per DataFrame on the driver: it reads the shard state once (the
-*pinned* version), checks the times against since and upper, and plans the work. Every
-partition reads only parts of that version, so a read is consistent even while writers
-commit; those parts stay in place because GC keeps what recent versions reference.
+*pinned* version), turns the options into a core `Query` (which checks the times against since
+and upper) and lets `persistshard.core.read.plan_read` split it into tasks. Each task runs
+`persistshard.core.read.read_task` and yields Arrow batches that match Spark's read schema
+exactly. Read planning, key-range splitting, change filtering and statistics-based skipping all
+live in core; nothing here decides which rows a read returns.
 
-Consolidation must see every update of a row, so partitions split the rows by *key range*
-over the first row column, using the chunk statistics in the part footers: partition ``i``
-reads, from every part, only the chunks whose key range meets ``[split_i, split_i+1)`` and
-keeps the rows in it (nulls go to the last partition). All updates of a row have the same
-first column, so they meet in one task, and reads stay parallel. When the first column has no
-usable statistics (floats, nested types), the read is one partition.
+Filter pushdown. Spark calls ``pushFilters`` only when ``spark.sql.python.filterPushdown.enabled``
+is true, and when it is false it refuses every read whose reader class overrides
+``pushFilters`` (``DATA_SOURCE_PUSHDOWN_DISABLED``). So there are two classes:
+`PersistShardReader` (no pushdown) and `PersistShardPushdownReader`, which the data source
+returns only while Spark's pushdown planning worker is the caller (`planning_with_pushdown`).
+If that detection ever fails, reads fall back to the plain reader: slower, never wrong.
 
-Each task then filters times, forwards times below since, consolidates with the one rule of
-`persistshard.core.rows`, and yields Arrow batches that match Spark's read schema exactly.
+``pushFilters`` takes the filters `persistshard.core.filters.bind` can evaluate as Spark would
+(null semantics included) on top-level columns: row columns are filtered before consolidation
+and drive chunk skipping; ``_time`` and ``_diff`` of change and ``with_diff`` reads are
+filtered on the final rows. It returns every filter to Spark, which re-checks them: Spark 4.3
+may run one scan with another scan's reader (`PersistShardPushdownReader`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+import os
+import pickle
+import sys
+import tempfile
+from collections.abc import Iterable, Iterator
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
-from pyspark.sql.datasource import DataSourceReader, InputPartition
+from pyspark.sql.datasource import (
+    DataSourceReader,
+    EqualNullSafe,
+    EqualTo,
+    Filter,
+    GreaterThan,
+    GreaterThanOrEqual,
+    In,
+    InputPartition,
+    IsNotNull,
+    IsNull,
+    LessThan,
+    LessThanOrEqual,
+    Not,
+    StringContains,
+    StringEndsWith,
+    StringStartsWith,
+)
 from pyspark.sql.types import StructType
 
 from persistshard.core.blob import Blob
-from persistshard.core.parts import open_part
-from persistshard.core.rows import DIFF, TIME, advance_times, consolidate, snapshot_of
-from persistshard.core.shard import Shard, check_as_of, check_updates_range, open_shard
-from persistshard.core.state import PartRef, ShardState
-from persistshard.core.validate import update_schema
+from persistshard.core.filters import Pred, bind, conjunction, disjunction, filter_table
+from persistshard.core.read import (
+    Query,
+    ReadTask,
+    expand_rows,
+    plan_read,
+    read_task,
+    snapshot_query,
+    updates_query,
+    with_snapshot_time,
+)
+from persistshard.core.rows import DIFF, SYSTEM_COLUMNS
+from persistshard.core.shard import Shard, open_shard
+from persistshard.core.state import ShardState
 from persistshard.datasource.options import ReadOptions
 from persistshard.datasource.types import arrow_schema_of, conform
-from persistshard.errors import InvalidUpdates, NegativeDiff
+from persistshard.errors import InvalidUpdates
+
+__all__ = [
+    "BATCH_ROWS",
+    "PersistShardPushdownReader",
+    "PersistShardReader",
+    "Query",
+    "ShardPartition",
+    "check_query",
+    "plan_partitions",
+    "planning_with_pushdown",
+    "read_partition",
+    "translate_filter",
+    "with_snapshot_time",
+]
 
 #: Rows per Arrow batch handed to Spark.
 BATCH_ROWS = 1 << 16
 
 
-@dataclass(frozen=True)
-class Query:
-    """What a read computes: a snapshot at ``as_of`` or the updates in ``[lo, hi)``."""
-
-    mode: str  # "snapshot" | "updates"
-    as_of: int = 0
-    lo: int = 0
-    hi: int = 0
-    since: int = 0
-    with_diff: bool = False
-
-
-@dataclass(frozen=True)
-class PartSlice:
-    """The chunks of one part a partition reads."""
-
-    ref: PartRef
-    chunks: tuple[int, ...] | None  # None: every chunk
-
-
-@dataclass(frozen=True)
-class KeyRange:
-    """Rows whose first column is in ``[lo, hi)``; None bounds are open; nulls when last."""
-
-    column: str
-    lo: Any
-    hi: Any
-    nulls: bool
-
-
 class ShardPartition(InputPartition):
-    """One task's share of a read: part slices of the pinned version and a key range."""
+    """One Spark task: a core `ReadTask` of the pinned version, plus where the shard is."""
 
-    def __init__(
-        self,
-        location: str,
-        version: int,
-        slices: list[PartSlice],
-        key_range: KeyRange | None,
-        query: Query,
-        stored_schema: pa.Schema,
-    ) -> None:
+    def __init__(self, location: str, version: int, task: ReadTask) -> None:
         super().__init__(version)
         self.location = location
         self.version = version
-        self.slices = slices
-        self.key_range = key_range
-        self.query = query
-        self.stored_schema = stored_schema
+        self.task = task
+
+    @property
+    def query(self) -> Query:
+        return self.task.query
 
 
 def check_query(shard: Shard, state: ShardState, opts: ReadOptions) -> Query:
-    """The query of ``opts`` against ``state``, or the API's error for bad times."""
+    """The core query of ``opts`` against ``state``, or the API's error for bad times."""
     if opts.reads_updates:
         lo = opts.updates_from if opts.updates_from is not None else 0
         hi = opts.updates_to if opts.updates_to is not None else state.upper
-        check_updates_range(state, lo, hi, shard.location)
-        return Query("updates", lo=lo, hi=hi, since=state.since)
+        return updates_query(state, lo, hi, shard.location)
     as_of = opts.as_of if opts.as_of is not None else state.upper - 1
-    check_as_of(state, as_of, shard.location)
-    return Query(
-        "snapshot", as_of=as_of, since=state.since, with_diff=opts.with_diff or opts.changes
-    )
-
-
-def _relevant_parts(state: ShardState, q: Query) -> list[PartRef]:
-    max_time = q.as_of if q.mode == "snapshot" else q.hi - 1
-    refs = [
-        p
-        for b in state.trace
-        if b.lower <= max_time
-        for p in b.parts
-        if p.num_rows and p.min_time <= max_time
-    ]
-    refs += [p for b in state.unsealed for p in b.parts if p.num_rows and p.min_time <= max_time]
-    return refs
-
-
-_RANGE_TYPES = (
-    pa.types.is_integer,
-    pa.types.is_string,
-    pa.types.is_binary,
-    pa.types.is_date,
-    pa.types.is_timestamp,
-    pa.types.is_decimal,
-    pa.types.is_boolean,
-)
+    return snapshot_query(state, as_of, shard.location, with_diff=opts.with_diff or opts.changes)
 
 
 def plan_partitions(
-    shard: Shard, state: ShardState, q: Query, opts: ReadOptions
+    shard: Shard,
+    state: ShardState,
+    q: Query,
+    opts: ReadOptions,
+    row_filter: Pred | None = None,
 ) -> list[ShardPartition]:
-    """Partitions of the pinned ``state`` for ``q``, split by key range (module docstring)."""
-    assert state.schema is not None
-    stored = update_schema(state.schema)
-    refs = _relevant_parts(state, q)
-    total = sum(r.size for r in refs)
-    want = max(1, min(opts.max_partitions, -(-total // max(1, opts.partition_bytes))))
-    first = state.schema.field(0)
-    rangeable = any(test(first.type) for test in _RANGE_TYPES)
-    if want == 1 or not rangeable or not refs:
-        slices = [PartSlice(r, None) for r in refs]
-        return [ShardPartition(shard.location, state.version, slices, None, q, stored)]
-    with ThreadPoolExecutor(max_workers=min(8, len(refs))) as pool:
-        readers = list(pool.map(lambda r: open_part(shard.blob, r), refs))
-    chunk_stats = []  # (key_min, key_max, has_nulls, bytes, part index, chunk index)
-    for pi, reader in enumerate(readers):
-        for ci, c in enumerate(reader.chunks):
-            if c.key_min is None and c.key_null_count < c.num_rows:
-                slices = [PartSlice(r, None) for r in refs]
-                return [ShardPartition(shard.location, state.version, slices, None, q, stored)]
-            chunk_stats.append((c.key_min, c.key_max, c.key_null_count > 0, c.length, pi, ci))
-    valued = sorted((s for s in chunk_stats if s[0] is not None), key=lambda s: s[0])
-    if not valued:
-        slices = [PartSlice(r, None) for r in refs]
-        return [ShardPartition(shard.location, state.version, slices, None, q, stored)]
-    total_bytes = sum(s[3] for s in valued)
-    splits: list[Any] = []
-    acc = 0
-    for s in valued:
-        if acc >= total_bytes * (len(splits) + 1) / want and (not splits or s[0] > splits[-1]):
-            if s[0] > valued[0][0]:
-                splits.append(s[0])
-        acc += s[3]
-    bounds = [None, *splits, None]
-    out = []
-    for i in range(len(bounds) - 1):
-        lo, hi = bounds[i], bounds[i + 1]
-        last = i == len(bounds) - 2
-        per_part: dict[int, list[int]] = {}
-        for kmin, kmax, has_nulls, _, pi, ci in chunk_stats:
-            meets = kmin is not None and (lo is None or kmax >= lo) and (hi is None or kmin < hi)
-            if meets or (last and has_nulls):
-                per_part.setdefault(pi, []).append(ci)
-        slices = [PartSlice(refs[pi], tuple(cis)) for pi, cis in sorted(per_part.items())]
-        key_range = KeyRange(first.name, lo, hi, last)
-        out.append(ShardPartition(shard.location, state.version, slices, key_range, q, stored))
-    return out
-
-
-def _in_range(table: pa.Table, kr: KeyRange) -> pa.Table:
-    col = table.column(kr.column)
-    mask = None
-    if kr.lo is not None:
-        mask = pc.greater_equal(col, pa.scalar(kr.lo, col.type))
-    if kr.hi is not None:
-        upper = pc.less(col, pa.scalar(kr.hi, col.type))
-        mask = upper if mask is None else pc.and_(mask, upper)
-    if mask is None:
-        return table if kr.nulls else table.filter(pc.is_valid(col))
-    mask = pc.fill_null(mask, False)
-    if kr.nulls:
-        mask = pc.or_(mask, pc.is_null(col))
-    return table.filter(mask)
+    """Spark partitions of the pinned ``state`` for ``q`` (`core.read.plan_read`)."""
+    tasks = plan_read(
+        shard.blob,
+        state,
+        q,
+        partition_bytes=opts.partition_bytes,
+        max_partitions=opts.max_partitions,
+        row_filter=row_filter,
+    )
+    return [ShardPartition(shard.location, state.version, t) for t in tasks]
 
 
 def read_partition(
     p: ShardPartition, blob: Blob | None = None, *, as_multiset: bool = False
 ) -> pa.Table:
-    """The consolidated rows of one partition (rows + ``_diff``, or + ``_time`` + ``_diff``).
-
-    With ``as_multiset`` (a snapshot whose rows will be repeated by their diffs), rows may
-    repeat when every diff is positive: repeating each update by its diff gives the same
-    multiset as repeating each consolidated row by its summed diff, so the sort is skipped.
-    """
+    """The consolidated rows of one partition (`core.read.read_task`)."""
     blob = blob if blob is not None else open_shard(p.location).blob
-    q = p.query
-    max_time = q.as_of if q.mode == "snapshot" else q.hi - 1
-
-    def load(s: PartSlice) -> pa.Table:
-        reader = open_part(blob, s.ref)
-        chunks = list(range(len(reader.chunks))) if s.chunks is None else list(s.chunks)
-        chunks = [
-            c for c in chunks if (low := reader.chunks[c].min_time) is None or low <= max_time
-        ]
-        table = reader.read(chunks=chunks)
-        if table.schema != p.stored_schema:
-            table = table.cast(p.stored_schema)
-        if s.ref.max_time > max_time:
-            table = table.filter(pc.less_equal(table.column(TIME), max_time))
-        if p.key_range is not None:
-            table = _in_range(table, p.key_range)
-        return table
-
-    if not p.slices:
-        table = p.stored_schema.empty_table()
-    elif len(p.slices) == 1:
-        table = load(p.slices[0])
-    else:
-        with ThreadPoolExecutor(max_workers=min(4, len(p.slices))) as pool:
-            table = pa.concat_tables(list(pool.map(load, p.slices)))
-    if q.mode == "snapshot":
-        single_time = len(p.slices) == 1 and p.slices[0].ref.min_time == p.slices[0].ref.max_time
-        if single_time:
-            # One consolidated part at one time: rows are already distinct and sorted.
-            return table.drop_columns([TIME])
-        if as_multiset and (table.num_rows == 0 or pc.min(table.column(DIFF)).as_py() > 0):
-            return table.drop_columns([TIME])
-        return snapshot_of(table)
-    table = advance_times(table, q.since)
-    times = table.column(TIME)
-    table = table.filter(pc.and_(pc.greater_equal(times, q.lo), pc.less(times, q.hi)))
-    return consolidate(table)
+    return read_task(blob, p.task, as_multiset=as_multiset)
 
 
-def expand_rows(table: pa.Table, location: str, as_of: int) -> pa.Table:
-    """Repeat each row by its diff (a snapshot without ``with_diff``); negative is an error."""
-    diffs = table.column(DIFF).to_numpy()
-    rows = table.drop_columns([DIFF])
-    if diffs.size == 0 or bool((diffs == 1).all()):
-        return rows
-    negative = np.flatnonzero(diffs < 0)
-    if negative.size:
-        first = table.slice(int(negative[0]), 1).to_pylist()[0]
-        raise NegativeDiff(
-            f"{negative.size} rows have a negative count at as_of {as_of}, for example "
-            f"{first}; read with option('with_diff', True) to see the diffs",
-            location=location,
-        )
-    return rows.take(pa.array(np.repeat(np.arange(len(diffs), dtype=np.int64), diffs)))
+# --- filter pushdown -----------------------------------------------------------------------
+
+_PUSHDOWN_WORKER = os.path.join("worker", "data_source_pushdown_filters.py")
 
 
-def with_snapshot_time(table: pa.Table, q: Query) -> pa.Table:
-    """A snapshot's rows as updates at ``as_of`` (adds ``_time``); other results unchanged."""
-    if q.mode != "snapshot" or TIME in table.column_names:
-        return table
-    times = pa.array(np.full(table.num_rows, q.as_of, dtype=np.int64))
-    return table.append_column(pa.field(TIME, pa.int64(), nullable=False), times)
+def planning_with_pushdown() -> bool:
+    """Whether Spark's filter-pushdown planning worker is building this reader.
+
+    Spark runs that worker (and so calls ``pushFilters``) only when
+    ``spark.sql.python.filterPushdown.enabled`` is true; any other caller gets a reader
+    without ``pushFilters``, which Spark accepts whatever the setting.
+    """
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_filename.endswith(_PUSHDOWN_WORKER):
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
+
+
+_COMPARISON_OPS: dict[type[Filter], str] = {
+    EqualTo: "eq",
+    EqualNullSafe: "eq_null_safe",
+    GreaterThan: "gt",
+    GreaterThanOrEqual: "ge",
+    LessThan: "lt",
+    LessThanOrEqual: "le",
+    In: "in",
+    StringStartsWith: "starts_with",
+    StringEndsWith: "ends_with",
+    StringContains: "contains",
+}
+
+
+def translate_filter(f: Filter, schema: pa.Schema) -> Pred | None:
+    """The core predicate of a Spark filter on a top-level column of ``schema``, or None when
+    it cannot be evaluated exactly (`persistshard.core.filters.bind` decides)."""
+    if isinstance(f, Not):
+        child = translate_filter(f.child, schema)
+        return Pred("not", children=(child,)) if child is not None else None
+    attribute: Any = getattr(f, "attribute", None)
+    if not isinstance(attribute, tuple) or len(attribute) != 1:
+        return None  # nested fields are not pushed
+    column = attribute[0]
+    if isinstance(f, IsNull):
+        return bind("is_null", column, None, schema)
+    if isinstance(f, IsNotNull):
+        return bind("is_not_null", column, None, schema)
+    op = _COMPARISON_OPS.get(type(f))
+    if op is None:
+        return None
+    return bind(op, column, getattr(f, "value", None), schema)
 
 
 class PersistShardReader(DataSourceReader):
@@ -279,6 +199,8 @@ class PersistShardReader(DataSourceReader):
     def __init__(self, options: dict[str, str], schema: StructType) -> None:
         self.opts = ReadOptions.parse(options, schema)
         self.schema = schema
+        self.row_filter: Pred | None = None  # on stored row columns, before consolidation
+        self.result_filter: Pred | None = None  # on _time / _diff of the final rows
 
     def partitions(self) -> list[ShardPartition]:
         shard = open_shard(self.opts.location)
@@ -286,7 +208,7 @@ class PersistShardReader(DataSourceReader):
         if state.schema is None:
             raise InvalidUpdates(f"no shard at {shard.location}: nothing was ever written there")
         q = check_query(shard, state, self.opts)
-        return plan_partitions(shard, state, q, self.opts)
+        return plan_partitions(shard, state, q, self.opts, self.row_filter)
 
     def read(self, partition: ShardPartition) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
         q = partition.query
@@ -295,5 +217,80 @@ class PersistShardReader(DataSourceReader):
         if q.mode == "snapshot" and DIFF not in target.names:
             table = expand_rows(table, partition.location, q.as_of)
         table = with_snapshot_time(table, q)
+        if self.result_filter is not None:
+            table = filter_table(table, self.result_filter)
         table = conform(table, target)
         yield from table.to_batches(max_chunksize=BATCH_ROWS)
+
+
+class PersistShardPushdownReader(PersistShardReader):
+    """`PersistShardReader` with ``pushFilters`` (only built while Spark plans pushdown).
+
+    Spark 4.3 keeps the pushdown's reader on the relation, not on the scan: when one relation
+    is scanned twice in a query with different filters (a table and an uncorrelated scalar
+    subquery over it, TPC-H q22), every scan may run the *last* pushdown's reader. So
+    ``pushFilters`` returns every filter to Spark (Spark re-checks them all), and the reader
+    filters with the OR of what every scan of this relation pushed so far (`_pushed_so_far`):
+    a superset of what any of those scans needs. Exactness of each filter still matters: the
+    reader must never drop a row its scan keeps.
+    """
+
+    def __init__(self, options: dict[str, str], schema: StructType, instance_id: str) -> None:
+        super().__init__(options, schema)
+        self.instance_id = instance_id
+
+    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
+        state = open_shard(self.opts.location).state()
+        if state.schema is None or not self.instance_id:
+            return filters  # partitions() reports the missing shard
+        stored = state.schema
+        output = set(self.schema.fieldNames())
+        system = pa.schema([pa.field(name, pa.int64(), nullable=False) for name in SYSTEM_COLUMNS])
+        rows: list[Pred] = []
+        results: list[Pred] = []
+        for f in filters:
+            pred = translate_filter(f, stored)
+            if pred is not None and pred.columns() <= set(stored.names):
+                rows.append(pred)
+                continue
+            pred = translate_filter(f, system)
+            if pred is not None and pred.columns() <= output:
+                results.append(pred)
+        entries = _pushed_so_far(self.instance_id, (conjunction(rows), conjunction(results)))
+        self.row_filter = disjunction([row for row, _ in entries])
+        if all(result is None for _, result in entries):
+            self.result_filter = None
+        else:
+            self.result_filter = disjunction(
+                [conjunction([p for p in entry if p is not None]) for entry in entries]
+            )
+        return filters  # all of them: Spark re-checks (see the class docstring)
+
+
+#: Filters pushed per relation, kept where Spark plans (its Python planner workers run on the
+#: driver's host); a relation with more than `_MAX_PUSHES` pushes stops filtering.
+_PUSHED_DIR = os.path.join(tempfile.gettempdir(), "persistshard-pushdown")
+_MAX_PUSHES = 16
+_Entry = tuple[Pred | None, Pred | None]
+
+
+def _pushed_so_far(instance_id: str, entry: _Entry) -> list[_Entry]:
+    """Every (row filter, result filter) pushed for the relation ``instance_id``, this one
+    included. Spark plans one query at a time per session, so pushes of one relation do not
+    race; the file is replaced atomically all the same."""
+    os.makedirs(_PUSHED_DIR, exist_ok=True)
+    path = os.path.join(_PUSHED_DIR, f"{instance_id}.pickle")
+    entries: list[_Entry] = []
+    try:
+        with open(path, "rb") as f:
+            entries = pickle.load(f)
+    except FileNotFoundError:
+        pass
+    entries.append(entry)
+    if len(entries) > _MAX_PUSHES:
+        entries = [(None, None)]
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "wb") as f:
+        pickle.dump(entries, f)
+    os.replace(tmp, path)
+    return entries

@@ -17,6 +17,8 @@ The schema it reports:
 
 from __future__ import annotations
 
+import uuid
+
 import pyarrow as pa
 from pyspark.sql.datasource import (
     DataSource,
@@ -50,6 +52,12 @@ def _with_system(schema: StructType, *names: str) -> StructType:
 
 class PersistShardDataSource(DataSource):
     """``format("persistshard")``: versioned, compacting (row, time, diff) storage."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        super().__init__(options)
+        # Spark builds this object once per data source relation and re-uses its pickle for
+        # every scan of that relation; the id names the relation (see reader.py, pushdown).
+        self.instance_id = uuid.uuid4().hex
 
     @classmethod
     def name(cls) -> str:
@@ -89,8 +97,15 @@ class PersistShardDataSource(DataSource):
         return base
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        from persistshard.datasource.reader import PersistShardReader
+        from persistshard.datasource.reader import (
+            PersistShardPushdownReader,
+            PersistShardReader,
+            planning_with_pushdown,
+        )
 
+        if planning_with_pushdown():  # only then may the reader have pushFilters (reader.py)
+            instance = getattr(self, "instance_id", "")
+            return PersistShardPushdownReader(dict(self.options), schema, instance)
         return PersistShardReader(dict(self.options), schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:

@@ -28,8 +28,9 @@ from pyspark.sql.types import StructType
 
 from persistshard.core.holds import DEFAULT_LEASE_SECONDS, ReaderHold
 from persistshard.core.layout import new_id
+from persistshard.core.read import check_as_of, check_updates_range
 from persistshard.core.rows import DIFF, TIME
-from persistshard.core.shard import Shard, check_as_of, check_updates_range, open_shard
+from persistshard.core.shard import Shard, open_shard
 from persistshard.datasource.options import ReadOptions
 from persistshard.datasource.reader import (
     BATCH_ROWS,

@@ -8,6 +8,7 @@ and crc32c.
 
 from .part import (
     FORMAT_VERSION,
+    READ_VERSIONS,
     ChunkInfo,
     PartInfo,
     PartReader,
@@ -15,10 +16,13 @@ from .part import (
     Segment,
     encode_part,
 )
+from .stats import ColumnStats
 
 __all__ = [
     "FORMAT_VERSION",
+    "READ_VERSIONS",
     "ChunkInfo",
+    "ColumnStats",
     "PartInfo",
     "PartReader",
     "PartWriter",

@@ -29,6 +29,7 @@ Reader invariants (`PartReader`):
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -56,7 +57,9 @@ from .schema import (
     schema_to_json,
 )
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: Versions this reader reads: 1 (statistics of the sort column only) and 2 (of every column).
+READ_VERSIONS = (1, 2)
 MAGIC = b"PSPART"
 HEADER = struct.Struct("<6sH")  # magic, version
 TAIL = struct.Struct("<IIH6s")  # footer length, footer crc32c, version, magic
@@ -113,6 +116,8 @@ class ChunkInfo:
     bound the non-null values of the sort column; None means no bound is known (no sort
     column, a type without statistics, every value null (`key_null_count == num_rows`), or
     a bound Python cannot represent). `segments` lists the column segments in schema order.
+    `column_stats` (format version 2) holds every column's bounds and null count, in schema
+    order; None for version 1 parts.
     """
 
     offset: int
@@ -124,6 +129,7 @@ class ChunkInfo:
     key_max: Any
     key_null_count: int
     segments: tuple[Segment, ...] = ()
+    column_stats: tuple[stats.ColumnStats, ...] | None = None  # per column; None in version 1
 
 
 @dataclass(frozen=True)
@@ -195,7 +201,9 @@ def _encode_segment(arr: pa.Array, layout: chunk_codec.Layout, level: int) -> _E
     return _EncodedSegment(data, len(payload), crc32c.crc32c(data))
 
 
-def _chunk_stats(time_col: pa.Array | None, key_col: pa.Array | None) -> tuple[Any, ...]:
+def _chunk_stats(
+    time_col: pa.Array | None, key_col: pa.Array | None, columns: Sequence[pa.Array]
+) -> tuple[Any, ...]:
     min_time = max_time = None
     if time_col is not None and len(time_col):
         mm = pc.min_max(time_col)
@@ -205,7 +213,8 @@ def _chunk_stats(time_col: pa.Array | None, key_col: pa.Array | None) -> tuple[A
     if key_col is not None:
         key_min, key_max = stats.key_stats(key_col)
         nulls = key_col.null_count
-    return min_time, max_time, key_min, key_max, nulls
+    raw_columns = [list(stats.column_stats(c)) for c in columns]
+    return min_time, max_time, key_min, key_max, nulls, raw_columns
 
 
 class PartWriter:
@@ -272,6 +281,7 @@ class PartWriter:
         ] = deque()
         self._chunks: list[ChunkInfo] = []
         self._raw_keys: list[tuple[Any, Any]] = []
+        self._raw_columns: list[list[list[Any]]] = []
         self._offset = 0
         self._closed = False
         self._emit(HEADER.pack(MAGIC, FORMAT_VERSION))
@@ -364,7 +374,7 @@ class PartWriter:
         ]
         time_col = columns[self._time_index] if self._time_index is not None else None
         key_col = columns[self._key_index] if self._key_index is not None else None
-        stat_future = pool.submit(_chunk_stats, time_col, key_col)
+        stat_future = pool.submit(_chunk_stats, time_col, key_col, columns)
         self._inflight.append((num_rows, seg_futures, stat_future))
         while len(self._inflight) > _MAX_INFLIGHT_CHUNKS - 1:
             self._drain_one()
@@ -372,7 +382,7 @@ class PartWriter:
     def _drain_one(self) -> None:
         num_rows, seg_futures, stat_future = self._inflight.popleft()
         encoded = [f.result() for f in seg_futures]
-        min_time, max_time, key_min, key_max, key_nulls = stat_future.result()
+        min_time, max_time, key_min, key_max, key_nulls, raw_columns = stat_future.result()
         start = self._offset
         segments = []
         for seg in encoded:
@@ -393,9 +403,14 @@ class PartWriter:
                 key_max=py_max,
                 key_null_count=key_nulls,
                 segments=tuple(segments),
+                column_stats=tuple(
+                    stats.check_column_stats(raw, f.type, num_rows)
+                    for raw, f in zip(raw_columns, self._schema, strict=True)
+                ),
             )
         )
         self._raw_keys.append((key_min, key_max))
+        self._raw_columns.append(raw_columns)
 
     def close(self) -> PartInfo:
         """Write the last chunk, the footer and the tail; return the part's summary."""
@@ -424,8 +439,11 @@ class PartWriter:
                         "key_max": raw[1],
                         "key_null_count": c.key_null_count,
                         "columns": [[s.length, s.raw_length, s.crc32c] for s in c.segments],
+                        "stats": raw_columns,
                     }
-                    for c, raw in zip(self._chunks, self._raw_keys, strict=True)
+                    for c, raw, raw_columns in zip(
+                        self._chunks, self._raw_keys, self._raw_columns, strict=True
+                    )
                 ],
             }
         )
@@ -531,9 +549,11 @@ class PartReader:
         read_range: Callable[[int, int], Any],
         footer: dict[str, Any],
         footer_start: int,
+        version: int = FORMAT_VERSION,
     ) -> None:
         """Use `open` or `from_bytes`; this takes an already checksummed footer."""
         self.name = name
+        self.version = version
         self.size = size
         self._read_range = read_range
         self._footer_start = footer_start
@@ -562,9 +582,10 @@ class PartReader:
             raise CorruptData(
                 f"not a part: tail magic is {bytes(magic)!r}, expected {MAGIC!r}", file=name
             )
-        if version != FORMAT_VERSION:
+        if version not in READ_VERSIONS:
             raise CorruptData(
-                f"tail says format version {version}; this reader reads version {FORMAT_VERSION}",
+                f"tail says format version {version}; this reader reads versions "
+                f"{', '.join(map(str, READ_VERSIONS))}",
                 file=name,
             )
         footer_start = size - TAIL_SIZE - footer_len
@@ -582,20 +603,20 @@ class PartReader:
                 file=name,
             )
         if fetch == size:
-            _check_header(buf, name)
+            _check_header(buf, name, version)
         try:
             footer = json.loads(bytes(footer_bytes).decode("ascii"))
         except (UnicodeDecodeError, ValueError) as e:
             raise CorruptData(f"footer is not JSON: {e}", file=name) from e
         if not isinstance(footer, dict):
             raise CorruptData("footer is not a JSON object", file=name)
-        return cls(name, size, read_range, footer, footer_start)
+        return cls(name, size, read_range, footer, footer_start, version)
 
     @classmethod
     def from_bytes(cls, name: str, data: bytes | bytearray | memoryview | pa.Buffer) -> PartReader:
         """Open a part held in memory (no copy is made; keep `data` unchanged while reading)."""
         view = memoryview(data).cast("B") if not isinstance(data, memoryview) else data.cast("B")
-        _check_header(view[:HEADER_SIZE], name)
+        _check_header(view[:HEADER_SIZE], name, None)
 
         def read_range(offset: int, length: int) -> memoryview:
             return view[offset : offset + length]
@@ -604,8 +625,11 @@ class PartReader:
 
     def _parse_footer(self, footer: dict[str, Any]) -> None:
         name = self.name
-        if footer["version"] != FORMAT_VERSION:
-            raise CorruptData(f"footer says format version {footer['version']!r}", file=name)
+        if footer["version"] != self.version:
+            raise CorruptData(
+                f"footer says format version {footer['version']!r}, the tail {self.version}",
+                file=name,
+            )
         if footer["codec"] != CODEC:
             raise CorruptData(f"unknown codec {footer['codec']!r}", file=name)
         self.schema = schema_from_json(footer["schema"])
@@ -680,6 +704,16 @@ class PartReader:
                     segments=tuple(segments),
                 )
             )
+            column_stats = None
+            if self.version >= 2:
+                entries = c["stats"]
+                if not isinstance(entries, list) or len(entries) != ncols:
+                    raise ValueError("stats must hold one entry per column")
+                column_stats = tuple(
+                    stats.check_column_stats(e, f.type, num_rows)
+                    for e, f in zip(entries, self.schema, strict=True)
+                )
+                chunks[-1] = dataclasses.replace(chunks[-1], column_stats=column_stats)
             raw_keys.append(raw)
             offset += length
         if offset != self._footer_start:
@@ -837,7 +871,7 @@ class PartReader:
 
     def verify(self) -> None:
         """Check the header, every segment's checksum and decoding, and every chunk's stats."""
-        _check_header(_fetch(self._read_range, self.name, 0, HEADER_SIZE), self.name)
+        _check_header(_fetch(self._read_range, self.name, 0, HEADER_SIZE), self.name, self.version)
         key_type = (
             self.schema.field(self.sort_column).type if self.sort_column is not None else None
         )
@@ -851,7 +885,9 @@ class PartReader:
                 )
             time_col = batch.column(TIME_COLUMN) if TIME_COLUMN in self._index else None
             key_col = batch.column(self.sort_column) if self.sort_column is not None else None
-            min_time, max_time, key_min, key_max, nulls = _chunk_stats(time_col, key_col)
+            min_time, max_time, key_min, key_max, nulls, raw_columns = _chunk_stats(
+                time_col, key_col, batch.columns
+            )
             if key_type is not None:
                 key_min, key_max = stats.stats_to_py(key_min, key_max, key_type)
             found = (min_time, max_time, key_min, key_max, nulls)
@@ -862,6 +898,17 @@ class PartReader:
                     file=self.name,
                     chunk=index,
                 )
+            if info.column_stats is not None:
+                computed = tuple(
+                    stats.check_column_stats(raw, f.type, info.num_rows)
+                    for raw, f in zip(raw_columns, self.schema, strict=True)
+                )
+                if computed != info.column_stats:
+                    raise CorruptData(
+                        f"column statistics {info.column_stats} do not match its data {computed}",
+                        file=self.name,
+                        chunk=index,
+                    )
 
 
 def _fetch(
@@ -882,7 +929,8 @@ def _fetch(
     return data
 
 
-def _check_header(data: Any, name: str) -> None:
+def _check_header(data: Any, name: str, expected: int | None) -> None:
+    """Check a header's magic and version (``expected``: the tail's; None: any readable)."""
     if len(data) < HEADER_SIZE:
         raise CorruptData(f"not a part: {len(data)} bytes is shorter than the header", file=name)
     magic, version = HEADER.unpack_from(data, 0)
@@ -890,8 +938,11 @@ def _check_header(data: Any, name: str) -> None:
         raise CorruptData(
             f"not a part: header magic is {bytes(magic)!r}, expected {MAGIC!r}", file=name
         )
-    if version != FORMAT_VERSION:
+    if version not in READ_VERSIONS:
         raise CorruptData(
-            f"header says format version {version}; this reader reads version {FORMAT_VERSION}",
+            f"header says format version {version}; this reader reads versions "
+            f"{', '.join(map(str, READ_VERSIONS))}",
             file=name,
         )
+    if expected is not None and version != expected:
+        raise CorruptData(f"header says format version {version}, the tail {expected}", file=name)

@@ -1,4 +1,5 @@
-"""Chunk statistics: min/max of `_time` and of the sort column, as stored in the footer.
+"""Chunk statistics: min/max of `_time`, of the sort column and (format version 2) of every
+column, with null counts, as stored in the footer.
 
 Invariants:
 - A chunk's `key_min`/`key_max` bound every non-null value of the sort column in that chunk
@@ -16,6 +17,7 @@ Invariants:
 from __future__ import annotations
 
 import decimal
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -142,3 +144,56 @@ def stat_to_py(raw: Any, t: pa.DataType) -> Any:
     if physical is not None:
         return pa.array([raw], physical).view(t)[0].as_py()
     return raw
+
+
+#: String and binary bounds longer than this many bytes are not kept (both become None), so
+#: long text columns do not bloat the footer.
+MAX_STAT_BYTES = 64
+
+
+@dataclass(frozen=True)
+class ColumnStats:
+    """Statistics of one column in one chunk (format version 2).
+
+    ``min``/``max`` are the `.as_py()` values bounding the column's non-null values (None when
+    the type keeps no bounds, every value is null, a string or binary bound is longer than
+    `MAX_STAT_BYTES`, or Python cannot hold a bound); ``null_count`` counts the top-level
+    nulls, for every type.
+    """
+
+    min: Any
+    max: Any
+    null_count: int
+
+
+def column_stats(arr: pa.Array) -> tuple[Any, Any, int]:
+    """Raw (JSON) min, max and null count of a column of a chunk (see `ColumnStats`)."""
+    lo, hi = key_stats(arr)
+    if lo is not None:
+        t = arr.type
+        if _is_string(t):
+            size = max(len(lo.encode("utf-8")), len(hi.encode("utf-8")))
+        elif _is_binary(t):
+            size = max(len(lo), len(hi)) // 2
+        else:
+            size = 0
+        if size > MAX_STAT_BYTES:
+            lo = hi = None
+    return lo, hi, arr.null_count
+
+
+def check_column_stats(raw: Any, t: pa.DataType, num_rows: int) -> ColumnStats:
+    """The `ColumnStats` of a raw footer entry ``[min, max, null_count]``; ValueError if it
+    is malformed for type `t` or a chunk of ``num_rows`` rows."""
+    if not (isinstance(raw, list) and len(raw) == 3):
+        raise ValueError("a column statistics entry is [min, max, null_count]")
+    lo, hi, nulls = raw
+    if not isinstance(nulls, int) or isinstance(nulls, bool) or not 0 <= nulls <= num_rows:
+        raise ValueError(f"null count {nulls!r} does not fit a chunk of {num_rows} rows")
+    if (lo is None) != (hi is None):
+        raise ValueError("a column's min and max are both present or both null")
+    if lo is not None:
+        check_raw(lo, t)
+        check_raw(hi, t)
+    py_lo, py_hi = stats_to_py(lo, hi, t)
+    return ColumnStats(py_lo, py_hi, nulls)

@@ -30,7 +30,7 @@ import pyarrow as pa
 import pytest
 import zstandard
 
-from persistshard.format import FORMAT_VERSION, PartReader, encode_part
+from persistshard.format import FORMAT_VERSION, READ_VERSIONS, PartReader, encode_part
 from persistshard.format.testing import assert_exact
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -150,12 +150,15 @@ def structure(data: bytes) -> dict[str, Any]:
     return {"header": data[:8], "tail": data[-4 - 6 :], "footer": footer, "payloads": payloads}
 
 
+@pytest.mark.parametrize("version", READ_VERSIONS)
 @pytest.mark.parametrize("case", list(CASES))
-def test_golden_file_decodes_to_the_table(case: str) -> None:
+def test_golden_file_decodes_to_the_table(case: str, version: int) -> None:
+    """Every version this reader reads still decodes (old shards stay readable)."""
     build, kwargs = CASES[case]
-    data = golden_path(case).read_bytes()
-    reader = PartReader.from_bytes(golden_path(case).name, data)
+    data = golden_path(case, version).read_bytes()
+    reader = PartReader.from_bytes(golden_path(case, version).name, data)
     reader.verify()
+    assert reader.version == version
     expected = build()
     assert_exact(reader.read(), expected)
     assert reader.metadata == kwargs.get("metadata", {})
@@ -165,6 +168,22 @@ def test_golden_file_decodes_to_the_table(case: str) -> None:
     assert reader.info.min_time == 0
     key = expected.column(kwargs["sort_column"])
     assert (reader.info.key_min, reader.info.key_max) == (key[0].as_py(), key[-1].as_py())
+    if version == 1:
+        assert all(c.column_stats is None for c in reader.chunks)
+        return
+    start = 0
+    for chunk in reader.chunks:  # version 2: every column's statistics match its rows
+        rows = expected.slice(start, chunk.num_rows)
+        start += chunk.num_rows
+        assert chunk.column_stats is not None
+        for field, cs in zip(expected.schema, chunk.column_stats, strict=True):
+            column = rows.column(field.name)
+            assert cs.null_count == column.null_count
+            if cs.min is not None:
+                values = [v for v in column.to_pylist() if v is not None]
+                assert (cs.min, cs.max) == (min(values), max(values)), field.name
+    ints = reader.chunks[0].column_stats[expected.schema.get_field_index("_time")]
+    assert ints.min is not None and ints.max is not None
 
 
 @pytest.mark.parametrize("case", list(CASES))

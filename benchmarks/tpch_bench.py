@@ -1,0 +1,210 @@
+"""TPC-H: the 22 queries against persistshard tables and against the same data as Spark
+parquet (issue 16).
+
+Data: ``tpchgen-cli`` (the ``bench`` extra) generates every table at scale factor ``sf`` as
+parquet, once per machine (cached under ``~/.cache/persistshard-bench``). Each table is then
+written twice, untimed: as a shard (the generated Arrow table, strings as ``string``, every
+row at time 0 with diff 1, through the Python API) and as Spark parquet
+(``spark.read.parquet(generated).write.parquet``). Every table is registered as a temporary
+view per contender, and the queries (`benchmarks.tpch_queries`) name them.
+
+Each round runs every query once per contender, alternating; a query's time is
+``spark.sql(q).collect()``. Filter pushdown is on (``spark.sql.python.filterPushdown.enabled``;
+parquet pushes its own filters regardless). The answers of the first round are compared,
+exactly (types, values, row order where the query orders, as multisets otherwise): a fast wrong
+answer fails the benchmark.
+
+Targets (issue 16): the sum of the 22 query times at most 2.0x parquet's at SF 1; the selective
+scans q6, q14 and q19 each at most 1.5x.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from benchmarks import anchors as a
+from benchmarks.harness import measurement, skipped
+from benchmarks.tpch_queries import TABLES, queries
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+OURS = "persistshard"
+PARQUET = "Spark parquet"
+TOTAL_TARGET = 2.0
+SELECTIVE = {6: 1.5, 14: 1.5, 19: 1.5}
+CACHE = Path(os.environ.get("PERSISTSHARD_BENCH_CACHE", Path.home() / ".cache/persistshard-bench"))
+SWITCH = "spark.sql.python.filterPushdown.enabled"
+
+
+def generate(sf: float) -> Path:
+    """The generated parquet files of scale factor ``sf`` (generated once, then reused)."""
+    out = CACHE / f"tpch-sf{sf:g}"
+    if all((out / f"{t}.parquet").exists() for t in TABLES):
+        return out
+    tool = shutil.which("tpchgen-cli") or str(Path(sys.executable).parent / "tpchgen-cli")
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    subprocess.run([tool, "parquet", "-s", f"{sf:g}", f"--output-dir={tmp}"], check=True)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
+
+
+def arrow_table(path: Path) -> Any:
+    """A generated table as plain Arrow: string views become strings, no field metadata."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path)
+    fields = [
+        pa.field(f.name, pa.string() if pa.types.is_string_view(f.type) else f.type, f.nullable)
+        for f in table.schema
+    ]
+    return table.cast(pa.schema(fields))
+
+
+def write_shard(path: str, table: Any) -> None:
+    import pyarrow as pa
+
+    import persistshard as ps
+
+    n = table.num_rows
+    table = table.append_column("_time", pa.array([0] * n, pa.int64()))
+    table = table.append_column("_diff", pa.array([1] * n, pa.int64()))
+    ps.open_shard(path).append(table, new_upper=1)
+
+
+def rename(sql: str, prefix: str) -> str:
+    """The query with every table name ``t`` replaced by ``<prefix>_t``."""
+    return re.sub(r"\b(" + "|".join(TABLES) + r")\b", lambda m: f"{prefix}_{m.group(1)}", sql)
+
+
+def answer(rows: list[Any], ordered: bool) -> list[str]:
+    shown = [repr(tuple(r)) for r in rows]
+    return shown if ordered else sorted(shown)
+
+
+def setup(spark: SparkSession, sf: float, tmp: str) -> dict[str, int]:
+    """Writes both copies of every table and registers the views; returns bytes stored."""
+    generated = generate(sf)
+    stored = {OURS: 0, PARQUET: 0}
+    for t in TABLES:
+        ours, theirs = f"{tmp}/ps/{t}", f"{tmp}/pq/{t}"
+        write_shard(ours, arrow_table(generated / f"{t}.parquet"))
+        spark.read.parquet(str(generated / f"{t}.parquet")).write.parquet(theirs)
+        stored[OURS] += a.directory_bytes(ours)
+        stored[PARQUET] += a.directory_bytes(theirs)
+        spark.read.format("persistshard").load(ours).createOrReplaceTempView(f"ps_{t}")
+        spark.read.parquet(theirs).createOrReplaceTempView(f"pq_{t}")
+    return stored
+
+
+def run(sf: float = 1.0, rounds: int = 5, only: tuple[int, ...] = ()) -> dict[str, Any]:
+    spark = a.spark_session()
+    missing = a.persistshard_available(spark)
+    qs = queries(sf)
+    if only:
+        qs = {n: q for n, q in qs.items() if n in only}
+    if missing is not None:
+        return {
+            "title": f"TPC-H SF {sf:g}",
+            "description": "not run",
+            "params": {"sf": sf},
+            "measurements": [skipped("sum of 22 queries", OURS, PARQUET, missing)],
+        }
+    spark.conf.set(SWITCH, "true")
+    times: dict[int, dict[str, list[float]]] = {n: {OURS: [], PARQUET: []} for n in qs}
+    answers: dict[int, dict[str, list[str]]] = {}
+    with tempfile.TemporaryDirectory(prefix="psbench-tpch-") as tmp:
+        stored = setup(spark, sf, tmp)
+        for r in range(-1, rounds):  # round -1: warm-up, and the answers are compared
+            for n, sql in qs.items():
+                order = [OURS, PARQUET] if (r + n) % 2 else [PARQUET, OURS]
+                for who in order:
+                    text = rename(sql, "ps" if who == OURS else "pq")
+                    start = time.perf_counter()
+                    rows = spark.sql(text).collect()
+                    elapsed = time.perf_counter() - start
+                    if r < 0:
+                        ordered = "order by" in sql.lower()
+                        answers.setdefault(n, {})[who] = answer(rows, ordered)
+                    else:
+                        times[n][who].append(elapsed)
+                if r < 0 and answers[n][OURS] != answers[n][PARQUET]:
+                    raise AssertionError(
+                        f"TPC-H q{n}: the answers of persistshard and parquet differ"
+                    )
+    spark.conf.unset(SWITCH)
+
+    measurements = []
+    for n in qs:
+        measurements.append(
+            measurement(
+                f"q{n}", OURS, PARQUET, times[n][OURS], times[n][PARQUET], target=SELECTIVE.get(n)
+            )
+        )
+    total_ours = [sum(times[n][OURS][i] for n in qs) for i in range(rounds)]
+    total_pq = [sum(times[n][PARQUET][i] for n in qs) for i in range(rounds)]
+    measurements.append(
+        measurement(
+            f"sum of {len(qs)} queries",
+            OURS,
+            PARQUET,
+            total_ours,
+            total_pq,
+            target=TOTAL_TARGET,
+        )
+    )
+    measurements.append(
+        measurement(
+            f"bytes stored, SF {sf:g}",
+            OURS,
+            PARQUET,
+            [stored[OURS]],
+            [stored[PARQUET]],
+            unit="bytes",
+        )
+    )
+    ratios = [
+        sorted(o / p for o, p in zip(times[n][OURS], times[n][PARQUET], strict=True))[rounds // 2]
+        for n in qs
+    ]
+    return {
+        "title": f"TPC-H, scale factor {sf:g}: 22 queries vs Spark parquet",
+        "description": (
+            f"TPC-H at SF {sf:g} generated by `tpchgen-cli`; every table written as a shard "
+            "(Python API, one append at time 0) and as Spark parquet; the 22 queries "
+            "(`benchmarks/tpch_queries.py`, written from the specification with its validation "
+            "parameters) through `spark.sql(...).collect()` on local[2], the two contenders "
+            "alternating per query, filter pushdown on. Answers of both are checked identical "
+            f"({len(qs)}/{len(qs)}) before timing. Targets (issue 16, at SF 1): the sum at most "
+            "2.0x parquet's, q6/q14/q19 each at most 1.5x."
+        ),
+        "params": {"sf": sf, "master": "local[2]", "queries": len(qs), "filter_pushdown": True},
+        "measurements": measurements,
+        "series": [
+            {
+                "id": f"tpch_ratios_sf{sf:g}".replace(".", "_"),
+                "title": f"TPC-H SF {sf:g}: persistshard time / parquet time per query (median)",
+                "x_label": "query",
+                "y_label": "time ratio (1 = parity)",
+                "x": [float(n) for n in qs],
+                "lines": {"persistshard / parquet": ratios, "parity": [1.0] * len(qs)},
+                "x_tick_labels": [f"q{n}" for n in qs],
+            }
+        ],
+        "notes": [
+            f"answers identical: {len(qs)}/{len(qs)}",
+            "bytes stored: " + ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in stored.items()),
+        ],
+    }

@@ -1,0 +1,447 @@
+"""Read planning: which parts and chunks a read needs, how it splits into tasks, and how each
+task turns stored updates into an answer.
+
+One implementation serves `persistshard.core.shard.Shard` (`snapshot`, `updates`,
+`read_range`) and the Spark readers (`persistshard.datasource.reader`, `.stream`), which only
+translate options and filters into the terms used here.
+
+What a read computes is a `Query` against one pinned `ShardState`: a snapshot at ``as_of``
+(every update at a time ``<= as_of``, summed per row) or the updates in ``[lo, hi)`` (times
+forwarded to since, then consolidated per (row, time)). `check_as_of` and
+`check_updates_range` refuse the times at which such an answer would not be exact.
+
+Invariants this module keeps:
+- A task's answer depends only on the pinned state version and the query: parts are
+  immutable, and nothing here consults the newest state.
+- Consolidation needs every update of a row in one task. Tasks therefore split rows by *key
+  range* over the first row column, using the chunk statistics in the part footers (all
+  updates of a row share its first column). Nulls of that column go to the last task. When
+  the first column has no usable statistics (floats, nested types) the read is one task.
+- A pushed filter (`persistshard.core.filters`) on row columns is applied to updates before
+  consolidation. That is exact because every update of a row has the row's values, so a
+  row-level predicate keeps all of a row's updates or none. Chunks and parts whose statistics
+  show that no row can pass are never fetched or decompressed (only the footer is read).
+
+What it relies on: parts are sorted by (row, time) and consolidated within themselves
+(`persistshard.core.parts`); chunk statistics bound the values they describe
+(`persistshard.format.stats`); every part a pinned state references stays on storage while the
+read runs (GC keeps what recent versions reference).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from persistshard.core.blob import Blob
+from persistshard.core.filters import Pred, chunk_may_match, filter_table
+from persistshard.core.parts import open_part
+from persistshard.core.rows import DIFF, TIME, advance_times, consolidate, snapshot_of
+from persistshard.core.state import PartRef, ShardState
+from persistshard.core.validate import update_schema
+from persistshard.errors import InvalidUpdates, NegativeDiff, NotSealed, SinceViolation
+from persistshard.format import PartReader
+
+# --- which times are exact -----------------------------------------------------------------
+
+
+def check_as_of(state: ShardState, as_of: int, location: str | None) -> None:
+    """A snapshot at ``as_of`` is exact only in ``[since, upper)``; else the API's error."""
+    if as_of < state.since:
+        raise SinceViolation(as_of, state.since, location=location)
+    if as_of >= state.upper:
+        raise NotSealed(as_of, state.upper, location=location)
+
+
+def check_updates_range(state: ShardState, lo: int, hi: int, location: str | None) -> None:
+    """The updates in ``[lo, hi)`` are exact only when sealed (``hi <= upper``) and when ``lo``
+    is 0 or after since (else updates from before ``lo`` may have been forwarded into the
+    range); else the API's error."""
+    if lo > hi:
+        raise InvalidUpdates(f"updates_from {lo} is after updates_to {hi}", location=location)
+    if hi > state.upper:
+        raise NotSealed(
+            hi - 1,
+            state.upper,
+            location=location,
+            message=f"updates up to {hi} are not sealed: the shard's upper is "
+            f"{state.upper}; read to {state.upper} at most, or seal first",
+        )
+    if 0 < lo <= state.since:
+        raise SinceViolation(
+            lo,
+            state.since,
+            location=location,
+            message=f"updates from {lo} are not exact: history up to the since "
+            f"{state.since} has been compacted; read from 0 or from {state.since + 1}",
+        )
+
+
+# --- what a read computes ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Query:
+    """What a read computes: a snapshot at ``as_of`` or the updates in ``[lo, hi)``."""
+
+    mode: str  # "snapshot" | "updates"
+    as_of: int = 0
+    lo: int = 0
+    hi: int = 0
+    since: int = 0
+    with_diff: bool = False
+
+    @property
+    def max_time(self) -> int:
+        """The largest stored time the answer can depend on."""
+        return self.as_of if self.mode == "snapshot" else self.hi - 1
+
+    @property
+    def min_time(self) -> int | None:
+        """The smallest stored time the answer can depend on (None: from the beginning).
+
+        A stored time is at most its forwarded time, so times below ``lo`` matter only when
+        they may be forwarded into the range (``lo <= since``)."""
+        if self.mode == "updates" and self.lo > self.since:
+            return self.lo
+        return None
+
+
+def snapshot_query(
+    state: ShardState, as_of: int, location: str | None, *, with_diff: bool = False
+) -> Query:
+    """The snapshot at ``as_of`` of ``state``, after checking it is exact."""
+    check_as_of(state, as_of, location)
+    return Query("snapshot", as_of=as_of, since=state.since, with_diff=with_diff)
+
+
+def updates_query(state: ShardState, lo: int, hi: int, location: str | None) -> Query:
+    """The updates in ``[lo, hi)`` of ``state``, after checking they are exact."""
+    check_updates_range(state, lo, hi, location)
+    return Query("updates", lo=lo, hi=hi, since=state.since)
+
+
+def relevant_parts(state: ShardState, q: Query) -> list[PartRef]:
+    """The non-empty parts of ``state`` that may hold updates at the times ``q`` reads."""
+    return parts_in_times(state, q.min_time, q.max_time)
+
+
+def parts_in_times(state: ShardState, min_time: int | None, max_time: int | None) -> list[PartRef]:
+    """The non-empty parts (trace and unsealed) that may hold times in ``[min_time, max_time]``."""
+    refs: list[PartRef] = []
+    for b in state.trace:
+        if (max_time is None or b.lower <= max_time) and (min_time is None or b.upper > min_time):
+            refs.extend(b.parts)
+    for b in state.unsealed:
+        refs.extend(b.parts)
+    return [
+        p
+        for p in refs
+        if p.num_rows
+        and (max_time is None or p.min_time <= max_time)
+        and (min_time is None or p.max_time >= min_time)
+    ]
+
+
+# --- tasks ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PartSlice:
+    """The chunks of one part a task reads."""
+
+    ref: PartRef
+    chunks: tuple[int, ...] | None  # None: every chunk (statistics decide at read time)
+
+
+@dataclass(frozen=True)
+class KeyRange:
+    """Rows whose first column is in ``[lo, hi)``; None bounds are open; nulls when last."""
+
+    column: str
+    lo: Any
+    hi: Any
+    nulls: bool
+
+
+@dataclass(frozen=True)
+class ReadTask:
+    """One task's share of a read: part slices of a pinned version, a key range, a filter.
+
+    Picklable (Spark ships it to executors). ``row_filter`` only names row columns.
+    """
+
+    slices: tuple[PartSlice, ...]
+    key_range: KeyRange | None
+    query: Query
+    stored_schema: pa.Schema
+    row_filter: Pred | None = None
+
+
+#: Types of a first column whose chunk statistics split reads by key range.
+_RANGE_TYPES = (
+    pa.types.is_integer,
+    pa.types.is_string,
+    pa.types.is_binary,
+    pa.types.is_date,
+    pa.types.is_timestamp,
+    pa.types.is_decimal,
+    pa.types.is_boolean,
+)
+
+
+def _open_all(blob: Blob, refs: Sequence[PartRef]) -> list[PartReader]:
+    if len(refs) == 1:
+        return [open_part(blob, refs[0])]
+    with ThreadPoolExecutor(max_workers=min(8, len(refs))) as pool:
+        return list(pool.map(lambda r: open_part(blob, r), refs))
+
+
+def _wanted_chunks(
+    reader: PartReader, candidates: Sequence[int] | None, q: Query, row_filter: Pred | None
+) -> list[int]:
+    """The chunks of ``reader`` (among ``candidates``) whose times and statistics may match."""
+    chunks = range(len(reader.chunks)) if candidates is None else candidates
+    lo, hi = q.min_time, q.max_time
+    out = []
+    for c in chunks:
+        info = reader.chunks[c]
+        if info.min_time is not None and info.min_time > hi:
+            continue
+        if lo is not None and info.max_time is not None and info.max_time < lo:
+            continue
+        if row_filter is not None and not chunk_may_match(row_filter, reader, c):
+            continue
+        out.append(c)
+    return out
+
+
+def plan_read(
+    blob: Blob,
+    state: ShardState,
+    q: Query,
+    *,
+    partition_bytes: int = 24 << 20,
+    max_partitions: int = 64,
+    row_filter: Pred | None = None,
+) -> list[ReadTask]:
+    """Tasks of the pinned ``state`` for ``q``, split by key range (module docstring).
+
+    Aims at one task per ``partition_bytes`` of relevant parts, at most ``max_partitions``.
+    When the read splits, or when a filter is given, the part footers are read here and
+    chunks that cannot match are left out of every task (parts left with no chunk are not
+    read at all).
+    """
+    assert state.schema is not None
+    stored = update_schema(state.schema)
+    refs = relevant_parts(state, q)
+    total = sum(r.size for r in refs)
+    want = max(1, min(max_partitions, -(-total // max(1, partition_bytes))))
+    first = state.schema.field(0)
+    rangeable = any(test(first.type) for test in _RANGE_TYPES)
+
+    def single(slices: list[PartSlice]) -> list[ReadTask]:
+        return [ReadTask(tuple(slices), None, q, stored, row_filter)]
+
+    if not refs:
+        return single([])
+    if (want == 1 or not rangeable) and row_filter is None:
+        return single([PartSlice(r, None) for r in refs])
+    readers = _open_all(blob, refs)
+    wanted = [_wanted_chunks(r, None, q, row_filter) for r in readers]
+    kept = [PartSlice(ref, tuple(w)) for ref, w in zip(refs, wanted, strict=True) if w]
+    if want == 1 or not rangeable:
+        return single(kept)
+    chunk_stats = []  # (key_min, key_max, has_nulls, bytes, part index, chunk index)
+    for pi, (reader, chunks) in enumerate(zip(readers, wanted, strict=True)):
+        for ci in chunks:
+            c = reader.chunks[ci]
+            if c.key_min is None and c.key_null_count < c.num_rows:
+                return single(kept)
+            chunk_stats.append((c.key_min, c.key_max, c.key_null_count > 0, c.length, pi, ci))
+    valued = sorted((s for s in chunk_stats if s[0] is not None), key=lambda s: s[0])
+    if not valued:
+        return single(kept)
+    total_bytes = sum(s[3] for s in valued)
+    splits: list[Any] = []
+    acc = 0
+    for s in valued:
+        if acc >= total_bytes * (len(splits) + 1) / want and (not splits or s[0] > splits[-1]):
+            if s[0] > valued[0][0]:
+                splits.append(s[0])
+        acc += s[3]
+    bounds = [None, *splits, None]
+    out = []
+    for i in range(len(bounds) - 1):
+        lo, hi = bounds[i], bounds[i + 1]
+        last = i == len(bounds) - 2
+        per_part: dict[int, list[int]] = {}
+        for kmin, kmax, has_nulls, _, pi, ci in chunk_stats:
+            meets = kmin is not None and (lo is None or kmax >= lo) and (hi is None or kmin < hi)
+            if meets or (last and has_nulls):
+                per_part.setdefault(pi, []).append(ci)
+        slices = tuple(PartSlice(refs[pi], tuple(cis)) for pi, cis in sorted(per_part.items()))
+        out.append(ReadTask(slices, KeyRange(first.name, lo, hi, last), q, stored, row_filter))
+    return out
+
+
+# --- executing a task ----------------------------------------------------------------------
+
+
+def _in_range(table: pa.Table, kr: KeyRange) -> pa.Table:
+    col = table.column(kr.column)
+    mask = None
+    if kr.lo is not None:
+        mask = pc.greater_equal(col, pa.scalar(kr.lo, col.type))
+    if kr.hi is not None:
+        upper = pc.less(col, pa.scalar(kr.hi, col.type))
+        mask = upper if mask is None else pc.and_(mask, upper)
+    if mask is None:
+        return table if kr.nulls else table.filter(pc.is_valid(col))
+    mask = pc.fill_null(mask, False)
+    if kr.nulls:
+        mask = pc.or_(mask, pc.is_null(col))
+    return table.filter(mask)
+
+
+def load_updates(blob: Blob, task: ReadTask) -> pa.Table:
+    """The stored updates a task reads: its chunks, at the query's times, in its key range and
+    passing its row filter; unconsolidated, times not forwarded, in the stored schema."""
+    q = task.query
+    lo, hi = q.min_time, q.max_time
+
+    def load(s: PartSlice) -> pa.Table:
+        reader = open_part(blob, s.ref)
+        chunks = _wanted_chunks(reader, s.chunks, q, task.row_filter)
+        table = reader.read(chunks=chunks)
+        if table.schema != task.stored_schema:
+            table = table.cast(task.stored_schema)
+        if s.ref.max_time > hi or (lo is not None and s.ref.min_time < lo):
+            times = table.column(TIME)
+            mask = pc.less_equal(times, hi)
+            if lo is not None:
+                mask = pc.and_(mask, pc.greater_equal(times, lo))
+            table = table.filter(mask)
+        if task.key_range is not None:
+            table = _in_range(table, task.key_range)
+        if task.row_filter is not None:
+            table = filter_table(table, task.row_filter)
+        return table
+
+    if not task.slices:
+        return task.stored_schema.empty_table()
+    if len(task.slices) == 1:
+        return load(task.slices[0])
+    with ThreadPoolExecutor(max_workers=min(4, len(task.slices))) as pool:
+        return pa.concat_tables(list(pool.map(load, task.slices)))
+
+
+def read_task(blob: Blob, task: ReadTask, *, as_multiset: bool = False) -> pa.Table:
+    """The answer of one task: for a snapshot, rows + ``_diff`` (one row per distinct row,
+    zero sums dropped); for updates, rows + ``_time`` + ``_diff`` consolidated per
+    (row, forwarded time), sorted.
+
+    With ``as_multiset`` (a snapshot whose rows will be repeated by their diffs), rows may
+    repeat when every diff is positive: repeating each update by its diff gives the same
+    multiset as repeating each consolidated row by its summed diff, so the sort is skipped.
+    """
+    q = task.query
+    table = load_updates(blob, task)
+    if q.mode == "snapshot":
+        s = task.slices
+        if len(s) == 1 and s[0].ref.min_time == s[0].ref.max_time:
+            # One consolidated part at one time: rows are already distinct and sorted.
+            return table.drop_columns([TIME])
+        if as_multiset and (table.num_rows == 0 or pc.min(table.column(DIFF)).as_py() > 0):
+            return table.drop_columns([TIME])
+        return snapshot_of(table)
+    table = advance_times(table, q.since)
+    times = table.column(TIME)
+    table = table.filter(pc.and_(pc.greater_equal(times, q.lo), pc.less(times, q.hi)))
+    return consolidate(table)
+
+
+def read_query(blob: Blob, state: ShardState, q: Query) -> pa.Table:
+    """The whole answer of ``q`` in this process (one task)."""
+    return read_task(blob, plan_read(blob, state, q, max_partitions=1)[0])
+
+
+def read_times(
+    blob: Blob, state: ShardState, *, min_time: int | None, max_time: int | None
+) -> pa.Table:
+    """Every stored update of ``state`` with time in ``[min_time, max_time]`` (inclusive,
+    optional bounds; never past ``upper - 1``), unconsolidated, times not forwarded."""
+    assert state.schema is not None
+    hi = state.upper - 1 if max_time is None else min(max_time, state.upper - 1)
+    refs = parts_in_times(state, min_time, max_time)
+    q = Query("updates", lo=min_time or 0, hi=hi + 1, since=-1)
+    slices = tuple(PartSlice(r, None) for r in refs)
+    return load_updates(blob, ReadTask(slices, None, q, update_schema(state.schema)))
+
+
+# --- shaping answers -----------------------------------------------------------------------
+
+
+def expand_rows(table: pa.Table, location: str | None, as_of: int) -> pa.Table:
+    """Repeat each row by its diff (a snapshot without ``_diff``); negative is an error."""
+    diffs = table.column(DIFF).to_numpy()
+    rows = table.drop_columns([DIFF])
+    if diffs.size == 0 or bool((diffs == 1).all()):
+        return rows
+    negative = np.flatnonzero(diffs < 0)
+    if negative.size:
+        first = table.slice(int(negative[0]), 1).to_pylist()[0]
+        raise NegativeDiff(
+            f"{negative.size} rows have a negative count at as_of {as_of}, for example "
+            f"{first}; read with option('with_diff', True) to see the diffs",
+            location=location,
+        )
+    return rows.take(pa.array(np.repeat(np.arange(len(diffs), dtype=np.int64), diffs)))
+
+
+def with_snapshot_time(table: pa.Table, q: Query) -> pa.Table:
+    """A snapshot's rows as updates at ``as_of`` (adds ``_time``); other results unchanged."""
+    if q.mode != "snapshot" or TIME in table.column_names:
+        return table
+    times = pa.array(np.full(table.num_rows, q.as_of, dtype=np.int64))
+    return table.append_column(pa.field(TIME, pa.int64(), nullable=False), times)
+
+
+# --- statistics for people -----------------------------------------------------------------
+
+
+def column_statistics(blob: Blob, state: ShardState) -> dict[str, dict[str, Any]]:
+    """Per column of ``state``'s parts (trace and unsealed): ``min`` and ``max`` over the
+    chunks that keep bounds, ``null_count``, ``chunks`` and ``chunks_with_bounds`` (for
+    `persistshard inspect`). Reads one footer per part. Version 1 parts contribute only the
+    sort column; a column whose bounds no chunk keeps has min and max None."""
+    if state.schema is None:
+        return {}
+    refs = [p for b in (*state.trace, *state.unsealed) for p in b.parts if p.num_rows]
+    from persistshard.core.filters import chunk_stats
+
+    out: dict[str, dict[str, Any]] = {
+        name: {"min": None, "max": None, "null_count": 0, "chunks": 0, "chunks_with_bounds": 0}
+        for name in update_schema(state.schema).names
+    }
+    for reader in _open_all(blob, refs) if refs else []:
+        for index in range(len(reader.chunks)):
+            for name, entry in out.items():
+                entry["chunks"] += 1
+                st = chunk_stats(reader, index, name)
+                if st is None:
+                    continue
+                lo, hi, nulls = st
+                entry["null_count"] += nulls
+                if lo is None:
+                    continue
+                entry["chunks_with_bounds"] += 1
+                entry["min"] = lo if entry["min"] is None else min(entry["min"], lo)
+                entry["max"] = hi if entry["max"] is None else max(entry["max"], hi)
+    return out

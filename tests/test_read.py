@@ -1,0 +1,349 @@
+"""Read planning in core: pushed filters (exact, SQL null semantics), statistics-based
+skipping of chunks and parts, and filtered reads equal to filtering the unfiltered answer.
+
+No Spark here: `tests/test_spark_pushdown.py` checks the same filters through Spark against
+Spark's own filtering.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import persistshard as ps
+from persistshard.core import parts
+from persistshard.core.filters import Pred, bind, chunk_may_match, conjunction, filter_table
+from persistshard.core.read import plan_read, read_task, snapshot_query, updates_query
+from persistshard.core.rows import DIFF, TIME
+from persistshard.format import PartReader, encode_part
+
+SCHEMA = pa.schema(
+    [
+        pa.field("i", pa.int64()),
+        pa.field("s", pa.string()),
+        pa.field("d", pa.date32()),
+        pa.field("m", pa.decimal128(9, 2)),
+        pa.field("b", pa.bool_()),
+    ]
+)
+
+VALUES: dict[str, Any] = {
+    "i": st.integers(-5, 5),
+    "s": st.sampled_from(["", "a", "ab", "abc", "b", "ba", "bab", "é", "zz"]),
+    "d": st.dates(dt.date(2020, 1, 1), dt.date(2020, 1, 8)),
+    "m": st.integers(-300, 300).map(lambda x: decimal.Decimal(x).scaleb(-2)),
+    "b": st.booleans(),
+}
+
+
+def nullable(column: str) -> st.SearchStrategy[Any]:
+    return st.one_of(st.none(), VALUES[column])
+
+
+rows_strategy = st.lists(st.fixed_dictionaries({c: nullable(c) for c in SCHEMA.names}), max_size=40)
+
+
+@st.composite
+def leaves(draw: st.DrawFn) -> Pred:
+    column = draw(st.sampled_from(SCHEMA.names))
+    ops = ["eq", "eq_null_safe", "lt", "le", "gt", "ge", "in", "is_null", "is_not_null"]
+    if column == "s":
+        ops += ["starts_with", "ends_with", "contains"]
+    op = draw(st.sampled_from(ops))
+    if op == "in":
+        value: Any = tuple(draw(st.lists(nullable(column), min_size=1, max_size=4)))
+    elif op == "eq_null_safe":
+        value = draw(nullable(column))
+    elif op in ("is_null", "is_not_null"):
+        value = None
+    else:
+        value = draw(VALUES[column])
+    pred = bind(op, column, value, SCHEMA)
+    assert pred is not None, (op, column, value)
+    return pred
+
+
+preds = st.recursive(
+    leaves(),
+    lambda children: st.one_of(
+        children.map(lambda c: Pred("not", children=(c,))),
+        st.lists(children, min_size=2, max_size=3).map(lambda cs: Pred("and", children=tuple(cs))),
+        st.lists(children, min_size=2, max_size=3).map(lambda cs: Pred("or", children=tuple(cs))),
+    ),
+    max_leaves=5,
+)
+
+
+def reference(pred: Pred, row: dict[str, Any]) -> bool | None:
+    """SQL three-valued logic, written out by hand (the oracle)."""
+    op = pred.op
+    if op == "not":
+        inner = reference(pred.children[0], row)
+        return None if inner is None else not inner
+    if op in ("and", "or"):
+        results = [reference(c, row) for c in pred.children]
+        decisive = op == "or"  # OR: any True decides; AND: any False decides
+        if decisive in results:
+            return decisive
+        return None if None in results else not decisive
+    x = row[pred.column]
+    v = pred.value
+    if op == "is_null":
+        return x is None
+    if op == "is_not_null":
+        return x is not None
+    if op == "eq_null_safe":
+        return x == v if x is not None and v is not None else (x is None and v is None)
+    if x is None:
+        return None
+    if op == "in":
+        if any(x == item for item in v if item is not None):
+            return True
+        return None if None in v else False
+    if op == "starts_with":
+        return bool(x.startswith(v))
+    if op == "ends_with":
+        return bool(x.endswith(v))
+    if op == "contains":
+        return v in x
+    return {
+        "eq": x == v,
+        "lt": x < v,
+        "le": x <= v,
+        "gt": x > v,
+        "ge": x >= v,
+    }[op]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rows=rows_strategy, pred=preds)
+def test_filters_follow_sql_null_semantics(rows: list[dict[str, Any]], pred: Pred) -> None:
+    table = pa.Table.from_pylist(rows, schema=SCHEMA)
+    expected = [r for r in rows if reference(pred, r) is True]
+    assert filter_table(table, pred).to_pylist() == expected
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rows=rows_strategy.filter(lambda r: len(r) > 0), pred=preds, chunk=st.integers(60, 400))
+def test_statistics_never_skip_a_matching_chunk(
+    rows: list[dict[str, Any]], pred: Pred, chunk: int
+) -> None:
+    """`chunk_may_match` is a proof: a chunk it rules out holds no row the filter keeps."""
+    table = pa.Table.from_pylist(rows, schema=SCHEMA)
+    data, _ = encode_part(table, sort_column="i", chunk_bytes=chunk)
+    reader = PartReader.from_bytes("p", data)
+    for index in range(len(reader.chunks)):
+        if not chunk_may_match(pred, reader, index):
+            assert (
+                filter_table(pa.Table.from_batches([reader.read_chunk(index)]), pred).num_rows == 0
+            )
+
+
+@pytest.mark.parametrize(
+    ("op", "column", "value", "why"),
+    [
+        ("eq", "f", 1.0, "floats: Spark's NaN order differs from IEEE"),
+        ("lt", "t", dt.datetime(2020, 1, 1), "timestamps: literals arrive as local time"),
+        ("eq", "m", decimal.Decimal("1.234"), "a literal the column cannot hold exactly"),
+        ("eq", "i", 2**70, "out of the column's range"),
+        ("eq", "i", True, "a boolean for an integer column"),
+        ("in", "i", (), "an empty IN list"),
+        ("eq", "nope", 1, "no such column"),
+        ("starts_with", "i", "1", "a string test on a number"),
+        ("eq", "i", None, "= NULL is never true; Spark folds it itself"),
+    ],
+)
+def test_bind_refuses_what_it_cannot_evaluate_exactly(
+    op: str, column: str, value: Any, why: str
+) -> None:
+    schema = pa.schema(
+        [*SCHEMA, pa.field("f", pa.float64()), pa.field("t", pa.timestamp("us", tz="UTC"))]
+    )
+    assert bind(op, column, value, schema) is None, why
+
+
+def test_bind_accepts_null_tests_on_any_type() -> None:
+    schema = pa.schema([pa.field("f", pa.float64()), pa.field("l", pa.list_(pa.int32()))])
+    assert bind("is_null", "f", None, schema) == Pred("is_null", "f")
+    assert bind("is_not_null", "l", None, schema) == Pred("is_not_null", "l")
+
+
+# --- shards: filtered reads and skipping ---------------------------------------------------
+
+
+class CountingBlob:
+    """Counts ranged gets per part key (a footer read is one get, each chunk one more)."""
+
+    def __init__(self, blob: Any) -> None:
+        self.blob = blob
+        self.gets: dict[str, int] = {}
+
+    def get_range(self, key: str, offset: int, length: int) -> bytes:
+        self.gets[key] = self.gets.get(key, 0) + 1
+        data: bytes = self.blob.get_range(key, offset, length)
+        return data
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.blob, name)
+
+
+@pytest.fixture
+def small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(parts, "CHUNK_BYTES", 2000)
+
+
+def orders(lo: int, hi: int, time: int) -> pa.Table:
+    n = hi - lo
+    return pa.table(
+        {
+            "id": pa.array(range(lo, hi), pa.int64()),
+            "day": pa.array(
+                [dt.date(2024, 1, 1) + dt.timedelta(days=i // 10) for i in range(lo, hi)]
+            ),
+            "note": pa.array([None if i % 7 == 0 else f"n{i % 13}" for i in range(lo, hi)]),
+            TIME: pa.array([time] * n, pa.int64()),
+            DIFF: pa.array([1] * n, pa.int64()),
+        }
+    )
+
+
+def test_chunks_outside_the_filter_are_never_fetched(tmp_path: Any, small_chunks: None) -> None:
+    shard = ps.open_shard(str(tmp_path / "s"))
+    shard.append(orders(0, 3000, 0), new_upper=1)
+    shard.append(orders(3000, 6000, 1), new_upper=2)
+    state = shard.state()
+    keys = [p.key for b in state.trace for p in b.parts]
+    total_chunks = sum(
+        len(parts.open_part(shard.blob, p).chunks) for b in state.trace for p in b.parts
+    )
+    assert total_chunks > 40
+    day = dt.date(2024, 1, 1) + dt.timedelta(days=420)  # ids 4200..4209, in the second part
+    pred = bind("eq", "day", day, state.schema)
+    assert pred is not None
+    q = snapshot_query(state, 1, shard.location)
+
+    counting = CountingBlob(shard.blob)
+    tasks = plan_read(counting, state, q, row_filter=pred)  # type: ignore[arg-type]
+    planned = dict(counting.gets)
+    assert planned == {k: 1 for k in keys}  # planning reads each footer once, no chunk
+    counting.gets.clear()
+    got = pa.concat_tables([read_task(counting, t) for t in tasks])  # type: ignore[arg-type]
+    fetched_chunks = sum(n - 1 for n in counting.gets.values())  # minus the footer read
+    assert list(counting.gets) == [keys[1]]  # the first part is never opened by a task
+    assert 1 <= fetched_chunks <= 2, fetched_chunks
+    assert got.column("id").to_pylist() == list(range(4200, 4210))
+
+    # without the filter every chunk is fetched
+    counting.gets.clear()
+    for t in plan_read(counting, state, q):  # type: ignore[arg-type]
+        read_task(counting, t)  # type: ignore[arg-type]
+    assert sum(n - 1 for n in counting.gets.values()) == total_chunks
+
+
+def test_filters_on_non_key_columns_skip_by_their_own_statistics(
+    tmp_path: Any, small_chunks: None
+) -> None:
+    """`note` is not the sort column: version 2 statistics still rule chunks out."""
+    shard = ps.open_shard(str(tmp_path / "s"))
+    table = orders(0, 2000, 0)
+    notes = [None] * 1000 + [f"late-{i}" for i in range(1000)]  # nulls first, then values
+    table = table.set_column(2, "note", pa.array(notes))
+    shard.append(table, new_upper=1)
+    state = shard.state()
+    q = snapshot_query(state, 0, shard.location)
+    counting = CountingBlob(shard.blob)
+    pred = conjunction(
+        [
+            bind("starts_with", "note", "late-99", state.schema),
+            bind("is_not_null", "note", None, state.schema),
+        ]  # type: ignore[list-item]
+    )
+    (task,) = plan_read(counting, state, q, row_filter=pred)  # type: ignore[arg-type]
+    counting.gets.clear()
+    got = read_task(counting, task)  # type: ignore[arg-type]
+    reader = parts.open_part(shard.blob, state.trace[0].parts[0])
+    assert sum(counting.gets.values()) - 1 < len(reader.chunks) // 3
+    assert sorted(got.column("note").to_pylist()) == sorted(
+        [n for n in notes if n is not None and n.startswith("late-99")]
+    )
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_filtered_reads_equal_filtering_the_answer(
+    tmp_path: Any, small_chunks: None, split: bool
+) -> None:
+    """Snapshots (rows repeated over times, retractions included) and change reads."""
+    shard = ps.open_shard(str(tmp_path / "s"))
+    shard.append(orders(0, 1500, 0), new_upper=1)
+    retract = orders(0, 1500, 1).slice(
+        0,
+        1500,
+    )
+    retract = retract.set_column(
+        4, DIFF, pa.array([-1 if i % 3 == 0 else 1 for i in range(1500)], pa.int64())
+    )
+    shard.append(retract, new_upper=2)
+    shard.append(orders(700, 2200, 2), new_upper=3)
+    state = shard.state()
+    schema = state.schema
+    filters = [
+        bind("ge", "id", 600, schema),
+        conjunction(
+            [bind("lt", "day", dt.date(2024, 4, 1), schema), bind("contains", "note", "1", schema)]
+        ),  # type: ignore[list-item]
+        Pred("not", children=(bind("in", "note", ("n1", None), schema),)),  # type: ignore[arg-type]
+        bind("is_null", "note", None, schema),
+    ]
+    size = 4000 if split else 1 << 30
+    for pred in filters:
+        assert pred is not None
+        for q in (
+            snapshot_query(state, 2, shard.location, with_diff=True),
+            snapshot_query(state, 1, shard.location, with_diff=True),
+            updates_query(state, 0, 3, shard.location),
+            updates_query(state, 2, 3, shard.location),
+        ):
+            whole = pa.concat_tables(
+                [
+                    read_task(shard.blob, t)
+                    for t in plan_read(shard.blob, state, q, partition_bytes=size)
+                ]
+            )
+            tasks = plan_read(shard.blob, state, q, row_filter=pred, partition_bytes=size)
+            assert len(tasks) > 1 or not split
+            got = pa.concat_tables([read_task(shard.blob, t) for t in tasks])
+            expected = filter_table(whole, pred)
+            key = [(c, "ascending") for c in got.column_names]
+            assert got.sort_by(key).equals(expected.sort_by(key)), (str(pred), q)
+
+
+def test_inspect_shows_per_column_statistics(tmp_path: Any, capsys: Any) -> None:
+    import json
+
+    from persistshard.cli import main
+
+    location = str(tmp_path / "s")
+    shard = ps.open_shard(location)
+    shard.append(orders(0, 50, 0), new_upper=1)
+    shard.append(orders(50, 120, 1), new_upper=2)
+    assert main(["inspect", location, "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)["column_statistics"]
+    assert stats["id"] == {
+        "min": 0,
+        "max": 119,
+        "null_count": 0,
+        "chunks": 2,
+        "chunks_with_bounds": 2,
+    }
+    assert (stats["day"]["min"], stats["day"]["max"]) == ("2024-01-01", "2024-01-12")
+    assert stats["note"]["null_count"] == len([i for i in range(120) if i % 7 == 0])
+    assert (stats["_time"]["min"], stats["_time"]["max"]) == (0, 1)
+    assert main(["inspect", location]) == 0
+    text = capsys.readouterr().out
+    assert "  id: 0 .. 119, 0 nulls, bounds in 2/2 chunks" in text
