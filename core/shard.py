@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from persistshard.core import state as st
-from persistshard.core.blob import Blob
+from persistshard.core.blob import Blob, open_blob
 from persistshard.core.consensus import BlobConsensus, Consensus
 from persistshard.core.parts import read_parts, write_parts
 from persistshard.core.rows import DIFF, TIME, advance_times, consolidate, snapshot_of
@@ -159,7 +159,7 @@ class Shard:
     ) -> None:
         self.location = _as_location(location)
         self.storage_options = storage_options
-        self.blob = blob if blob is not None else Blob(self.location, **storage_options)
+        self.blob = blob if blob is not None else open_blob(self.location, **storage_options)
         self.consensus = consensus if consensus is not None else BlobConsensus(self.blob)
         self._state = ShardState()
         self._rollup: tuple[int, str | None] = (0, None)

@@ -35,7 +35,7 @@ from persistshard.core.rows import DIFF, TIME, advance_times, consolidate, snaps
 from persistshard.core.shard import Shard, check_as_of, check_updates_range, open_shard
 from persistshard.core.state import PartRef, ShardState
 from persistshard.core.validate import update_schema
-from persistshard.datasource.options import ReadOptions
+from persistshard.datasource.options import ReadOptions, StorageOptions
 from persistshard.datasource.types import arrow_schema_of, conform
 from persistshard.errors import InvalidUpdates, NegativeDiff
 
@@ -84,6 +84,7 @@ class ShardPartition(InputPartition):
         key_range: KeyRange | None,
         query: Query,
         stored_schema: pa.Schema,
+        storage_options: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(version)
         self.location = location
@@ -92,6 +93,7 @@ class ShardPartition(InputPartition):
         self.key_range = key_range
         self.query = query
         self.stored_schema = stored_schema
+        self.storage_options = StorageOptions(storage_options or {})  # repr hides the values
 
 
 def check_query(shard: Shard, state: ShardState, opts: ReadOptions) -> Query:
@@ -145,7 +147,11 @@ def plan_partitions(
     rangeable = any(test(first.type) for test in _RANGE_TYPES)
     if want == 1 or not rangeable or not refs:
         slices = [PartSlice(r, None) for r in refs]
-        return [ShardPartition(shard.location, state.version, slices, None, q, stored)]
+        return [
+            ShardPartition(
+                shard.location, state.version, slices, None, q, stored, shard.storage_options
+            )
+        ]
     with ThreadPoolExecutor(max_workers=min(8, len(refs))) as pool:
         readers = list(pool.map(lambda r: open_part(shard.blob, r), refs))
     chunk_stats = []  # (key_min, key_max, has_nulls, bytes, part index, chunk index)
@@ -153,12 +159,26 @@ def plan_partitions(
         for ci, c in enumerate(reader.chunks):
             if c.key_min is None and c.key_null_count < c.num_rows:
                 slices = [PartSlice(r, None) for r in refs]
-                return [ShardPartition(shard.location, state.version, slices, None, q, stored)]
+                return [
+                    ShardPartition(
+                        shard.location,
+                        state.version,
+                        slices,
+                        None,
+                        q,
+                        stored,
+                        shard.storage_options,
+                    )
+                ]
             chunk_stats.append((c.key_min, c.key_max, c.key_null_count > 0, c.length, pi, ci))
     valued = sorted((s for s in chunk_stats if s[0] is not None), key=lambda s: s[0])
     if not valued:
         slices = [PartSlice(r, None) for r in refs]
-        return [ShardPartition(shard.location, state.version, slices, None, q, stored)]
+        return [
+            ShardPartition(
+                shard.location, state.version, slices, None, q, stored, shard.storage_options
+            )
+        ]
     total_bytes = sum(s[3] for s in valued)
     splits: list[Any] = []
     acc = 0
@@ -179,7 +199,11 @@ def plan_partitions(
                 per_part.setdefault(pi, []).append(ci)
         slices = [PartSlice(refs[pi], tuple(cis)) for pi, cis in sorted(per_part.items())]
         key_range = KeyRange(first.name, lo, hi, last)
-        out.append(ShardPartition(shard.location, state.version, slices, key_range, q, stored))
+        out.append(
+            ShardPartition(
+                shard.location, state.version, slices, key_range, q, stored, shard.storage_options
+            )
+        )
     return out
 
 
@@ -208,7 +232,7 @@ def read_partition(
     repeat when every diff is positive: repeating each update by its diff gives the same
     multiset as repeating each consolidated row by its summed diff, so the sort is skipped.
     """
-    blob = blob if blob is not None else open_shard(p.location).blob
+    blob = blob if blob is not None else open_shard(p.location, **p.storage_options).blob
     q = p.query
     max_time = q.as_of if q.mode == "snapshot" else q.hi - 1
 
@@ -281,7 +305,7 @@ class PersistShardReader(DataSourceReader):
         self.schema = schema
 
     def partitions(self) -> list[ShardPartition]:
-        shard = open_shard(self.opts.location)
+        shard = open_shard(self.opts.location, **self.opts.storage_options)
         state = shard.state()
         if state.schema is None:
             raise InvalidUpdates(f"no shard at {shard.location}: nothing was ever written there")

@@ -60,11 +60,11 @@ class PersistShardStreamReader(DataSourceStreamReader):
     def latestOffset(
         self, start: dict[str, Any] | None = None, limit: Any = None
     ) -> dict[str, int]:
-        return {"upper": open_shard(self.opts.location).upper}
+        return {"upper": open_shard(self.opts.location, **self.opts.storage_options).upper}
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[ShardPartition]:
         lo, hi = int(start["upper"]), int(end["upper"])
-        shard = open_shard(self.opts.location)
+        shard = open_shard(self.opts.location, **self.opts.storage_options)
         state = shard.state()
         if hi <= 0 or state.schema is None:
             return []

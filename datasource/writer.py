@@ -44,7 +44,7 @@ from persistshard.core.validate import (
     update_schema,
     user_schema,
 )
-from persistshard.datasource.options import LOCATION_KEY, WriteOptions
+from persistshard.datasource.options import LOCATION_KEY, StorageOptions, WriteOptions
 from persistshard.datasource.types import arrow_schema_of
 from persistshard.errors import InvalidUpdates, UpperMismatch
 
@@ -125,7 +125,7 @@ def describe_write(
         diff_column=diff_column,
         overwrite=overwrite,
         memory_budget=opts.memory_budget,
-        storage_options=dict(shard.storage_options),
+        storage_options=StorageOptions(shard.storage_options),
     )
 
 
@@ -264,7 +264,7 @@ class PersistShardWriter(DataSourceArrowWriter):
 
     def __init__(self, options: dict[str, str], schema: StructType, overwrite: bool) -> None:
         self.opts = WriteOptions.parse(options, schema)
-        shard = open_shard(self.opts.location)
+        shard = open_shard(self.opts.location, **self.opts.storage_options)
         self.description = describe_write(self.opts, schema, overwrite, shard)
 
     def write(self, iterator: Any) -> TaskWritten:
@@ -321,7 +321,7 @@ class PersistShardStreamWriter(DataSourceStreamArrowWriter):
         self.schema = schema
 
     def write(self, iterator: Any) -> StreamTaskWritten:
-        shard = open_shard(self.opts.location)
+        shard = open_shard(self.opts.location, **self.opts.storage_options)
         d = describe_write(self.opts, self.schema, False, shard)
         batch_id = _batch_id()
         write_id = f"{new_id()[:12]}{self.opts.writer_id}-{batch_id}-{uuid.uuid4().hex[:8]}"
@@ -332,7 +332,7 @@ class PersistShardStreamWriter(DataSourceStreamArrowWriter):
         )
 
     def commit(self, messages: list[Any], batchId: int) -> None:
-        shard = open_shard(self.opts.location)
+        shard = open_shard(self.opts.location, **self.opts.storage_options)
         present = [m for m in messages if m is not None]
         lowers = {m.lower for m in present}
         state = shard.state()
@@ -358,7 +358,7 @@ class PersistShardStreamWriter(DataSourceStreamArrowWriter):
                 sweep_write(shard, m.write_id, shard.state().part_keys())
 
     def abort(self, messages: list[Any], batchId: int) -> None:
-        shard = open_shard(self.opts.location)
+        shard = open_shard(self.opts.location, **self.opts.storage_options)
         keep = shard.state().part_keys()
         for m in messages:
             if m is not None:
