@@ -95,7 +95,11 @@ def _live_versions(
     raw = shard.consensus.scan(1)
     if not raw:
         return None
-    entries = [(e.version, Entry.decode(e.data, f"consensus version {e.version}")) for e in raw]
+    consensus = shard.consensus
+    entries = [
+        (e.version, Entry.decode(e.data, consensus.entry_name(e.version), shard.location))
+        for e in raw
+    ]
     head = entries[-1][0]
     floor = now_ms - retention_ms
     earliest = head

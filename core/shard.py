@@ -175,8 +175,10 @@ class Shard:
             return ShardState()
         data = self.blob.get(key)
         if data is None:
-            raise CorruptData(f"state rollup of version {version} is missing", file=key)
-        return st.decode_rollup(data, key)
+            raise CorruptData(
+                f"state rollup of version {version} is missing", file=key, location=self.location
+            )
+        return st.decode_rollup(data, key, self.location)
 
     def _refresh(self) -> ShardState:
         head = self.consensus.head()
@@ -185,18 +187,18 @@ class Shard:
             return self._state
         if head.version == self._state.version:
             return self._state
-        entry = Entry.decode(head.data, f"consensus version {head.version}")
+        entry = Entry.decode(head.data, self.consensus.entry_name(head.version), self.location)
         base = self._state if 0 < self._state.version < head.version else None
         entries = self.consensus.scan(base.version + 1) if base is not None else []
         if base is None or not entries or entries[0].version != base.version + 1:
             base = self._load_rollup(entry.rollup_version, entry.rollup_key)
             entries = self.consensus.scan(base.version + 1)
         commits = [
-            Entry.decode(e.data, f"consensus version {e.version}").commit
+            Entry.decode(e.data, self.consensus.entry_name(e.version), self.location).commit
             for e in entries
             if e.version <= head.version
         ]
-        folded = st.fold(base, commits)
+        folded = st.fold(base, commits, self.location)
         if folded.version < head.version:
             raise CorruptData(
                 f"consensus log has a gap: rebuilt version {folded.version}, head is "
@@ -210,7 +212,10 @@ class Shard:
     def _find_commit(self, commit_id: str, after: int) -> ShardState | None:
         """The state in which ``commit_id`` landed at a version > ``after``, if it did."""
         for e in self.consensus.scan(after + 1):
-            if Entry.decode(e.data).commit.id == commit_id:
+            if (
+                Entry.decode(e.data, self.consensus.entry_name(e.version), self.location).commit.id
+                == commit_id
+            ):
                 return self._refresh()
         return None
 
@@ -511,7 +516,7 @@ class Shard:
         """The commits still in the log, oldest first: version, kind, id and arguments."""
         out = []
         for e in self.consensus.scan(1):
-            entry = Entry.decode(e.data, f"consensus version {e.version}")
+            entry = Entry.decode(e.data, self.consensus.entry_name(e.version), self.location)
             out.append(
                 {
                     "version": e.version,
