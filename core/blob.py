@@ -358,6 +358,22 @@ class FsspecBlob(Blob):
         return None
 
 
+#: Top-level names a shard writes under its location (anything else is someone else's file).
+SHARD_PREFIXES = frozenset({"parts", "consensus", "rollups"})
+
+
+def foreign_keys(blob: Blob, limit: int = 5) -> builtins.list[str]:
+    """Up to ``limit`` keys under the blob's root that a shard would not have written (to
+    refuse creating a shard in a directory that holds other files)."""
+    out = []
+    for meta in blob.list(""):
+        if meta.key.split("/", 1)[0] not in SHARD_PREFIXES:
+            out.append(meta.key)
+            if len(out) >= limit:
+                break
+    return out
+
+
 def open_blob(url: str, **storage_options: Any) -> Blob:
     """The default blob store for ``url``: `FsspecBlob`."""
     return FsspecBlob(url, **storage_options)

@@ -398,6 +398,8 @@ class Shard:
         current = self._refresh()
         if current.upper != expected_upper:
             raise UpperMismatch(expected_upper, current.upper, location=self.location)
+        if current.version == 0:
+            refuse_foreign_files(self.blob, self.location)
         written = WrittenUpdates()
         schema = current.schema
         if updates is not None:
@@ -615,6 +617,20 @@ class Shard:
         from persistshard.core import gc
 
         return gc.collect(self, dry_run=dry_run, retention_seconds=retention_seconds, now_ms=now_ms)
+
+
+def refuse_foreign_files(blob: Blob, location: str) -> None:
+    """Refuse to create a shard where files that are not a shard's already are (a mistyped
+    location would otherwise mix a shard into someone's data)."""
+    from persistshard.core.blob import foreign_keys
+
+    found = foreign_keys(blob)
+    if found:
+        raise InvalidUpdates(
+            f"the location holds files but no shard (for example {', '.join(found)}); "
+            "refusing to create a shard among them: choose a new or empty location",
+            location=location,
+        )
 
 
 def _full_schema_of(blob: Blob, written: WrittenUpdates) -> pa.Schema:

@@ -36,7 +36,13 @@ from pyspark.sql.types import StructType
 from persistshard.core.correction import Correction
 from persistshard.core.parts import PARTS_PREFIX, PartSink
 from persistshard.core.rows import DIFF, TIME
-from persistshard.core.shard import Shard, WrittenUpdates, new_id, open_shard
+from persistshard.core.shard import (
+    Shard,
+    WrittenUpdates,
+    new_id,
+    open_shard,
+    refuse_foreign_files,
+)
 from persistshard.core.state import PartRef
 from persistshard.core.validate import (
     check_columns,
@@ -84,6 +90,8 @@ def describe_write(
 ) -> BatchDescription:
     """Mint: validate the DataFrame's columns against the shard and fix the description."""
     state = shard.state()
+    if state.version == 0:
+        refuse_foreign_files(shard.blob, shard.location)
     arrow = arrow_schema_of(spark_schema)
     names = arrow.names
     time_column = opts.time_column or (TIME if TIME in names else None)
