@@ -26,6 +26,7 @@ from __future__ import annotations
 import builtins
 import os
 import posixpath
+import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -64,13 +65,44 @@ def _s3fs_atomic() -> bool:
     return _version_tuple(getattr(s3fs, "__version__", "0")) >= MIN_S3FS
 
 
+def temporary_name() -> str:
+    """A fresh temporary file name: `TMP_PREFIX`, the wall-clock ms (12 hex digits), random."""
+    return f"{TMP_PREFIX}{int(time.time() * 1000):012x}{uuid.uuid4().hex[:20]}"
+
+
+def temporary_time_ms(key: str) -> int | None:
+    """When a temporary file named by `temporary_name` was made, else None."""
+    name = posixpath.basename(key)
+    if not name.startswith(TMP_PREFIX):
+        return None
+    try:
+        return int(name[len(TMP_PREFIX) : len(TMP_PREFIX) + 12], 16)
+    except ValueError:
+        return None
+
+
+def _info_ms(info: dict[str, Any]) -> int | None:
+    """The modification time in a filesystem listing entry, in ms, if it has one."""
+    for name in ("mtime", "LastModified", "last_modified", "created"):
+        value = info.get(name)
+        if value is None:
+            continue
+        if hasattr(value, "timestamp"):
+            return int(value.timestamp() * 1000)
+        try:
+            return int(float(value) * 1000)
+        except (TypeError, ValueError):
+            continue
+    return None
+
+
 def _publish_local(path: str, data: bytes, publish: Callable[[str, str], None]) -> None:
     """Write ``data`` to a temporary sibling of ``path``, then ``publish(tmp, path)`` it
     (``os.replace``: atomic overwrite; ``os.link``: atomic create-if-absent). Readers never
     see a partial file; the temporary file is always removed."""
     directory = os.path.dirname(path)
     os.makedirs(directory, exist_ok=True)
-    tmp = os.path.join(directory, f"{TMP_PREFIX}{uuid.uuid4().hex}")
+    tmp = os.path.join(directory, temporary_name())
     try:
         with open(tmp, "wb") as f:
             f.write(data)
@@ -82,10 +114,11 @@ def _publish_local(path: str, data: bytes, publish: Callable[[str, str], None]) 
 
 @dataclass(frozen=True)
 class BlobMeta:
-    """A key and its size in bytes."""
+    """A key and its size in bytes (and when it was written, where a listing says)."""
 
     key: str
     size: int
+    modified_ms: int | None = None
 
 
 @dataclass(frozen=True)
@@ -163,7 +196,8 @@ class Blob(ABC):
         in key order, without temporary ``.tmp-`` objects."""
 
     def list_temporary(self) -> builtins.list[BlobMeta]:
-        """Temporary objects (``.tmp-``) left by puts that never finished; none by default."""
+        """Temporary objects (``.tmp-``) of puts in progress or of puts whose process died
+        before cleaning up (with their write time where known); none by default."""
         return []
 
 
@@ -304,8 +338,8 @@ class FsspecBlob(Blob):
         except FileNotFoundError:
             pass
 
-    def _find(self, prefix: str) -> list[tuple[str, int]]:
-        """(key relative to the root, size) of every object under ``prefix``."""
+    def _find(self, prefix: str) -> list[tuple[str, int, int | None]]:
+        """(key relative to the root, size, modified ms) of every object under ``prefix``."""
         base = self._path(prefix)
         directory = base if prefix.endswith("/") or not prefix else posixpath.dirname(base)
         if not self._local:
@@ -318,13 +352,13 @@ class FsspecBlob(Blob):
         out = []
         for path, info in entries.items():
             rel = path[len(root) :].lstrip("/") if root else path.lstrip("/")
-            out.append((rel, int(info.get("size") or 0)))
+            out.append((rel, int(info.get("size") or 0), _info_ms(info)))
         return out
 
     def list(self, prefix: str = "") -> list[BlobMeta]:
         out = [
             BlobMeta(rel, size)
-            for rel, size in self._find(prefix)
+            for rel, size, _ in self._find(prefix)
             if rel.startswith(prefix) and not posixpath.basename(rel).startswith(TMP_PREFIX)
         ]
         out.sort(key=lambda m: m.key)
@@ -332,30 +366,12 @@ class FsspecBlob(Blob):
 
     def list_temporary(self) -> builtins.list[BlobMeta]:
         out = [
-            BlobMeta(rel, size)
-            for rel, size in self._find("")
+            BlobMeta(rel, size, modified)
+            for rel, size, modified in self._find("")
             if posixpath.basename(rel).startswith(TMP_PREFIX)
         ]
         out.sort(key=lambda m: m.key)
         return out
-
-    def modified_ms(self, key: str) -> int | None:
-        """When the object was last written (ms since the epoch), if the store says."""
-        try:
-            info = self.fs.info(self._path(key), refresh=True)
-        except FileNotFoundError:
-            return None
-        for name in ("mtime", "LastModified", "last_modified", "created"):
-            value = info.get(name)
-            if value is None:
-                continue
-            if hasattr(value, "timestamp"):
-                return int(value.timestamp() * 1000)
-            try:
-                return int(float(value) * 1000)
-            except (TypeError, ValueError):
-                continue
-        return None
 
 
 #: Top-level names a shard writes under its location (anything else is someone else's file).
