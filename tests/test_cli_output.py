@@ -63,7 +63,7 @@ def test_progress_on_a_terminal_only(tmp_path, capsys, monkeypatch, command):
     location = make(tmp_path)
     extra = ["--retention-seconds", "0"] if command[0] == "gc" else []
     assert cli([command[0], location, *command[1:], *extra]) == 0
-    quiet_out, quiet_err = capsys.readouterr()
+    _, quiet_err = capsys.readouterr()
     assert quiet_err == ""  # not a terminal: no progress at all
 
     location = make(tmp_path / "again")
@@ -79,7 +79,7 @@ def test_conformance_json_on_local_files(tmp_path, capsys):
     """`persistshard conformance` runs the storage contract and the model on local files and
     reports each test in JSON."""
     code = cli(["conformance", str(tmp_path / "place"), "--json"])
-    out, err = capsys.readouterr()
+    out = capsys.readouterr().out
     summary = json.loads(out)
     assert code == 0, summary
     assert summary["ok"] and summary["failed"] == 0 and summary["passed"] >= 15
