@@ -56,6 +56,12 @@ class Consensus(ABC):
         """How messages name the stored entry of ``version`` (its file, where there is one)."""
         return f"consensus version {version}"
 
+    @property
+    def shared(self) -> bool:
+        """Whether other processes see the same log (what Spark needs); declared by each
+        implementation."""
+        return True
+
     @abstractmethod
     def head(self) -> VersionedData | None:
         """The newest entry, or None for an empty log."""
@@ -123,6 +129,10 @@ class BlobConsensus(Consensus):
 
     def entry_name(self, version: int) -> str:
         return _key(version)
+
+    @property
+    def shared(self) -> bool:
+        return self.blob.capabilities.shared
 
     def _read_hint(self) -> int:
         if self._hint:
@@ -268,6 +278,10 @@ class MemoryConsensus(Consensus):
 
         self._lock = threading.Lock()
         self._entries: dict[int, bytes] = {}
+
+    @property
+    def shared(self) -> bool:
+        return False  # a list in this process
 
     def head(self) -> VersionedData | None:
         with self._lock:

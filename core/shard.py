@@ -531,7 +531,8 @@ class Shard:
         return out
 
     def verify(self) -> VerifyReport:
-        """Check every invariant of the newest state and every checksum of every part."""
+        """Check every invariant of the newest state, every checksum of every part and of
+        every retained consensus entry."""
         from persistshard.core.parts import open_part
 
         problems: list[str] = []
@@ -540,6 +541,11 @@ class Shard:
             state.check()
         except CorruptData as e:
             problems.append(str(e))
+        for e in self.consensus.scan(1):  # every retained log entry's checksum
+            try:
+                Entry.decode(e.data, self.consensus.entry_name(e.version), self.location)
+            except CorruptData as err:
+                problems.append(str(err))
         checked = 0
         nbytes = 0
         for b in (*state.trace, *state.unsealed):

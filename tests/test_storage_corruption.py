@@ -156,3 +156,31 @@ def test_a_missing_part_is_corrupt_data_naming_it(tmp_path):
         ps.open_shard(location).snapshot()
     assert key in str(e.value) and location in str(e.value)
     assert e.value.file == key
+
+
+def test_verify_reports_a_damaged_old_log_entry(tmp_path):
+    """Reads only touch the entries after the newest rollup; verify checks every retained one."""
+    location = str(tmp_path / "shard")
+    shard = ps.open_shard(location)
+    for t in range(ROLLUP_EVERY + 2):
+        shard.append(updates([(t, "a", t, 1)]))
+    old = tmp_path / "shard" / "consensus" / f"v{2:020d}.json"
+    raw = bytearray(old.read_bytes())
+    raw[-3] ^= 0x01
+    old.write_bytes(bytes(raw))
+    fresh = ps.open_shard(location)
+    assert fresh.upper == ROLLUP_EVERY + 2  # reads do not need it
+    report = fresh.verify()
+    assert not report.ok and any(f"v{2:020d}.json" in p for p in report.problems)
+
+
+def test_consensus_implementations_declare_sharing(tmp_path):
+    from persistshard.core.blob import open_blob
+    from persistshard.core.consensus import BlobConsensus, MemoryConsensus
+
+    assert BlobConsensus(open_blob(str(tmp_path))).shared
+    assert not BlobConsensus(open_blob("memory://declare/x")).shared
+    assert not MemoryConsensus().shared
+    blob = open_blob(str(tmp_path))
+    assert blob.capabilities.atomic_create and blob.capabilities.shared
+    assert not open_blob("memory://declare/y").capabilities.shared
