@@ -541,9 +541,10 @@ class Shard:
             state.check()
         except CorruptData as e:
             problems.append(str(e))
-        for e in self.consensus.scan(1):  # every retained log entry's checksum
+        for logged in self.consensus.scan(1):  # every retained log entry's checksum
             try:
-                Entry.decode(e.data, self.consensus.entry_name(e.version), self.location)
+                name = self.consensus.entry_name(logged.version)
+                Entry.decode(logged.data, name, self.location)
             except CorruptData as err:
                 problems.append(str(err))
         checked = 0
