@@ -184,3 +184,6 @@ def test_consensus_implementations_declare_sharing(tmp_path):
     blob = open_blob(str(tmp_path))
     assert blob.capabilities.atomic_create and blob.capabilities.shared
     assert not open_blob("memory://declare/y").capabilities.shared
+    from persistshard.core.blob import Blob, FsspecBlob
+
+    assert type(Blob(str(tmp_path))) is FsspecBlob  # the interface builds the default
