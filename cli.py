@@ -8,8 +8,13 @@
     persistshard holds LOCATION [--expire READER]   reader holds on since (drops one by hand)
     persistshard conformance LOCATION    run the storage and semantics conformance suite there
 
-Every command takes ``--json`` for machine-readable output. Errors print their message (which
-starts with the error class) and exit with status 2.
+Every command takes ``--storage-option NAME=VALUE`` (repeatable; passed to fsspec, a value that
+parses as JSON is passed decoded) and ``--json`` for machine-readable output. ``compact``,
+``gc``, ``verify`` and ``conformance`` show progress on stderr when it is a terminal (tqdm;
+nothing when it is not). Exit status: 0 when done, 1 when ``verify`` or ``conformance`` found a
+problem, 2 on an error (its message starts with the error class) and on a location that holds
+no shard (every command but ``conformance``, which needs an empty place). Storage option values
+are never printed.
 """
 
 from __future__ import annotations
@@ -23,9 +28,95 @@ from collections.abc import Sequence
 from typing import Any
 
 from persistshard.core import layout
+from persistshard.core.blob import Blob, BlobWrapper, open_blob
 from persistshard.core.layout import DEFAULT_RETENTION_SECONDS
-from persistshard.core.shard import Shard, open_shard
+from persistshard.core.shard import Shard
 from persistshard.errors import PersistShardError
+
+
+class NoShard(Exception):
+    """The location holds no shard (no state was ever committed there)."""
+
+
+def parse_storage_options(pairs: Sequence[str]) -> dict[str, Any]:
+    """``NAME=VALUE`` pairs as fsspec storage options (JSON values decoded)."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name.strip():
+            raise argparse.ArgumentTypeError(
+                f"--storage-option takes NAME=VALUE, got {pair.split('=')[0]!r}..."
+            )
+        try:
+            out[name.strip()] = json.loads(value)
+        except ValueError:
+            out[name.strip()] = value
+    return out
+
+
+class Progress:
+    """A progress bar on stderr when it is a terminal (tqdm), else nothing."""
+
+    def __init__(self, desc: str, *, total: float | None = None, unit: str = "B") -> None:
+        self.bar: Any = None
+        if sys.stderr.isatty():
+            try:
+                from tqdm import tqdm
+            except ImportError:  # pragma: no cover - tqdm is a dependency
+                return
+            self.bar = tqdm(
+                desc=desc,
+                total=total,
+                unit=unit,
+                unit_scale=unit == "B",
+                unit_divisor=1024 if unit == "B" else 1000,
+                file=sys.stderr,
+                leave=False,
+            )
+
+    @property
+    def active(self) -> bool:
+        return self.bar is not None
+
+    def update(self, n: float = 1) -> None:
+        if self.bar is not None:
+            self.bar.update(n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+class CountingBlob(BlobWrapper):
+    """A blob that reports bytes read and written, and deletes, to a `Progress`."""
+
+    def __init__(self, inner: Blob, progress: Progress, *, count: str = "bytes") -> None:
+        super().__init__(inner)
+        self.progress = progress
+        self.count = count
+
+    def _bytes(self, n: int) -> None:
+        if self.count == "bytes":
+            self.progress.update(n)
+
+    def get(self, key: str) -> bytes | None:
+        data = self.inner.get(key)
+        self._bytes(len(data or b""))
+        return data
+
+    def get_range(self, key: str, offset: int, length: int) -> bytes:
+        data = self.inner.get_range(key, offset, length)
+        self._bytes(len(data))
+        return data
+
+    def put(self, key: str, data: bytes) -> None:
+        self.inner.put(key, data)
+        self._bytes(len(data))
+
+    def delete(self, key: str) -> None:
+        self.inner.delete(key)
+        if self.count == "deletes":
+            self.progress.update(1)
 
 
 def _plain(value: Any) -> Any:
@@ -132,8 +223,25 @@ def cmd_history(shard: Shard, args: argparse.Namespace) -> int:
     return 0
 
 
+def _with_progress(shard: Shard, desc: str, total: float | None, count: str = "bytes") -> Any:
+    progress = Progress(desc, total=total, unit="B" if count == "bytes" else "deletes")
+    if not progress.active:
+        return shard, progress
+    blob = CountingBlob(shard.blob, progress, count=count)
+    return Shard(shard.location, blob=blob, **shard.storage_options), progress
+
+
+def _stored_bytes(shard: Shard) -> int:
+    info = shard.describe()
+    return int(sum(v["bytes"] for v in info["trace_levels"].values()) + info["unsealed_bytes"])
+
+
 def cmd_verify(shard: Shard, args: argparse.Namespace) -> int:
-    report = shard.verify()
+    counted, progress = _with_progress(shard, "verify", _stored_bytes(shard))
+    try:
+        report = counted.verify()
+    finally:
+        progress.close()
     if args.json:
         print(json.dumps(_plain(report) | {"ok": report.ok}, indent=2))
     else:
@@ -148,7 +256,11 @@ def cmd_verify(shard: Shard, args: argparse.Namespace) -> int:
 
 
 def cmd_compact(shard: Shard, args: argparse.Namespace) -> int:
-    report = shard.compact()
+    counted, progress = _with_progress(shard, "compact (bytes read and written)", None)
+    try:
+        report = counted.compact()
+    finally:
+        progress.close()
     plain = _plain(report)
     if args.json:
         print(json.dumps(plain, indent=2, default=str))
@@ -162,7 +274,16 @@ def cmd_compact(shard: Shard, args: argparse.Namespace) -> int:
 
 
 def cmd_gc(shard: Shard, args: argparse.Namespace) -> int:
-    report = shard.gc(dry_run=not args.apply, retention_seconds=args.retention_seconds)
+    report = shard.gc(dry_run=True, retention_seconds=args.retention_seconds)
+    if args.apply:
+        plain = _plain(report)
+        total = len(plain["parts"]) + len(plain["rollups"]) + plain["consensus_versions"]
+        total += len(plain.get("temporary", []))
+        counted, progress = _with_progress(shard, "gc", total, count="deletes")
+        try:
+            report = counted.gc(dry_run=False, retention_seconds=args.retention_seconds)
+        finally:
+            progress.close()
     plain = _plain(report)
     if args.json:
         print(json.dumps(plain, indent=2, default=str))
@@ -172,7 +293,7 @@ def cmd_gc(shard: Shard, args: argparse.Namespace) -> int:
         f"{verb}: {len(report.parts)} unreferenced parts, "
         f"{len(report.orphaned_parts)} orphaned parts, "
         f"{len(report.rollups)} rollups, {report.consensus_versions} log "
-        f"entries ({_size(report.bytes)})"
+        f"entries, {len(report.temporary)} temporary files ({_size(report.bytes)})"
     )
     if report.young_parts:
         print(f"kept {report.young_parts} unreferenced parts younger than the retention floor")
@@ -181,7 +302,32 @@ def cmd_gc(shard: Shard, args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_conformance(args: argparse.Namespace) -> int:
+class _Collector:
+    """A pytest plugin: progress per test, and the outcomes for ``--json``."""
+
+    def __init__(self) -> None:
+        self.outcomes: list[dict[str, str]] = []
+        self.progress: Progress | None = None
+
+    def pytest_collection_finish(self, session: Any) -> None:
+        self.progress = Progress("conformance", total=len(session.items), unit="tests")
+
+    def pytest_runtest_logreport(self, report: Any) -> None:
+        if report.when == "call" or (report.when == "setup" and not report.passed):
+            self.outcomes.append(
+                {"test": report.nodeid.split("::", 1)[-1], "outcome": report.outcome}
+            )
+            if self.progress is not None:
+                self.progress.update(1)
+
+    def pytest_sessionfinish(self, session: Any) -> None:
+        if self.progress is not None:
+            self.progress.close()
+
+
+def cmd_conformance(args: argparse.Namespace, options: dict[str, Any]) -> int:
+    import contextlib
+    import io
     import os
 
     try:
@@ -193,9 +339,28 @@ def cmd_conformance(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    from persistshard.conformance.storage import probe_atomic_create
+
+    probe_atomic_create(open_blob(args.location, **options), prefix="conformance-probe/")
     os.environ["PERSISTSHARD_CONFORMANCE_LOCATION"] = args.location
+    os.environ["PERSISTSHARD_CONFORMANCE_STORAGE_OPTIONS"] = json.dumps(options)
     here = os.path.join(os.path.dirname(__file__), "conformance", "run_suite.py")
-    return int(pytest.main([here, "-q", "-p", "no:cacheprovider"]))
+    collector = _Collector()
+    pytest_args = [here, "-q", "-p", "no:cacheprovider"]
+    if args.json:
+        with contextlib.redirect_stdout(io.StringIO()):
+            code = int(pytest.main(pytest_args, plugins=[collector]))
+        failed = [o for o in collector.outcomes if o["outcome"] == "failed"]
+        summary = {
+            "location": args.location,
+            "ok": code == 0,
+            "passed": sum(o["outcome"] == "passed" for o in collector.outcomes),
+            "failed": len(failed),
+            "tests": collector.outcomes,
+        }
+        print(json.dumps(summary, indent=2))
+        return code
+    return int(pytest.main(pytest_args, plugins=[collector]))
 
 
 COMMANDS = {
@@ -208,6 +373,17 @@ COMMANDS = {
 }
 
 
+def open_existing(location: str, options: dict[str, Any]) -> Shard:
+    """The shard at ``location``, or `NoShard` when nothing was ever committed there."""
+    shard = Shard(location, **options)
+    if shard.consensus.head() is None:
+        raise NoShard(
+            f"NoShard: no shard at {shard.location}: no state was ever committed there (a mistyped "
+            "path, or the wrong --storage-option?)"
+        )
+    return shard
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="persistshard", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -217,6 +393,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.add_argument("--json", action="store_true", help="machine-readable output")
         if name == "holds":
             p.add_argument("--expire", metavar="READER", help="drop this reader's hold")
+        p.add_argument(
+            "--storage-option",
+            action="append",
+            default=[],
+            metavar="NAME=VALUE",
+            help="an fsspec storage option (repeatable; JSON values are decoded)",
+        )
         if name == "gc":
             p.add_argument("--apply", action="store_true", help="delete (default: dry run)")
             p.add_argument(
@@ -228,10 +411,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
     args = parser.parse_args(argv)
     try:
+        options = parse_storage_options(args.storage_option)
+    except argparse.ArgumentTypeError as e:
+        parser.error(str(e))
+    try:
         if args.command == "conformance":
-            return cmd_conformance(args)
-        return COMMANDS[args.command](open_shard(args.location), args)
-    except PersistShardError as e:
+            return cmd_conformance(args, options)
+        return COMMANDS[args.command](open_existing(args.location, options), args)
+    except (PersistShardError, NoShard) as e:
         print(str(e), file=sys.stderr)
         return 2
 

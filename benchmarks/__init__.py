@@ -28,6 +28,14 @@ REGISTRY: tuple[Benchmark, ...] = (
         uses_spark=True,
     ),
     Benchmark(
+        name="s3",
+        module="benchmarks.s3_bench",
+        summary="Spark append and snapshot read on a local S3 server (moto) vs local files",
+        sizes={"quick": {"rows": 200_000}, "full": {"rows": 2_000_000}},
+        headings=("spark on s3",),
+        uses_spark=True,
+    ),
+    Benchmark(
         name="scaling",
         module="benchmarks.scaling_bench",
         summary="Spark write and snapshot read at growing sizes vs native parquet",

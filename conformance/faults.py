@@ -15,11 +15,12 @@ import random
 import threading
 from typing import Any
 
-from persistshard.core.blob import Blob, BlobMeta
+from persistshard.core.blob import Blob, BlobWrapper
 
 
-class FaultyBlob(Blob):
-    """A `Blob` whose operations fail at random (see the module docstring)."""
+class FaultyBlob(BlobWrapper):
+    """A `Blob` whose operations fail at random (see the module docstring). It wraps any
+    implementation of the interface and keeps its capabilities."""
 
     def __init__(
         self,
@@ -30,12 +31,7 @@ class FaultyBlob(Blob):
         seed: int = 0,
         operations: frozenset[str] = frozenset({"put", "put_if_absent", "get", "delete"}),
     ) -> None:
-        self.inner = inner
-        self.fs = inner.fs
-        self.url = inner.url
-        self.root = inner.root
-        self.protocol = inner.protocol
-        self._local = inner._local
+        super().__init__(inner)
         self.fail_before = fail_before
         self.fail_after = fail_after
         self.operations = operations
@@ -74,9 +70,6 @@ class FaultyBlob(Blob):
         result: bytes = self._run("get", self.inner.get_range, key, offset, length)
         return result
 
-    def size(self, key: str) -> int | None:
-        return self.inner.size(key)
-
     def put(self, key: str, data: bytes) -> None:
         self._run("put", self.inner.put, key, data)
 
@@ -86,6 +79,3 @@ class FaultyBlob(Blob):
 
     def delete(self, key: str) -> None:
         self._run("delete", self.inner.delete, key)
-
-    def list(self, prefix: str = "") -> list[BlobMeta]:
-        return self.inner.list(prefix)

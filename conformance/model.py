@@ -102,15 +102,19 @@ rows = hs.tuples(hs.integers(0, 4), hs.sampled_from(["a", "b", "c"]))
 diffs = hs.integers(-2, 2).filter(lambda d: d != 0)
 
 
-def make_shard_machine(new_location: Callable[[], str]) -> type[RuleBasedStateMachine]:
-    """A state machine comparing `Shard` at fresh locations from ``new_location`` to the model."""
+def make_shard_machine(
+    new_location: Callable[[], str], storage_options: dict[str, Any] | None = None
+) -> type[RuleBasedStateMachine]:
+    """A state machine comparing `Shard` at fresh locations from ``new_location`` (opened
+    with ``storage_options``) to the model."""
+    options = dict(storage_options or {})
 
     class ShardMachine(RuleBasedStateMachine):
         def __init__(self) -> None:
             super().__init__()
             location = new_location()
-            self.shard = Shard(location)
-            self.other = Shard(location)  # a second handle, used for racing writers
+            self.shard = Shard(location, **options)
+            self.other = Shard(location, **options)  # a second handle, for racing writers
             self.model = ReferenceShard()
 
         @rule(

@@ -1,22 +1,30 @@
 """The conformance suite against a location of the user's: ``persistshard conformance URL``.
 
-Each test gets a fresh, empty sub-location under ``$PERSISTSHARD_CONFORMANCE_LOCATION``; what
-the tests write there is left for inspection. The same classes run in the project's own tests
-against local files and memory (``tests/test_conformance.py``).
+Each test gets a fresh, empty sub-location under ``$PERSISTSHARD_CONFORMANCE_LOCATION``,
+opened with the storage options in ``$PERSISTSHARD_CONFORMANCE_STORAGE_OPTIONS`` (a JSON
+object; the command line's ``--storage-option`` values); what the tests write there is left
+for inspection. The same classes run in the project's own tests against local files, memory
+and a local S3 server (``tests/test_conformance.py``, ``tests/test_s3.py``).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
 
 from persistshard.conformance.model import make_shard_machine
-from persistshard.conformance.storage import BlobContract, ConsensusContract
+from persistshard.conformance.storage import BlobContract, ConsensusContract, Store
+from persistshard.core.blob import open_blob
 
 BASE = os.environ.get("PERSISTSHARD_CONFORMANCE_LOCATION", "")
+OPTIONS: dict[str, Any] = json.loads(
+    os.environ.get("PERSISTSHARD_CONFORMANCE_STORAGE_OPTIONS") or "{}"
+)
 
 
 def _fresh() -> str:
@@ -26,8 +34,10 @@ def _fresh() -> str:
 
 
 @pytest.fixture
-def location() -> str:
-    return _fresh()
+def store() -> Store:
+    url = _fresh()
+    shared = open_blob(url, **OPTIONS).capabilities.shared
+    return Store(url, OPTIONS, shared=shared)
 
 
 class TestBlob(BlobContract):
@@ -39,7 +49,7 @@ class TestConsensus(ConsensusContract):
 
 
 if BASE:
-    TestShardModel = make_shard_machine(_fresh).TestCase
+    TestShardModel = make_shard_machine(_fresh, OPTIONS).TestCase
     TestShardModel.settings = settings(
         max_examples=20,
         stateful_step_count=15,

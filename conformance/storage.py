@@ -1,56 +1,121 @@
 """The storage contract every Blob and Consensus must pass, as pytest test classes.
 
-Subclass `BlobContract` / `ConsensusContract` and provide a ``location`` fixture (a fresh,
-empty URL per test) to run the contract against a backend, the way fsspec's abstract tests
-are reused by each filesystem. ``racers`` is how many racing workers contend for one key: they
-are processes for backends shared between processes (local files, S3) and threads for
-``memory://`` (which lives inside one process).
+Subclass `BlobContract` / `ConsensusContract` and provide a ``store`` fixture returning a
+`Store` (a fresh, empty place per test) to run the contract against a backend, the way
+fsspec's abstract tests are reused by each filesystem. The suites only use the interfaces
+(`persistshard.core.blob.Blob`, `persistshard.core.consensus.Consensus`), so any
+implementation runs them: the fsspec blob on local files, memory or S3, `BlobConsensus` over
+any of them, `MemoryConsensus`.
+
+``RACERS`` workers contend for one key or one version: processes when the store is shared
+between processes (local files, S3; the store is pickled to them), threads otherwise
+(``memory://``, `MemoryConsensus`, which live inside one process).
+
+`probe_atomic_create` is the check `persistshard conformance` runs first: a backend that
+accepts a second exclusive create of the same key (a server that ignores ``If-None-Match``)
+is reported as `StorageUnsupported`, never as a passing store that would lose commits.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
+import queue
 import threading
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
-from persistshard.core.blob import Blob
+from persistshard.core.blob import Blob, open_blob
 from persistshard.core.consensus import BlobConsensus, Consensus
+from persistshard.errors import StorageUnsupported
 
 RACERS = 8
 
 
-def _race_put_if_absent(url: str, key: str, payload: bytes, barrier: Any, out: Any) -> None:
-    blob = Blob(url)
+@dataclass(frozen=True)
+class Store:
+    """How to build the storage under test: a blob, and a consensus over it.
+
+    ``url`` and ``storage_options`` build the blob with `open_blob`; ``consensus`` (default
+    `BlobConsensus`) builds the consensus from the blob. ``shared`` says whether other
+    processes see the same data (then the store must be picklable: module-level callables).
+    """
+
+    url: str
+    storage_options: dict[str, Any] = field(default_factory=dict)
+    consensus_factory: Callable[[Blob], Consensus] | None = None
+    shared: bool = True
+
+    def blob(self) -> Blob:
+        return open_blob(self.url, **self.storage_options)
+
+    def consensus(self) -> Consensus:
+        factory = self.consensus_factory or BlobConsensus
+        return factory(self.blob())
+
+    def __repr__(self) -> str:  # storage options may hold credentials: names only
+        return f"Store({self.url!r}, options={sorted(self.storage_options)}, shared={self.shared})"
+
+
+def one_consensus(consensus: Consensus) -> Callable[[Blob], Consensus]:
+    """A consensus factory that always returns ``consensus`` (an in-process implementation)."""
+    return lambda _blob: consensus
+
+
+def probe_atomic_create(blob: Blob, prefix: str = "") -> None:
+    """Raise `StorageUnsupported` unless a second exclusive create of a key is refused and
+    leaves the first bytes in place (what the default consensus relies on)."""
+    key = f"{prefix}probe-{uuid.uuid4().hex}"
+    try:
+        first = blob.put_if_absent(key, b"first")
+        second = blob.put_if_absent(key, b"second")
+        kept = blob.get(key)
+    finally:
+        blob.delete(key)
+    if not first:
+        raise StorageUnsupported(
+            "an exclusive create of a new key reported that the key exists", location=blob.url
+        )
+    if second or kept != b"first":
+        raise StorageUnsupported(
+            "the storage accepted a second exclusive create of the same key (it ignores "
+            "If-None-Match or has no atomic put-if-absent); two writers could both commit the "
+            "same version. Use storage with atomic put-if-absent (S3, local files) or another "
+            "consensus",
+            location=blob.url,
+        )
+
+
+def _race_put_if_absent(store: Store, key: str, payload: bytes, barrier: Any, out: Any) -> None:
+    blob = store.blob()
     barrier.wait()
     out.put(blob.put_if_absent(key, payload))
 
 
-def _race_cas(url: str, expected: int | None, payload: bytes, barrier: Any, out: Any) -> None:
-    consensus = BlobConsensus(Blob(url))
+def _race_cas(store: Store, expected: int | None, payload: bytes, barrier: Any, out: Any) -> None:
+    consensus = store.consensus()
     barrier.wait()
     out.put((payload, consensus.compare_and_set(expected, payload)))
 
 
-def race(url: str, target: Callable[..., None], payloads: list[Any], *extra: Any) -> list[Any]:
-    """Run ``target`` in len(payloads) racing workers (processes unless memory://)."""
-    if url.startswith("memory:"):
+def race(store: Store, target: Callable[..., None], payloads: list[Any], *extra: Any) -> list[Any]:
+    """Run ``target`` in len(payloads) racing workers (processes when the store is shared)."""
+    workers: list[Any]
+    if not store.shared:
         barrier: Any = threading.Barrier(len(payloads))
-        import queue
-
         out: Any = queue.Queue()
-        workers: list[Any] = [
-            threading.Thread(target=target, args=(url, *extra, p, barrier, out)) for p in payloads
+        workers = [
+            threading.Thread(target=target, args=(store, *extra, p, barrier, out)) for p in payloads
         ]
     else:
         ctx = mp.get_context("spawn")
         barrier = ctx.Barrier(len(payloads))
         out = ctx.Queue()
         workers = [
-            ctx.Process(target=target, args=(url, *extra, p, barrier, out)) for p in payloads
+            ctx.Process(target=target, args=(store, *extra, p, barrier, out)) for p in payloads
         ]
     for w in workers:
         w.start()
@@ -64,14 +129,21 @@ class BlobContract:
     """Get, put, put-if-absent, delete and list, as `persistshard.core.blob` promises."""
 
     @pytest.fixture
-    def blob(self, location: str) -> Blob:
-        return Blob(location)
+    def blob(self, store: Store) -> Blob:
+        return store.blob()
 
     def test_read_after_write(self, blob: Blob) -> None:
         blob.put("a/b", b"hello")
         assert blob.get("a/b") == b"hello"
         assert blob.size("a/b") == 5
         assert blob.get_range("a/b", 1, 3) == b"ell"
+
+    def test_read_after_write_other_handle(self, store: Store) -> None:
+        """A write through one handle is visible through another (a separate client)."""
+        store.blob().put("w/k", b"seen")
+        other = store.blob()
+        assert other.get("w/k") == b"seen"
+        assert [m.key for m in other.list("w/")] == ["w/k"]
 
     def test_missing_key(self, blob: Blob) -> None:
         assert blob.get("nope") is None
@@ -95,25 +167,36 @@ class BlobContract:
         assert [m.size for m in blob.list("q/")] == [3]
         assert [m.key for m in blob.list("zzz/")] == []
 
+    def test_list_after_delete(self, blob: Blob) -> None:
+        blob.put("d/1", b"1")
+        blob.put("d/2", b"2")
+        assert [m.key for m in blob.list("d/")] == ["d/1", "d/2"]
+        blob.delete("d/1")
+        assert [m.key for m in blob.list("d/")] == ["d/2"]
+
     def test_put_if_absent_once(self, blob: Blob) -> None:
         assert blob.put_if_absent("c/1", b"first")
         assert not blob.put_if_absent("c/1", b"second")
         assert blob.get("c/1") == b"first"
 
-    def test_put_if_absent_race(self, location: str) -> None:
+    def test_probe_atomic_create(self, blob: Blob) -> None:
+        probe_atomic_create(blob)
+        assert blob.list("") == []
+
+    def test_put_if_absent_race(self, store: Store) -> None:
         """N workers race to create one key: exactly one wins, its bytes are whole."""
         payloads = [uuid.uuid4().bytes * 1000 for _ in range(RACERS)]
-        results = race(location, _race_put_if_absent, payloads, "race/key")
+        results = race(store, _race_put_if_absent, payloads, "race/key")
         assert sorted(results) == [False] * (RACERS - 1) + [True]
-        assert Blob(location).get("race/key") in payloads
+        assert store.blob().get("race/key") in payloads
 
 
 class ConsensusContract:
     """Compare-and-set, head, scan and truncate, as `persistshard.core.consensus` promises."""
 
     @pytest.fixture
-    def consensus(self, location: str) -> Consensus:
-        return BlobConsensus(Blob(location))
+    def consensus(self, store: Store) -> Consensus:
+        return store.consensus()
 
     def test_empty(self, consensus: Consensus) -> None:
         assert consensus.head() is None
@@ -127,6 +210,12 @@ class ConsensusContract:
         head = consensus.head()
         assert head is not None and (head.version, head.data) == (2, b"two")
         assert [(e.version, e.data) for e in consensus.scan(1)] == [(1, b"one"), (2, b"two")]
+
+    def test_read_after_cas_other_handle(self, store: Store) -> None:
+        """A version set through one handle is the head seen through a new one."""
+        assert store.consensus().compare_and_set(None, b"one")
+        head = store.consensus().head()
+        assert head is not None and (head.version, head.data) == (1, b"one")
 
     def test_truncate_keeps_head(self, consensus: Consensus) -> None:
         for i in range(5):
@@ -147,11 +236,11 @@ class ConsensusContract:
         assert not consensus.compare_and_set(2, b"ghost")
         assert [e.data for e in consensus.scan(1)] == [b"3"]
 
-    def test_cas_race(self, location: str) -> None:
+    def test_cas_race(self, store: Store) -> None:
         """N workers race to append version 1: exactly one wins, and the log holds its bytes."""
         payloads = [f"writer-{i}".encode() for i in range(RACERS)]
-        results = race(location, _race_cas, payloads, None)
+        results = race(store, _race_cas, payloads, None)
         winners = [p for p, ok in results if ok]
         assert len(winners) == 1
-        head = BlobConsensus(Blob(location)).head()
+        head = store.consensus().head()
         assert head is not None and head.version == 1 and head.data == winners[0]

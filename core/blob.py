@@ -1,38 +1,99 @@
 """Blob: the key-value store a shard keeps its bytes in (get, put, delete, list; nothing else).
 
-Contract (tested by `persistshard.conformance`):
+`Blob` is a small abstract interface; `FsspecBlob` (any fsspec URL: local files, memory, S3,
+...) is the implementation a location opens by default (`open_blob`; calling ``Blob(url)``
+builds one too), and `BlobWrapper` is the base of wrappers such as fault injection
+(`persistshard.conformance.faults.FaultyBlob`). Each implementation declares its
+`Capabilities`: whether ``put_if_absent`` is atomic and exclusive, and whether the data is
+shared between processes (Spark refuses storage that is not).
+
+Contract (every implementation; tested by `persistshard.conformance`):
 - ``put(key, data)`` is atomic: a concurrent ``get`` returns either nothing or all of ``data``,
   never a prefix. Keys are written once by the shard; ``put`` on an existing key replaces it
-  (used only for idempotent retries of identical bytes).
-- ``put_if_absent(key, data)`` is atomic *and* exclusive: of N racing callers, exactly one
-  returns True. Only backends listed in `ATOMIC_CREATE_PROTOCOLS` promise this; on others it
-  raises `StorageUnsupported` (fsspec's generic create checks, then writes: not atomic).
-- ``get`` after a successful ``put`` returns the bytes (read-after-write).
+  (used only for idempotent retries of identical bytes, and for the best-effort HEAD hint).
+- ``put_if_absent(key, data)`` is atomic *and* exclusive where ``capabilities.atomic_create``:
+  of N racing callers, exactly one returns True; elsewhere it raises `StorageUnsupported`.
+- ``get`` after a successful ``put`` returns the bytes (read-after-write), also through
+  another handle or process when ``capabilities.shared``.
 - ``delete`` is idempotent: deleting a missing key succeeds.
-- ``list(prefix)`` returns every key under ``prefix`` with its size, in key order.
+- ``list(prefix)`` returns every key under ``prefix`` with its size, in key order, except
+  temporary ``.tmp-`` objects of puts in progress (`list_temporary` lists those, for gc).
 - There are no appends and no in-place rewrites.
-
-Local files: ``put`` writes a temporary sibling and renames it into place; ``put_if_absent``
-writes a temporary sibling and hard-links it to the key (``link`` fails if the key exists),
-so a reader never sees a partial object and exactly one creator wins.
 """
 
 from __future__ import annotations
 
+import builtins
 import os
 import posixpath
+import time
 import uuid
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
+from fsspec.implementations.memory import MemoryFileSystem
 
 from persistshard.errors import StorageUnsupported
 
-#: Protocols whose exclusive create (``open(path, "xb")``) is atomic.
+#: Protocols whose exclusive create (``open(path, "xb")``) is atomic (S3: with a recent
+#: enough s3fs, see `MIN_S3FS`).
 ATOMIC_CREATE_PROTOCOLS = frozenset({"file", "local", "memory", "s3", "s3a"})
+#: The first s3fs whose exclusive create sends ``If-None-Match`` for every object size
+#: (fsspec/s3fs#974: before it, small files were written unconditionally).
+MIN_S3FS = (2025, 7, 0)
+#: Prefix of the temporary objects a put writes before publishing them.
+TMP_PREFIX = ".tmp-"
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    parts = []
+    for piece in text.split(".")[:3]:
+        digits = "".join(c for c in piece if c.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
+def _s3fs_atomic() -> bool:
+    try:
+        import s3fs
+    except ImportError:
+        return False
+    return _version_tuple(getattr(s3fs, "__version__", "0")) >= MIN_S3FS
+
+
+def temporary_name() -> str:
+    """A fresh temporary file name: `TMP_PREFIX`, the wall-clock ms (12 hex digits), random."""
+    return f"{TMP_PREFIX}{int(time.time() * 1000):012x}{uuid.uuid4().hex[:20]}"
+
+
+def temporary_time_ms(key: str) -> int | None:
+    """When a temporary file named by `temporary_name` was made, else None."""
+    name = posixpath.basename(key)
+    if not name.startswith(TMP_PREFIX):
+        return None
+    try:
+        return int(name[len(TMP_PREFIX) : len(TMP_PREFIX) + 12], 16)
+    except ValueError:
+        return None
+
+
+def _info_ms(info: dict[str, Any]) -> int | None:
+    """The modification time in a filesystem listing entry, in ms, if it has one."""
+    for name in ("mtime", "LastModified", "last_modified", "created"):
+        value = info.get(name)
+        if value is None:
+            continue
+        if hasattr(value, "timestamp"):
+            return int(value.timestamp() * 1000)
+        try:
+            return int(float(value) * 1000)
+        except (TypeError, ValueError):
+            continue
+    return None
 
 
 def _publish_local(path: str, data: bytes, publish: Callable[[str, str], None]) -> None:
@@ -41,7 +102,7 @@ def _publish_local(path: str, data: bytes, publish: Callable[[str, str], None]) 
     see a partial file; the temporary file is always removed."""
     directory = os.path.dirname(path)
     os.makedirs(directory, exist_ok=True)
-    tmp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}")
+    tmp = os.path.join(directory, temporary_name())
     try:
         with open(tmp, "wb") as f:
             f.write(data)
@@ -53,14 +114,148 @@ def _publish_local(path: str, data: bytes, publish: Callable[[str, str], None]) 
 
 @dataclass(frozen=True)
 class BlobMeta:
-    """A key and its size in bytes."""
+    """A key and its size in bytes (and when it was written, where a listing says)."""
 
     key: str
     size: int
+    modified_ms: int | None = None
 
 
-class Blob:
-    """A blob store rooted at ``url`` (any fsspec URL or local path)."""
+@dataclass(frozen=True)
+class Capabilities:
+    """What a blob store promises beyond the basic contract."""
+
+    #: ``put_if_absent`` is atomic and exclusive (what `BlobConsensus` needs).
+    atomic_create: bool
+    #: Every process that opens the same location sees the same data (what Spark needs).
+    shared: bool
+
+
+class Blob(ABC):
+    """A blob store (see the module docstring for the contract).
+
+    ``url`` names the store (a shard's location). ``Blob(url, **storage_options)`` on the
+    interface itself builds the default implementation, `FsspecBlob`.
+    """
+
+    url: str
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Blob:
+        if cls is Blob:
+            cls = FsspecBlob
+        return super().__new__(cls)
+
+    @property
+    @abstractmethod
+    def capabilities(self) -> Capabilities:
+        """What this store promises (atomic create, shared between processes)."""
+
+    @property
+    def supports_atomic_create(self) -> bool:
+        """Whether `put_if_absent` is atomic and exclusive on this store."""
+        return self.capabilities.atomic_create
+
+    @property
+    def protocol(self) -> str:
+        """A short name of the kind of storage, for messages."""
+        return type(self).__name__
+
+    @abstractmethod
+    def get(self, key: str) -> bytes | None:
+        """The object's bytes, or None if there is no such key."""
+
+    @abstractmethod
+    def get_range(self, key: str, offset: int, length: int) -> bytes:
+        """``length`` bytes at ``offset`` (a ranged get); fewer if the object is shorter.
+        Raises ``FileNotFoundError`` if there is no such key."""
+
+    @abstractmethod
+    def size(self, key: str) -> int | None:
+        """The object's size, or None if there is no such key."""
+
+    @abstractmethod
+    def put(self, key: str, data: bytes) -> None:
+        """Store ``data`` under ``key`` atomically (readers see all of it or none)."""
+
+    @abstractmethod
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        """Create ``key`` with ``data`` unless it exists; True if this call created it.
+
+        Atomic and exclusive where ``capabilities.atomic_create``; raises
+        `StorageUnsupported` elsewhere. An ``OSError`` other than "exists" leaves the outcome
+        unknown: the object may or may not have been created.
+        """
+
+    @abstractmethod
+    def delete(self, key: str) -> None:
+        """Remove ``key``; succeeds when it is already gone."""
+
+    @abstractmethod
+    def list(self, prefix: str = "") -> list[BlobMeta]:
+        """Every key under ``prefix`` (a "directory" prefix ending in ``/`` or a key prefix),
+        in key order, without temporary ``.tmp-`` objects."""
+
+    def list_temporary(self) -> builtins.list[BlobMeta]:
+        """Temporary objects (``.tmp-``) of puts in progress or of puts whose process died
+        before cleaning up (with their write time where known); none by default."""
+        return []
+
+
+class BlobWrapper(Blob):
+    """A blob that forwards every call to ``inner``: subclass it and override what changes
+    (fault injection, crash simulation, progress counting). Capabilities are the inner's."""
+
+    def __init__(self, inner: Blob) -> None:
+        self.inner = inner
+        self.url = inner.url
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self.inner.capabilities
+
+    @property
+    def protocol(self) -> str:
+        return self.inner.protocol
+
+    def get(self, key: str) -> bytes | None:
+        return self.inner.get(key)
+
+    def get_range(self, key: str, offset: int, length: int) -> bytes:
+        return self.inner.get_range(key, offset, length)
+
+    def size(self, key: str) -> int | None:
+        return self.inner.size(key)
+
+    def put(self, key: str, data: bytes) -> None:
+        self.inner.put(key, data)
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        return self.inner.put_if_absent(key, data)
+
+    def delete(self, key: str) -> None:
+        self.inner.delete(key)
+
+    def list(self, prefix: str = "") -> list[BlobMeta]:
+        return self.inner.list(prefix)
+
+    def list_temporary(self) -> builtins.list[BlobMeta]:
+        return self.inner.list_temporary()
+
+
+class FsspecBlob(Blob):
+    """A blob store rooted at ``url`` (any fsspec URL or local path), over an fsspec filesystem.
+
+    Local files: ``put`` writes a temporary sibling and renames it into place;
+    ``put_if_absent`` writes a temporary sibling and hard-links it to the key (``link`` fails
+    if the key exists), so a reader never sees a partial file and exactly one creator wins. A
+    process that dies between the two leaves the ``.tmp-`` sibling behind (`list_temporary`).
+    S3 (s3fs >= `MIN_S3FS`): ``put_if_absent`` is a PutObject with ``If-None-Match: *``; the
+    server decides, atomically. Memory: exclusive create under fsspec's lock, one process only.
+    Other filesystems: fsspec's generic create checks, then writes (not atomic), so
+    ``put_if_absent`` raises `StorageUnsupported`.
+    Listings and sizes are never answered from fsspec's listing cache, which would hide other
+    processes' writes.
+    """
 
     def __init__(self, url: str, **storage_options: Any) -> None:
         fs, root = fsspec.core.url_to_fs(url, **storage_options)
@@ -68,19 +263,27 @@ class Blob:
         self.url = url
         self.root = root.rstrip("/") if root not in ("", "/") else root
         protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-        self.protocol = protocol
+        self._protocol = protocol
         self._local = isinstance(fs, LocalFileSystem)
+        atomic = self._local or protocol in ATOMIC_CREATE_PROTOCOLS
+        if protocol in ("s3", "s3a"):
+            atomic = _s3fs_atomic()
+        self._capabilities = Capabilities(
+            atomic_create=atomic, shared=not isinstance(fs, MemoryFileSystem)
+        )
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self._capabilities
+
+    @property
+    def protocol(self) -> str:
+        return self._protocol
 
     def _path(self, key: str) -> str:
         return posixpath.join(self.root, key) if self.root else key
 
-    @property
-    def supports_atomic_create(self) -> bool:
-        """Whether `put_if_absent` is atomic and exclusive on this backend."""
-        return self._local or self.protocol in ATOMIC_CREATE_PROTOCOLS
-
     def get(self, key: str) -> bytes | None:
-        """The object's bytes, or None if there is no such key."""
         try:
             data: bytes = self.fs.cat_file(self._path(key))
             return data
@@ -88,19 +291,16 @@ class Blob:
             return None
 
     def get_range(self, key: str, offset: int, length: int) -> bytes:
-        """``length`` bytes at ``offset`` (a ranged get); fewer if the object is shorter."""
         data: bytes = self.fs.cat_file(self._path(key), start=offset, end=offset + length)
         return data
 
     def size(self, key: str) -> int | None:
-        """The object's size, or None if there is no such key."""
         try:
-            return int(self.fs.size(self._path(key)))
+            return int(self.fs.info(self._path(key), refresh=True)["size"])
         except FileNotFoundError:
             return None
 
     def put(self, key: str, data: bytes) -> None:
-        """Store ``data`` under ``key`` atomically (readers see all of it or none)."""
         path = self._path(key)
         if self._local:
             _publish_local(path, data, os.replace)
@@ -108,12 +308,6 @@ class Blob:
         self.fs.pipe_file(path, data)
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
-        """Create ``key`` with ``data`` unless it exists; True if this call created it.
-
-        Atomic and exclusive where `supports_atomic_create`; raises `StorageUnsupported`
-        elsewhere. An ``OSError`` other than "exists" leaves the outcome unknown: the object
-        may or may not have been created.
-        """
         path = self._path(key)
         if self._local:
             try:
@@ -122,9 +316,12 @@ class Blob:
             except FileExistsError:
                 return False
         if not self.supports_atomic_create:
+            extra = ""
+            if self.protocol in ("s3", "s3a"):
+                extra = f" (s3fs {'.'.join(map(str, MIN_S3FS))} or later has one)"
             raise StorageUnsupported(
-                f"the {self.protocol!r} filesystem has no atomic put-if-absent, which the "
-                "default consensus needs; pass a consensus that can compare-and-set "
+                f"the {self.protocol!r} filesystem has no atomic put-if-absent{extra}, which "
+                "the default consensus needs; pass a consensus that can compare-and-set "
                 "(for example on local files, memory or S3)",
                 location=self.url,
             )
@@ -136,16 +333,17 @@ class Blob:
             return False
 
     def delete(self, key: str) -> None:
-        """Remove ``key``; succeeds when it is already gone."""
         try:
             self.fs.rm_file(self._path(key))
         except FileNotFoundError:
             pass
 
-    def list(self, prefix: str = "") -> list[BlobMeta]:
-        """Every key under ``prefix`` (a "directory" prefix ending in ``/`` or a key prefix)."""
+    def _find(self, prefix: str) -> list[tuple[str, int, int | None]]:
+        """(key relative to the root, size, modified ms) of every object under ``prefix``."""
         base = self._path(prefix)
         directory = base if prefix.endswith("/") or not prefix else posixpath.dirname(base)
+        if not self._local:
+            self.fs.invalidate_cache(directory)
         try:
             entries = self.fs.find(directory, detail=True, withdirs=False)
         except FileNotFoundError:
@@ -154,10 +352,44 @@ class Blob:
         out = []
         for path, info in entries.items():
             rel = path[len(root) :].lstrip("/") if root else path.lstrip("/")
-            name = posixpath.basename(rel)
-            if name.startswith(".tmp-"):
-                continue
-            if rel.startswith(prefix):
-                out.append(BlobMeta(rel, int(info.get("size") or 0)))
+            out.append((rel, int(info.get("size") or 0), _info_ms(info)))
+        return out
+
+    def list(self, prefix: str = "") -> list[BlobMeta]:
+        out = [
+            BlobMeta(rel, size)
+            for rel, size, _ in self._find(prefix)
+            if rel.startswith(prefix) and not posixpath.basename(rel).startswith(TMP_PREFIX)
+        ]
         out.sort(key=lambda m: m.key)
         return out
+
+    def list_temporary(self) -> builtins.list[BlobMeta]:
+        out = [
+            BlobMeta(rel, size, modified)
+            for rel, size, modified in self._find("")
+            if posixpath.basename(rel).startswith(TMP_PREFIX)
+        ]
+        out.sort(key=lambda m: m.key)
+        return out
+
+
+#: Top-level names a shard writes under its location (anything else is someone else's file).
+SHARD_PREFIXES = frozenset({"parts", "consensus", "rollups"})
+
+
+def foreign_keys(blob: Blob, limit: int = 5) -> builtins.list[str]:
+    """Up to ``limit`` keys under the blob's root that a shard would not have written (to
+    refuse creating a shard in a directory that holds other files)."""
+    out = []
+    for meta in blob.list(""):
+        if meta.key.split("/", 1)[0] not in SHARD_PREFIXES:
+            out.append(meta.key)
+            if len(out) >= limit:
+                break
+    return out
+
+
+def open_blob(url: str, **storage_options: Any) -> Blob:
+    """The default blob store for ``url``: `FsspecBlob`."""
+    return FsspecBlob(url, **storage_options)

@@ -53,6 +53,16 @@ class VersionedData:
 class Consensus(ABC):
     """A versioned log with compare-and-set at its head (see the module docstring)."""
 
+    def entry_name(self, version: int) -> str:
+        """How messages name the stored entry of ``version`` (its file, where there is one)."""
+        return f"consensus version {version}"
+
+    @property
+    def shared(self) -> bool:
+        """Whether other processes see the same log (what Spark needs); declared by each
+        implementation."""
+        return True
+
     @abstractmethod
     def head(self) -> VersionedData | None:
         """The newest entry, or None for an empty log."""
@@ -84,14 +94,18 @@ def _wrap(prev_digest: str | None, payload: bytes) -> bytes:
     return head + payload
 
 
-def _unwrap(raw: bytes, key: str) -> tuple[str | None, bytes]:
+def _unwrap(raw: bytes, key: str, location: str | None = None) -> tuple[str | None, bytes]:
     line, sep, payload = raw.partition(b"\n")
     if not sep:
-        raise CorruptData("consensus entry has no header line", file=key)
+        raise CorruptData("consensus entry has no header line", file=key, location=location)
     try:
         prev: Any = json.loads(line)["prev"]
+        if prev is not None and not isinstance(prev, str):
+            raise TypeError(f"predecessor digest {prev!r} is not a string")
     except (ValueError, KeyError, TypeError) as e:
-        raise CorruptData(f"consensus entry header unreadable: {e}", file=key) from e
+        raise CorruptData(
+            f"consensus entry header unreadable: {e}", file=key, location=location
+        ) from e
     return prev, payload
 
 
@@ -113,6 +127,13 @@ class BlobConsensus(Consensus):
             )
         self.blob = blob
         self._hint = 0
+
+    def entry_name(self, version: int) -> str:
+        return _key(version)
+
+    @property
+    def shared(self) -> bool:
+        return self.blob.capabilities.shared
 
     def _read_hint(self) -> int:
         if self._hint:
@@ -155,7 +176,7 @@ class BlobConsensus(Consensus):
         raw = self.blob.get(key)
         if raw is None:
             return None
-        prev, payload = _unwrap(raw, key)
+        prev, payload = _unwrap(raw, key, self.blob.url)
         return prev, VersionedData(version, payload)
 
     def head(self) -> VersionedData | None:
@@ -258,6 +279,10 @@ class MemoryConsensus(Consensus):
 
         self._lock = threading.Lock()
         self._entries: dict[int, bytes] = {}
+
+    @property
+    def shared(self) -> bool:
+        return False  # a list in this process
 
     def head(self) -> VersionedData | None:
         with self._lock:

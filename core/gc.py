@@ -15,6 +15,10 @@ longer than any write). Everything else may go:
   (``consensus.truncate(R)``: every live version is rebuilt from R plus later entries).
 - rollups under ``rollups/`` that no log entry at or after R names, written before the floor
   (older rollups, and rollups of commits that lost their race).
+- temporary ``.tmp-`` files that a put writes before publishing its object, left behind when
+  the process died in between; written (by the listing's modification time, else the time in
+  their name) before the floor. Nothing ever references them; a put still in progress is far
+  younger than any retention window. One without a known write time is never deleted.
 
 What always holds, whenever gc stops (crash, error, or completion):
 - Nothing a live version references is deleted, and every live version can still be rebuilt:
@@ -30,11 +34,12 @@ If the live versions cannot be rebuilt (a rollup or log entry missing), gc raise
 from __future__ import annotations
 
 import itertools
-import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from persistshard.core import layout
 from persistshard.core import state as st
+from persistshard.core.blob import temporary_time_ms
 from persistshard.core.layout import (
     DEFAULT_RETENTION_SECONDS,
     PARTS_PREFIX,
@@ -54,7 +59,8 @@ class GcReport:
     ``parts`` are the part keys to delete, ``orphaned_parts`` the subset no retained version
     ever referenced (uncommitted writes), ``young_parts`` how many unreferenced parts were kept
     because they are newer than the retention floor; ``consensus_below`` is R: log entries
-    below it are truncated (``consensus_versions`` of them).
+    below it are truncated (``consensus_versions`` of them); ``temporary`` are the leftover
+    ``.tmp-`` files older than the floor.
     """
 
     dry_run: bool
@@ -69,12 +75,14 @@ class GcReport:
     rollup_bytes: int = 0
     consensus_below: int = 0
     consensus_versions: int = 0
+    temporary: list[str] = field(default_factory=list)
+    temporary_bytes: int = 0
     deleted: int = 0
 
     @property
     def bytes(self) -> int:
-        """Bytes of parts and rollups deleted (or deletable on a dry run)."""
-        return self.part_bytes + self.rollup_bytes
+        """Bytes of parts, rollups and temporary files deleted (or deletable on a dry run)."""
+        return self.part_bytes + self.rollup_bytes + self.temporary_bytes
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -163,12 +171,14 @@ def collect(
 ) -> GcReport:
     """Find (and unless ``dry_run``, delete) what no live version needs; see the module
     docstring for what is deleted, in which order, and why that is safe."""
-    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    now_ms = layout.now_ms() if now_ms is None else now_ms
     retention_ms = int(retention_seconds * 1000)
     floor = now_ms - retention_ms
     report = GcReport(dry_run=dry_run, retention_seconds=retention_seconds)
+    _plan_temporary(machine, floor, report)
     found = _live_versions(machine, now_ms, retention_ms)
     if found is None:
+        _delete_temporary(machine, report)
         return report
     head, earliest, rollup_version, rollup_key, entries = found
     report.head_version, report.earliest_live_version = head, earliest
@@ -217,4 +227,23 @@ def collect(
     for key in report.rollups:
         machine.blob.delete(key)
         report.deleted += 1
+    _delete_temporary(machine, report)
     return report
+
+
+def _plan_temporary(machine: StateMachine, floor: int, report: GcReport) -> None:
+    """Leftover temporary files written before ``floor`` go into the report."""
+    for meta in machine.blob.list_temporary():
+        written = meta.modified_ms if meta.modified_ms is not None else temporary_time_ms(meta.key)
+        if written is None or written >= floor:
+            continue
+        report.temporary.append(meta.key)
+        report.temporary_bytes += meta.size
+
+
+def _delete_temporary(machine: StateMachine, report: GcReport) -> None:
+    if report.dry_run:
+        return
+    for key in report.temporary:
+        machine.blob.delete(key)
+        report.deleted += 1

@@ -78,14 +78,14 @@ class StateMachine:
             return self._state
         if head.version == self._state.version:
             return self._state
-        entry = Entry.decode(head.data, f"consensus version {head.version}")
+        entry = Entry.decode(head.data, self.consensus.entry_name(head.version), self.location)
         base = self._state if 0 < self._state.version < head.version else None
         entries = self.consensus.scan(base.version + 1) if base is not None else []
         if base is None or not entries or entries[0].version != base.version + 1:
             base = self.load_rollup(entry.rollup_version, entry.rollup_key)
             entries = self.consensus.scan(base.version + 1)
         commits = [
-            Entry.decode(e.data, f"consensus version {e.version}").commit
+            Entry.decode(e.data, self.consensus.entry_name(e.version), self.location).commit
             for e in entries
             if e.version <= head.version
         ]
@@ -109,12 +109,12 @@ class StateMachine:
             raise CorruptData(
                 f"state rollup of version {version} is missing", file=key, location=self.location
             )
-        return st.decode_rollup(data, key)
+        return st.decode_rollup(data, key, self.location)
 
     def entries(self, from_version: int = 1) -> list[tuple[int, Entry]]:
         """The decoded log entries at or after ``from_version``, oldest first."""
         return [
-            (e.version, Entry.decode(e.data, f"consensus version {e.version}"))
+            (e.version, Entry.decode(e.data, self.consensus.entry_name(e.version), self.location))
             for e in self.consensus.scan(from_version)
         ]
 

@@ -18,6 +18,7 @@ from persistshard.core.blob import Blob
 from persistshard.core.layout import part_key
 from persistshard.core.rows import TIME, row_columns, sort_table
 from persistshard.core.state import PartRef
+from persistshard.errors import CorruptData
 from persistshard.format import PartReader, encode_part
 
 #: A part is cut into several once its uncompressed size passes this.
@@ -103,10 +104,23 @@ class PartSink:
 
 
 def open_part(blob: Blob, ref: PartRef) -> PartReader:
-    """A reader over ``ref`` that fetches bytes with ranged gets."""
-    return PartReader.open(
-        ref.key, ref.size, lambda offset, length: blob.get_range(ref.key, offset, length)
-    )
+    """A reader over ``ref`` that fetches bytes with ranged gets.
+
+    A part the state references but the storage lacks is `CorruptData` naming it (the state
+    promises it exists: something deleted it), never a raw ``FileNotFoundError``.
+    """
+
+    def fetch(offset: int, length: int) -> bytes:
+        try:
+            return blob.get_range(ref.key, offset, length)
+        except FileNotFoundError:
+            raise CorruptData(
+                f"part {ref.key} is referenced by the shard's state but missing from storage",
+                file=ref.key,
+                location=blob.url,
+            ) from None
+
+    return PartReader.open(ref.key, ref.size, fetch)
 
 
 def read_part(

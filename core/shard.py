@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 
 from persistshard.core import layout
 from persistshard.core import state as st
-from persistshard.core.blob import Blob
+from persistshard.core.blob import Blob, open_blob
 from persistshard.core.compact import CompactionReport, compact_shard
 from persistshard.core.compact import maybe_compact as maybe_compact_shard
 from persistshard.core.consensus import BlobConsensus, Consensus
@@ -52,6 +52,7 @@ from persistshard.core.rows import DIFF, TIME, consolidate, snapshot_of
 from persistshard.core.state import (
     Batch,
     Commit,
+    Entry,
     PartRef,
     ShardState,
 )
@@ -119,7 +120,7 @@ class Shard:
     ) -> None:
         self.location = _as_location(location)
         self.storage_options = storage_options
-        blob = blob if blob is not None else Blob(self.location, **storage_options)
+        blob = blob if blob is not None else open_blob(self.location, **storage_options)
         consensus = consensus if consensus is not None else BlobConsensus(blob)
         self.machine = StateMachine(self.location, blob, consensus)
 
@@ -287,6 +288,8 @@ class Shard:
         current = self.machine.state()
         if current.upper != expected_upper:
             raise UpperMismatch(expected_upper, current.upper, location=self.location)
+        if current.version == 0:
+            refuse_foreign_files(self.blob, self.location)
         written = WrittenUpdates()
         schema = current.schema
         if updates is not None:
@@ -433,7 +436,8 @@ class Shard:
         return out
 
     def verify(self) -> VerifyReport:
-        """Check every invariant of the newest state and every checksum of every part."""
+        """Check every invariant of the newest state, every checksum of every part and of
+        every retained consensus entry."""
         from persistshard.core.parts import open_part
 
         problems: list[str] = []
@@ -442,6 +446,12 @@ class Shard:
             state.check()
         except CorruptData as e:
             problems.append(str(e))
+        for logged in self.consensus.scan(1):  # every retained log entry's checksum
+            try:
+                name = self.consensus.entry_name(logged.version)
+                Entry.decode(logged.data, name, self.location)
+            except CorruptData as err:
+                problems.append(str(err))
         checked = 0
         nbytes = 0
         for b in (*state.trace, *state.unsealed):
@@ -522,6 +532,20 @@ class Shard:
         version needs. See `persistshard.core.gc`."""
         return collect(
             self.machine, dry_run=dry_run, retention_seconds=retention_seconds, now_ms=now_ms
+        )
+
+
+def refuse_foreign_files(blob: Blob, location: str) -> None:
+    """Refuse to create a shard where files that are not a shard's already are (a mistyped
+    location would otherwise mix a shard into someone's data)."""
+    from persistshard.core.blob import foreign_keys
+
+    found = foreign_keys(blob)
+    if found:
+        raise InvalidUpdates(
+            f"the location holds files but no shard (for example {', '.join(found)}); "
+            "refusing to create a shard among them: choose a new or empty location",
+            location=location,
         )
 
 

@@ -34,16 +34,27 @@ Commit kinds, all in `apply` (their preconditions are classes named ``Assert...`
   the output covers exactly their interval and keeps levels ordered (`AssertLevelsOrdered`);
   replaces them with one output batch. It may also name unsealed input batches (whose updates
   below the upper the output absorbed) and unsealed outputs (their trimmed remainders).
+
+Stored bytes (`Entry.encode`, `encode_rollup`; docs/format.md): one header line
+``<magic> <version> <length> <crc32c>\n`` then the JSON body, where ``length`` and ``crc32c``
+(8 hex digits) are those of the body. Decoding checks all four before parsing, so a flipped,
+truncated or lengthened object is `CorruptData` naming the file (and the shard when the caller
+passes it), never a different state and never a retryable error. A loaded state is also
+checked: a rollup's state must satisfy `ShardState.check`, and replaying the log (`fold`) must
+apply every commit (a precondition failing on replay means the log is damaged, so it is
+`CorruptData`, not `UpperMismatch`) and end in a state that satisfies `ShardState.check`.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import crc32c
 import pyarrow as pa
 
 from persistshard.errors import (
@@ -51,6 +62,7 @@ from persistshard.errors import (
     HoldExpired,
     InvalidUpdates,
     NotSealed,
+    PersistShardError,
     SinceViolation,
     StateConflict,
     UpperMismatch,
@@ -540,7 +552,40 @@ def apply(state: ShardState, commit: Commit, location: str | None = None) -> Sha
     return replace(new, version=state.version + 1, last_commit=commit.id)
 
 
-# --- log entries ---------------------------------------------------------------------------
+# --- log entries and rollups: checksummed bytes ----------------------------------------------
+
+#: Magic words of the stored objects, and the version of their layout.
+ENTRY_MAGIC = b"persistshard-entry"
+ROLLUP_MAGIC = b"persistshard-rollup"
+STORED_VERSION = 1
+_HEADER = re.compile(rb"^([a-z-]+) (\d+) (\d+) ([0-9a-f]{8})$")
+
+
+def seal(magic: bytes, body: bytes) -> bytes:
+    """``body`` behind a header line that carries its length and crc32c (module docstring)."""
+    checksum = crc32c.crc32c(body)
+    return b"%s %d %d %08x\n" % (magic, STORED_VERSION, len(body), checksum) + body
+
+
+def unseal(magic: bytes, data: bytes, what: str, where: str, location: str | None) -> bytes:
+    """The body of a sealed object, or `CorruptData` naming ``where`` if any check fails."""
+
+    def corrupt(problem: str) -> CorruptData:
+        return CorruptData(f"{what} is damaged: {problem}", file=where, location=location)
+
+    line, sep, body = data.partition(b"\n")
+    m = _HEADER.match(line) if sep else None
+    if m is None:
+        raise corrupt("no valid header line")
+    if m.group(1) != magic:
+        raise corrupt(f"magic {m.group(1)[:40]!r}, expected {magic!r}")
+    if int(m.group(2)) != STORED_VERSION:
+        raise corrupt(f"layout version {int(m.group(2))}, this reader knows {STORED_VERSION}")
+    if int(m.group(3)) != len(body):
+        raise corrupt(f"{len(body)} bytes, the header says {int(m.group(3))}")
+    if int(m.group(4), 16) != crc32c.crc32c(body):
+        raise corrupt("crc32c mismatch")
+    return body
 
 
 @dataclass(frozen=True)
@@ -553,7 +598,7 @@ class Entry:
     at_ms: int | None = None
 
     def encode(self) -> bytes:
-        return json.dumps(
+        body = json.dumps(
             {
                 "commit": self.commit.to_json(),
                 "rollup": {"version": self.rollup_version, "key": self.rollup_key},
@@ -562,34 +607,76 @@ class Entry:
             separators=(",", ":"),
             sort_keys=True,
         ).encode()
+        return seal(ENTRY_MAGIC, body)
 
     @staticmethod
-    def decode(data: bytes, where: str = "consensus") -> Entry:
+    def decode(data: bytes, where: str = "consensus", location: str | None = None) -> Entry:
+        """The entry in ``data``; `CorruptData` naming ``where`` (and the shard at
+        ``location``) if its checksum, length or contents are wrong."""
+        body = unseal(ENTRY_MAGIC, data, "consensus entry", where, location)
         try:
-            d = json.loads(data)
-            return Entry(
+            d = json.loads(body)
+            entry = Entry(
                 Commit.from_json(d["commit"]),
                 d["rollup"]["version"],
                 d["rollup"]["key"],
                 d.get("at_ms"),
             )
-        except (ValueError, KeyError, TypeError) as e:
-            raise CorruptData(f"unreadable consensus entry: {e}", file=where) from e
+            if entry.commit.kind not in _APPLY or not isinstance(entry.commit.args, dict):
+                raise ValueError(f"unknown commit kind {entry.commit.kind!r}")
+            return entry
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise CorruptData(
+                f"unreadable consensus entry: {e}", file=where, location=location
+            ) from e
 
 
 def encode_rollup(state: ShardState) -> bytes:
-    return json.dumps(state.to_json(), separators=(",", ":"), sort_keys=True).encode()
+    body = json.dumps(state.to_json(), separators=(",", ":"), sort_keys=True).encode()
+    return seal(ROLLUP_MAGIC, body)
 
 
-def decode_rollup(data: bytes, where: str) -> ShardState:
+def decode_rollup(data: bytes, where: str, location: str | None = None) -> ShardState:
+    """The state in a rollup; `CorruptData` naming ``where`` if its checksum, length or
+    contents are wrong, or if the state breaks an invariant (`ShardState.check`)."""
+    body = unseal(ROLLUP_MAGIC, data, "state rollup", where, location)
     try:
-        return ShardState.from_json(json.loads(data))
-    except (ValueError, KeyError, TypeError) as e:
-        raise CorruptData(f"unreadable state rollup: {e}", file=where) from e
+        state = ShardState.from_json(json.loads(body))
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise CorruptData(f"unreadable state rollup: {e}", file=where, location=location) from e
+    try:
+        state.check()
+    except CorruptData as e:
+        raise CorruptData(f"state rollup: {e.detail}", file=where, location=location) from e
+    return state
+
+
+#: Errors of `apply` that, on replay of commits that once applied, mean a damaged log.
+_REPLAY_FAILURES = (PersistShardError, WriterAlreadyCommitted, KeyError, TypeError, ValueError)
 
 
 def fold(state: ShardState, commits: Sequence[Commit], location: str | None = None) -> ShardState:
-    """Apply ``commits`` in order (replaying the log; preconditions held when they landed)."""
+    """Apply ``commits`` in order (replaying the log; preconditions held when they landed),
+    then check the invariants of the result (cheap: one pass over batches and parts).
+
+    Every commit in the log applied once, so a failure here means the stored log or rollup
+    is damaged: it is `CorruptData`, never a retryable error such as `UpperMismatch`.
+    """
+    if not commits:
+        return state
     for c in commits:
-        state = apply(state, c, location)
+        try:
+            state = apply(state, c, location)
+        except CorruptData:
+            raise
+        except _REPLAY_FAILURES as e:
+            raise CorruptData(
+                f"replaying the log, the commit of version {state.version + 1} ({c.kind} "
+                f"{c.id}) does not apply to version {state.version}: {e}",
+                location=location,
+            ) from e
+    try:
+        state.check()
+    except CorruptData as e:
+        raise CorruptData(e.detail, location=location) from e
     return state

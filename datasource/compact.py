@@ -38,12 +38,12 @@ if TYPE_CHECKING:
 
 def run_merge_task(payload: str) -> str:
     """Run one merge on an executor: plan JSON in, result JSON (or an error) out."""
-    from persistshard.core.blob import Blob
+    from persistshard.core.blob import open_blob
     from persistshard.core.compact import run_merge
 
     d = json.loads(payload)
     try:
-        blob = Blob(d["location"], **d["storage_options"])
+        blob = open_blob(d["location"], **d["storage_options"])
         plan = trace.MergePlan.from_json(d["plan"])
         result = run_merge(blob, plan, schema_from_b64(d["schema"]), write_id=d["write_id"])
         return json.dumps({"result": result.to_json()})

@@ -11,15 +11,24 @@ table's LOCATION and OPTIONS before a Python source sees them, except in ``schem
 a ``CREATE TABLE`` without a column list; what ``schema()`` returns there is kept in the
 catalog with its field metadata and handed to every later ``reader(schema)`` and
 ``writer(schema)``. So the location travels in the metadata of the table's fields.
+
+Storage options: every option named ``storage.<name>`` is handed to fsspec as the storage
+option ``<name>`` (Spark lower-cases option keys, so names are lower case); a value that
+parses as JSON is passed decoded (``storage.client_kwargs`` = ``{"endpoint_url": ...}``), any
+other value as the string it is. They travel to the tasks inside the pickled reader/writer and
+partitions, never into the shard, the catalog or a message: `StorageOptions` hides its values
+from ``repr``. Spark refuses storage that is not shared between processes (`check_shared`):
+each Python worker has its own ``memory://``, so a write there would vanish.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from persistshard.errors import InvalidUpdates
+from persistshard.errors import InvalidUpdates, StorageUnsupported
 
 #: Field metadata key holding the shard location of a SQL table.
 LOCATION_KEY = "persistshard.location"
@@ -53,9 +62,78 @@ COMMON_OPTIONS = frozenset({"path", "location", "paths", "checkpointlocation", "
 ALL_OPTIONS = WRITE_OPTIONS | READ_OPTIONS | TABLE_OPTIONS | COMMON_OPTIONS
 
 
+#: Prefix of the options passed to fsspec as storage options.
+STORAGE_PREFIX = "storage."
+
+#: fsspec protocols whose data lives inside one process: Spark's workers would each see their own.
+PROCESS_LOCAL_PROTOCOLS = frozenset({"memory"})
+
+
+class StorageOptions(dict[str, Any]):
+    """fsspec storage options; ``repr`` shows the names only, so no secret reaches a log."""
+
+    def __repr__(self) -> str:
+        return f"StorageOptions({', '.join(sorted(self))})"
+
+    __str__ = __repr__
+
+
+def _decode(value: Any) -> Any:
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value
+
+
+def storage_options(options: Mapping[str, Any]) -> StorageOptions:
+    """The ``storage.<name>`` options as fsspec storage options (JSON values decoded)."""
+    out = StorageOptions()
+    for key, value in options.items():
+        if key.lower().startswith(STORAGE_PREFIX):
+            name = key[len(STORAGE_PREFIX) :]
+            if not name:
+                raise InvalidUpdates("option 'storage.' names no storage option")
+            out[name] = _decode(value)
+    return out
+
+
+def check_shared(location: str) -> None:
+    """Refuse a location whose filesystem is not shared between processes (``memory://``):
+    Spark runs Python in many worker processes, and each would see its own copy."""
+    import fsspec
+
+    for url in location.split("::"):
+        protocol, _ = fsspec.core.split_protocol(url)
+        if protocol is None:
+            continue
+        try:
+            cls = fsspec.get_filesystem_class(protocol)
+        except (ValueError, ImportError):
+            continue  # an unknown protocol fails later, with fsspec's own message
+        from fsspec.implementations.memory import MemoryFileSystem
+
+        if protocol in PROCESS_LOCAL_PROTOCOLS or issubclass(cls, MemoryFileSystem):
+            raise StorageUnsupported(
+                f"{protocol}:// lives inside one process, but Spark reads and writes in many "
+                "Python worker processes, each with its own copy: a write would report success "
+                "and vanish. Use storage every worker shares (a local path on a one-machine "
+                "cluster, s3://, gs://, abfs://, ...); memory:// is for the Python API only",
+                location=location,
+            )
+
+
 def check_known(options: Mapping[str, str], allowed: frozenset[str], what: str) -> None:
-    """Refuse options this operation does not know (Spark's own ``__``-keys pass)."""
-    unknown = sorted(k for k in options if k.lower() not in allowed and not k.startswith("__"))
+    """Refuse options this operation does not know (Spark's own ``__``-keys and
+    ``storage.<name>`` options pass)."""
+    unknown = sorted(
+        k
+        for k in options
+        if k.lower() not in allowed
+        and not k.startswith("__")
+        and not k.lower().startswith(STORAGE_PREFIX)
+    )
     if unknown:
         raise InvalidUpdates(
             f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} for a "
@@ -127,12 +205,15 @@ class WriteOptions:
     writer_id: str | None
     compact: bool
     memory_budget: int
+    storage_options: StorageOptions = field(default_factory=StorageOptions)
 
     @staticmethod
     def parse(options: Mapping[str, str], schema: Any = None) -> WriteOptions:
         check_known(options, WRITE_OPTIONS | COMMON_OPTIONS | TABLE_OPTIONS, "write")
+        location = require_location(options, schema)
+        check_shared(location)
         return WriteOptions(
-            location=require_location(options, schema),
+            location=location,
             time_column=options.get("time_column") or None,
             diff_column=options.get("diff_column") or None,
             upper=_int(options, "upper"),
@@ -140,6 +221,7 @@ class WriteOptions:
             writer_id=options.get("writer_id") or None,
             compact=_bool(options, "compact", True),
             memory_budget=_int(options, "memory_budget") or (256 << 20),
+            storage_options=storage_options(options),
         )
 
 
@@ -157,6 +239,7 @@ class ReadOptions:
     max_partitions: int
     reader_id: str | None = None
     reader_lease_seconds: int | None = None
+    storage_options: StorageOptions = field(default_factory=StorageOptions)
 
     @property
     def reads_updates(self) -> bool:
@@ -165,8 +248,10 @@ class ReadOptions:
     @staticmethod
     def parse(options: Mapping[str, str], schema: Any = None) -> ReadOptions:
         check_known(options, READ_OPTIONS | COMMON_OPTIONS | TABLE_OPTIONS, "read")
+        location = require_location(options, schema)
+        check_shared(location)
         parsed = ReadOptions(
-            location=require_location(options, schema),
+            location=location,
             as_of=_int(options, "as_of"),
             with_diff=_bool(options, "with_diff", False),
             changes=_bool(options, "changes", False),
@@ -176,6 +261,7 @@ class ReadOptions:
             max_partitions=_int(options, "max_partitions") or 64,
             reader_id=options.get("reader_id") or None,
             reader_lease_seconds=_int(options, "reader_lease_seconds"),
+            storage_options=storage_options(options),
         )
         if parsed.reads_updates and parsed.as_of is not None:
             raise InvalidUpdates("as_of cannot be combined with updates_from / updates_to")

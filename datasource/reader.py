@@ -66,7 +66,7 @@ from persistshard.core.read import (
 from persistshard.core.rows import DIFF, SYSTEM_COLUMNS
 from persistshard.core.shard import Shard, open_shard
 from persistshard.core.state import ShardState
-from persistshard.datasource.options import ReadOptions
+from persistshard.datasource.options import ReadOptions, StorageOptions
 from persistshard.datasource.types import arrow_schema_of, conform
 from persistshard.errors import InvalidUpdates
 
@@ -91,11 +91,18 @@ BATCH_ROWS = 1 << 16
 class ShardPartition(InputPartition):
     """One Spark task: a core `ReadTask` of the pinned version, plus where the shard is."""
 
-    def __init__(self, location: str, version: int, task: ReadTask) -> None:
+    def __init__(
+        self,
+        location: str,
+        version: int,
+        task: ReadTask,
+        storage_options: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__(version)
         self.location = location
         self.version = version
         self.task = task
+        self.storage_options = StorageOptions(storage_options or {})  # repr hides the values
 
     @property
     def query(self) -> Query:
@@ -128,14 +135,14 @@ def plan_partitions(
         max_partitions=opts.max_partitions,
         row_filter=row_filter,
     )
-    return [ShardPartition(shard.location, state.version, t) for t in tasks]
+    return [ShardPartition(shard.location, state.version, t, shard.storage_options) for t in tasks]
 
 
 def read_partition(
     p: ShardPartition, blob: Blob | None = None, *, as_multiset: bool = False
 ) -> pa.Table:
     """The consolidated rows of one partition (`core.read.read_task`)."""
-    blob = blob if blob is not None else open_shard(p.location).blob
+    blob = blob if blob is not None else open_shard(p.location, **p.storage_options).blob
     return read_task(blob, p.task, as_multiset=as_multiset)
 
 
@@ -203,7 +210,7 @@ class PersistShardReader(DataSourceReader):
         self.result_filter: Pred | None = None  # on _time / _diff of the final rows
 
     def partitions(self) -> list[ShardPartition]:
-        shard = open_shard(self.opts.location)
+        shard = open_shard(self.opts.location, **self.opts.storage_options)
         state = shard.state()
         if state.schema is None:
             raise InvalidUpdates(f"no shard at {shard.location}: nothing was ever written there")
@@ -240,7 +247,7 @@ class PersistShardPushdownReader(PersistShardReader):
         self.instance_id = instance_id
 
     def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
-        state = open_shard(self.opts.location).state()
+        state = open_shard(self.opts.location, **self.opts.storage_options).state()
         if state.schema is None or not self.instance_id:
             return filters  # partitions() reports the missing shard
         stored = state.schema

@@ -34,8 +34,10 @@ from persistshard.core.shard import open_shard
 from persistshard.datasource.options import (
     LOCATION_KEY,
     ReadOptions,
+    check_shared,
     find_location,
     require_location,
+    storage_options,
 )
 from persistshard.datasource.types import spark_schema_of
 from persistshard.errors import InvalidUpdates
@@ -66,9 +68,20 @@ class PersistShardDataSource(DataSource):
     def schema(self) -> StructType:
         options = dict(self.options)
         location = require_location(options)
-        shard = open_shard(location)
-        stored = shard.schema
+        check_shared(location)
         creating = "location" in options or "provider" in options
+        secrets = storage_options(options)
+        if creating and secrets:
+            # Spark keeps a table's OPTIONS in its catalog: storage options (credentials) must
+            # not go there. fsspec's own configuration reaches every statement instead.
+            raise InvalidUpdates(
+                f"a table's OPTIONS are stored in Spark's catalog, so storage options "
+                f"({', '.join(sorted(secrets))}) are refused there; configure the storage "
+                "through fsspec instead (FSSPEC_<PROTOCOL>_<NAME> environment variables or an "
+                "fsspec config file), or pass storage.<name> options per statement"
+            )
+        shard = open_shard(location, **secrets)
+        stored = shard.schema
         if stored is None:
             columns = options.get("columns")
             if columns is None:

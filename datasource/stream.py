@@ -88,7 +88,7 @@ class PersistShardStreamReader(DataSourceStreamReader):
 
     def initialOffset(self) -> dict[str, int]:
         start = self.opts.updates_from
-        hold = self._holding(open_shard(self.opts.location))
+        hold = self._holding(open_shard(self.opts.location, **self.opts.storage_options))
         if start is not None and start - 1 > hold.since:
             hold.downgrade_since(start - 1)
         return {"upper": INITIAL if start is None else start}
@@ -96,13 +96,13 @@ class PersistShardStreamReader(DataSourceStreamReader):
     def latestOffset(
         self, start: dict[str, Any] | None = None, limit: Any = None
     ) -> dict[str, int]:
-        shard = open_shard(self.opts.location)
+        shard = open_shard(self.opts.location, **self.opts.storage_options)
         self._holding(shard)
         return {"upper": shard.upper}
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[ShardPartition]:
         lo, hi = int(start["upper"]), int(end["upper"])
-        shard = open_shard(self.opts.location)
+        shard = open_shard(self.opts.location, **self.opts.storage_options)
         state = shard.state()
         if hi <= 0 or state.schema is None:
             return []
@@ -126,7 +126,7 @@ class PersistShardStreamReader(DataSourceStreamReader):
     def commit(self, end: dict[str, Any]) -> None:
         """Spark has everything below ``end``: hold since at ``end - 1`` from now on."""
         upper = int(end["upper"])
-        hold = self._holding(open_shard(self.opts.location))
+        hold = self._holding(open_shard(self.opts.location, **self.opts.storage_options))
         if upper - 1 > hold.since:
             hold.downgrade_since(upper - 1)
 

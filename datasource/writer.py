@@ -37,7 +37,12 @@ from persistshard.core.correction import Correction
 from persistshard.core.layout import PARTS_PREFIX, new_id
 from persistshard.core.parts import PartSink
 from persistshard.core.rows import DIFF, TIME
-from persistshard.core.shard import Shard, WrittenUpdates, open_shard
+from persistshard.core.shard import (
+    Shard,
+    WrittenUpdates,
+    open_shard,
+    refuse_foreign_files,
+)
 from persistshard.core.state import PartRef
 from persistshard.core.validate import (
     check_columns,
@@ -45,7 +50,7 @@ from persistshard.core.validate import (
     update_schema,
     user_schema,
 )
-from persistshard.datasource.options import WriteOptions
+from persistshard.datasource.options import StorageOptions, WriteOptions
 from persistshard.datasource.types import arrow_schema_of
 from persistshard.errors import InvalidUpdates, UpperMismatch
 
@@ -85,6 +90,8 @@ def describe_write(
 ) -> BatchDescription:
     """Mint: validate the DataFrame's columns against the shard and fix the description."""
     state = shard.state()
+    if state.version == 0:
+        refuse_foreign_files(shard.blob, shard.location)
     arrow = arrow_schema_of(spark_schema)
     names = arrow.names
     time_column = opts.time_column or (TIME if TIME in names else None)
@@ -126,7 +133,7 @@ def describe_write(
         diff_column=diff_column,
         overwrite=overwrite,
         memory_budget=opts.memory_budget,
-        storage_options=dict(shard.storage_options),
+        storage_options=StorageOptions(shard.storage_options),
     )
 
 
@@ -265,7 +272,7 @@ class PersistShardWriter(DataSourceArrowWriter):
 
     def __init__(self, options: dict[str, str], schema: StructType, overwrite: bool) -> None:
         self.opts = WriteOptions.parse(options, schema)
-        shard = open_shard(self.opts.location)
+        shard = open_shard(self.opts.location, **self.opts.storage_options)
         self.description = describe_write(self.opts, schema, overwrite, shard)
 
     def write(self, iterator: Any) -> TaskWritten:
@@ -322,7 +329,7 @@ class PersistShardStreamWriter(DataSourceStreamArrowWriter):
         self.schema = schema
 
     def write(self, iterator: Any) -> StreamTaskWritten:
-        shard = open_shard(self.opts.location)
+        shard = open_shard(self.opts.location, **self.opts.storage_options)
         d = describe_write(self.opts, self.schema, False, shard)
         batch_id = _batch_id()
         write_id = f"{new_id()[:12]}{self.opts.writer_id}-{batch_id}-{uuid.uuid4().hex[:8]}"
@@ -333,7 +340,7 @@ class PersistShardStreamWriter(DataSourceStreamArrowWriter):
         )
 
     def commit(self, messages: list[Any], batchId: int) -> None:
-        shard = open_shard(self.opts.location)
+        shard = open_shard(self.opts.location, **self.opts.storage_options)
         present = [m for m in messages if m is not None]
         lowers = {m.lower for m in present}
         state = shard.state()
@@ -359,7 +366,7 @@ class PersistShardStreamWriter(DataSourceStreamArrowWriter):
                 sweep_write(shard, m.write_id, shard.state().part_keys())
 
     def abort(self, messages: list[Any], batchId: int) -> None:
-        shard = open_shard(self.opts.location)
+        shard = open_shard(self.opts.location, **self.opts.storage_options)
         keep = shard.state().part_keys()
         for m in messages:
             if m is not None:

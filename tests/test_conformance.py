@@ -16,16 +16,22 @@ from hypothesis import HealthCheck, settings
 from persistshard import Indeterminate, UpperMismatch
 from persistshard.conformance.faults import FaultyBlob
 from persistshard.conformance.model import make_shard_machine
-from persistshard.conformance.storage import BlobContract, ConsensusContract
+from persistshard.conformance.storage import (
+    BlobContract,
+    ConsensusContract,
+    Store,
+    one_consensus,
+)
 from persistshard.core.blob import Blob
+from persistshard.core.consensus import MemoryConsensus
 from persistshard.core.shard import Shard
 
 
 @pytest.fixture(params=["file", "memory"])
-def location(request, tmp_path) -> str:
+def store(request, tmp_path) -> Store:
     if request.param == "file":
-        return f"file://{tmp_path}/store"
-    return f"memory://conformance-{uuid.uuid4().hex}"
+        return Store(f"file://{tmp_path}/store")
+    return Store(f"memory://conformance-{uuid.uuid4().hex}", shared=False)
 
 
 class TestBlob(BlobContract):
@@ -34,6 +40,31 @@ class TestBlob(BlobContract):
 
 class TestConsensus(ConsensusContract):
     pass
+
+
+class TestMemoryConsensus(ConsensusContract):
+    """The in-process consensus passes the same contract (its racers are threads)."""
+
+    @pytest.fixture
+    def store(self) -> Store:
+        return Store(
+            f"memory://unused-{uuid.uuid4().hex}",
+            consensus_factory=one_consensus(MemoryConsensus()),
+            shared=False,
+        )
+
+
+class TestFaultFreeWrapper(BlobContract):
+    """A wrapper with faults switched off is a blob like any other (the wrapper forwards
+    the whole interface, capabilities included)."""
+
+    @pytest.fixture
+    def store(self, tmp_path) -> Store:
+        return Store(f"file://{tmp_path}/store")
+
+    @pytest.fixture
+    def blob(self, store: Store) -> Blob:
+        return FaultyBlob(store.blob(), fail_before=0.0, fail_after=0.0)
 
 
 _counter = iter(range(10**9))

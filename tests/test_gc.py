@@ -14,7 +14,7 @@ from conformance_helpers import rows_of, updates
 
 import persistshard as ps
 from persistshard.core import layout
-from persistshard.core.blob import Blob, BlobMeta
+from persistshard.core.blob import Blob, BlobWrapper
 from persistshard.core.layout import ROLLUP_EVERY, new_id
 from persistshard.core.state import ShardState
 
@@ -173,33 +173,13 @@ class Crash(Exception):
     pass
 
 
-class CrashingBlob(Blob):
+class CrashingBlob(BlobWrapper):
     """A blob that lets ``allowed`` deletes through and then raises on the next one."""
 
     def __init__(self, inner: Blob, allowed: int) -> None:
-        self.inner = inner
-        self.fs, self.url, self.root = inner.fs, inner.url, inner.root
-        self.protocol, self._local = inner.protocol, inner._local
+        super().__init__(inner)
         self.allowed = allowed
         self.deletes = 0
-
-    def get(self, key: str) -> bytes | None:
-        return self.inner.get(key)
-
-    def get_range(self, key: str, offset: int, length: int) -> bytes:
-        return self.inner.get_range(key, offset, length)
-
-    def size(self, key: str) -> int | None:
-        return self.inner.size(key)
-
-    def put(self, key: str, data: bytes) -> None:
-        self.inner.put(key, data)
-
-    def put_if_absent(self, key: str, data: bytes) -> bool:
-        return self.inner.put_if_absent(key, data)
-
-    def list(self, prefix: str = "") -> list[BlobMeta]:
-        return self.inner.list(prefix)
 
     def delete(self, key: str) -> None:
         if self.deletes >= self.allowed:
