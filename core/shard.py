@@ -26,6 +26,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -291,9 +292,14 @@ class Shard:
         schema: pa.Schema | None,
         commit_id: str | None = None,
         writer: tuple[str, int] | None = None,
+        rebase: bool = False,
     ) -> ShardState:
         """Append parts already written (one compare-and-append). On any refusal the parts
         are deleted and the error re-raised; a streaming writer's replayed batch is a no-op.
+
+        ``rebase``: a plain append (every update at ``expected_upper``, ``new_upper =
+        expected_upper + 1``) that lands at whatever the upper is when it commits, never
+        failing with `UpperMismatch`; its parts are not rewritten (see `state.append_commit`).
         """
         commit_id = commit_id or new_id()
         batch = Batch(
@@ -311,7 +317,7 @@ class Shard:
                 parts=tuple(written.unsealed),
             )
         commit = st.append_commit(
-            commit_id, expected_upper, new_upper, batch, unsealed, schema, writer
+            commit_id, expected_upper, new_upper, batch, unsealed, schema, writer, rebase
         )
         try:
             return self._commit(commit)
@@ -416,8 +422,34 @@ class Shard:
 
     def append(self, updates: pa.Table, new_upper: int | None = None) -> ShardState:
         """Append at the current upper; ``new_upper`` defaults to one past the largest time
-        (or current upper + 1 when the updates are empty)."""
-        expected = self._refresh().upper
+        (or current upper + 1 when the updates are empty).
+
+        *Plain* updates (no ``_time`` column, ``_diff`` optional and ``+1`` by default, no
+        ``new_upper``) are rows written at whatever the upper is when the commit lands: the
+        append never fails with `UpperMismatch`; after a lost race its parts are committed at
+        the newer upper without being rewritten.
+        """
+        current = self._refresh()
+        expected = current.upper
+        if TIME not in updates.column_names and new_upper is None:
+            n = updates.num_rows
+            if DIFF not in updates.column_names:
+                updates = updates.append_column(DIFF, pa.array(np.ones(n, dtype=np.int64)))
+            updates = updates.append_column(TIME, pa.array(np.full(n, expected, dtype=np.int64)))
+            schema = current.schema
+            incoming = user_schema(updates.schema) if schema is None else schema
+            write_id = new_id()
+            written = self.write_updates(
+                updates, lower=expected, new_upper=expected + 1, write_id=write_id, schema=schema
+            )
+            return self.commit_written(
+                written,
+                expected_upper=expected,
+                new_upper=expected + 1,
+                schema=incoming,
+                commit_id=write_id,
+                rebase=True,
+            )
         if new_upper is None:
             times = updates.column(TIME) if TIME in updates.column_names else None
             biggest = pc.max(times).as_py() if times is not None and len(times) else None

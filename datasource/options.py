@@ -33,6 +33,7 @@ WRITE_OPTIONS = frozenset(
         "writer_id",
         "compact",
         "memory_budget",
+        "merge_schema",
     }
 )
 READ_OPTIONS = frozenset(
@@ -100,17 +101,33 @@ def find_location(options: Mapping[str, str], schema: Any = None) -> str | None:
     return None
 
 
-def require_location(options: Mapping[str, str], schema: Any = None) -> str:
-    """`find_location`, or an error that says how to name the shard."""
+#: What a write that reached the source without a location should be written as instead.
+WRITE_FORMS = (
+    "name the shard in the statement: INSERT INTO t WITH ('path' = '/data/t') SELECT ... "
+    "(also INSERT OVERWRITE t WITH (...) SELECT ... and ... TABLE s), "
+    "df.writeTo('t').option('path', '/data/t').append(), or "
+    "df.write.format('persistshard').mode('append').save('/data/t')"
+)
+
+
+def require_location(options: Mapping[str, str], schema: Any = None, what: str = "read") -> str:
+    """`find_location`, or an error that says how to name the shard for this operation."""
     location = find_location(options, schema)
-    if location is None:
+    if location is not None:
+        return location
+    if what == "write":
         raise InvalidUpdates(
-            "no shard location: use .load(path) / .save(path) or option('path', ...); for SQL, "
-            "create the table without a column list so it can remember its location: "
-            "CREATE TABLE t USING persistshard LOCATION '/data/t' OPTIONS (columns 'id BIGINT, "
-            "name STRING'), or name it per statement with WITH ('path' = '/data/t')"
+            "Spark passed this write no shard location. That happens for INSERT ... SELECT "
+            "and INSERT ... TABLE whose columns need no conversion, df.write.insertInto, "
+            "df.writeTo(t).append(), saveAsTable, CREATE TABLE ... AS SELECT, and tables "
+            f"created with a column list; {WRITE_FORMS}"
         )
-    return location
+    raise InvalidUpdates(
+        "no shard location: use .load(path) or option('path', ...); for SQL, create the "
+        "table without a column list so it remembers its location: CREATE TABLE t USING "
+        "persistshard LOCATION '/data/t' OPTIONS (columns 'id BIGINT, name STRING'), or name "
+        "it per statement with SELECT * FROM t WITH ('path' = '/data/t')"
+    )
 
 
 @dataclass(frozen=True)
@@ -125,12 +142,18 @@ class WriteOptions:
     writer_id: str | None
     compact: bool
     memory_budget: int
+    merge_schema: bool = False
+
+    @property
+    def plain(self) -> bool:
+        """No explicit times or frontiers: the write may land at whatever the upper is."""
+        return self.time_column is None and self.upper is None and self.expected_upper is None
 
     @staticmethod
     def parse(options: Mapping[str, str], schema: Any = None) -> WriteOptions:
         check_known(options, WRITE_OPTIONS | COMMON_OPTIONS | TABLE_OPTIONS, "write")
         return WriteOptions(
-            location=require_location(options, schema),
+            location=require_location(options, schema, "write"),
             time_column=options.get("time_column") or None,
             diff_column=options.get("diff_column") or None,
             upper=_int(options, "upper"),
@@ -138,6 +161,7 @@ class WriteOptions:
             writer_id=options.get("writer_id") or None,
             compact=_bool(options, "compact", True),
             memory_budget=_int(options, "memory_budget") or (256 << 20),
+            merge_schema=_bool(options, "merge_schema", False),
         )
 
 

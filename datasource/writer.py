@@ -39,12 +39,13 @@ from persistshard.core.rows import DIFF, TIME
 from persistshard.core.shard import Shard, WrittenUpdates, new_id, open_shard
 from persistshard.core.state import PartRef
 from persistshard.core.validate import (
-    check_columns,
+    evolve_schema,
+    match_columns,
     normalize_updates,
     update_schema,
     user_schema,
 )
-from persistshard.datasource.options import LOCATION_KEY, WriteOptions
+from persistshard.datasource.options import LOCATION_KEY, WriteOptions, find_location
 from persistshard.datasource.types import arrow_schema_of
 from persistshard.errors import InvalidUpdates, UpperMismatch
 
@@ -64,7 +65,13 @@ class TaskWritten(WriterCommitMessage):
 
 @dataclass(frozen=True)
 class BatchDescription:
-    """The minted description every task of one write shares."""
+    """The minted description every task of one write shares.
+
+    ``target`` is the shard's schema after this write (its current columns, plus new ones
+    under schema evolution); ``sources`` names, for each target column, the DataFrame column
+    that feeds it (matched by name, in any order, case-insensitively). ``plain`` writes have
+    no explicit times or frontiers: their commit lands at whatever the upper is by then.
+    """
 
     location: str
     write_id: str
@@ -77,19 +84,41 @@ class BatchDescription:
     overwrite: bool
     memory_budget: int
     storage_options: dict[str, Any]
+    target: pa.Schema | None = None
+    sources: tuple[str, ...] = ()
+    plain: bool = False
+
+
+def _find_column(names: list[str], wanted: str | None) -> str | None:
+    """The DataFrame column called ``wanted`` (exact, else the one equal but for case)."""
+    if wanted is None:
+        return None
+    if wanted in names:
+        return wanted
+    folded = [n for n in names if n.lower() == wanted.lower()]
+    return folded[0] if len(folded) == 1 else None
 
 
 def describe_write(
-    opts: WriteOptions, spark_schema: StructType, overwrite: bool, shard: Shard
+    opts: WriteOptions,
+    spark_schema: StructType,
+    overwrite: bool,
+    shard: Shard,
+    *,
+    evolve: bool = False,
 ) -> BatchDescription:
-    """Mint: validate the DataFrame's columns against the shard and fix the description."""
+    """Mint: validate the DataFrame's columns against the shard and fix the description.
+
+    ``evolve`` (a SQL table whose catalog gained columns by ``ALTER TABLE ... ADD COLUMNS``, or
+    option ``merge_schema``) lets the write add nullable columns to the shard.
+    """
     state = shard.state()
     arrow = arrow_schema_of(spark_schema)
     names = arrow.names
-    time_column = opts.time_column or (TIME if TIME in names else None)
-    diff_column = opts.diff_column or (DIFF if DIFF in names else None)
+    time_column = _find_column(names, opts.time_column) or _find_column(names, TIME)
+    diff_column = _find_column(names, opts.diff_column) or _find_column(names, DIFF)
     for option, column in (("time_column", opts.time_column), ("diff_column", opts.diff_column)):
-        if column is not None and column not in names:
+        if column is not None and _find_column(names, column) is None:
             raise InvalidUpdates(
                 f"option {option} names column {column!r}, which the DataFrame does not have "
                 f"(columns: {', '.join(names)})",
@@ -112,8 +141,19 @@ def describe_write(
         if f.name not in (time_column, diff_column)
     ]
     incoming = user_schema(pa.schema(fields))
-    if state.schema is not None:
-        check_columns(incoming, state.schema, shard.location)
+    if state.schema is None:
+        target, sources = incoming, incoming.names
+    else:
+        target = state.schema
+        if evolve:
+            target = evolve_schema(state.schema, incoming, shard.location)
+            if overwrite and len(target) > len(state.schema):
+                raise InvalidUpdates(
+                    "mode('overwrite') cannot add columns; append with option merge_schema "
+                    "first, then overwrite",
+                    location=shard.location,
+                )
+        sources = match_columns(incoming, target, shard.location)
     return BatchDescription(
         location=shard.location,
         write_id=new_id(),
@@ -126,15 +166,20 @@ def describe_write(
         overwrite=overwrite,
         memory_budget=opts.memory_budget,
         storage_options=dict(shard.storage_options),
+        target=target,
+        sources=tuple(sources),
+        plain=opts.plain and time_column is None and not overwrite,
     )
 
 
 def _as_updates(batch: pa.RecordBatch, d: BatchDescription, time: int) -> pa.Table:
-    """A Spark batch as updates: user columns, ``_time`` and ``_diff``."""
+    """A Spark batch as updates: the target's columns (by name), ``_time`` and ``_diff``."""
     table = pa.Table.from_batches([batch])
     n = table.num_rows
-    columns = [table.column(f.name) for f in d.incoming]
-    names = [f.name for f in d.incoming]
+    target = d.target if d.target is not None else d.incoming
+    sources = d.sources or tuple(target.names)
+    columns = [table.column(name) for name in sources]
+    names = list(target.names)
     if d.time_column is not None:
         columns.append(table.column(d.time_column))
     else:
@@ -149,7 +194,7 @@ def _as_updates(batch: pa.RecordBatch, d: BatchDescription, time: int) -> pa.Tab
 def write_task(d: BatchDescription, batches: Any, time: int) -> TaskWritten:
     """Step 2: consolidate one task's batches in a Correction buffer and write its parts."""
     shard = open_shard(d.location, **d.storage_options)
-    schema = d.shard_schema or d.incoming
+    schema = d.target if d.target is not None else (d.shard_schema or d.incoming)
     full = update_schema(schema)
     upper = d.upper if d.upper is not None else MAX_TIME
     max_time: int | None = None
@@ -242,7 +287,7 @@ def commit_write(
             written = shard.self_correct(
                 written, time=d.lower, write_id=d.write_id + "-delta", state=state
             )
-        schema = d.shard_schema or d.incoming
+        schema = d.target if d.target is not None else (d.shard_schema or d.incoming)
         shard.commit_written(
             written,
             expected_upper=d.lower,
@@ -250,6 +295,7 @@ def commit_write(
             schema=schema,
             commit_id=d.write_id,
             writer=writer,
+            rebase=d.plain and writer is None,
         )
     finally:
         sweep_write(shard, d.write_id, set(written.keys()))
@@ -265,7 +311,11 @@ class PersistShardWriter(DataSourceArrowWriter):
     def __init__(self, options: dict[str, str], schema: StructType, overwrite: bool) -> None:
         self.opts = WriteOptions.parse(options, schema)
         shard = open_shard(self.opts.location)
-        self.description = describe_write(self.opts, schema, overwrite, shard)
+        # A SQL table's location comes from its catalog columns; columns there without it
+        # were added by ALTER TABLE ... ADD COLUMNS, which the shard follows.
+        from_table = find_location(options) is None
+        evolve = self.opts.merge_schema or from_table
+        self.description = describe_write(self.opts, schema, overwrite, shard, evolve=evolve)
 
     def write(self, iterator: Any) -> TaskWritten:
         return write_task(self.description, iterator, self.description.lower)
