@@ -203,4 +203,6 @@ def read_parts(
             tables = list(
                 pool.map(lambda r: read_part(blob, r, min_time=min_time, max_time=max_time), wanted)
             )
-    return pa.concat_tables([adapt_part_table(t, r, schema) for t, r in zip(tables, wanted)])
+    return pa.concat_tables(
+        [adapt_part_table(t, r, schema) for t, r in zip(tables, wanted, strict=True)]
+    )

@@ -18,15 +18,6 @@ def _rows(ids: list[int], item: str = "x") -> pa.Table:
     return pa.table({"id": pa.array(ids, pa.int64()), "item": [item] * len(ids)})
 
 
-def _counts(table: pa.Table) -> Counter:
-    return Counter(
-        {
-            tuple(r[c] for c in table.column_names if c != "_diff"): r["_diff"]
-            for r in table.to_pylist()
-        }
-    )
-
-
 def test_plain_append_after_a_lost_race_lands_at_the_new_upper(tmp_path):
     """A plain append written at upper 1 commits at 2 after another append took 1; its parts
     are not rewritten (same keys), and reads see its rows at time 2."""
