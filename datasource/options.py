@@ -15,7 +15,8 @@ catalog with its field metadata and handed to every later ``reader(schema)`` and
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,19 +48,39 @@ READ_OPTIONS = frozenset(
         "max_partitions",
     }
 )
-TABLE_OPTIONS = frozenset({"columns", "provider"})
+#: What CREATE TABLE hands ``schema()`` besides the user's OPTIONS (Spark's table properties;
+#: it also repeats each OPTION as ``option.<name>``, which `check_known` skips).
+TABLE_OPTIONS = frozenset(
+    {"columns", "provider", "owner", "external", "is_managed_location", "comment"}
+)
 COMMON_OPTIONS = frozenset({"path", "location", "paths", "checkpointlocation", "queryname"})
 ALL_OPTIONS = WRITE_OPTIONS | READ_OPTIONS | TABLE_OPTIONS | COMMON_OPTIONS
 
 
 def check_known(options: Mapping[str, str], allowed: frozenset[str], what: str) -> None:
     """Refuse options this operation does not know (Spark's own ``__``-keys pass)."""
-    unknown = sorted(k for k in options if k.lower() not in allowed and not k.startswith("__"))
+    unknown = sorted(
+        k for k in options if k.lower() not in allowed and not k.startswith(("__", "option."))
+    )
     if unknown:
         raise InvalidUpdates(
             f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} for a "
             f"persistshard {what}; known options: {', '.join(sorted(allowed))}"
         )
+
+
+@contextmanager
+def storage_errors(location: str | None, doing: str) -> Iterator[None]:
+    """Turn a raw Python OS error (a location that is a file, missing permissions, ...) into
+    `InvalidUpdates` naming the location and what was being done; nothing was changed."""
+    try:
+        yield
+    except OSError as e:
+        reason = e.strerror or str(e) or type(e).__name__
+        raise InvalidUpdates(
+            f"cannot {doing} at {location}: {type(e).__name__}: {reason}"
+            + (f" ({e.filename})" if e.filename else "")
+        ) from e
 
 
 def _int(options: Mapping[str, str], key: str) -> int | None:
@@ -117,10 +138,11 @@ def require_location(options: Mapping[str, str], schema: Any = None, what: str =
         return location
     if what == "write":
         raise InvalidUpdates(
-            "Spark passed this write no shard location. That happens for INSERT ... SELECT "
-            "and INSERT ... TABLE whose columns need no conversion, df.write.insertInto, "
+            "no shard location reached this write: Spark 4.3 passes none for INSERT ... "
+            "SELECT and INSERT ... TABLE whose columns need no conversion, df.write.insertInto, "
             "df.writeTo(t).append(), saveAsTable, CREATE TABLE ... AS SELECT, and tables "
-            f"created with a column list; {WRITE_FORMS}"
+            f"created with a column list (create those with CREATE TABLE t USING persistshard "
+            f"LOCATION '/data/t' OPTIONS (columns '...')); {WRITE_FORMS}"
         )
     raise InvalidUpdates(
         "no shard location: use .load(path) or option('path', ...); for SQL, create the "
