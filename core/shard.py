@@ -293,6 +293,7 @@ class Shard:
         commit_id: str | None = None,
         writer: tuple[str, int] | None = None,
         rebase: bool = False,
+        label: str | None = None,
     ) -> ShardState:
         """Append parts already written (one compare-and-append). On any refusal the parts
         are deleted and the error re-raised; a streaming writer's replayed batch is a no-op.
@@ -317,7 +318,7 @@ class Shard:
                 parts=tuple(written.unsealed),
             )
         commit = st.append_commit(
-            commit_id, expected_upper, new_upper, batch, unsealed, schema, writer, rebase
+            commit_id, expected_upper, new_upper, batch, unsealed, schema, writer, rebase, label
         )
         try:
             return self._commit(commit)
@@ -540,14 +541,17 @@ class Shard:
     # --- inspection ---------------------------------------------------------------------
 
     def history(self) -> list[dict[str, Any]]:
-        """The commits still in the log, oldest first: version, kind, id and arguments."""
+        """The commits still in the log, oldest first: version, what it did (``kind``: one of
+        `HISTORY_KINDS`), the commit kind of the state machine (``commit``), id, time and a
+        one-line summary."""
         out = []
         for e in self.consensus.scan(1):
             entry = Entry.decode(e.data, f"consensus version {e.version}")
             out.append(
                 {
                     "version": e.version,
-                    "kind": entry.commit.kind,
+                    "kind": history_kind(entry.commit),
+                    "commit": entry.commit.kind,
                     "id": entry.commit.id,
                     "at_ms": entry.at_ms,
                     "summary": _summarize(entry.commit),
@@ -655,22 +659,63 @@ def _snapshot_schema(user: pa.Schema) -> pa.Schema:
     return pa.schema([*user, pa.field(DIFF, pa.int64(), nullable=False)])
 
 
+#: What `Shard.history` calls each commit, by what it did.
+HISTORY_KINDS = (
+    "append",  # rows added at the upper (also a plain append that landed after a lost race)
+    "overwrite",  # a self-correcting overwrite: the difference from the previous contents
+    "stream append",  # one micro-batch of a streaming writer
+    "seal",  # the upper moved without new updates
+    "compact",  # batches merged (physical and logical compaction)
+    "advance since",  # since moved forward
+    "trim unsealed",  # unsealed batches replaced by their remainders
+)
+
+
+def history_kind(c: Commit) -> str:
+    """The `HISTORY_KINDS` entry of commit ``c``."""
+    a = c.args
+    if c.kind == "append":
+        if a.get("label"):
+            return str(a["label"])
+        if a.get("writer"):
+            return "stream append"
+        if not a["batch"]["parts"] and not a.get("unsealed"):
+            return "seal"
+        return "append"
+    return {"advance_since": "advance since", "replace_unsealed": "trim unsealed"}.get(
+        c.kind, c.kind
+    )
+
+
+def _rows(n: int) -> str:
+    return f"{n} row" if n == 1 else f"{n} rows"
+
+
 def _summarize(c: Commit) -> str:
     a = c.args
     if c.kind == "append":
         rows = sum(p["rows"] for p in a["batch"]["parts"])
         unsealed = a.get("unsealed")
         urows = sum(p["rows"] for p in unsealed["parts"]) if unsealed else 0
-        text = f"upper {a['expected_upper']} -> {a['new_upper']}, {rows} rows sealed"
+        if a.get("rebase"):
+            return (
+                f"{_rows(rows)} at the upper it found, one time step (planned at upper "
+                f"{a['expected_upper']}; a plain append moves on when the upper moved)"
+            )
+        text = f"upper {a['expected_upper']} -> {a['new_upper']}"
+        if rows or not urows:
+            text += f", {_rows(rows)} sealed"
         if urows:
-            text += f", {urows} rows unsealed"
+            text += f", {_rows(urows)} unsealed"
         if a.get("writer"):
             text += f", writer {a['writer'][0]} batch {a['writer'][1]}"
         return text
     if c.kind == "advance_since":
         return f"since -> {a['since']}"
     if c.kind == "compact":
-        return f"{len(a['inputs'])} batches -> 1 ({a['output']['lower']}..{a['output']['upper']})"
+        n = len(a["inputs"])
+        out = a["output"]
+        return f"{n} batch{'' if n == 1 else 'es'} -> 1 ({out['lower']}..{out['upper']})"
     return json.dumps(a)[:200]
 
 

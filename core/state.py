@@ -299,8 +299,11 @@ def append_commit(
     schema: pa.Schema | None,
     writer: tuple[str, int] | None = None,
     rebase: bool = False,
+    label: str | None = None,
 ) -> Commit:
-    args = {
+    """An ``append`` commit. ``label`` names what the user did (``overwrite``) for `history`;
+    `apply` ignores it."""
+    args: dict[str, Any] = {
         "expected_upper": expected_upper,
         "new_upper": new_upper,
         "batch": batch.to_json(),
@@ -310,6 +313,8 @@ def append_commit(
     }
     if rebase:
         args["rebase"] = True
+    if label is not None:
+        args["label"] = label
     return Commit("append", commit_id, args)
 
 

@@ -296,6 +296,7 @@ def commit_write(
             commit_id=d.write_id,
             writer=writer,
             rebase=d.plain and writer is None,
+            label="overwrite" if d.overwrite else None,
         )
     finally:
         sweep_write(shard, d.write_id, set(written.keys()))

@@ -134,3 +134,17 @@ def test_state_accepts_only_appended_nullable_columns():
     assert s.schema == wider
     with pytest.raises(InvalidUpdates, match="only grow by nullable columns"):
         append(s, renamed)
+
+
+def test_history_names_what_each_commit_did(tmp_path):
+    shard = ps.open_shard(str(tmp_path / "s"))
+    shard.append(_rows([1]))
+    shard.seal(5)
+    shard.advance_since(4)
+    shard.compact()
+    kinds = [h["kind"] for h in shard.history()]
+    assert kinds[:3] == ["append", "seal", "advance since"]
+    assert "compact" in kinds[3:]
+    summaries = [h["summary"] for h in shard.history()]
+    assert "1 row at the upper it found" in summaries[0]
+    assert summaries[1] == "upper 1 -> 5, 0 rows sealed"
