@@ -698,10 +698,8 @@ def _summarize(c: Commit) -> str:
         unsealed = a.get("unsealed")
         urows = sum(p["rows"] for p in unsealed["parts"]) if unsealed else 0
         if a.get("rebase"):
-            return (
-                f"{_rows(rows)} at the upper it found, one time step (planned at upper "
-                f"{a['expected_upper']}; a plain append moves on when the upper moved)"
-            )
+            planned = a["expected_upper"]
+            return f"{_rows(rows)} sealed at the upper found at commit (planned at {planned})"
         text = f"upper {a['expected_upper']} -> {a['new_upper']}"
         if rows or not urows:
             text += f", {_rows(rows)} sealed"

@@ -146,5 +146,5 @@ def test_history_names_what_each_commit_did(tmp_path):
     assert kinds[:3] == ["append", "seal", "advance since"]
     assert "compact" in kinds[3:]
     summaries = [h["summary"] for h in shard.history()]
-    assert "1 row at the upper it found" in summaries[0]
+    assert "1 row sealed at the upper found at commit (planned at 0)" in summaries[0]
     assert summaries[1] == "upper 1 -> 5, 0 rows sealed"
