@@ -45,7 +45,12 @@ from persistshard.core.validate import (
     update_schema,
     user_schema,
 )
-from persistshard.datasource.options import LOCATION_KEY, WriteOptions, find_location
+from persistshard.datasource.options import (
+    LOCATION_KEY,
+    WriteOptions,
+    find_location,
+    storage_errors,
+)
 from persistshard.datasource.types import arrow_schema_of
 from persistshard.errors import InvalidUpdates, UpperMismatch
 
@@ -124,6 +129,12 @@ def describe_write(
                 f"(columns: {', '.join(names)})",
                 location=shard.location,
             )
+    for column in (time_column, diff_column):
+        if column is not None and not pa.types.is_integer(arrow.field(column).type):
+            raise InvalidUpdates(
+                f"column {column} must hold integers (BIGINT), got {arrow.field(column).type}",
+                location=shard.location,
+            )
     if overwrite and time_column is not None:
         raise InvalidUpdates(
             "mode('overwrite') writes the DataFrame as the table's contents at the new time; "
@@ -191,8 +202,50 @@ def _as_updates(batch: pa.RecordBatch, d: BatchDescription, time: int) -> pa.Tab
     return pa.Table.from_arrays(columns, names=[*names, TIME, DIFF])
 
 
+def _check_case(d: BatchDescription) -> None:
+    """Under ``spark.sql.caseSensitive=true`` columns must match the shard's exactly.
+
+    Spark keeps that setting from the Python process that plans a write; it reaches only the
+    tasks (as a local property, when the session set it), so this one check runs there.
+    """
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    if ctx is None or (ctx.getLocalProperty("spark.sql.caseSensitive") or "").lower() != "true":
+        return
+    target = d.target if d.target is not None else d.incoming
+    differ = [f"{s} (shard: {t})" for s, t in zip(d.sources, target.names, strict=False) if s != t]
+    if differ:
+        raise InvalidUpdates(
+            f"spark.sql.caseSensitive is true and columns {', '.join(differ)} differ from the "
+            "shard's in case; rename them",
+            location=d.location,
+        )
+
+
+def check_location(shard: Shard) -> None:
+    """Refuse, on the driver, a location that is an existing file (not a directory or prefix):
+    otherwise every task would fail on it with a raw ``NotADirectoryError``."""
+    blob = shard.blob
+    try:
+        is_file = bool(blob.root) and blob.fs.isfile(blob.root)
+    except OSError:
+        is_file = False
+    if is_file:
+        raise InvalidUpdates(
+            f"cannot write the shard at {shard.location}: NotADirectoryError: it is a file; "
+            "a shard is a directory (or prefix) of its own",
+        )
+
+
 def write_task(d: BatchDescription, batches: Any, time: int) -> TaskWritten:
     """Step 2: consolidate one task's batches in a Correction buffer and write its parts."""
+    _check_case(d)
+    with storage_errors(d.location, "write the shard"):
+        return _write_task(d, batches, time)
+
+
+def _write_task(d: BatchDescription, batches: Any, time: int) -> TaskWritten:
     shard = open_shard(d.location, **d.storage_options)
     schema = d.target if d.target is not None else (d.shard_schema or d.incoming)
     full = update_schema(schema)
@@ -312,6 +365,7 @@ class PersistShardWriter(DataSourceArrowWriter):
     def __init__(self, options: dict[str, str], schema: StructType, overwrite: bool) -> None:
         self.opts = WriteOptions.parse(options, schema)
         shard = open_shard(self.opts.location)
+        check_location(shard)
         # A SQL table's location comes from its catalog columns; columns there without it
         # were added by ALTER TABLE ... ADD COLUMNS, which the shard follows.
         from_table = find_location(options) is None

@@ -257,3 +257,41 @@ def test_merge_schema_option(spark, table):
     df.write.format("persistshard").mode("append").option("merge_schema", "true").save(loc)
     got = spark.read.format("persistshard").load(loc)
     assert counts(got) == Counter({(1, "apple", None): 1, (3, "plum", 2.5): 1})
+
+
+def test_case_sensitive_session_wants_exact_names(spark, table):
+    _, loc = table
+    df = spark.createDataFrame([(7, "kiwi")], "id BIGINT, ITEM STRING")
+    spark.conf.set("spark.sql.caseSensitive", "true")
+    try:
+        with pytest.raises(
+            Exception, match=r"caseSensitive is true and columns ITEM \(shard: item\)"
+        ):
+            df.write.format("persistshard").mode("append").save(loc)
+    finally:
+        spark.conf.unset("spark.sql.caseSensitive")
+    assert rows_of(loc) == Counter({(1, "apple"): 1})
+
+
+def test_errors_a_user_can_act_on(spark, table, tmp_path):
+    _, loc = table
+    a_file = tmp_path / "a_file"
+    a_file.write_text("not a shard")
+    df = spark.createDataFrame([(1, "x")], "id BIGINT, item STRING")
+    with pytest.raises(Exception) as e:
+        df.write.format("persistshard").mode("append").save(str(a_file))
+    assert "InvalidUpdates: cannot write the shard at" in str(e.value)
+    assert "NotADirectoryError" in str(e.value)
+    with pytest.raises(Exception) as e:
+        spark.read.format("persistshard").load(str(tmp_path / "nothing")).collect()
+    assert "InvalidUpdates: no shard at" in str(e.value)
+    assert "OPTIONS" not in str(e.value)
+    with pytest.raises(Exception) as e:
+        spark.read.format("persistshard").option("updates_from", 100).load(loc).collect()
+    assert "updates_from 100 is after the shard's upper 1" in str(e.value)
+    assert "updates_to" not in str(e.value)
+    bad_time = spark.createDataFrame([(2, "y", "later")], "id BIGINT, item STRING, _time STRING")
+    with pytest.raises(Exception) as e:
+        bad_time.write.format("persistshard").mode("append").save(loc)
+    assert "InvalidUpdates: column _time must hold integers" in str(e.value)
+    assert "Task" not in str(e.value)
