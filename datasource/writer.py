@@ -369,6 +369,12 @@ class PersistShardWriter(DataSourceArrowWriter):
         # A SQL table's location comes from its catalog columns; columns there without it
         # were added by ALTER TABLE ... ADD COLUMNS, which the shard follows.
         from_table = find_location(options) is None
+        if from_table:
+            stored = shard.state().schema
+            if stored is not None:
+                from persistshard.datasource.reader import check_table_columns
+
+                check_table_columns(schema, stored, shard.location)
         evolve = self.opts.merge_schema or from_table
         self.description = describe_write(self.opts, schema, overwrite, shard, evolve=evolve)
 

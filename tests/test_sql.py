@@ -71,6 +71,13 @@ def test_row_insert_select_without_path_names_the_form_that_works(spark, table):
     assert rows_of(loc) == Counter({(1, "apple"): 1})
 
 
+def test_row_insert_select_with_conversion_finds_the_location(spark, table):
+    name, loc = table
+    spark.sql(f"INSERT INTO {name} SELECT CAST(id AS INT), item FROM {name}_src")
+    spark.sql(f"INSERT INTO {name} (item, id) SELECT item, id FROM {name}_src")
+    assert rows_of(loc) == Counter({(1, "apple"): 1, (2, "pear"): 2})
+
+
 def test_row_insert_select_with_path(spark, table):
     name, loc = table
     spark.sql(f"INSERT INTO {name} WITH ('path' = '{loc}') SELECT * FROM {name}_src")
@@ -119,8 +126,22 @@ def test_row_dataframe_insert_into_and_write_to(spark, table):
     with pytest.raises(Exception, match=NO_LOCATION):
         df.write.format("persistshard").mode("append").saveAsTable(name)
     assert rows_of(loc) == Counter({(1, "apple"): 1})
+    with pytest.raises(Exception, match="does not support dynamic overwrite"):
+        df.writeTo(name).overwritePartitions()
     df.writeTo(name).option("path", loc).append()
     assert rows_of(loc) == Counter({(1, "apple"): 1, (2, "pear"): 1})
+    df.write.format("persistshard").mode("append").save(loc)
+    assert rows_of(loc) == Counter({(1, "apple"): 1, (2, "pear"): 2})
+
+
+def test_row_describe_extended_and_where_the_location_is(spark, table):
+    name, loc = table
+    described = {
+        r.col_name: r.data_type for r in spark.sql(f"DESCRIBE TABLE EXTENDED {name}").collect()
+    }
+    assert described["Type"] == "MANAGED" and "Location" not in described
+    field = spark.table(name).schema["id"]
+    assert field.metadata["persistshard.location"] == ps.open_shard(loc).location
 
 
 def test_row_ctas_fails_and_leaves_no_table(spark, table, tmp_path):
@@ -152,7 +173,7 @@ def test_row_unsupported_statements(spark, table, statement, message):
     assert rows_of(loc) == Counter({(1, "apple"): 1})
 
 
-def test_row_delete_by_self_overwrite_and_time_travel_with_as_of(spark, table):
+def test_row_delete_written_as_self_overwrite_and_time_travel_with_as_of(spark, table):
     name, _ = table
     spark.sql(f"INSERT INTO {name} VALUES (2, 'pear')")
     spark.sql(f"INSERT OVERWRITE {name} SELECT * FROM {name} WHERE NOT (id = 1)")
@@ -163,6 +184,15 @@ def test_row_delete_by_self_overwrite_and_time_travel_with_as_of(spark, table):
 
 
 # --- change reads in SQL -------------------------------------------------------------------
+
+
+def test_row_alter_table_add_columns(spark, table):
+    name, _ = table
+    spark.sql(f"ALTER TABLE {name} ADD COLUMNS (price DOUBLE)")
+    spark.sql(f"INSERT INTO {name} VALUES (2, 'pear', 1.5)")
+    assert counts(spark.sql(f"SELECT * FROM {name}")) == Counter(
+        {(1, "apple", None): 1, (2, "pear", 1.5): 1}
+    )
 
 
 def test_row_change_read_of_a_plain_table_is_refused(spark, table):
@@ -242,9 +272,11 @@ def test_alter_table_add_columns(spark, table):
     assert shard.verify().ok
 
 
-def test_alter_table_drop_or_rename_is_refused_clearly(spark, table):
+def test_row_alter_table_drop_or_rename_is_refused_clearly(spark, table):
     name, _ = table
     spark.sql(f"ALTER TABLE {name} RENAME COLUMN item TO name")
+    with pytest.raises(Exception, match=r"InvalidUpdates: the table's columns .* no longer"):
+        spark.sql(f"INSERT INTO {name} VALUES (2, 'pear')")
     with pytest.raises(Exception, match=r"InvalidUpdates: the table's columns .* no longer"):
         spark.sql(f"SELECT * FROM {name}").collect()
 
@@ -295,3 +327,37 @@ def test_errors_a_user_can_act_on(spark, table, tmp_path):
         bad_time.write.format("persistshard").mode("append").save(loc)
     assert "InvalidUpdates: column _time must hold integers" in str(e.value)
     assert "Task" not in str(e.value)
+
+
+def readme_sql_statements(readme: str, data: str) -> list[str]:
+    """The statements of the README's SQL section, in order, with ``/data`` at ``data``."""
+    marker = "<!-- sql-section:"
+    block = readme[readme.index(marker) :]
+    block = block[
+        block.index("```sql") + len("```sql") : block.index("```", block.index("```sql") + 6)
+    ]
+    lines = [line.split("--")[0].rstrip() for line in block.splitlines()]
+    text = "\n".join(line for line in lines if line.strip())
+    return [s.strip().replace("'/data/", f"'{data}/") for s in text.split(";") if s.strip()]
+
+
+def test_readme_sql_section(spark, repo_root, tmp_path):
+    """The README's SQL section, executed statement by statement, in order."""
+    with open(f"{repo_root}/README.md", encoding="utf-8") as f:
+        statements = readme_sql_statements(f.read(), str(tmp_path))
+    assert len(statements) >= 10
+    results = []
+    try:
+        for statement in statements:
+            results.append(spark.sql(statement).collect())
+    finally:
+        for t in ("orders", "orders_changes", "orders_again"):
+            spark.sql(f"DROP TABLE IF EXISTS {t}")
+        spark.catalog.dropTempView("staging")
+    selects = [r for s, r in zip(statements, results, strict=True) if s.startswith("SELECT")]
+    assert Counter(tuple(r) for r in selects[0]) == Counter({(3, "plum"): 1})
+    assert Counter(tuple(r) for r in selects[-1]) == Counter(
+        {(3, "plum", None): 1, (4, "fig", 2.5): 1}
+    )
+    changes = Counter(tuple(r) for r in selects[2])
+    assert (2, "pear", 2, -1) in changes and (1, "apple", 2, -1) in changes
