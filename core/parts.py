@@ -126,6 +126,12 @@ def adapt_part_table(table: pa.Table, ref: PartRef, schema: pa.Schema) -> pa.Tab
         index = table.schema.get_field_index(TIME)
         times = pa.array(np.full(table.num_rows, ref.rewrite_time, dtype=np.int64))
         table = table.set_column(index, table.schema.field(index), times)
+    return conform_columns(table, schema)
+
+
+def conform_columns(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table`` with the columns of ``schema`` in its order and types; columns it lacks (added
+    to the shard after it was written) are nulls."""
     if table.schema == schema:
         return table
     names = set(table.column_names)

@@ -33,7 +33,7 @@ import pyarrow.compute as pc
 from persistshard.core import state as st
 from persistshard.core.blob import Blob
 from persistshard.core.consensus import BlobConsensus, Consensus
-from persistshard.core.parts import read_parts, write_parts
+from persistshard.core.parts import conform_columns, read_parts, write_parts
 from persistshard.core.rows import DIFF, TIME, advance_times, consolidate, snapshot_of
 from persistshard.core.state import (
     ROLLUP_EVERY,
@@ -333,7 +333,13 @@ class Shard:
         # removes them later if no state references them.
 
     def self_correct(
-        self, staged: WrittenUpdates, *, time: int, write_id: str, state: ShardState | None = None
+        self,
+        staged: WrittenUpdates,
+        *,
+        time: int,
+        write_id: str,
+        state: ShardState | None = None,
+        schema: pa.Schema | None = None,
     ) -> WrittenUpdates:
         """The updates that turn the shard's current contents into the staged rows.
 
@@ -342,6 +348,8 @@ class Shard:
         row that comes (only the difference), written as parts of ``write_id``. The staged
         parts are deleted. The current contents are those of ``state`` (default: newest), all
         sealed updates summed; the caller commits with ``expected_upper = state.upper``.
+        ``schema`` is the shard's schema after the commit (wider than the state's when the
+        overwrite adds columns: the current rows then have nulls there).
         """
         state = state if state is not None else self._refresh()
         if staged.unsealed:
@@ -351,7 +359,7 @@ class Shard:
             )
         if state.schema is None and not staged.sealed:
             return WrittenUpdates()
-        schema = state.schema
+        schema = schema if schema is not None else state.schema
         if schema is None:
             desired = read_parts(self.blob, staged.sealed, _full_schema_of(self.blob, staged))
         else:
@@ -359,6 +367,8 @@ class Shard:
         desired = snapshot_of(desired)
         if state.schema is not None and state.upper > 0:
             current = snapshot_of(self.read_range(state, min_time=None, max_time=None))
+            if schema is not None and len(schema) > len(state.schema):
+                current = conform_columns(current, _snapshot_schema(schema))
             negated = pc.negate(current.column(DIFF))
             current = current.set_column(
                 current.schema.get_field_index(DIFF), current.schema.field(DIFF), negated

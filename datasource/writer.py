@@ -158,12 +158,6 @@ def describe_write(
         target = state.schema
         if evolve:
             target = evolve_schema(state.schema, incoming, shard.location)
-            if overwrite and len(target) > len(state.schema):
-                raise InvalidUpdates(
-                    "mode('overwrite') cannot add columns; append with option merge_schema "
-                    "first, then overwrite",
-                    location=shard.location,
-                )
         sources = match_columns(incoming, target, shard.location)
     return BatchDescription(
         location=shard.location,
@@ -338,7 +332,11 @@ def commit_write(
             if state.upper != d.lower:
                 raise UpperMismatch(d.lower, state.upper, location=shard.location)
             written = shard.self_correct(
-                written, time=d.lower, write_id=d.write_id + "-delta", state=state
+                written,
+                time=d.lower,
+                write_id=d.write_id + "-delta",
+                state=state,
+                schema=d.target,
             )
         schema = d.target if d.target is not None else (d.shard_schema or d.incoming)
         shard.commit_written(

@@ -291,6 +291,18 @@ def test_merge_schema_option(spark, table):
     assert counts(got) == Counter({(1, "apple", None): 1, (3, "plum", 2.5): 1})
 
 
+def test_overwrite_right_after_alter_table_add_columns(spark, table):
+    name, loc = table
+    spark.sql(f"ALTER TABLE {name} ADD COLUMNS (price DOUBLE)")
+    spark.sql(f"INSERT OVERWRITE {name} VALUES (1, 'apple', 0.5), (2, 'pear', NULL)")
+    assert counts(spark.sql(f"SELECT * FROM {name}")) == Counter(
+        {(1, "apple", 0.5): 1, (2, "pear", None): 1}
+    )
+    # Only the difference: apple's old row (price null) retracted, two rows inserted.
+    shard = ps.open_shard(loc)
+    assert Counter(r["_diff"] for r in shard.updates(1, 2).to_pylist()) == Counter({-1: 1, 1: 2})
+
+
 def test_case_sensitive_session_wants_exact_names(spark, table):
     _, loc = table
     df = spark.createDataFrame([(7, "kiwi")], "id BIGINT, ITEM STRING")
