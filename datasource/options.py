@@ -10,7 +10,12 @@ Where the shard is (in order): the ``path`` option (``.load(path)`` / ``.save(pa
 table's LOCATION and OPTIONS before a Python source sees them, except in ``schema()`` during
 a ``CREATE TABLE`` without a column list; what ``schema()`` returns there is kept in the
 catalog with its field metadata and handed to every later ``reader(schema)`` and
-``writer(schema)``. So the location travels in the metadata of the table's fields.
+``writer(schema)``. So the location travels in the metadata of the table's fields. A write
+whose schema Spark took from the query rather than the table arrives with no location; it is
+refused with `WRITE_FORMS`, the statement forms that name the shard.
+
+Raw OS errors on the driver (a location that is a file, permissions) become `InvalidUpdates`
+naming the location (`storage_errors`).
 """
 
 from __future__ import annotations

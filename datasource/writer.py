@@ -3,15 +3,21 @@
 The protocol, after Materialize's persist sink:
 1. *Mint* (driver, in ``writer()``): read the shard state and fix the batch description:
    ``lower`` (the upper seen now, or ``expected_upper``), the new upper if the user gave one,
-   the shard's columns, and a fresh write id. It reaches the tasks inside the pickled writer.
+   the shard's columns (matched to the DataFrame's by name; widened by ``merge_schema`` or a
+   SQL table's ``ALTER TABLE ... ADD COLUMNS``), and a fresh write id. It reaches the tasks
+   inside the pickled writer. Everything checkable without the data (location, options,
+   columns, column types) is refused here, so the user sees one error, not a failed task.
 2. *Write* (every task): feed the task's Arrow batches into a `Correction` buffer (bounded
    by ``memory_budget``, spilling beyond it), then write sorted, consolidated parts under
    ``parts/<write id>/``: updates below the new upper as sealed parts, the rest as unsealed.
    The message back is the parts' metadata (a "hollow batch").
 3. *Append* (driver, in ``commit()``): one compare-and-append of every task's parts. If it is
    refused (`UpperMismatch`, bad input), nothing becomes visible and the write's parts are
-   deleted. Parts of failed task attempts (Spark has no per-task abort) carry the write id and
-   are swept at commit and abort, and by ``gc`` if the driver died.
+   deleted. A *plain* write (no time column, ``upper`` or ``expected_upper``) is committed
+   with ``rebase``: if the upper moved since step 1 it lands at the new upper, its parts read
+   at that time (`persistshard.core.state`), instead of failing. Parts of failed task
+   attempts (Spark has no per-task abort) carry the write id and are swept at commit and
+   abort, and by ``gc`` if the driver died.
 
 Invariant: the shard changes only in step 3, atomically; a failed job leaves it as it was.
 """
