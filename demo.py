@@ -17,13 +17,20 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, DataFrameReader
 
 
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def _say(text: str) -> None:
+    """Print one of the demo's own lines (flushed, so Spark's output never interleaves)."""
+    print(text, flush=True)
+
+
 def _show(title: str, df: DataFrame) -> None:
-    print(f"\n== {title}")
-    rows = df.orderBy(*df.columns).collect()
-    for row in rows:
-        print("  ", ", ".join(f"{k}={v}" for k, v in row.asDict().items()))
-    if not rows:
-        print("   (no rows)")
+    rows = df.orderBy(*df.columns).collect()  # run the job before printing anything
+    lines = [f"\n== {title} ({_plural(len(rows), 'row')})"]
+    lines += ["   " + ", ".join(f"{k}={v}" for k, v in row.asDict().items()) for row in rows]
+    _say("\n".join(lines))
 
 
 def main(argv: list[str]) -> int:
@@ -43,15 +50,17 @@ def main(argv: list[str]) -> int:
         # column statistics rule them out. Off by default in Spark; without it Spark reads
         # every row and filters afterwards (same answers, more work).
         .config("spark.sql.python.filterPushdown.enabled", "true")
+        .config("spark.ui.showConsoleProgress", "false")
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
-    print(f"persistshard {ps.__version__} demo, shard at {orders}")
+    _say(f"persistshard {ps.__version__} demo, shard at {orders}")
 
     def append(rows: list[tuple[int, str, int]], note: str) -> None:
         df = spark.createDataFrame(rows, "id BIGINT, item STRING, qty BIGINT")
         df.write.format("persistshard").mode("append").save(orders)
-        print(f"\nappend ({note}): {len(rows)} rows -> upper {ps.open_shard(orders).upper}")
+        upper = ps.open_shard(orders).upper
+        _say(f"\nappend ({note}): {_plural(len(rows), 'row')} -> upper {upper}")
 
     append([(1, "apple", 3), (2, "pear", 1), (3, "plum", 7)], "time 0")
     append([(4, "fig", 2)], "time 1")
@@ -61,7 +70,7 @@ def main(argv: list[str]) -> int:
         "id BIGINT, item STRING, qty BIGINT, _time BIGINT, _diff BIGINT",
     )
     cdc.write.format("persistshard").mode("append").save(orders)
-    print("\nappend (a change at time 2: plum 7 -> 5) as _time/_diff updates")
+    _say("\nappend (a change at time 2: plum 7 -> 5) as _time/_diff updates")
 
     def read() -> DataFrameReader:
         return spark.read.format("persistshard")
@@ -78,13 +87,13 @@ def main(argv: list[str]) -> int:
     )
     desired.write.format("persistshard").mode("overwrite").save(orders)
     shard = ps.open_shard(orders)
-    last = shard.history()[-1]
-    print(f"\noverwrite (self-correcting): wrote only the difference: {last['summary']}")
+    last = [h for h in shard.history() if h["kind"] == "overwrite"][-1]
+    _say(f"\noverwrite (self-correcting): wrote only the difference: {last['summary']}")
     _show("what the overwrite changed (time 3)", read().option("updates_from", 3).load(orders))
 
     spark.sql(f"CREATE TABLE orders USING persistshard LOCATION '{orders}'")
     spark.sql("INSERT INTO orders VALUES (6, 'lime', 4)")
-    print("\nSQL: CREATE TABLE orders ... LOCATION; INSERT INTO orders VALUES (6, 'lime', 4)")
+    _say("\nSQL: CREATE TABLE orders ... LOCATION; INSERT INTO orders VALUES (6, 'lime', 4)")
     _show(
         "SQL: SELECT item, qty FROM orders WHERE qty > 3 (the filter is pushed to the reader)",
         spark.sql("SELECT item, qty FROM orders WHERE qty > 3"),
@@ -93,17 +102,28 @@ def main(argv: list[str]) -> int:
         "SQL: SELECT * FROM orders WITH ('as_of' = '1')",
         spark.sql("SELECT * FROM orders WITH ('as_of' = '1')"),
     )
+    # A change table over the same shard: its SELECTs keep _time and _diff.
+    spark.sql(
+        f"CREATE TABLE orders_changes USING persistshard LOCATION '{orders}' "
+        "OPTIONS (changes 'true')"
+    )
+    _show(
+        "SQL: SELECT * FROM orders_changes WITH ('updates_from' = '3')",
+        spark.sql("SELECT * FROM orders_changes WITH ('updates_from' = '3')"),
+    )
 
     shard.advance_since(shard.upper - 1)
     report = shard.compact()
-    print(
+    _say(
         f"\nadvance since to {shard.since} and compact: batches {report.batches_before} -> "
         f"{report.batches_after}; verify: {'ok' if shard.verify().ok else 'PROBLEMS'}"
     )
-    print("\nhistory:")
-    for h in shard.history():
-        print(f"   v{h['version']}: {h['kind']}: {h['summary']}")
+    _say(
+        "\nhistory:\n"
+        + "\n".join(f"   v{h['version']}: {h['kind']}: {h['summary']}" for h in shard.history())
+    )
     spark.sql("DROP TABLE orders")
+    spark.sql("DROP TABLE orders_changes")
     spark.stop()
     return 0
 

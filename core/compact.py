@@ -47,7 +47,7 @@ from persistshard.core import trace
 from persistshard.core.blob import Blob
 from persistshard.core.layout import new_id, part_key
 from persistshard.core.machine import StateMachine
-from persistshard.core.parts import CHUNK_BYTES, PART_TARGET_BYTES, open_part
+from persistshard.core.parts import CHUNK_BYTES, PART_TARGET_BYTES, adapt_part_table, open_part
 from persistshard.core.rows import (
     DIFF,
     TIME,
@@ -211,8 +211,10 @@ class _Run:
         floor: int,
         below: int | None,
         stats: MergeStats,
+        ref: PartRef | None = None,
     ) -> None:
         self.reader = reader
+        self.ref = ref
         self.schema = schema
         self.floor = floor
         self.below = below
@@ -236,7 +238,9 @@ class _Run:
             self.stats.chunks_read += 1
             self.stats.bytes_read += info.length
             table = pa.Table.from_batches([batch])
-            if table.schema != self.schema:
+            if self.ref is not None:
+                table = adapt_part_table(table, self.ref, self.schema)
+            elif table.schema != self.schema:
                 table = table.cast(self.schema)
             if self.below is not None:
                 table = table.filter(pc.less(table.column(TIME), self.below))
@@ -414,8 +418,7 @@ def _trim_unsealed(
                 table = pa.Table.from_batches([reader.read_chunk(index)])
                 stats.chunks_read += 1
                 stats.bytes_read += info.length
-                if table.schema != schema:
-                    table = table.cast(schema)
+                table = adapt_part_table(table, ref, schema)
                 table = table.filter(pc.greater_equal(table.column(TIME), upper))
                 if table.num_rows:
                     out._put(table)
@@ -459,13 +462,13 @@ def run_merge(
     writer = _RunWriter(blob, write_id, schema, part_bytes, stats)
     try:
         runs = [
-            _Run(open_part(blob, ref), schema, plan.floor, None, stats)
+            _Run(open_part(blob, ref), schema, plan.floor, None, stats, ref)
             for b in plan.inputs
             for ref in b.parts
             if ref.num_rows
         ]
         runs += [
-            _Run(open_part(blob, ref), schema, plan.floor, plan.upper_at_plan, stats)
+            _Run(open_part(blob, ref), schema, plan.floor, plan.upper_at_plan, stats, ref)
             for u in plan.unsealed
             for ref in u.parts
             if ref.num_rows and ref.min_time < plan.upper_at_plan

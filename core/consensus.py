@@ -225,13 +225,14 @@ class BlobConsensus(Consensus):
         that do not descend from it. Such an entry is withdrawn and the CAS reported lost.
         """
         successor = self._read(version + 1)
-        if successor is not None:
-            if successor[0] == digest:
-                return True
-        else:
+        if successor is None:
             head = self.head()
             if head is None or head.version <= version:
                 return True
+            # Another writer chained onto this entry between the two reads: look again.
+            successor = self._read(version + 1)
+        if successor is not None and successor[0] == digest:
+            return True
         self.blob.delete(_key(version))
         return False
 

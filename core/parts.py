@@ -4,6 +4,9 @@ This is the only module of `core` that talks to `persistshard.format`. Invariant
 - A part is written once, under a key no other part uses (``parts/<write id>/<uuid>.part``),
   with a single ``put``; it is sorted by (row, time) and consolidated.
 - Parts are read with ranged gets: the footer first, then only the chunks and columns needed.
+- A part is read *as its reference says* (`adapt_part_table`): a ``rewrite_time`` replaces
+  every stored time (a rebased plain append), and columns the shard gained after the part
+  was written (schema evolution) read as nulls. Every reader of parts goes through it.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -123,6 +127,33 @@ def open_part(blob: Blob, ref: PartRef) -> PartReader:
     return PartReader.open(ref.key, ref.size, fetch)
 
 
+def adapt_part_table(table: pa.Table, ref: PartRef, schema: pa.Schema) -> pa.Table:
+    """Rows of part ``ref`` as updates of ``schema``: times rewritten when the reference says
+    so, columns the part lacks added as nulls, order and types those of ``schema``."""
+    if ref.rewrite_time is not None and TIME in table.column_names:
+        index = table.schema.get_field_index(TIME)
+        times = pa.array(np.full(table.num_rows, ref.rewrite_time, dtype=np.int64))
+        table = table.set_column(index, table.schema.field(index), times)
+    return conform_columns(table, schema)
+
+
+def conform_columns(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table`` with the columns of ``schema`` in its order and types; columns it lacks (added
+    to the shard after it was written) are nulls."""
+    if table.schema == schema:
+        return table
+    names = set(table.column_names)
+    if all(f.name in names for f in schema):
+        if table.column_names != schema.names:
+            table = table.select(schema.names)
+        return table if table.schema == schema else table.cast(schema)
+    arrays = [
+        table.column(f.name) if f.name in names else pa.nulls(table.num_rows, f.type)
+        for f in schema
+    ]
+    return pa.Table.from_arrays(arrays, schema=pa.schema(list(schema))).cast(schema)
+
+
 def read_part(
     blob: Blob,
     ref: PartRef,
@@ -136,10 +167,15 @@ def read_part(
     chunks = [
         i
         for i, c in enumerate(reader.chunks)
-        if (max_time is None or c.min_time is None or c.min_time <= max_time)
-        and (min_time is None or c.max_time is None or c.max_time >= min_time)
+        if ref.rewrite_time is not None  # stored times are not the times read
+        or (
+            (max_time is None or c.min_time is None or c.min_time <= max_time)
+            and (min_time is None or c.max_time is None or c.max_time >= min_time)
+        )
     ]
     table = reader.read(columns=columns, chunks=chunks)
+    if ref.rewrite_time is not None:
+        table = adapt_part_table(table, ref, table.schema)
     if table.num_rows and TIME in table.column_names:
         lo_ok = min_time is None or ref.min_time >= min_time
         hi_ok = max_time is None or ref.max_time <= max_time
@@ -181,4 +217,6 @@ def read_parts(
             tables = list(
                 pool.map(lambda r: read_part(blob, r, min_time=min_time, max_time=max_time), wanted)
             )
-    return pa.concat_tables([t.cast(schema) if t.schema != schema else t for t in tables])
+    return pa.concat_tables(
+        [adapt_part_table(t, r, schema) for t, r in zip(tables, wanted, strict=True)]
+    )

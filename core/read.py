@@ -41,7 +41,7 @@ import pyarrow.compute as pc
 
 from persistshard.core.blob import Blob
 from persistshard.core.filters import Pred, chunk_may_match, filter_table
-from persistshard.core.parts import open_part
+from persistshard.core.parts import adapt_part_table, open_part
 from persistshard.core.rows import DIFF, TIME, advance_times, consolidate, snapshot_of
 from persistshard.core.state import PartRef, ShardState
 from persistshard.core.validate import update_schema
@@ -204,17 +204,26 @@ def _open_all(blob: Blob, refs: Sequence[PartRef]) -> list[PartReader]:
 
 
 def _wanted_chunks(
-    reader: PartReader, candidates: Sequence[int] | None, q: Query, row_filter: Pred | None
+    reader: PartReader,
+    ref: PartRef,
+    candidates: Sequence[int] | None,
+    q: Query,
+    row_filter: Pred | None,
 ) -> list[int]:
-    """The chunks of ``reader`` (among ``candidates``) whose times and statistics may match."""
+    """The chunks of ``reader`` (among ``candidates``) whose times and statistics may match.
+
+    A part whose reference rewrites its times (a rebased plain append) is at
+    ``ref.rewrite_time`` throughout, whatever its chunks' stored times say, so only its
+    reference's times count (they were checked when the part was chosen)."""
     chunks = range(len(reader.chunks)) if candidates is None else candidates
     lo, hi = q.min_time, q.max_time
+    rewritten = ref.rewrite_time is not None
     out = []
     for c in chunks:
         info = reader.chunks[c]
-        if info.min_time is not None and info.min_time > hi:
+        if not rewritten and info.min_time is not None and info.min_time > hi:
             continue
-        if lo is not None and info.max_time is not None and info.max_time < lo:
+        if not rewritten and lo is not None and info.max_time is not None and info.max_time < lo:
             continue
         if row_filter is not None and not chunk_may_match(row_filter, reader, c):
             continue
@@ -254,7 +263,9 @@ def plan_read(
     if (want == 1 or not rangeable) and row_filter is None:
         return single([PartSlice(r, None) for r in refs])
     readers = _open_all(blob, refs)
-    wanted = [_wanted_chunks(r, None, q, row_filter) for r in readers]
+    wanted = [
+        _wanted_chunks(r, ref, None, q, row_filter) for r, ref in zip(readers, refs, strict=True)
+    ]
     kept = [PartSlice(ref, tuple(w)) for ref, w in zip(refs, wanted, strict=True) if w]
     if want == 1 or not rangeable:
         return single(kept)
@@ -318,10 +329,8 @@ def load_updates(blob: Blob, task: ReadTask) -> pa.Table:
 
     def load(s: PartSlice) -> pa.Table:
         reader = open_part(blob, s.ref)
-        chunks = _wanted_chunks(reader, s.chunks, q, task.row_filter)
-        table = reader.read(chunks=chunks)
-        if table.schema != task.stored_schema:
-            table = table.cast(task.stored_schema)
+        chunks = _wanted_chunks(reader, s.ref, s.chunks, q, task.row_filter)
+        table = adapt_part_table(reader.read(chunks=chunks), s.ref, task.stored_schema)
         if s.ref.max_time > hi or (lo is not None and s.ref.min_time < lo):
             times = table.column(TIME)
             mask = pc.less_equal(times, hi)

@@ -25,6 +25,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -39,7 +40,7 @@ from persistshard.core.holds import DEFAULT_LEASE_SECONDS, ReaderHold
 from persistshard.core.layout import DEFAULT_RETENTION_SECONDS, new_id
 from persistshard.core.listen import Listen
 from persistshard.core.machine import DETERMINATE_REFUSALS, StateMachine
-from persistshard.core.parts import read_parts, write_parts
+from persistshard.core.parts import conform_columns, read_parts, write_parts
 from persistshard.core.read import (
     check_as_of,
     check_updates_range,
@@ -187,9 +188,15 @@ class Shard:
         schema: pa.Schema | None,
         commit_id: str | None = None,
         writer: tuple[str, int] | None = None,
+        rebase: bool = False,
+        label: str | None = None,
     ) -> ShardState:
         """Append parts already written (one compare-and-append). On any refusal the parts
         are deleted and the error re-raised; a streaming writer's replayed batch is a no-op.
+
+        ``rebase``: a plain append (every update at ``expected_upper``, ``new_upper =
+        expected_upper + 1``) that lands at whatever the upper is when it commits, never
+        failing with `UpperMismatch`; its parts are not rewritten (see `state.append_commit`).
         """
         commit_id = commit_id or new_id()
         batch = Batch(
@@ -207,7 +214,7 @@ class Shard:
                 parts=tuple(written.unsealed),
             )
         commit = st.append_commit(
-            commit_id, expected_upper, new_upper, batch, unsealed, schema, writer
+            commit_id, expected_upper, new_upper, batch, unsealed, schema, writer, rebase, label
         )
         try:
             return self.machine.commit(commit)
@@ -222,7 +229,13 @@ class Shard:
         # removes them later if no state references them.
 
     def self_correct(
-        self, staged: WrittenUpdates, *, time: int, write_id: str, state: ShardState | None = None
+        self,
+        staged: WrittenUpdates,
+        *,
+        time: int,
+        write_id: str,
+        state: ShardState | None = None,
+        schema: pa.Schema | None = None,
     ) -> WrittenUpdates:
         """The updates that turn the shard's current contents into the staged rows.
 
@@ -231,6 +244,8 @@ class Shard:
         row that comes (only the difference), written as parts of ``write_id``. The staged
         parts are deleted. The current contents are those of ``state`` (default: newest), all
         sealed updates summed; the caller commits with ``expected_upper = state.upper``.
+        ``schema`` is the shard's schema after the commit (wider than the state's when the
+        overwrite adds columns: the current rows then have nulls there).
         """
         state = state if state is not None else self.machine.state()
         if staged.unsealed:
@@ -240,7 +255,7 @@ class Shard:
             )
         if state.schema is None and not staged.sealed:
             return WrittenUpdates()
-        schema = state.schema
+        schema = schema if schema is not None else state.schema
         if schema is None:
             desired = read_parts(self.blob, staged.sealed, _full_schema_of(self.blob, staged))
         else:
@@ -248,6 +263,8 @@ class Shard:
         desired = snapshot_of(desired)
         if state.schema is not None and state.upper > 0:
             current = snapshot_of(self.read_range(state, min_time=None, max_time=None))
+            if schema is not None and len(schema) > len(state.schema):
+                current = conform_columns(current, _snapshot_schema(schema))
             negated = pc.negate(current.column(DIFF))
             current = current.set_column(
                 current.schema.get_field_index(DIFF), current.schema.field(DIFF), negated
@@ -313,8 +330,34 @@ class Shard:
 
     def append(self, updates: pa.Table, new_upper: int | None = None) -> ShardState:
         """Append at the current upper; ``new_upper`` defaults to one past the largest time
-        (or current upper + 1 when the updates are empty)."""
-        expected = self.machine.state().upper
+        (or current upper + 1 when the updates are empty).
+
+        *Plain* updates (no ``_time`` column, ``_diff`` optional and ``+1`` by default, no
+        ``new_upper``) are rows written at whatever the upper is when the commit lands: the
+        append never fails with `UpperMismatch`; after a lost race its parts are committed at
+        the newer upper without being rewritten.
+        """
+        current = self.machine.state()
+        expected = current.upper
+        if TIME not in updates.column_names and new_upper is None:
+            n = updates.num_rows
+            if DIFF not in updates.column_names:
+                updates = updates.append_column(DIFF, pa.array(np.ones(n, dtype=np.int64)))
+            updates = updates.append_column(TIME, pa.array(np.full(n, expected, dtype=np.int64)))
+            schema = current.schema
+            incoming = user_schema(updates.schema) if schema is None else schema
+            write_id = new_id()
+            written = self.write_updates(
+                updates, lower=expected, new_upper=expected + 1, write_id=write_id, schema=schema
+            )
+            return self.commit_written(
+                written,
+                expected_upper=expected,
+                new_upper=expected + 1,
+                schema=incoming,
+                commit_id=write_id,
+                rebase=True,
+            )
         if new_upper is None:
             times = updates.column(TIME) if TIME in updates.column_names else None
             biggest = pc.max(times).as_py() if times is not None and len(times) else None
@@ -421,13 +464,16 @@ class Shard:
     # --- inspection ---------------------------------------------------------------------
 
     def history(self) -> list[dict[str, Any]]:
-        """The commits still in the log, oldest first: version, kind, id and arguments."""
+        """The commits still in the log, oldest first: version, what it did (``kind``: one of
+        `HISTORY_KINDS`), the commit kind of the state machine (``commit``), id, time and a
+        one-line summary."""
         out = []
         for version, entry in self.machine.entries(1):
             out.append(
                 {
                     "version": version,
-                    "kind": entry.commit.kind,
+                    "kind": history_kind(entry.commit),
+                    "commit": entry.commit.kind,
                     "id": entry.commit.id,
                     "at_ms": entry.at_ms,
                     "summary": _summarize(entry.commit),
@@ -560,22 +606,61 @@ def _snapshot_schema(user: pa.Schema) -> pa.Schema:
     return pa.schema([*user, pa.field(DIFF, pa.int64(), nullable=False)])
 
 
+#: What `Shard.history` calls each commit, by what it did.
+HISTORY_KINDS = (
+    "append",  # rows added at the upper (also a plain append that landed after a lost race)
+    "overwrite",  # a self-correcting overwrite: the difference from the previous contents
+    "stream append",  # one micro-batch of a streaming writer
+    "seal",  # the upper moved without new updates
+    "compact",  # batches merged (physical and logical compaction)
+    "advance since",  # since moved forward
+    "trim unsealed",  # unsealed batches replaced by their remainders
+)
+
+
+def history_kind(c: Commit) -> str:
+    """The `HISTORY_KINDS` entry of commit ``c``."""
+    a = c.args
+    if c.kind == "append":
+        if a.get("label"):
+            return str(a["label"])
+        if a.get("writer"):
+            return "stream append"
+        if not a["batch"]["parts"] and not a.get("unsealed"):
+            return "seal"
+        return "append"
+    return {"advance_since": "advance since", "replace_unsealed": "trim unsealed"}.get(
+        c.kind, c.kind
+    )
+
+
+def _rows(n: int) -> str:
+    return f"{n} row" if n == 1 else f"{n} rows"
+
+
 def _summarize(c: Commit) -> str:
     a = c.args
     if c.kind == "append":
         rows = sum(p["rows"] for p in a["batch"]["parts"])
         unsealed = a.get("unsealed")
         urows = sum(p["rows"] for p in unsealed["parts"]) if unsealed else 0
-        text = f"upper {a['expected_upper']} -> {a['new_upper']}, {rows} rows sealed"
+        if a.get("rebase"):
+            planned = a["expected_upper"]
+            return f"{_rows(rows)} sealed at the upper found at commit (planned at {planned})"
+        text = f"upper {a['expected_upper']} -> {a['new_upper']}"
+        if rows or not urows:
+            text += f", {_rows(rows)} sealed"
         if urows:
-            text += f", {urows} rows unsealed"
+            text += f", {_rows(urows)} unsealed"
         if a.get("writer"):
             text += f", writer {a['writer'][0]} batch {a['writer'][1]}"
         return text
     if c.kind == "advance_since":
         return f"since -> {a['since']}"
     if c.kind == "compact":
-        return f"{len(a['inputs'])} batches -> 1 ({a['output']['lower']}..{a['output']['upper']})"
+        n = len(a["inputs"])
+        out = a["output"]
+        return f"{n} batch{'' if n == 1 else 'es'} -> 1 ({out['lower']}..{out['upper']})"
     return json.dumps(a)[:200]
 
 

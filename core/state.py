@@ -24,7 +24,11 @@ Invariants of a `ShardState` (checked by `ShardState.check`):
 
 Commit kinds, all in `apply` (their preconditions are classes named ``Assert...``):
 - `append`: expected upper == upper; adds a trace batch ``[expected, new)`` and optionally an
-  unsealed batch; may set the schema (first write) and record a streaming writer's progress.
+  unsealed batch; may set the schema (first write), widen it by nullable columns appended at
+  the end (schema evolution), and record a streaming writer's progress. A *plain* append
+  (``rebase``: all its updates at ``expected``, new upper ``expected + 1``, nothing
+  unsealed) that finds the upper moved is applied at the current upper instead: its batch
+  becomes ``[upper, upper + 1)`` and its parts carry ``rewrite_time = upper``.
 - `advance_since`: since <= new since <= upper; stops at the smallest live hold.
 - `register_reader`: the reader id has no live hold (`AssertNoLiveHold`); holds the since.
 - `downgrade_since`: the reader's hold is live (`AssertLiveHold`) and moves forward only;
@@ -72,26 +76,42 @@ from persistshard.errors import (
 
 @dataclass(frozen=True)
 class PartRef:
-    """A part file of a batch: its key under the shard, size, rows and time range."""
+    """A part file of a batch: its key under the shard, size, rows and time range.
+
+    ``rewrite_time``, when set, is the time of *every* update of the part, whatever time the
+    part's bytes say: a plain append that lost a race is committed at the newer upper without
+    rewriting its parts (after persist's ``ts_rewrite``). Then ``min_time == max_time ==
+    rewrite_time``; every reader applies it (`persistshard.core.parts.adapt_part_table`).
+    """
 
     key: str
     size: int
     num_rows: int
     min_time: int
     max_time: int
+    rewrite_time: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        d = {
             "key": self.key,
             "size": self.size,
             "rows": self.num_rows,
             "min_time": self.min_time,
             "max_time": self.max_time,
         }
+        if self.rewrite_time is not None:
+            d["rewrite_time"] = self.rewrite_time
+        return d
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> PartRef:
-        return PartRef(d["key"], d["size"], d["rows"], d["min_time"], d["max_time"])
+        return PartRef(
+            d["key"], d["size"], d["rows"], d["min_time"], d["max_time"], d.get("rewrite_time")
+        )
+
+    def at_time(self, time: int) -> PartRef:
+        """This part with every update read at ``time`` (a rebased plain append)."""
+        return replace(self, min_time=time, max_time=time, rewrite_time=time)
 
 
 @dataclass(frozen=True)
@@ -327,23 +347,60 @@ def append_commit(
     unsealed: Batch | None,
     schema: pa.Schema | None,
     writer: tuple[str, int] | None = None,
+    rebase: bool = False,
+    label: str | None = None,
 ) -> Commit:
-    return Commit(
-        "append",
-        commit_id,
-        {
-            "expected_upper": expected_upper,
-            "new_upper": new_upper,
-            "batch": batch.to_json(),
-            "unsealed": unsealed.to_json() if unsealed is not None else None,
-            "schema": schema_to_b64(schema) if schema is not None else None,
-            "writer": list(writer) if writer is not None else None,
-        },
+    """An ``append`` commit. ``label`` names what the user did (``overwrite``) for `history`;
+    `apply` ignores it."""
+    args: dict[str, Any] = {
+        "expected_upper": expected_upper,
+        "new_upper": new_upper,
+        "batch": batch.to_json(),
+        "unsealed": unsealed.to_json() if unsealed is not None else None,
+        "schema": schema_to_b64(schema) if schema is not None else None,
+        "writer": list(writer) if writer is not None else None,
+    }
+    if rebase:
+        args["rebase"] = True
+    if label is not None:
+        args["label"] = label
+    return Commit("append", commit_id, args)
+
+
+def _is_evolution(old: pa.Schema, new: pa.Schema) -> bool:
+    """Whether ``new`` is ``old`` (same names and types) with nullable columns appended."""
+    if len(new) < len(old):
+        return False
+    same = [(f.name, f.type) for f in old] == [(f.name, f.type) for f in new][: len(old)]
+    return same and all(f.nullable for f in list(new)[len(old) :])
+
+
+def _rebased(state: ShardState, a: dict[str, Any], location: str | None) -> Batch | None:
+    """The batch of a plain append (``rebase``) moved to the shard's newer upper, or None
+    when the append is not plain or the upper did not move.
+
+    A plain append's updates are all at its ``expected_upper`` and it moves the upper by one;
+    when another append landed first, the batch becomes ``[upper, upper + 1)`` and its parts
+    are read at ``upper`` (`PartRef.at_time`): nothing is rewritten.
+    """
+    expected, upper = a["expected_upper"], state.upper
+    if not a.get("rebase") or upper <= expected:
+        return None
+    batch = Batch.from_json(a["batch"])
+    if (
+        a.get("unsealed") is not None
+        or a["new_upper"] != expected + 1
+        or any(
+            p.num_rows and (p.min_time != expected or p.max_time != expected) for p in batch.parts
+        )
+    ):
+        raise InvalidUpdates(
+            f"append {batch.id} asks to be rebased but is not plain (one time, upper + 1)",
+            location=location,
+        )
+    return replace(
+        batch, lower=upper, upper=upper + 1, parts=tuple(p.at_time(upper) for p in batch.parts)
     )
-
-
-def _schemas_equal(a: pa.Schema, b: pa.Schema) -> bool:
-    return [(f.name, f.type) for f in a] == [(f.name, f.type) for f in b]
 
 
 def _apply_append(state: ShardState, c: Commit, location: str | None) -> ShardState:
@@ -351,8 +408,13 @@ def _apply_append(state: ShardState, c: Commit, location: str | None) -> ShardSt
     writer = a.get("writer")
     if writer is not None and state.writers.get(writer[0], -1) >= writer[1]:
         raise WriterAlreadyCommitted(writer[0], writer[1], location=location)
-    AssertUpper(a["expected_upper"]).check(state, location)
-    new_upper = a["new_upper"]
+    rebased = _rebased(state, a, location)
+    if rebased is None:
+        AssertUpper(a["expected_upper"]).check(state, location)
+        new_upper = a["new_upper"]
+        batch = Batch.from_json(a["batch"])
+    else:
+        new_upper, batch = rebased.upper, rebased
     if new_upper < state.upper:
         raise InvalidUpdates(
             f"new upper {new_upper} is below the shard's upper {state.upper}; upper only "
@@ -362,14 +424,14 @@ def _apply_append(state: ShardState, c: Commit, location: str | None) -> ShardSt
     schema = state.schema
     if a.get("schema") is not None:
         incoming = schema_from_b64(a["schema"])
-        if schema is None:
+        if schema is None or _is_evolution(schema, incoming):
             schema = incoming
-        elif not _schemas_equal(schema, incoming):
+        elif not _is_evolution(incoming, schema):
             raise InvalidUpdates(
-                f"schema {incoming} does not match the shard's schema {schema}",
+                f"schema {incoming} does not match the shard's schema {schema}; a shard's "
+                "columns only grow by nullable columns added at the end",
                 location=location,
             )
-    batch = Batch.from_json(a["batch"])
     trace = state.trace
     if batch.upper > batch.lower:
         last = trace[-1] if trace else None

@@ -8,7 +8,9 @@ the problem. The normal form:
 - User columns keep their order; types are normalised (large and view string/binary/list
   types to their plain forms, dictionaries decoded, zoned timestamps to UTC), fields are
   nullable and carry no metadata. The shard's schema is the normal form of the user columns
-  of its first write.
+  of its first write, extended only by appending nullable columns (schema evolution).
+- Columns are matched to the shard's by name, in any order, case-insensitively by default
+  (`match_columns`); a mismatch names every missing, extra, retyped and ambiguous column.
 """
 
 from __future__ import annotations
@@ -109,16 +111,17 @@ def normalize_updates(
         if zeros:
             raise InvalidUpdates(f"{DIFF} has {zeros} zero values", location=location)
     incoming = user_schema(table.schema)
+    sources = [f.name for f in incoming]
     if schema is not None:
-        check_columns(incoming, schema, location)
+        sources = match_columns(incoming, schema, location)
         incoming = schema
     if not len(incoming):
         raise InvalidUpdates(
             "updates have no row columns besides _time and _diff", location=location
         )
     columns = []
-    for f in incoming:
-        col = table.column(f.name)
+    for f, source in zip(incoming, sources, strict=True):
+        col = table.column(source)
         if col.type != f.type:
             try:
                 col = col.cast(f.type)
@@ -132,14 +135,86 @@ def normalize_updates(
     return pa.Table.from_arrays(columns, schema=update_schema(incoming))
 
 
-def check_columns(incoming: pa.Schema, schema: pa.Schema, location: str | None) -> None:
-    """`InvalidUpdates` unless ``incoming`` (normalised user columns) are the shard's columns,
-    same names, order and types."""
-    if [(f.name, f.type) for f in incoming] != [(f.name, f.type) for f in schema]:
+def match_columns(
+    incoming: pa.Schema,
+    schema: pa.Schema,
+    location: str | None,
+    *,
+    case_sensitive: bool = False,
+    allow_new: bool = False,
+) -> list[str]:
+    """For every column of ``schema`` (the shard's), the name of the ``incoming`` column that
+    feeds it, matched by name in any order: case-insensitively unless ``case_sensitive`` (an
+    exact match wins over a match that differs in case).
+
+    `InvalidUpdates` lists every missing, extra (unless ``allow_new``), retyped and ambiguous
+    column at once. Types are compared in their normal form (`normalize_type`).
+    """
+    exact = {f.name: f for f in incoming}
+    folded: dict[str, list[pa.Field]] = {}
+    for f in incoming:
+        folded.setdefault(f.name.lower(), []).append(f)
+    sources: list[str] = []
+    used: set[str] = set()
+    missing: list[str] = []
+    retyped: list[str] = []
+    ambiguous: list[str] = []
+    for f in schema:
+        found = exact.get(f.name)
+        if found is None and not case_sensitive:
+            candidates = folded.get(f.name.lower(), [])
+            if len(candidates) > 1:
+                ambiguous.append(f"{f.name} ({', '.join(c.name for c in candidates)})")
+                continue
+            found = candidates[0] if candidates else None
+        if found is None:
+            missing.append(f"{f.name} {f.type}")
+            continue
+        used.add(found.name)
+        sources.append(found.name)
+        if normalize_type(found.type) != f.type:
+            retyped.append(f"{f.name} is {normalize_type(found.type)}, the shard has {f.type}")
+    extra = [f"{f.name} {f.type}" for f in incoming if f.name not in used]
+    if allow_new:
+        extra = []
+    problems = []
+    if missing:
+        problems.append(f"missing: {', '.join(missing)}")
+    if extra:
+        problems.append(f"extra: {', '.join(extra)}")
+    if retyped:
+        problems.append(f"retyped: {'; '.join(retyped)}")
+    if ambiguous:
+        problems.append(f"ambiguous (equal but for case): {', '.join(ambiguous)}")
+    if problems:
+        hint = ""
+        if extra and not (missing or retyped or ambiguous):
+            hint = "; to add the extra columns to the shard, write with option merge_schema"
         raise InvalidUpdates(
-            f"columns {_describe(incoming)} do not match the shard's columns {_describe(schema)}",
+            f"columns {_describe(incoming)} do not match the shard's columns "
+            f"{_describe(schema)}: {'; '.join(problems)}{hint}",
             location=location,
         )
+    return sources
+
+
+def check_columns(incoming: pa.Schema, schema: pa.Schema, location: str | None) -> None:
+    """`InvalidUpdates` unless ``incoming`` (normalised user columns) has the shard's columns
+    by name, in any order (`match_columns`)."""
+    match_columns(incoming, schema, location)
+
+
+def evolve_schema(current: pa.Schema, incoming: pa.Schema, location: str | None) -> pa.Schema:
+    """The shard schema after adding the columns of ``incoming`` that ``current`` lacks: the
+    current columns, then the new ones (nullable) in their incoming order.
+
+    Only additions are schema evolution; ``incoming`` must still have every current column
+    with its type (`match_columns` refuses anything else: dropping, renaming, retyping).
+    """
+    match_columns(incoming, current, location, allow_new=True)
+    known = {f.name.lower() for f in current}
+    added = [normalize_field(f) for f in incoming if f.name.lower() not in known]
+    return pa.schema([*current, *added])
 
 
 def _describe(schema: pa.Schema) -> str:

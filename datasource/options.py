@@ -10,7 +10,9 @@ Where the shard is (in order): the ``path`` option (``.load(path)`` / ``.save(pa
 table's LOCATION and OPTIONS before a Python source sees them, except in ``schema()`` during
 a ``CREATE TABLE`` without a column list; what ``schema()`` returns there is kept in the
 catalog with its field metadata and handed to every later ``reader(schema)`` and
-``writer(schema)``. So the location travels in the metadata of the table's fields.
+``writer(schema)``. So the location travels in the metadata of the table's fields. A write
+whose schema Spark took from the query rather than the table arrives with no location; it is
+refused with `WRITE_FORMS`, the statement forms that name the shard.
 
 Storage options: every option named ``storage.<name>`` is handed to fsspec as the storage
 option ``<name>`` (Spark lower-cases option keys, so names are lower case); a value that
@@ -19,12 +21,16 @@ other value as the string it is. They travel to the tasks inside the pickled rea
 partitions, never into the shard, the catalog or a message: `StorageOptions` hides its values
 from ``repr``. Spark refuses storage that is not shared between processes (`check_shared`):
 each Python worker has its own ``memory://``, so a write there would vanish.
+
+Raw OS errors on the driver (a location that is a file, permissions) become `InvalidUpdates`
+naming the location (`storage_errors`).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +48,7 @@ WRITE_OPTIONS = frozenset(
         "writer_id",
         "compact",
         "memory_budget",
+        "merge_schema",
     }
 )
 READ_OPTIONS = frozenset(
@@ -57,7 +64,11 @@ READ_OPTIONS = frozenset(
         "reader_lease_seconds",
     }
 )
-TABLE_OPTIONS = frozenset({"columns", "provider"})
+#: What CREATE TABLE hands ``schema()`` besides the user's OPTIONS (Spark's table properties;
+#: it also repeats each OPTION as ``option.<name>``, which `check_known` skips).
+TABLE_OPTIONS = frozenset(
+    {"columns", "provider", "owner", "external", "is_managed_location", "comment"}
+)
 COMMON_OPTIONS = frozenset({"path", "location", "paths", "checkpointlocation", "queryname"})
 ALL_OPTIONS = WRITE_OPTIONS | READ_OPTIONS | TABLE_OPTIONS | COMMON_OPTIONS
 
@@ -131,7 +142,7 @@ def check_known(options: Mapping[str, str], allowed: frozenset[str], what: str) 
         k
         for k in options
         if k.lower() not in allowed
-        and not k.startswith("__")
+        and not k.startswith(("__", "option."))
         and not k.lower().startswith(STORAGE_PREFIX)
     )
     if unknown:
@@ -139,6 +150,20 @@ def check_known(options: Mapping[str, str], allowed: frozenset[str], what: str) 
             f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} for a "
             f"persistshard {what}; known options: {', '.join(sorted(allowed))}"
         )
+
+
+@contextmanager
+def storage_errors(location: str | None, doing: str) -> Iterator[None]:
+    """Turn a raw Python OS error (a location that is a file, missing permissions, ...) into
+    `InvalidUpdates` naming the location and what was being done; nothing was changed."""
+    try:
+        yield
+    except OSError as e:
+        reason = e.strerror or str(e) or type(e).__name__
+        raise InvalidUpdates(
+            f"cannot {doing} at {location}: {type(e).__name__}: {reason}"
+            + (f" ({e.filename})" if e.filename else "")
+        ) from e
 
 
 def _int(options: Mapping[str, str], key: str) -> int | None:
@@ -180,17 +205,34 @@ def find_location(options: Mapping[str, str], schema: Any = None) -> str | None:
     return None
 
 
-def require_location(options: Mapping[str, str], schema: Any = None) -> str:
-    """`find_location`, or an error that says how to name the shard."""
+#: What a write that reached the source without a location should be written as instead.
+WRITE_FORMS = (
+    "name the shard in the statement: INSERT INTO t WITH ('path' = '/data/t') SELECT ... "
+    "(also INSERT OVERWRITE t WITH (...) SELECT ... and ... TABLE s), "
+    "df.writeTo('t').option('path', '/data/t').append(), or "
+    "df.write.format('persistshard').mode('append').save('/data/t')"
+)
+
+
+def require_location(options: Mapping[str, str], schema: Any = None, what: str = "read") -> str:
+    """`find_location`, or an error that says how to name the shard for this operation."""
     location = find_location(options, schema)
-    if location is None:
+    if location is not None:
+        return location
+    if what == "write":
         raise InvalidUpdates(
-            "no shard location: use .load(path) / .save(path) or option('path', ...); for SQL, "
-            "create the table without a column list so it can remember its location: "
-            "CREATE TABLE t USING persistshard LOCATION '/data/t' OPTIONS (columns 'id BIGINT, "
-            "name STRING'), or name it per statement with WITH ('path' = '/data/t')"
+            "no shard location reached this write: Spark 4.3 passes none for INSERT ... "
+            "SELECT and INSERT ... TABLE whose columns need no conversion, df.write.insertInto, "
+            "df.writeTo(t).append(), saveAsTable, CREATE TABLE ... AS SELECT, and tables "
+            f"created with a column list (create those with CREATE TABLE t USING persistshard "
+            f"LOCATION '/data/t' OPTIONS (columns '...')); {WRITE_FORMS}"
         )
-    return location
+    raise InvalidUpdates(
+        "no shard location: use .load(path) or option('path', ...); for SQL, create the "
+        "table without a column list so it remembers its location: CREATE TABLE t USING "
+        "persistshard LOCATION '/data/t' OPTIONS (columns 'id BIGINT, name STRING'), or name "
+        "it per statement with SELECT * FROM t WITH ('path' = '/data/t')"
+    )
 
 
 @dataclass(frozen=True)
@@ -206,11 +248,17 @@ class WriteOptions:
     compact: bool
     memory_budget: int
     storage_options: StorageOptions = field(default_factory=StorageOptions)
+    merge_schema: bool = False
+
+    @property
+    def plain(self) -> bool:
+        """No explicit times or frontiers: the write may land at whatever the upper is."""
+        return self.time_column is None and self.upper is None and self.expected_upper is None
 
     @staticmethod
     def parse(options: Mapping[str, str], schema: Any = None) -> WriteOptions:
         check_known(options, WRITE_OPTIONS | COMMON_OPTIONS | TABLE_OPTIONS, "write")
-        location = require_location(options, schema)
+        location = require_location(options, schema, "write")
         check_shared(location)
         return WriteOptions(
             location=location,
@@ -222,6 +270,7 @@ class WriteOptions:
             compact=_bool(options, "compact", True),
             memory_budget=_int(options, "memory_budget") or (256 << 20),
             storage_options=storage_options(options),
+            merge_schema=_bool(options, "merge_schema", False),
         )
 
 

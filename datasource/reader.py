@@ -63,7 +63,7 @@ from persistshard.core.read import (
     updates_query,
     with_snapshot_time,
 )
-from persistshard.core.rows import DIFF, SYSTEM_COLUMNS
+from persistshard.core.rows import DIFF, SYSTEM_COLUMNS, TIME
 from persistshard.core.shard import Shard, open_shard
 from persistshard.core.state import ShardState
 from persistshard.datasource.options import ReadOptions, StorageOptions
@@ -114,6 +114,12 @@ def check_query(shard: Shard, state: ShardState, opts: ReadOptions) -> Query:
     if opts.reads_updates:
         lo = opts.updates_from if opts.updates_from is not None else 0
         hi = opts.updates_to if opts.updates_to is not None else state.upper
+        if opts.updates_to is None and lo > hi:
+            raise InvalidUpdates(
+                f"updates_from {lo} is after the shard's upper {state.upper}: no update there "
+                f"is sealed yet; read from {state.upper} at most",
+                location=shard.location,
+            )
         return updates_query(state, lo, hi, shard.location)
     as_of = opts.as_of if opts.as_of is not None else state.upper - 1
     return snapshot_query(state, as_of, shard.location, with_diff=opts.with_diff or opts.changes)
@@ -200,11 +206,60 @@ def translate_filter(f: Filter, schema: pa.Schema) -> Pred | None:
     return bind(op, column, getattr(f, "value", None), schema)
 
 
+def check_read_schema(opts: ReadOptions, schema: StructType) -> None:
+    """Refuse a read whose Spark schema would lose what the options ask for.
+
+    A SQL table's schema is fixed when it is created; ``SELECT * FROM t WITH ('updates_from'
+    = ...)`` on a table without ``_time``/``_diff`` would return changes as plain rows, where
+    a deletion and an insertion look the same. That is refused, naming the table to create.
+    """
+    names = set(schema.names)
+    location = opts.location
+    if (opts.reads_updates or opts.changes) and not {TIME, DIFF} <= names:
+        asked = "changes" if opts.changes else "updates_from / updates_to"
+        raise InvalidUpdates(
+            f"option {asked} reads changes, but this table's columns have no {TIME} and "
+            f"{DIFF}, so every change would come back as a plain row. Create a change table "
+            f"over the same shard and read that: CREATE TABLE t_changes USING persistshard "
+            f"LOCATION '{location}' OPTIONS (changes 'true'); SELECT * FROM t_changes WITH "
+            "('updates_from' = '1')"
+        )
+    if opts.with_diff and DIFF not in names:
+        raise InvalidUpdates(
+            f"option with_diff reads {DIFF}, but this table's columns have none. Create a table "
+            f"that has it: CREATE TABLE t_diffs USING persistshard LOCATION '{location}' "
+            "OPTIONS (with_diff 'true')"
+        )
+
+
+def check_table_columns(schema: StructType, stored: pa.Schema, location: str) -> None:
+    """A SQL table's columns must be the shard's, plus (after ``ALTER TABLE ... ADD COLUMNS``)
+    nullable columns the shard does not have yet, which read as nulls. Anything else (a
+    dropped or renamed column) is refused, saying what differs."""
+    wanted = [f for f in schema.fields if f.name not in (TIME, DIFF)]
+    names = {f.name for f in wanted}
+    lost = [f.name for f in stored if f.name not in names]
+    if lost:
+        raise InvalidUpdates(
+            f"the table's columns ({', '.join(names_in_order(wanted))}) no longer include the "
+            f"shard's column{'s' if len(lost) > 1 else ''} {', '.join(lost)}: persistshard "
+            "can only add nullable columns (ALTER TABLE ... ADD COLUMNS); dropping or renaming "
+            "is not supported. Re-create the table over the shard: DROP TABLE t; CREATE TABLE "
+            f"t USING persistshard LOCATION '{location}'",
+            location=location,
+        )
+
+
+def names_in_order(fields: list[Any]) -> list[str]:
+    return [f.name for f in fields]
+
+
 class PersistShardReader(DataSourceReader):
     """A batch read (``spark.read.format("persistshard")``); see the module docstring."""
 
     def __init__(self, options: dict[str, str], schema: StructType) -> None:
         self.opts = ReadOptions.parse(options, schema)
+        check_read_schema(self.opts, schema)
         self.schema = schema
         self.row_filter: Pred | None = None  # on stored row columns, before consolidation
         self.result_filter: Pred | None = None  # on _time / _diff of the final rows
@@ -214,6 +269,7 @@ class PersistShardReader(DataSourceReader):
         state = shard.state()
         if state.schema is None:
             raise InvalidUpdates(f"no shard at {shard.location}: nothing was ever written there")
+        check_table_columns(self.schema, state.schema, shard.location)
         q = check_query(shard, state, self.opts)
         return plan_partitions(shard, state, q, self.opts, self.row_filter)
 

@@ -13,6 +13,9 @@ The schema it reports:
 - in ``CREATE TABLE`` (options carry ``location``): the shard's columns, or those of the
   ``columns`` option for a new shard, each field carrying the location in its metadata, which
   is how later SQL statements find the table's shard (see `persistshard.datasource.options`).
+  With ``OPTIONS (changes 'true')`` the table also has ``_time`` and ``_diff`` (a *change
+  table*: its SELECTs return updates, so ``WITH ('updates_from' = ...)`` keeps them), with
+  ``OPTIONS (with_diff 'true')`` it has ``_diff``.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from persistshard.datasource.options import (
     check_shared,
     find_location,
     require_location,
+    storage_errors,
     storage_options,
 )
 from persistshard.datasource.types import spark_schema_of
@@ -80,14 +84,21 @@ class PersistShardDataSource(DataSource):
                 "through fsspec instead (FSSPEC_<PROTOCOL>_<NAME> environment variables or an "
                 "fsspec config file), or pass storage.<name> options per statement"
             )
-        shard = open_shard(location, **secrets)
-        stored = shard.schema
+        with storage_errors(location, "read the shard"):
+            shard = open_shard(location, **secrets)
+            stored = shard.schema
         if stored is None:
             columns = options.get("columns")
             if columns is None:
+                if creating:
+                    raise InvalidUpdates(
+                        f"no shard at {shard.location} yet: give the new table its columns, "
+                        "e.g. OPTIONS (columns 'id BIGINT, name STRING'), or write to the "
+                        "location first",
+                    )
                 raise InvalidUpdates(
-                    f"no shard at {shard.location} yet: give its columns, e.g. "
-                    "OPTIONS (columns 'id BIGINT, name STRING'), or write to it first",
+                    f"no shard at {shard.location}: nothing was ever written there; write "
+                    "to it first (df.write.format('persistshard').save(path))",
                 )
             from persistshard.core.validate import user_schema
             from persistshard.datasource.ddl import parse_columns
@@ -99,15 +110,26 @@ class PersistShardDataSource(DataSource):
                 f"the shard at {shard.location} already has columns ({stored}); drop the "
                 "columns option to use them",
             )
-        if creating:
-            return spark_schema_of(stored, {LOCATION_KEY: shard.location})
-        base = spark_schema_of(stored)
         opts = ReadOptions.parse(options)
         if opts.reads_updates or opts.changes:
-            return _with_system(base, TIME, DIFF)
-        if opts.with_diff:
-            return _with_system(base, DIFF)
-        return base
+            names: tuple[str, ...] = (TIME, DIFF)
+        elif opts.with_diff:
+            names = (DIFF,)
+        else:
+            names = ()
+        if creating:
+            # The location rides in every field's metadata (module docstring); a change table
+            # (OPTIONS (changes 'true')) also carries _time and _diff, so SELECT keeps them.
+            schema = _with_system(spark_schema_of(stored), *names) if names else None
+            base = spark_schema_of(stored, {LOCATION_KEY: shard.location})
+            if schema is None:
+                return base
+            meta = {LOCATION_KEY: shard.location}
+            return StructType(
+                [StructField(f.name, f.dataType, f.nullable, meta) for f in schema.fields]
+            )
+        base = spark_schema_of(stored)
+        return _with_system(base, *names) if names else base
 
     def reader(self, schema: StructType) -> DataSourceReader:
         from persistshard.datasource.reader import (
@@ -116,15 +138,19 @@ class PersistShardDataSource(DataSource):
             planning_with_pushdown,
         )
 
-        if planning_with_pushdown():  # only then may the reader have pushFilters (reader.py)
-            instance = getattr(self, "instance_id", "")
-            return PersistShardPushdownReader(dict(self.options), schema, instance)
-        return PersistShardReader(dict(self.options), schema)
+        options = dict(self.options)
+        with storage_errors(find_location(options, schema), "read the shard"):
+            if planning_with_pushdown():  # only then may the reader have pushFilters (reader.py)
+                instance = getattr(self, "instance_id", "")
+                return PersistShardPushdownReader(options, schema, instance)
+            return PersistShardReader(options, schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         from persistshard.datasource.writer import PersistShardWriter
 
-        return PersistShardWriter(dict(self.options), schema, overwrite)
+        options = dict(self.options)
+        with storage_errors(find_location(options, schema), "write the shard"):
+            return PersistShardWriter(options, schema, overwrite)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         from persistshard.datasource.writer import PersistShardStreamWriter

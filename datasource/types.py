@@ -32,7 +32,16 @@ def spark_schema_of(schema: pa.Schema, metadata: dict[str, str] | None = None) -
 
 
 def conform(table: pa.Table, target: pa.Schema) -> pa.Table:
-    """``table`` with exactly the columns, order, types and nullability of ``target``."""
+    """``table`` with exactly the columns, order, types and nullability of ``target``;
+    columns of ``target`` that ``table`` lacks are nulls."""
+    have = set(table.column_names)
+    if not all(name in have for name in target.names):
+        # Columns the shard does not have yet (ALTER TABLE ... ADD COLUMNS) read as nulls.
+        arrays = [
+            table.column(f.name) if f.name in have else pa.nulls(table.num_rows, f.type)
+            for f in target
+        ]
+        table = pa.Table.from_arrays(arrays, names=target.names)
     table = table.select(target.names)
     if table.schema.equals(target, check_metadata=False):
         return table

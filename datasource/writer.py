@@ -3,15 +3,21 @@
 The protocol, after Materialize's persist sink:
 1. *Mint* (driver, in ``writer()``): read the shard state and fix the batch description:
    ``lower`` (the upper seen now, or ``expected_upper``), the new upper if the user gave one,
-   the shard's columns, and a fresh write id. It reaches the tasks inside the pickled writer.
+   the shard's columns (matched to the DataFrame's by name; widened by ``merge_schema`` or a
+   SQL table's ``ALTER TABLE ... ADD COLUMNS``), and a fresh write id. It reaches the tasks
+   inside the pickled writer. Everything checkable without the data (location, options,
+   columns, column types) is refused here, so the user sees one error, not a failed task.
 2. *Write* (every task): feed the task's Arrow batches into a `Correction` buffer (bounded
    by ``memory_budget``, spilling beyond it), then write sorted, consolidated parts under
    ``parts/<write id>/``: updates below the new upper as sealed parts, the rest as unsealed.
    The message back is the parts' metadata (a "hollow batch").
 3. *Append* (driver, in ``commit()``): one compare-and-append of every task's parts. If it is
    refused (`UpperMismatch`, bad input), nothing becomes visible and the write's parts are
-   deleted. Parts of failed task attempts (Spark has no per-task abort) carry the write id and
-   are swept at commit and abort, and by ``gc`` if the driver died.
+   deleted. A *plain* write (no time column, ``upper`` or ``expected_upper``) is committed
+   with ``rebase``: if the upper moved since step 1 it lands at the new upper, its parts read
+   at that time (`persistshard.core.state`), instead of failing. Parts of failed task
+   attempts (Spark has no per-task abort) carry the write id and are swept at commit and
+   abort, and by ``gc`` if the driver died.
 
 Invariant: the shard changes only in step 3, atomically; a failed job leaves it as it was.
 """
@@ -33,6 +39,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from persistshard.core.blob import FsspecBlob
 from persistshard.core.correction import Correction
 from persistshard.core.layout import PARTS_PREFIX, new_id
 from persistshard.core.parts import PartSink
@@ -45,12 +52,18 @@ from persistshard.core.shard import (
 )
 from persistshard.core.state import PartRef
 from persistshard.core.validate import (
-    check_columns,
+    evolve_schema,
+    match_columns,
     normalize_updates,
     update_schema,
     user_schema,
 )
-from persistshard.datasource.options import StorageOptions, WriteOptions
+from persistshard.datasource.options import (
+    StorageOptions,
+    WriteOptions,
+    find_location,
+    storage_errors,
+)
 from persistshard.datasource.types import arrow_schema_of
 from persistshard.errors import InvalidUpdates, UpperMismatch
 
@@ -70,7 +83,13 @@ class TaskWritten(WriterCommitMessage):
 
 @dataclass(frozen=True)
 class BatchDescription:
-    """The minted description every task of one write shares."""
+    """The minted description every task of one write shares.
+
+    ``target`` is the shard's schema after this write (its current columns, plus new ones
+    under schema evolution); ``sources`` names, for each target column, the DataFrame column
+    that feeds it (matched by name, in any order, case-insensitively). ``plain`` writes have
+    no explicit times or frontiers: their commit lands at whatever the upper is by then.
+    """
 
     location: str
     write_id: str
@@ -83,24 +102,52 @@ class BatchDescription:
     overwrite: bool
     memory_budget: int
     storage_options: dict[str, Any]
+    target: pa.Schema | None = None
+    sources: tuple[str, ...] = ()
+    plain: bool = False
+
+
+def _find_column(names: list[str], wanted: str | None) -> str | None:
+    """The DataFrame column called ``wanted`` (exact, else the one equal but for case)."""
+    if wanted is None:
+        return None
+    if wanted in names:
+        return wanted
+    folded = [n for n in names if n.lower() == wanted.lower()]
+    return folded[0] if len(folded) == 1 else None
 
 
 def describe_write(
-    opts: WriteOptions, spark_schema: StructType, overwrite: bool, shard: Shard
+    opts: WriteOptions,
+    spark_schema: StructType,
+    overwrite: bool,
+    shard: Shard,
+    *,
+    evolve: bool = False,
 ) -> BatchDescription:
-    """Mint: validate the DataFrame's columns against the shard and fix the description."""
+    """Mint: validate the DataFrame's columns against the shard and fix the description.
+
+    ``evolve`` (a SQL table whose catalog gained columns by ``ALTER TABLE ... ADD COLUMNS``, or
+    option ``merge_schema``) lets the write add nullable columns to the shard.
+    """
     state = shard.state()
     if state.version == 0:
         refuse_foreign_files(shard.blob, shard.location)
     arrow = arrow_schema_of(spark_schema)
     names = arrow.names
-    time_column = opts.time_column or (TIME if TIME in names else None)
-    diff_column = opts.diff_column or (DIFF if DIFF in names else None)
+    time_column = _find_column(names, opts.time_column) or _find_column(names, TIME)
+    diff_column = _find_column(names, opts.diff_column) or _find_column(names, DIFF)
     for option, column in (("time_column", opts.time_column), ("diff_column", opts.diff_column)):
-        if column is not None and column not in names:
+        if column is not None and _find_column(names, column) is None:
             raise InvalidUpdates(
                 f"option {option} names column {column!r}, which the DataFrame does not have "
                 f"(columns: {', '.join(names)})",
+                location=shard.location,
+            )
+    for column in (time_column, diff_column):
+        if column is not None and not pa.types.is_integer(arrow.field(column).type):
+            raise InvalidUpdates(
+                f"column {column} must hold integers (BIGINT), got {arrow.field(column).type}",
                 location=shard.location,
             )
     if overwrite and time_column is not None:
@@ -120,8 +167,13 @@ def describe_write(
         if f.name not in (time_column, diff_column)
     ]
     incoming = user_schema(pa.schema(fields))
-    if state.schema is not None:
-        check_columns(incoming, state.schema, shard.location)
+    if state.schema is None:
+        target, sources = incoming, incoming.names
+    else:
+        target = state.schema
+        if evolve:
+            target = evolve_schema(state.schema, incoming, shard.location)
+        sources = match_columns(incoming, target, shard.location)
     return BatchDescription(
         location=shard.location,
         write_id=new_id(),
@@ -134,15 +186,20 @@ def describe_write(
         overwrite=overwrite,
         memory_budget=opts.memory_budget,
         storage_options=StorageOptions(shard.storage_options),
+        target=target,
+        sources=tuple(sources),
+        plain=opts.plain and time_column is None and not overwrite,
     )
 
 
 def _as_updates(batch: pa.RecordBatch, d: BatchDescription, time: int) -> pa.Table:
-    """A Spark batch as updates: user columns, ``_time`` and ``_diff``."""
+    """A Spark batch as updates: the target's columns (by name), ``_time`` and ``_diff``."""
     table = pa.Table.from_batches([batch])
     n = table.num_rows
-    columns = [table.column(f.name) for f in d.incoming]
-    names = [f.name for f in d.incoming]
+    target = d.target if d.target is not None else d.incoming
+    sources = d.sources or tuple(target.names)
+    columns = [table.column(name) for name in sources]
+    names = list(target.names)
     if d.time_column is not None:
         columns.append(table.column(d.time_column))
     else:
@@ -154,10 +211,54 @@ def _as_updates(batch: pa.RecordBatch, d: BatchDescription, time: int) -> pa.Tab
     return pa.Table.from_arrays(columns, names=[*names, TIME, DIFF])
 
 
+def _check_case(d: BatchDescription) -> None:
+    """Under ``spark.sql.caseSensitive=true`` columns must match the shard's exactly.
+
+    Spark keeps that setting from the Python process that plans a write; it reaches only the
+    tasks (as a local property, when the session set it), so this one check runs there.
+    """
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    if ctx is None or (ctx.getLocalProperty("spark.sql.caseSensitive") or "").lower() != "true":
+        return
+    target = d.target if d.target is not None else d.incoming
+    differ = [f"{s} (shard: {t})" for s, t in zip(d.sources, target.names, strict=False) if s != t]
+    if differ:
+        raise InvalidUpdates(
+            f"spark.sql.caseSensitive is true and columns {', '.join(differ)} differ from the "
+            "shard's in case; rename them",
+            location=d.location,
+        )
+
+
+def check_location(shard: Shard) -> None:
+    """Refuse, on the driver, a location that is an existing file (not a directory or prefix):
+    otherwise every task would fail on it with a raw ``NotADirectoryError``."""
+    blob = shard.blob
+    if not isinstance(blob, FsspecBlob):
+        return  # other stores have no files to mistake for a shard's directory
+    try:
+        is_file = bool(blob.root) and blob.fs.isfile(blob.root)
+    except OSError:
+        is_file = False
+    if is_file:
+        raise InvalidUpdates(
+            f"cannot write the shard at {shard.location}: NotADirectoryError: it is a file; "
+            "a shard is a directory (or prefix) of its own",
+        )
+
+
 def write_task(d: BatchDescription, batches: Any, time: int) -> TaskWritten:
     """Step 2: consolidate one task's batches in a Correction buffer and write its parts."""
+    _check_case(d)
+    with storage_errors(d.location, "write the shard"):
+        return _write_task(d, batches, time)
+
+
+def _write_task(d: BatchDescription, batches: Any, time: int) -> TaskWritten:
     shard = open_shard(d.location, **d.storage_options)
-    schema = d.shard_schema or d.incoming
+    schema = d.target if d.target is not None else (d.shard_schema or d.incoming)
     full = update_schema(schema)
     upper = d.upper if d.upper is not None else MAX_TIME
     max_time: int | None = None
@@ -248,9 +349,13 @@ def commit_write(
             if state.upper != d.lower:
                 raise UpperMismatch(d.lower, state.upper, location=shard.location)
             written = shard.self_correct(
-                written, time=d.lower, write_id=d.write_id + "-delta", state=state
+                written,
+                time=d.lower,
+                write_id=d.write_id + "-delta",
+                state=state,
+                schema=d.target,
             )
-        schema = d.shard_schema or d.incoming
+        schema = d.target if d.target is not None else (d.shard_schema or d.incoming)
         shard.commit_written(
             written,
             expected_upper=d.lower,
@@ -258,6 +363,8 @@ def commit_write(
             schema=schema,
             commit_id=d.write_id,
             writer=writer,
+            rebase=d.plain and writer is None,
+            label="overwrite" if d.overwrite else None,
         )
     finally:
         sweep_write(shard, d.write_id, set(written.keys()))
@@ -273,7 +380,18 @@ class PersistShardWriter(DataSourceArrowWriter):
     def __init__(self, options: dict[str, str], schema: StructType, overwrite: bool) -> None:
         self.opts = WriteOptions.parse(options, schema)
         shard = open_shard(self.opts.location, **self.opts.storage_options)
-        self.description = describe_write(self.opts, schema, overwrite, shard)
+        check_location(shard)
+        # A SQL table's location comes from its catalog columns; columns there without it
+        # were added by ALTER TABLE ... ADD COLUMNS, which the shard follows.
+        from_table = find_location(options) is None
+        if from_table:
+            stored = shard.state().schema
+            if stored is not None:
+                from persistshard.datasource.reader import check_table_columns
+
+                check_table_columns(schema, stored, shard.location)
+        evolve = self.opts.merge_schema or from_table
+        self.description = describe_write(self.opts, schema, overwrite, shard, evolve=evolve)
 
     def write(self, iterator: Any) -> TaskWritten:
         return write_task(self.description, iterator, self.description.lower)

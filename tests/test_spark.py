@@ -243,7 +243,7 @@ def test_self_correcting_overwrite_writes_only_the_difference(spark, location):
     )
     changed.write.format("persistshard").mode("overwrite").save(location)
     shard = ps.open_shard(location)
-    last = [h for h in shard.history() if h["kind"] == "append"][-1]
+    last = [h for h in shard.history() if h["kind"] == "overwrite"][-1]
     assert "upper 1 -> 2, 400 rows sealed" in last["summary"]  # 200 retractions + 200 inserts
     assert counts(read(spark, location)) == counts(changed)
     assert counts(read(spark, location, as_of=0)) == counts(first)

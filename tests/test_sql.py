@@ -1,0 +1,375 @@
+"""SQL and everyday use from Spark: every statement form of the README's table, change tables,
+columns by name, schema evolution, and errors a user can act on.
+
+Each test of a README table row is named after the row; together they keep the table true.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+
+import pytest
+
+import persistshard as ps
+
+pytestmark = pytest.mark.spark
+
+
+def counts(df) -> Counter:
+    return Counter(tuple(r) for r in df.collect())
+
+
+@pytest.fixture
+def table(spark, tmp_path) -> Iterator[tuple[str, str]]:
+    """A SQL table ``t_<random>`` (id BIGINT, item STRING) over a fresh shard holding
+    (1, 'apple') at time 0, and a temporary view ``<name>_src`` with (2, 'pear')."""
+    name = f"t_{uuid.uuid4().hex[:8]}"
+    loc = str(tmp_path / name)
+    spark.sql(
+        f"CREATE TABLE {name} USING persistshard LOCATION '{loc}' "
+        "OPTIONS (columns 'id BIGINT, item STRING')"
+    )
+    spark.sql(f"INSERT INTO {name} VALUES (1, 'apple')")
+    spark.createDataFrame([(2, "pear")], "id BIGINT, item STRING").createOrReplaceTempView(
+        f"{name}_src"
+    )
+    try:
+        yield name, loc
+    finally:
+        spark.sql(f"DROP TABLE IF EXISTS {name}")
+        spark.catalog.dropTempView(f"{name}_src")
+
+
+def rows_of(loc: str) -> Counter:
+    snap = ps.open_shard(loc).snapshot()
+    return Counter({(r["id"], r["item"]): r["_diff"] for r in snap.to_pylist()})
+
+
+NO_LOCATION = r"InvalidUpdates: no shard location reached this write.*WITH \('path'"
+
+
+# --- one test per row of the README's table of statement forms -------------------------
+
+
+def test_row_insert_values(spark, table):
+    name, loc = table
+    spark.sql(f"INSERT INTO {name} VALUES (2, 'pear')")
+    assert rows_of(loc) == Counter({(1, "apple"): 1, (2, "pear"): 1})
+
+
+def test_row_insert_select_without_path_names_the_form_that_works(spark, table):
+    name, loc = table
+    for statement in (
+        f"INSERT INTO {name} SELECT * FROM {name}_src",
+        f"INSERT INTO {name} TABLE {name}_src",
+        f"INSERT OVERWRITE {name} SELECT * FROM {name}_src",
+    ):
+        with pytest.raises(Exception, match=NO_LOCATION):
+            spark.sql(statement)
+    assert rows_of(loc) == Counter({(1, "apple"): 1})
+
+
+def test_row_insert_select_with_conversion_finds_the_location(spark, table):
+    name, loc = table
+    spark.sql(f"INSERT INTO {name} SELECT CAST(id AS INT), item FROM {name}_src")
+    spark.sql(f"INSERT INTO {name} (item, id) SELECT item, id FROM {name}_src")
+    assert rows_of(loc) == Counter({(1, "apple"): 1, (2, "pear"): 2})
+
+
+def test_row_insert_select_with_path(spark, table):
+    name, loc = table
+    spark.sql(f"INSERT INTO {name} WITH ('path' = '{loc}') SELECT * FROM {name}_src")
+    spark.sql(f"INSERT INTO {name} WITH ('path' = '{loc}') TABLE {name}_src")
+    assert rows_of(loc) == Counter({(1, "apple"): 1, (2, "pear"): 2})
+    spark.sql(f"INSERT OVERWRITE {name} WITH ('path' = '{loc}') SELECT * FROM {name}_src")
+    assert rows_of(loc) == Counter({(2, "pear"): 1})
+
+
+def test_row_insert_overwrite_self_select(spark, table):
+    name, loc = table
+    spark.sql(f"INSERT INTO {name} VALUES (2, 'pear')")
+    spark.sql(f"INSERT OVERWRITE {name} SELECT * FROM {name} WHERE id > 1")
+    assert rows_of(loc) == Counter({(2, "pear"): 1})
+
+
+def test_row_insert_select_from_another_shard_table_goes_to_the_source(spark, table, tmp_path):
+    """The hazard the README warns about: Spark hands the writer the source table's columns
+    unchanged, with the source's location in their metadata."""
+    name, loc = table
+    other = f"{name}_other"
+    other_loc = str(tmp_path / other)
+    spark.sql(
+        f"CREATE TABLE {other} USING persistshard LOCATION '{other_loc}' "
+        "OPTIONS (columns 'id BIGINT, item STRING')"
+    )
+    try:
+        spark.sql(f"INSERT INTO {other} VALUES (5, 'fig')")
+        spark.sql(f"INSERT INTO {name} SELECT * FROM {other}")
+        assert rows_of(loc) == Counter({(1, "apple"): 1})
+        assert rows_of(other_loc) == Counter({(5, "fig"): 2})
+        # Naming the target is always right.
+        spark.sql(f"INSERT INTO {name} WITH ('path' = '{loc}') SELECT * FROM {other}")
+        assert rows_of(loc) == Counter({(1, "apple"): 1, (5, "fig"): 2})
+    finally:
+        spark.sql(f"DROP TABLE IF EXISTS {other}")
+
+
+def test_row_dataframe_insert_into_and_write_to(spark, table):
+    name, loc = table
+    df = spark.table(f"{name}_src")
+    with pytest.raises(Exception, match=NO_LOCATION):
+        df.write.insertInto(name)
+    with pytest.raises(Exception, match=NO_LOCATION):
+        df.writeTo(name).append()
+    with pytest.raises(Exception, match=NO_LOCATION):
+        df.write.format("persistshard").mode("append").saveAsTable(name)
+    assert rows_of(loc) == Counter({(1, "apple"): 1})
+    with pytest.raises(Exception, match="does not support dynamic overwrite"):
+        df.writeTo(name).overwritePartitions()
+    df.writeTo(name).option("path", loc).append()
+    assert rows_of(loc) == Counter({(1, "apple"): 1, (2, "pear"): 1})
+    df.write.format("persistshard").mode("append").save(loc)
+    assert rows_of(loc) == Counter({(1, "apple"): 1, (2, "pear"): 2})
+
+
+def test_row_describe_extended_and_where_the_location_is(spark, table):
+    name, loc = table
+    described = {
+        r.col_name: r.data_type for r in spark.sql(f"DESCRIBE TABLE EXTENDED {name}").collect()
+    }
+    assert described["Type"] == "MANAGED" and "Location" not in described
+    field = spark.table(name).schema["id"]
+    assert field.metadata["persistshard.location"] == ps.open_shard(loc).location
+
+
+def test_row_ctas_fails_and_leaves_no_table(spark, table, tmp_path):
+    name, _ = table
+    ctas = f"{name}_ctas"
+    with pytest.raises(Exception, match=NO_LOCATION):
+        spark.sql(
+            f"CREATE TABLE {ctas} USING persistshard LOCATION '{tmp_path / ctas}' "
+            f"AS SELECT * FROM {name}_src"
+        )
+    assert not spark.catalog.tableExists(ctas)
+
+
+@pytest.mark.parametrize(
+    "statement, message",
+    [
+        ("DELETE FROM {t} WHERE id = 1", "does not support deletes"),
+        ("UPDATE {t} SET item = 'x'", "does not support UPDATE"),
+        ("TRUNCATE TABLE {t}", "does not support truncates"),
+        ("MERGE INTO {t} USING {t}_src s ON {t}.id = s.id WHEN MATCHED THEN DELETE", "MERGE"),
+        ("SELECT * FROM {t} VERSION AS OF 0", "TIME_TRAVEL"),
+        ("ALTER TABLE {t} ALTER COLUMN id TYPE INT", "NOT_SUPPORTED_CHANGE_COLUMN"),
+    ],
+)
+def test_row_unsupported_statements(spark, table, statement, message):
+    name, loc = table
+    with pytest.raises(Exception, match=message):
+        spark.sql(statement.format(t=name)).collect()
+    assert rows_of(loc) == Counter({(1, "apple"): 1})
+
+
+def test_row_delete_written_as_self_overwrite_and_time_travel_with_as_of(spark, table):
+    name, _ = table
+    spark.sql(f"INSERT INTO {name} VALUES (2, 'pear')")
+    spark.sql(f"INSERT OVERWRITE {name} SELECT * FROM {name} WHERE NOT (id = 1)")
+    assert counts(spark.sql(f"SELECT * FROM {name}")) == Counter({(2, "pear"): 1})
+    assert counts(spark.sql(f"SELECT * FROM {name} WITH ('as_of' = '0')")) == Counter(
+        {(1, "apple"): 1}
+    )
+
+
+# --- change reads in SQL -------------------------------------------------------------------
+
+
+def test_row_alter_table_add_columns(spark, table):
+    name, _ = table
+    spark.sql(f"ALTER TABLE {name} ADD COLUMNS (price DOUBLE)")
+    spark.sql(f"INSERT INTO {name} VALUES (2, 'pear', 1.5)")
+    assert counts(spark.sql(f"SELECT * FROM {name}")) == Counter(
+        {(1, "apple", None): 1, (2, "pear", 1.5): 1}
+    )
+
+
+def test_row_change_read_of_a_plain_table_is_refused(spark, table):
+    name, _ = table
+    for options in ("'updates_from' = '0'", "'changes' = 'true'"):
+        with pytest.raises(
+            Exception, match=r"InvalidUpdates: option .* reads changes.*changes 'true'"
+        ):
+            spark.sql(f"SELECT * FROM {name} WITH ({options})").collect()
+    with pytest.raises(Exception, match="InvalidUpdates: option with_diff"):
+        spark.sql(f"SELECT * FROM {name} WITH ('with_diff' = 'true')").collect()
+
+
+def test_row_change_table_keeps_time_and_diff(spark, table):
+    name, loc = table
+    spark.sql(f"INSERT OVERWRITE {name} SELECT 1 AS id, 'apricot' AS item")
+    changes = f"{name}_changes"
+    spark.sql(
+        f"CREATE TABLE {changes} USING persistshard LOCATION '{loc}' OPTIONS (changes 'true')"
+    )
+    try:
+        got = spark.sql(f"SELECT id, item, _time, _diff FROM {changes} WITH ('updates_from' = '1')")
+        assert counts(got) == Counter({(1, "apple", 1, -1): 1, (1, "apricot", 1, 1): 1})
+        assert counts(spark.sql(f"SELECT * FROM {changes}")) == Counter({(1, "apricot", 1, 1): 1})
+        # A change table takes updates with explicit times and diffs.
+        spark.sql(f"INSERT INTO {changes} VALUES (1, 'apricot', 2, -1)")
+        assert rows_of(loc) == Counter()
+    finally:
+        spark.sql(f"DROP TABLE IF EXISTS {changes}")
+
+
+# --- columns by name, schema evolution --------------------------------------------------------
+
+
+def test_dataframe_columns_by_name_any_order_and_case(spark, table):
+    _, loc = table
+    df = spark.createDataFrame([("kiwi", 7)], "ITEM STRING, Id BIGINT")
+    df.write.format("persistshard").mode("append").save(loc)
+    assert rows_of(loc) == Counter({(1, "apple"): 1, (7, "kiwi"): 1})
+
+
+def test_column_mismatch_is_one_driver_side_line(spark, table):
+    _, loc = table
+    df = spark.createDataFrame([(1, 2.0)], "id INT, price DOUBLE")
+    with pytest.raises(Exception) as e:
+        df.write.format("persistshard").mode("append").save(loc)
+    text = str(e.value)
+    assert "missing: item string" in text
+    assert "extra: price double" in text
+    assert "retyped: id is int32, the shard has int64" in text
+    assert "Task" not in text  # refused while planning, not in a failed task
+
+
+def test_alter_table_add_columns(spark, table):
+    name, loc = table
+    spark.sql(f"ALTER TABLE {name} ADD COLUMNS (price DOUBLE)")
+    assert counts(spark.sql(f"SELECT * FROM {name}")) == Counter({(1, "apple", None): 1})
+    spark.sql(f"INSERT INTO {name} VALUES (2, 'pear', 1.5)")
+    assert counts(spark.sql(f"SELECT * FROM {name}")) == Counter(
+        {(1, "apple", None): 1, (2, "pear", 1.5): 1}
+    )
+    assert [f.name for f in ps.open_shard(loc).schema] == ["id", "item", "price"]
+    # Time travel to before the column existed: nulls; change reads across it are exact.
+    assert counts(spark.sql(f"SELECT * FROM {name} WITH ('as_of' = '0')")) == Counter(
+        {(1, "apple", None): 1}
+    )
+    shard = ps.open_shard(loc)
+    assert shard.updates(0, 2).to_pylist() == [
+        {"id": 1, "item": "apple", "price": None, "_time": 0, "_diff": 1},
+        {"id": 2, "item": "pear", "price": 1.5, "_time": 1, "_diff": 1},
+    ]
+    # An overwrite retracts an old-schema row exactly, and compaction keeps it all.
+    spark.sql(f"INSERT OVERWRITE {name} SELECT * FROM {name} WHERE id = 2")
+    shard.advance_since(shard.upper - 1)
+    shard.compact()
+    assert counts(spark.sql(f"SELECT * FROM {name}")) == Counter({(2, "pear", 1.5): 1})
+    assert shard.verify().ok
+
+
+def test_row_alter_table_drop_or_rename_is_refused_clearly(spark, table):
+    name, _ = table
+    spark.sql(f"ALTER TABLE {name} RENAME COLUMN item TO name")
+    with pytest.raises(Exception, match=r"InvalidUpdates: the table's columns .* no longer"):
+        spark.sql(f"INSERT INTO {name} VALUES (2, 'pear')")
+    with pytest.raises(Exception, match=r"InvalidUpdates: the table's columns .* no longer"):
+        spark.sql(f"SELECT * FROM {name}").collect()
+
+
+def test_merge_schema_option(spark, table):
+    _, loc = table
+    df = spark.createDataFrame([(3, "plum", 2.5)], "id BIGINT, item STRING, price DOUBLE")
+    with pytest.raises(Exception, match=r"extra: price double.*merge_schema"):
+        df.write.format("persistshard").mode("append").save(loc)
+    df.write.format("persistshard").mode("append").option("merge_schema", "true").save(loc)
+    got = spark.read.format("persistshard").load(loc)
+    assert counts(got) == Counter({(1, "apple", None): 1, (3, "plum", 2.5): 1})
+
+
+def test_overwrite_right_after_alter_table_add_columns(spark, table):
+    name, loc = table
+    spark.sql(f"ALTER TABLE {name} ADD COLUMNS (price DOUBLE)")
+    spark.sql(f"INSERT OVERWRITE {name} VALUES (1, 'apple', 0.5), (2, 'pear', NULL)")
+    assert counts(spark.sql(f"SELECT * FROM {name}")) == Counter(
+        {(1, "apple", 0.5): 1, (2, "pear", None): 1}
+    )
+    # Only the difference: apple's old row (price null) retracted, two rows inserted.
+    shard = ps.open_shard(loc)
+    assert Counter(r["_diff"] for r in shard.updates(1, 2).to_pylist()) == Counter({-1: 1, 1: 2})
+
+
+def test_case_sensitive_session_wants_exact_names(spark, table):
+    _, loc = table
+    df = spark.createDataFrame([(7, "kiwi")], "id BIGINT, ITEM STRING")
+    spark.conf.set("spark.sql.caseSensitive", "true")
+    try:
+        with pytest.raises(
+            Exception, match=r"caseSensitive is true and columns ITEM \(shard: item\)"
+        ):
+            df.write.format("persistshard").mode("append").save(loc)
+    finally:
+        spark.conf.unset("spark.sql.caseSensitive")
+    assert rows_of(loc) == Counter({(1, "apple"): 1})
+
+
+def test_errors_a_user_can_act_on(spark, table, tmp_path):
+    _, loc = table
+    a_file = tmp_path / "a_file"
+    a_file.write_text("not a shard")
+    df = spark.createDataFrame([(1, "x")], "id BIGINT, item STRING")
+    with pytest.raises(Exception) as e:
+        df.write.format("persistshard").mode("append").save(str(a_file))
+    assert "InvalidUpdates: cannot write the shard at" in str(e.value)
+    assert "NotADirectoryError" in str(e.value)
+    with pytest.raises(Exception) as e:
+        spark.read.format("persistshard").load(str(tmp_path / "nothing")).collect()
+    assert "InvalidUpdates: no shard at" in str(e.value)
+    assert "OPTIONS" not in str(e.value)
+    with pytest.raises(Exception) as e:
+        spark.read.format("persistshard").option("updates_from", 100).load(loc).collect()
+    assert "updates_from 100 is after the shard's upper 1" in str(e.value)
+    assert "updates_to" not in str(e.value)
+    bad_time = spark.createDataFrame([(2, "y", "later")], "id BIGINT, item STRING, _time STRING")
+    with pytest.raises(Exception) as e:
+        bad_time.write.format("persistshard").mode("append").save(loc)
+    assert "InvalidUpdates: column _time must hold integers" in str(e.value)
+    assert "Task" not in str(e.value)
+
+
+def readme_sql_statements(readme: str, data: str) -> list[str]:
+    """The statements of the README's SQL section, in order, with ``/data`` at ``data``."""
+    marker = "<!-- sql-section:"
+    block = readme[readme.index(marker) :]
+    block = block[
+        block.index("```sql") + len("```sql") : block.index("```", block.index("```sql") + 6)
+    ]
+    lines = [line.split("--")[0].rstrip() for line in block.splitlines()]
+    text = "\n".join(line for line in lines if line.strip())
+    return [s.strip().replace("'/data/", f"'{data}/") for s in text.split(";") if s.strip()]
+
+
+def test_readme_sql_section(spark, repo_root, tmp_path):
+    """The README's SQL section, executed statement by statement, in order."""
+    with open(f"{repo_root}/README.md", encoding="utf-8") as f:
+        statements = readme_sql_statements(f.read(), str(tmp_path))
+    assert len(statements) >= 10
+    results = []
+    try:
+        for statement in statements:
+            results.append(spark.sql(statement).collect())
+    finally:
+        for t in ("orders", "orders_changes", "orders_again"):
+            spark.sql(f"DROP TABLE IF EXISTS {t}")
+        spark.catalog.dropTempView("staging")
+    selects = [r for s, r in zip(statements, results, strict=True) if s.startswith("SELECT")]
+    assert Counter(tuple(r) for r in selects[0]) == Counter({(3, "plum"): 1})
+    assert Counter(tuple(r) for r in selects[-1]) == Counter(
+        {(3, "plum", None): 1, (4, "fig", 2.5): 1}
+    )
+    changes = Counter(tuple(r) for r in selects[2])
+    assert (2, "pear", 2, -1) in changes and (1, "apple", 2, -1) in changes
