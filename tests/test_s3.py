@@ -309,3 +309,15 @@ def test_spark_storage_options_stay_out_of_the_catalog(spark, s3_location, s3_op
         )
     assert "FSSPEC_" in str(info.value) and SECRET not in str(info.value)
     assert "s3_secret_table" not in [t.name for t in spark.catalog.listTables()]
+
+
+def test_fsspec_configuration_applies_without_options(s3_location, s3_options, monkeypatch):
+    """fsspec's own configuration (what FSSPEC_S3_* variables and config files fill in) is
+    the way for SQL tables and clusters: with it, a location needs no storage options."""
+    import fsspec.config
+
+    monkeypatch.setitem(fsspec.config.conf, "s3", dict(s3_options))
+    shard = ps.open_shard(s3_location)
+    shard.append(pa.table({"id": [1], "_time": [0], "_diff": [1]}))
+    monkeypatch.delitem(fsspec.config.conf, "s3")
+    assert ps.open_shard(s3_location, **s3_options).upper == 1
