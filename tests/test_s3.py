@@ -243,6 +243,8 @@ def test_spark_end_to_end_on_s3(spark, s3_location, s3_options, tmp_path):
     assert counts(read()) == Counter({(1, "a"): 1, (2, "b"): 1, (3, "c"): 1})
     assert counts(read(as_of=0)) == Counter({(1, "a"): 1, (2, "b"): 1})
     assert counts(read(updates_from=1, updates_to=2)) == Counter({(3, "c", 1, 1): 1})
+    plans = read()._jdf.queryExecution().toString()  # what explain() and the UI show
+    assert "persistshard" in plans and SECRET not in plans
 
     write(spark.createDataFrame([(2, "b"), (4, "d")], "id BIGINT, item STRING"), "overwrite")
     assert counts(read()) == Counter({(2, "b"): 1, (4, "d"): 1})
