@@ -1,8 +1,10 @@
-"""persistshard.conformance: the contract every storage and every shard must meet, shipped.
+"""persistshard.conformance: what any storage and any shard must do, as runnable tests.
 
-- `storage`: blob and consensus contract tests (racing put-if-absent, read-after-write, ...).
-- `model`: a reference model of shard semantics and a hypothesis state machine against it.
-- `faults`: a fault-injecting blob (fails, times out, or succeeds and reports failure).
-- `run_suite`: the suite `persistshard conformance LOCATION` runs (needs the `conformance`
-  extra: pytest and hypothesis).
+- `storage`: the Blob and Consensus contracts (`BlobContract`, `ConsensusContract`) over a
+  `Store` factory, the racing-workers helper and `probe_atomic_create`.
+- `model`: a reference model of a shard and a hypothesis state machine comparing a real
+  shard with it.
+- `faults`: `FaultyBlob`, a wrapper of any `Blob` that fails before or after an operation.
+- `run_suite`: the pytest module `persistshard conformance LOCATION` runs against a user's
+  storage (needs the `conformance` extra: pytest and hypothesis).
 """

@@ -50,7 +50,7 @@ def test_process_local_storage_is_refused_for_spark(url):
         WriteOptions.parse({"path": url})
     with pytest.raises(ps.StorageUnsupported):
         ReadOptions.parse({"path": url})
-    check_shared("/tmp/somewhere")
+    check_shared("/data/somewhere")
     check_shared("s3://bucket/key")
 
 

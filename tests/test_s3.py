@@ -243,6 +243,8 @@ def test_spark_end_to_end_on_s3(spark, s3_location, s3_options, tmp_path):
     assert counts(read()) == Counter({(1, "a"): 1, (2, "b"): 1, (3, "c"): 1})
     assert counts(read(as_of=0)) == Counter({(1, "a"): 1, (2, "b"): 1})
     assert counts(read(updates_from=1, updates_to=2)) == Counter({(3, "c", 1, 1): 1})
+    plans = read()._jdf.queryExecution().toString()  # what explain() and the UI show
+    assert "persistshard" in plans and SECRET not in plans
 
     write(spark.createDataFrame([(2, "b"), (4, "d")], "id BIGINT, item STRING"), "overwrite")
     assert counts(read()) == Counter({(2, "b"): 1, (4, "d"): 1})
@@ -309,3 +311,15 @@ def test_spark_storage_options_stay_out_of_the_catalog(spark, s3_location, s3_op
         )
     assert "FSSPEC_" in str(info.value) and SECRET not in str(info.value)
     assert "s3_secret_table" not in [t.name for t in spark.catalog.listTables()]
+
+
+def test_fsspec_configuration_applies_without_options(s3_location, s3_options, monkeypatch):
+    """fsspec's own configuration (what FSSPEC_S3_* variables and config files fill in) is
+    the way for SQL tables and clusters: with it, a location needs no storage options."""
+    import fsspec.config
+
+    monkeypatch.setitem(fsspec.config.conf, "s3", dict(s3_options))
+    shard = ps.open_shard(s3_location)
+    shard.append(pa.table({"id": [1], "_time": [0], "_diff": [1]}))
+    monkeypatch.delitem(fsspec.config.conf, "s3")
+    assert ps.open_shard(s3_location, **s3_options).upper == 1
