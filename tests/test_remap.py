@@ -182,31 +182,35 @@ def test_a_shard_with_other_columns_is_not_a_remap(tmp_path):
         ps.open_remap(shard.location).bindings()
 
 
+def _race(location: str, upper: int, frontiers: list[dict[str, int]]) -> list[object]:
+    """Mint each frontier in its own thread, all released at once, at ``upper``."""
+    barrier = threading.Barrier(len(frontiers))
+    outcomes: list[object] = []
+
+    def mint(frontier: dict[str, int]) -> None:
+        barrier.wait()
+        try:
+            outcomes.append(
+                ps.open_remap(location).mint_at(frontier, expected_upper=upper, join_current=False)
+            )
+        except ps.UpperMismatch as e:
+            outcomes.append(e)
+
+    threads = [threading.Thread(target=mint, args=(f,)) for f in frontiers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return outcomes
+
+
 def test_racing_minters_in_threads_one_wins_per_into_time(remap):
     """Eight threads mint growing frontiers at the same expected upper, twenty rounds: in
     each round exactly one binds the into-time, every other gets UpperMismatch, and the
     bindings stay monotone."""
     for round_ in range(20):
-        barrier = threading.Barrier(8)
-        outcomes: list[object] = []
         upper = remap.upper
-
-        def mint(i: int, upper: int = upper, round_: int = round_) -> None:
-            barrier.wait()
-            try:
-                outcomes.append(
-                    ps.open_remap(remap.location).mint_at(
-                        {"a": round_ * 10 + i}, expected_upper=upper, join_current=False
-                    )
-                )
-            except ps.UpperMismatch as e:
-                outcomes.append(e)
-
-        threads = [threading.Thread(target=mint, args=(i,)) for i in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        outcomes = _race(remap.location, upper, [{"a": round_ * 10 + i} for i in range(8)])
         wins = [o for o in outcomes if isinstance(o, int)]
         assert wins == [upper], outcomes
     offsets = [f["a"] for _, f in remap.bindings()]
@@ -215,6 +219,16 @@ def test_racing_minters_in_threads_one_wins_per_into_time(remap):
 
 
 def _mint_in_process(location: str, start: int, count: int, out) -> None:  # pragma: no cover
+    import traceback
+
+    try:
+        _mint_loop(location, start, count, out)
+    except BaseException:
+        out.put(traceback.format_exc())
+        raise
+
+
+def _mint_loop(location: str, start: int, count: int, out) -> None:  # pragma: no cover
     remap = ps.open_remap(location)
     won = 0
     for i in range(count):
@@ -245,10 +259,11 @@ def test_racing_minters_in_processes(remap):
     ]
     for p in procs:
         p.start()
+    results = [out.get(timeout=180), out.get(timeout=180)]
     for p in procs:
-        p.join(120)
-        assert p.exitcode == 0
-    assert sorted([out.get(), out.get()]) == [10, 10]
+        p.join(60)
+    assert results == [10, 10], results
+    assert [p.exitcode for p in procs] == [0, 0]
     bindings = remap.bindings()
     assert [t for t, _ in bindings] == list(range(20))
     assert [f["a"] for _, f in bindings] == list(range(1, 21))
