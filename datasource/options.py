@@ -33,6 +33,10 @@ WRITE_OPTIONS = frozenset(
         "writer_id",
         "compact",
         "memory_budget",
+        "remap",
+        "source_partition_column",
+        "source_offset_column",
+        "source_frontier",
     }
 )
 READ_OPTIONS = frozenset(
@@ -125,10 +129,24 @@ class WriteOptions:
     writer_id: str | None
     compact: bool
     memory_budget: int
+    #: Reclocking (`persistshard.datasource.reclock`): the remap shard, the source columns,
+    #: and the frontier of the whole micro-batch when the DataFrame is a filtered part of it.
+    remap: str | None = None
+    source_partition_column: str = "partition"
+    source_offset_column: str = "offset"
+    source_frontier: tuple[tuple[str, int], ...] = ()
 
     @staticmethod
     def parse(options: Mapping[str, str], schema: Any = None) -> WriteOptions:
         check_known(options, WRITE_OPTIONS | COMMON_OPTIONS | TABLE_OPTIONS, "write")
+        remap = options.get("remap") or None
+        reclock_only = ("source_partition_column", "source_offset_column", "source_frontier")
+        if remap is None and any(options.get(k) for k in reclock_only):
+            given = ", ".join(k for k in reclock_only if options.get(k))
+            raise InvalidUpdates(f"option {given} needs option remap (the remap shard)")
+        frontier: tuple[tuple[str, int], ...] = ()
+        if options.get("source_frontier"):
+            frontier = _frontier(str(options["source_frontier"]))
         return WriteOptions(
             location=require_location(options, schema),
             time_column=options.get("time_column") or None,
@@ -138,7 +156,24 @@ class WriteOptions:
             writer_id=options.get("writer_id") or None,
             compact=_bool(options, "compact", True),
             memory_budget=_int(options, "memory_budget") or (256 << 20),
+            remap=remap,
+            source_partition_column=options.get("source_partition_column") or "partition",
+            source_offset_column=options.get("source_offset_column") or "offset",
+            source_frontier=frontier,
         )
+
+
+def _frontier(text: str) -> tuple[tuple[str, int], ...]:
+    """Option ``source_frontier``: JSON ``{partition: offset upper}``."""
+    import json
+
+    from persistshard.core.remap import check_frontier
+
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InvalidUpdates(f"option source_frontier is not JSON: {e}") from None
+    return tuple(sorted(check_frontier(parsed).items()))
 
 
 @dataclass(frozen=True)
