@@ -69,6 +69,14 @@ REGISTRY: tuple[Benchmark, ...] = (
         sizes={"quick": {"size_factor": 0.05}, "full": {"size_factor": 1.0}},
         headings=("compaction",),
     ),
+    Benchmark(
+        name="ingest",
+        module="benchmarks.ingest_bench",
+        summary="a partitioned stream into one output with reclocking vs today's streaming sink",
+        sizes={"quick": {"rows": 200_000}, "full": {"rows": 2_000_000}},
+        headings=("ingest",),
+        uses_spark=True,
+    ),
 )
 
 BY_NAME = {b.name: b for b in REGISTRY}
