@@ -71,7 +71,7 @@ def _segments(directory: str) -> list[tuple[int, int, str]]:
 
 def partitions_of(root: str) -> dict[str, str]:
     """``{"topic:partition": directory}`` for every partition under ``root``."""
-    out = {}
+    out: dict[str, str] = {}
     if not os.path.isdir(root):
         return out
     for name in os.listdir(root):
