@@ -39,7 +39,7 @@ import pyarrow.compute as pc
 
 from persistshard.core.rows import DIFF, TIME
 from persistshard.core.shard import Shard, open_shard
-from persistshard.errors import InvalidUpdates, NotSealed
+from persistshard.errors import InvalidUpdates, NotSealed, UpperMismatch
 
 PARTITION = "partition"
 OFFSET = "offset"
@@ -341,8 +341,6 @@ class RemapShard:
         pinned = self.pinned()
         upper = pinned.upper if expected_upper is None else expected_upper
         if pinned.upper != upper:
-            from persistshard.errors import UpperMismatch
-
             raise UpperMismatch(upper, pinned.upper, location=self.location)
         current = pinned.frontier
         if not join_current:
