@@ -6,6 +6,7 @@ so ``import persistshard`` never imports pyspark.
 
 from typing import Any
 
+from persistshard.core.remap import RemapShard, open_remap, resume_frontier, resume_offsets
 from persistshard.core.shard import Shard, VerifyReport, open_shard
 from persistshard.errors import (
     CorruptData,
@@ -31,6 +32,7 @@ __all__ = [
     "NegativeDiff",
     "NotSealed",
     "PersistShardError",
+    "RemapShard",
     "Shard",
     "SinceViolation",
     "StateConflict",
@@ -38,7 +40,10 @@ __all__ = [
     "UpperMismatch",
     "VerifyReport",
     "__version__",
+    "open_remap",
     "open_shard",
+    "resume_frontier",
+    "resume_offsets",
 ]
 
 

@@ -93,6 +93,14 @@ REGISTRY: tuple[Benchmark, ...] = (
         headings=("reader holds",),
         rounds={"quick": 30, "full": 60},
     ),
+    Benchmark(
+        name="ingest",
+        module="benchmarks.ingest_bench",
+        summary="a partitioned stream into one output with reclocking vs today's streaming sink",
+        sizes={"quick": {"rows": 200_000}, "full": {"rows": 2_000_000}},
+        headings=("ingest",),
+        uses_spark=True,
+    ),
 )
 
 BY_NAME = {b.name: b for b in REGISTRY}

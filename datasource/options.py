@@ -49,6 +49,10 @@ WRITE_OPTIONS = frozenset(
         "compact",
         "memory_budget",
         "merge_schema",
+        "remap",
+        "source_partition_column",
+        "source_offset_column",
+        "source_frontier",
     }
 )
 READ_OPTIONS = frozenset(
@@ -253,11 +257,31 @@ class WriteOptions:
     @property
     def plain(self) -> bool:
         """No explicit times or frontiers: the write may land at whatever the upper is."""
-        return self.time_column is None and self.upper is None and self.expected_upper is None
+        return (
+            self.time_column is None
+            and self.upper is None
+            and self.expected_upper is None
+            and self.remap is None
+        )
+
+    #: Reclocking (`persistshard.datasource.reclock`): the remap shard, the source columns,
+    #: and the frontier of the whole micro-batch when the DataFrame is a filtered part of it.
+    remap: str | None = None
+    source_partition_column: str = "partition"
+    source_offset_column: str = "offset"
+    source_frontier: tuple[tuple[str, int], ...] = ()
 
     @staticmethod
     def parse(options: Mapping[str, str], schema: Any = None) -> WriteOptions:
         check_known(options, WRITE_OPTIONS | COMMON_OPTIONS | TABLE_OPTIONS, "write")
+        remap = options.get("remap") or None
+        reclock_only = ("source_partition_column", "source_offset_column", "source_frontier")
+        if remap is None and any(options.get(k) for k in reclock_only):
+            given = ", ".join(k for k in reclock_only if options.get(k))
+            raise InvalidUpdates(f"option {given} needs option remap (the remap shard)")
+        frontier: tuple[tuple[str, int], ...] = ()
+        if options.get("source_frontier"):
+            frontier = _frontier(str(options["source_frontier"]))
         location = require_location(options, schema, "write")
         check_shared(location)
         return WriteOptions(
@@ -271,7 +295,24 @@ class WriteOptions:
             memory_budget=_int(options, "memory_budget") or (256 << 20),
             storage_options=storage_options(options),
             merge_schema=_bool(options, "merge_schema", False),
+            remap=remap,
+            source_partition_column=options.get("source_partition_column") or "partition",
+            source_offset_column=options.get("source_offset_column") or "offset",
+            source_frontier=frontier,
         )
+
+
+def _frontier(text: str) -> tuple[tuple[str, int], ...]:
+    """Option ``source_frontier``: JSON ``{partition: offset upper}``."""
+    import json
+
+    from persistshard.core.remap import check_frontier
+
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InvalidUpdates(f"option source_frontier is not JSON: {e}") from None
+    return tuple(sorted(check_frontier(parsed).items()))
 
 
 @dataclass(frozen=True)

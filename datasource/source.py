@@ -146,14 +146,14 @@ class PersistShardDataSource(DataSource):
             return PersistShardReader(options, schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
-        from persistshard.datasource.writer import PersistShardWriter
+        from persistshard.datasource.sinks import PersistShardWriter
 
         options = dict(self.options)
         with storage_errors(find_location(options, schema), "write the shard"):
             return PersistShardWriter(options, schema, overwrite)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
-        from persistshard.datasource.writer import PersistShardStreamWriter
+        from persistshard.datasource.sinks import PersistShardStreamWriter
 
         return PersistShardStreamWriter(dict(self.options), schema, overwrite)
 

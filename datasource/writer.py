@@ -25,16 +25,13 @@ Invariant: the shard changes only in step 3, atomically; a failed job leaves it 
 from __future__ import annotations
 
 import os
-import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import (
-    DataSourceArrowWriter,
-    DataSourceStreamArrowWriter,
     WriterCommitMessage,
 )
 from pyspark.sql.types import StructType
@@ -61,7 +58,6 @@ from persistshard.core.validate import (
 from persistshard.datasource.options import (
     StorageOptions,
     WriteOptions,
-    find_location,
     storage_errors,
 )
 from persistshard.datasource.types import arrow_schema_of
@@ -374,122 +370,9 @@ def commit_write(
         shard.maybe_compact()
 
 
-class PersistShardWriter(DataSourceArrowWriter):
-    """A batch write (``df.write.format("persistshard")``); see the module docstring."""
-
-    def __init__(self, options: dict[str, str], schema: StructType, overwrite: bool) -> None:
-        self.opts = WriteOptions.parse(options, schema)
-        shard = open_shard(self.opts.location, **self.opts.storage_options)
-        check_location(shard)
-        # A SQL table's location comes from its catalog columns; columns there without it
-        # were added by ALTER TABLE ... ADD COLUMNS, which the shard follows.
-        from_table = find_location(options) is None
-        if from_table:
-            stored = shard.state().schema
-            if stored is not None:
-                from persistshard.datasource.reader import check_table_columns
-
-                check_table_columns(schema, stored, shard.location)
-        evolve = self.opts.merge_schema or from_table
-        self.description = describe_write(self.opts, schema, overwrite, shard, evolve=evolve)
-
-    def write(self, iterator: Any) -> TaskWritten:
-        return write_task(self.description, iterator, self.description.lower)
-
-    def commit(self, messages: list[Any]) -> None:
-        commit_write(self.description, messages, compact=self.opts.compact)
-
-    def abort(self, messages: list[Any]) -> None:
-        shard = open_shard(self.description.location, **self.description.storage_options)
-        sweep_write(shard, self.description.write_id, set())
-
-
-# --- streaming -----------------------------------------------------------------------------
-
-
-def _batch_id() -> int:
-    from pyspark import TaskContext
-
-    ctx = TaskContext.get()
-    value = ctx.getLocalProperty("streaming.sql.batchId") if ctx is not None else None
-    if value is None:
-        raise InvalidUpdates("streaming write task without a batch id")
-    return int(value)
-
-
 @dataclass
 class StreamTaskWritten(TaskWritten):
     """A streaming task's parts, with the lower it wrote at and its write id."""
 
     lower: int = 0
     write_id: str = ""
-
-
-class PersistShardStreamWriter(DataSourceStreamArrowWriter):
-    """A streaming write: each micro-batch is one compare-and-append, exactly once.
-
-    Each commit records (writer id, batch id) in the shard state; a replayed batch (same
-    writer id, batch id not above the recorded one) is recognised and becomes a no-op, and its
-    parts are deleted. Rows without a time column are written at the shard's upper as seen by
-    the micro-batch's tasks (micro-batches run one after the other).
-    """
-
-    def __init__(self, options: dict[str, str], schema: StructType, overwrite: bool) -> None:
-        self.opts = WriteOptions.parse(options, schema)
-        if self.opts.writer_id is None:
-            raise InvalidUpdates(
-                "a streaming write needs option writer_id: a stable name for this writer, "
-                "so that a replayed micro-batch is committed exactly once"
-            )
-        if overwrite:
-            raise InvalidUpdates("streaming writes append; outputMode('complete') is not supported")
-        self.options = dict(options)
-        self.schema = schema
-
-    def write(self, iterator: Any) -> StreamTaskWritten:
-        shard = open_shard(self.opts.location, **self.opts.storage_options)
-        d = describe_write(self.opts, self.schema, False, shard)
-        batch_id = _batch_id()
-        write_id = f"{new_id()[:12]}{self.opts.writer_id}-{batch_id}-{uuid.uuid4().hex[:8]}"
-        d = replace(d, write_id=_safe_id(write_id))
-        out = write_task(d, iterator, d.lower)
-        return StreamTaskWritten(
-            out.sealed, out.unsealed, out.max_time, out.rows_in, d.lower, d.write_id
-        )
-
-    def commit(self, messages: list[Any], batchId: int) -> None:
-        shard = open_shard(self.opts.location, **self.opts.storage_options)
-        present = [m for m in messages if m is not None]
-        lowers = {m.lower for m in present}
-        state = shard.state()
-        if state.writers.get(self.opts.writer_id or "", -1) >= batchId:
-            for m in present:
-                sweep_write(shard, m.write_id, set())
-            return
-        if len(lowers) > 1:
-            raise InvalidUpdates(
-                f"micro-batch {batchId} was written at different uppers; the shard changed "
-                "under the stream (another writer?)",
-                location=shard.location,
-            )
-        lower = lowers.pop() if lowers else state.upper
-        d = describe_write(self.opts, self.schema, False, shard)
-        d = replace(d, lower=lower, write_id=new_id())  # unique: batch ids must never repeat
-        try:
-            commit_write(
-                d, present, writer=(self.opts.writer_id or "", batchId), compact=self.opts.compact
-            )
-        finally:
-            for m in present:
-                sweep_write(shard, m.write_id, shard.state().part_keys())
-
-    def abort(self, messages: list[Any], batchId: int) -> None:
-        shard = open_shard(self.opts.location, **self.opts.storage_options)
-        keep = shard.state().part_keys()
-        for m in messages:
-            if m is not None:
-                sweep_write(shard, m.write_id, keep)
-
-
-def _safe_id(text: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_" else "_" for c in text)

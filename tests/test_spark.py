@@ -457,12 +457,8 @@ def test_streaming_commit_replay_is_a_no_op(location):
     from pyspark.sql.types import StructType as ST
 
     from persistshard.datasource.options import WriteOptions
-    from persistshard.datasource.writer import (
-        PersistShardStreamWriter,
-        StreamTaskWritten,
-        describe_write,
-        write_task,
-    )
+    from persistshard.datasource.sinks import PersistShardStreamWriter
+    from persistshard.datasource.writer import StreamTaskWritten, describe_write, write_task
 
     schema = ST([StructField("id", LongType())])
     opts = {"path": location, "writer_id": "w", "compact": "false"}
@@ -545,12 +541,8 @@ def test_two_streams_batch_ids_do_not_collide(location):
     from pyspark.sql.types import StructType as ST
 
     from persistshard.datasource.options import WriteOptions
-    from persistshard.datasource.writer import (
-        PersistShardStreamWriter,
-        StreamTaskWritten,
-        describe_write,
-        write_task,
-    )
+    from persistshard.datasource.sinks import PersistShardStreamWriter
+    from persistshard.datasource.writer import StreamTaskWritten, describe_write, write_task
 
     schema = ST([StructField("id", LongType())])
     shard = ps.open_shard(location)

@@ -10,7 +10,7 @@ SCRIPT = r"""
 import json, sys, tempfile
 import numpy as np, pyarrow as pa
 from pyspark.sql.types import DoubleType, LongType, StringType, StructField, StructType
-from persistshard.datasource.writer import PersistShardWriter
+from persistshard.datasource.sinks import PersistShardWriter
 
 budget = int(sys.argv[1])
 rows, batch = int(sys.argv[2]), 10_000

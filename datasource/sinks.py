@@ -1,0 +1,181 @@
+"""The Spark writer objects of the format: `PersistShardWriter` (batch) and
+`PersistShardStreamWriter` (streaming), over the write protocol of
+`persistshard.datasource.writer` (mint, write, append) and, for a ``remap`` option, the
+reclocking sink of `persistshard.datasource.reclock`.
+
+Kept apart from the protocol so that the reclocking sink can build on the protocol without an
+import cycle: this module imports both, and neither imports it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import replace
+from typing import Any
+
+from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter
+from pyspark.sql.types import StructType
+
+from persistshard.core.layout import new_id
+from persistshard.core.shard import open_shard
+from persistshard.datasource import reclock
+from persistshard.datasource.options import WriteOptions, find_location
+from persistshard.datasource.writer import (
+    StreamTaskWritten,
+    TaskWritten,
+    check_location,
+    commit_write,
+    describe_write,
+    sweep_write,
+    write_task,
+)
+from persistshard.errors import InvalidUpdates
+
+
+class PersistShardWriter(DataSourceArrowWriter):
+    """A batch write (``df.write.format("persistshard")``); see the module docstring."""
+
+    def __init__(self, options: dict[str, str], schema: StructType, overwrite: bool) -> None:
+        self.opts = WriteOptions.parse(options, schema)
+        shard = open_shard(self.opts.location, **self.opts.storage_options)
+        check_location(shard)
+        # A SQL table's location comes from its catalog columns; columns there without it
+        # were added by ALTER TABLE ... ADD COLUMNS, which the shard follows.
+        from_table = find_location(options) is None
+        if from_table:
+            stored = shard.state().schema
+            if stored is not None:
+                from persistshard.datasource.reader import check_table_columns
+
+                check_table_columns(schema, stored, shard.location)
+        evolve = self.opts.merge_schema or from_table
+        self.reclock: Any = None
+        if self.opts.remap is not None:
+            from persistshard.core.remap import open_remap
+
+            if overwrite:
+                raise InvalidUpdates(
+                    "a reclocked write appends; mode('overwrite') takes no remap option",
+                    location=shard.location,
+                )
+            spec = reclock.spec_of(self.opts, schema, shard.location)
+            remap = open_remap(spec.remap, **self.opts.storage_options)
+            self.reclock = (spec, remap.pinned())
+        self.description = describe_write(self.opts, schema, overwrite, shard, evolve=evolve)
+
+    def write(self, iterator: Any) -> TaskWritten:
+        if self.reclock is not None:
+            spec, bindings = self.reclock
+            return reclock.reclock_task(self.description, spec, iterator, bindings)
+        return write_task(self.description, iterator, self.description.lower)
+
+    def commit(self, messages: list[Any]) -> None:
+        if self.reclock is not None:
+            reclock.commit_reclocked(
+                self.description, self.reclock[0], messages, compact=self.opts.compact
+            )
+            return
+        commit_write(self.description, messages, compact=self.opts.compact)
+
+    def abort(self, messages: list[Any]) -> None:
+        shard = open_shard(self.description.location, **self.description.storage_options)
+        sweep_write(shard, self.description.write_id, set())
+
+
+# --- streaming -----------------------------------------------------------------------------
+
+
+def _batch_id() -> int:
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    value = ctx.getLocalProperty("streaming.sql.batchId") if ctx is not None else None
+    if value is None:
+        raise InvalidUpdates("streaming write task without a batch id")
+    return int(value)
+
+
+class PersistShardStreamWriter(DataSourceStreamArrowWriter):
+    """A streaming write: each micro-batch is one compare-and-append, exactly once.
+
+    Each commit records (writer id, batch id) in the shard state; a replayed batch (same
+    writer id, batch id not above the recorded one) is recognised and becomes a no-op, and its
+    parts are deleted. Rows without a time column are written at the shard's upper as seen by
+    the micro-batch's tasks (micro-batches run one after the other).
+    """
+
+    def __init__(self, options: dict[str, str], schema: StructType, overwrite: bool) -> None:
+        self.opts = WriteOptions.parse(options, schema)
+        if self.opts.writer_id is None:
+            raise InvalidUpdates(
+                "a streaming write needs option writer_id: a stable name for this writer, "
+                "so that a replayed micro-batch is committed exactly once"
+            )
+        if overwrite:
+            raise InvalidUpdates("streaming writes append; outputMode('complete') is not supported")
+        self.options = dict(options)
+        self.schema = schema
+        self.reclock: Any = None
+        if self.opts.remap is not None:
+            self.reclock = reclock.spec_of(self.opts, schema, self.opts.location)
+
+    def write(self, iterator: Any) -> StreamTaskWritten:
+        shard = open_shard(self.opts.location, **self.opts.storage_options)
+        d = describe_write(self.opts, self.schema, False, shard)
+        batch_id = _batch_id()
+        write_id = f"{new_id()[:12]}{self.opts.writer_id}-{batch_id}-{uuid.uuid4().hex[:8]}"
+        d = replace(d, write_id=_safe_id(write_id))
+        if self.reclock is not None:
+            from persistshard.core.remap import open_remap
+
+            bindings = open_remap(self.reclock.remap, **self.opts.storage_options).pinned()
+            return reclock.reclock_task(d, self.reclock, iterator, bindings)
+        out = write_task(d, iterator, d.lower)
+        return StreamTaskWritten(
+            out.sealed, out.unsealed, out.max_time, out.rows_in, d.lower, d.write_id
+        )
+
+    def commit(self, messages: list[Any], batchId: int) -> None:
+        if self.reclock is not None:
+            # No batch-id bookkeeping: Spark restarts batch ids when the checkpoint is deleted;
+            # the reclocked times themselves make a replay a no-op.
+
+            shard = open_shard(self.opts.location, **self.opts.storage_options)
+            d = replace(describe_write(self.opts, self.schema, False, shard), write_id=new_id())
+            reclock.commit_reclocked(d, self.reclock, messages, compact=self.opts.compact)
+            return
+        shard = open_shard(self.opts.location, **self.opts.storage_options)
+        present = [m for m in messages if m is not None]
+        lowers = {m.lower for m in present}
+        state = shard.state()
+        if state.writers.get(self.opts.writer_id or "", -1) >= batchId:
+            for m in present:
+                sweep_write(shard, m.write_id, set())
+            return
+        if len(lowers) > 1:
+            raise InvalidUpdates(
+                f"micro-batch {batchId} was written at different uppers; the shard changed "
+                "under the stream (another writer?)",
+                location=shard.location,
+            )
+        lower = lowers.pop() if lowers else state.upper
+        d = describe_write(self.opts, self.schema, False, shard)
+        d = replace(d, lower=lower, write_id=new_id())  # unique: batch ids must never repeat
+        try:
+            commit_write(
+                d, present, writer=(self.opts.writer_id or "", batchId), compact=self.opts.compact
+            )
+        finally:
+            for m in present:
+                sweep_write(shard, m.write_id, shard.state().part_keys())
+
+    def abort(self, messages: list[Any], batchId: int) -> None:
+        shard = open_shard(self.opts.location, **self.opts.storage_options)
+        keep = shard.state().part_keys()
+        for m in messages:
+            if m is not None:
+                sweep_write(shard, m.write_id, keep)
+
+
+def _safe_id(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in text)
