@@ -613,8 +613,8 @@ HISTORY_KINDS = (
     "stream append",  # one micro-batch of a streaming writer
     "seal",  # the upper moved without new updates
     "compact",  # batches merged (physical and logical compaction)
-    "advance since",  # since moved forward
-    "trim unsealed",  # unsealed batches replaced by their remainders
+    "advance_since",  # since moved forward
+    "replace_unsealed",  # unsealed batches replaced by their trimmed remainders
 )
 
 
@@ -629,9 +629,7 @@ def history_kind(c: Commit) -> str:
         if not a["batch"]["parts"] and not a.get("unsealed"):
             return "seal"
         return "append"
-    return {"advance_since": "advance since", "replace_unsealed": "trim unsealed"}.get(
-        c.kind, c.kind
-    )
+    return c.kind
 
 
 def _rows(n: int) -> str:

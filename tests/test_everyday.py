@@ -143,7 +143,7 @@ def test_history_names_what_each_commit_did(tmp_path):
     shard.advance_since(4)
     shard.compact()
     kinds = [h["kind"] for h in shard.history()]
-    assert kinds[:3] == ["append", "seal", "advance since"]
+    assert kinds[:3] == ["append", "seal", "advance_since"]
     assert "compact" in kinds[3:]
     summaries = [h["summary"] for h in shard.history()]
     assert "1 row sealed at the upper found at commit (planned at 0)" in summaries[0]
