@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -176,7 +177,7 @@ def run(sf: float = 1.0, rounds: int = 5, only: tuple[int, ...] = ()) -> dict[st
         )
     )
     ratios = [
-        sorted(o / p for o, p in zip(times[n][OURS], times[n][PARQUET], strict=True))[rounds // 2]
+        statistics.median(o / p for o, p in zip(times[n][OURS], times[n][PARQUET], strict=True))
         for n in qs
     ]
     return {

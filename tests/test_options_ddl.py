@@ -118,7 +118,7 @@ def test_read_option_rules():
     base = {"path": "/tmp/x"}
     opts = ReadOptions.parse({**base, "as_of": "3", "storage.anon": "true"})
     assert opts.as_of == 3 and opts.storage_options == {"anon": True}
-    with pytest.raises(InvalidUpdates, match="unknown option as_off .*known options: "):
+    with pytest.raises(InvalidUpdates, match=r"unknown option as_off .*known options: "):
         ReadOptions.parse({**base, "as_off": "3"})
     with pytest.raises(InvalidUpdates, match="as_of cannot be combined with updates_from"):
         ReadOptions.parse({**base, "as_of": "3", "updates_from": "1"})

@@ -1,7 +1,8 @@
 """Filter pushdown through Spark: with ``spark.sql.python.filterPushdown.enabled`` on, every
 query returns exactly what the same query returns with it off (Spark filtering every row),
-over random tables with nulls; the pushed filters really leave Spark's plan; and with the
-switch off, reads still work (Spark refuses readers with ``pushFilters`` then).
+over random tables with nulls, also when one relation is scanned twice with different filters
+(Spark 4.3 may then run one scan with the other's reader); a pushed filter reaches the reader;
+and with the switch off, reads still work (Spark refuses readers with ``pushFilters`` then).
 """
 
 from __future__ import annotations
