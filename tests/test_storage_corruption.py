@@ -17,7 +17,8 @@ import pytest
 from conformance_helpers import rows_of, updates
 
 import persistshard as ps
-from persistshard.core.state import ROLLUP_EVERY, Entry, decode_rollup, encode_rollup, fold
+from persistshard.core.layout import ROLLUP_EVERY
+from persistshard.core.state import Entry, decode_rollup, encode_rollup, fold
 
 #: Positions sampled per file: in the header line of a metadata object, and anywhere.
 HEADER_SAMPLES = 6
