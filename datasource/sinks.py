@@ -102,6 +102,10 @@ class PersistShardStreamWriter(DataSourceStreamArrowWriter):
     writer id, batch id not above the recorded one) is recognised and becomes a no-op, and its
     parts are deleted. Rows without a time column are written at the shard's upper as seen by
     the micro-batch's tasks (micro-batches run one after the other).
+
+    With option ``remap`` the micro-batch is reclocked instead (`persistshard.datasource.reclock`):
+    rows go to their into-times, and no batch id is recorded, since Spark numbers batches from 0
+    again after the checkpoint is deleted and the reclocked times already make replays no-ops.
     """
 
     def __init__(self, options: dict[str, str], schema: StructType, overwrite: bool) -> None:
