@@ -113,7 +113,19 @@ def main(argv: list[str]) -> int:
         spark.sql("SELECT * FROM orders_changes WITH ('updates_from' = '3')"),
     )
 
-    shard.advance_since(shard.upper - 1)
+    # A reader hold: since may not pass it, so this reader's history stays exact.
+    with shard.register_reader("dashboard", lease_seconds=60) as hold:
+        hold.downgrade_since(2)
+        reached = shard.advance_since(shard.upper - 1)
+        _say(
+            f"\nreader 'dashboard' holds since at 2: advance_since({shard.upper - 1}) stops at "
+            f"{reached}; its change read from 3 stays exact: "
+            f"{_plural(shard.updates(3, shard.upper).num_rows, 'update')}"
+        )
+        with shard.listen(as_of=2, timeout=0.5) as changes:
+            for updates, frontier in changes:
+                _say(f"   listen from 2: {_plural(updates.num_rows, 'row')} up to {frontier}")
+    shard.advance_since(shard.upper - 1)  # the hold is released: since moves on
     report = shard.compact()
     _say(
         f"\nadvance since to {shard.since} and compact: batches {report.batches_before} -> "

@@ -613,8 +613,11 @@ HISTORY_KINDS = (
     "stream append",  # one micro-batch of a streaming writer
     "seal",  # the upper moved without new updates
     "compact",  # batches merged (physical and logical compaction)
-    "advance_since",  # since moved forward
-    "replace_unsealed",  # unsealed batches replaced by their trimmed remainders
+    "advance_since",  # since asked to move forward (as far as live reader holds allow)
+    "register_reader",  # a reader took a hold on since
+    "downgrade_since",  # a reader moved its hold forward
+    "heartbeat",  # a reader renewed its hold's lease
+    "expire_reader",  # a reader's hold was released
 )
 
 
@@ -654,7 +657,14 @@ def _summarize(c: Commit) -> str:
             text += f", writer {a['writer'][0]} batch {a['writer'][1]}"
         return text
     if c.kind == "advance_since":
-        return f"since -> {a['since']}"
+        return f"since toward {a['since']}, as far as live reader holds allow"
+    if c.kind == "register_reader":
+        return f"reader {a['reader_id']} holds since (lease {a['lease_ms'] / 1000:g} s)"
+    if c.kind == "downgrade_since":
+        return f"reader {a['reader_id']} holds since at {a['since']}"
+    if c.kind in ("heartbeat", "expire_reader"):
+        what = "renews its lease" if c.kind == "heartbeat" else "releases its hold"
+        return f"reader {a['reader_id']} {what}"
     if c.kind == "compact":
         n = len(a["inputs"])
         out = a["output"]

@@ -272,3 +272,21 @@ def test_holds_are_a_map_not_a_log(shard):
         hold.heartbeat()
     assert len(shard.state().holds) == 1
     assert len(shard.state().to_json()["holds"]) == 1
+
+
+def test_history_names_hold_commits_and_says_advance_since_may_stop_short(shard):
+    with shard.register_reader("dash", lease_seconds=60) as hold:
+        hold.downgrade_since(1)
+        hold.heartbeat()
+        assert shard.advance_since(3) == 1
+    tail = shard.history()[-5:]
+    assert [h["kind"] for h in tail] == [
+        "register_reader",
+        "downgrade_since",
+        "heartbeat",
+        "advance_since",
+        "expire_reader",
+    ]
+    assert tail[0]["summary"] == "reader dash holds since (lease 60 s)"
+    assert tail[1]["summary"] == "reader dash holds since at 1"
+    assert tail[3]["summary"] == "since toward 3, as far as live reader holds allow"
