@@ -55,6 +55,8 @@ DETERMINATE_REFUSALS = (UpperMismatch, InvalidUpdates, NotSealed, StateConflict)
 MAX_ATTEMPTS = 1000
 #: How often reading the log back may fail, after an ambiguous attempt, before `Indeterminate`.
 MAX_STORAGE_FAILURES = 8
+#: The first pause after a failed read-back; it doubles with each further failure (cap 1 s).
+BACKOFF_SECONDS = 0.01
 
 
 class StateMachine:
@@ -152,7 +154,7 @@ class StateMachine:
                 failures += 1
                 if failures >= MAX_STORAGE_FAILURES:
                     break
-                time.sleep(min(1.0, 0.01 * 2**failures))
+                time.sleep(min(1.0, BACKOFF_SECONDS * 2**failures))
                 continue
             now = layout.now_ms()
             stamped = replace(commit, at_ms=now)

@@ -22,6 +22,7 @@ from persistshard.conformance.storage import (
     Store,
     one_consensus,
 )
+from persistshard.core import machine
 from persistshard.core.blob import Blob
 from persistshard.core.consensus import MemoryConsensus
 from persistshard.core.shard import Shard
@@ -96,10 +97,12 @@ def test_model_on_local_files(tmp_path):
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_commits_under_injected_faults(tmp_path, seed):
+def test_commits_under_injected_faults(tmp_path, seed, monkeypatch):
     """Storage calls fail before or after doing their work (20% each). Every logical append is
     retried by the caller until it is known to have landed; the result must hold each append
-    exactly once: none lost, none doubled."""
+    exactly once: none lost, none doubled. (No pauses between retries: the faults are
+    injected, not a storage that needs time to recover.)"""
+    monkeypatch.setattr(machine, "BACKOFF_SECONDS", 0.0)
     location = f"{tmp_path}/faulty"
     blob = FaultyBlob(Blob(location), fail_before=0.2, fail_after=0.2, seed=seed)
     shard = Shard(location, blob=blob)

@@ -287,7 +287,7 @@ def test_spark_end_to_end_on_s3(spark, s3_location, s3_options, tmp_path):
     shard = ps.open_shard(s3_location, **s3_options)
     shard.advance_since(2)
     report = ps.compact(spark, s3_location, **s3_options)
-    assert not report.errors and report.merges
+    assert report.merges and report.committed
     gc = shard.gc(dry_run=False, retention_seconds=0)
     assert gc.parts
     assert {t: counts(read(as_of=t)) for t in (2, 3)} == before
