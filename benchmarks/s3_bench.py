@@ -13,11 +13,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import os
 import shutil
-import socket
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -28,6 +24,7 @@ from typing import Any
 from benchmarks import anchors as a
 from benchmarks.harness import alternate, measurement, skipped
 from benchmarks.spark_bench import human, make_frame
+from persistshard.conformance.s3server import moto_server
 
 S3 = "persistshard on local S3"
 LOCAL = "persistshard on local files"
@@ -35,50 +32,15 @@ BUCKET = "persistshard-bench"
 
 
 @contextmanager
-def moto_server() -> Iterator[dict[str, Any]]:
-    """A moto S3 server on a free port with one bucket; yields the s3fs storage options."""
-    import boto3
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    server = os.path.join(os.path.dirname(sys.executable), "moto_server")
-    command = [server] if os.path.exists(server) else [sys.executable, "-m", "moto.server"]
-    proc = subprocess.Popen(
-        [*command, "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    endpoint = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1):
-                    break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("the moto S3 server did not start") from None
-                time.sleep(0.2)
-        options = {
+def local_s3() -> Iterator[dict[str, Any]]:
+    """A moto S3 server with one bucket (`persistshard.conformance.s3server`); yields the s3fs
+    storage options that reach it."""
+    with moto_server(BUCKET, "bench", "bench") as endpoint:
+        yield {
             "key": "bench",
             "secret": "bench",
             "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
         }
-        boto3.client(
-            "s3",
-            endpoint_url=endpoint,
-            aws_access_key_id="bench",
-            aws_secret_access_key="bench",
-            region_name="us-east-1",
-        ).create_bucket(Bucket=BUCKET)
-        yield options
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def _spark_options(options: dict[str, Any]) -> dict[str, str]:
@@ -107,7 +69,7 @@ def run(rows: int = 200_000, rounds: int = 3) -> dict[str, Any]:
     df = make_frame(spark, rows)
     expected = df.agg(F.sum("value")).collect()[0][0]
     counter = itertools.count()
-    with moto_server() as options, tempfile.TemporaryDirectory(prefix="psbench-s3-") as tmp:
+    with local_s3() as options, tempfile.TemporaryDirectory(prefix="psbench-s3-") as tmp:
         opts = _spark_options(options)
 
         def s3_path() -> str:

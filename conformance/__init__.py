@@ -5,6 +5,8 @@
 - `model`: a reference model of a shard and a hypothesis state machine comparing a real
   shard with it.
 - `faults`: `FaultyBlob`, a wrapper of any `Blob` that fails before or after an operation.
+- `s3server`: a local S3-compatible server (moto on loopback) with one bucket, for tests and
+  benchmarks (needs the `test` extra).
 - `run_suite`: the pytest module `persistshard conformance LOCATION` runs against a user's
   storage (needs the `conformance` extra: pytest and hypothesis).
 """

@@ -9,15 +9,10 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
-import sys
-import time
 import uuid
 from collections import Counter
 from typing import Any
 
-import boto3
 import pyarrow as pa
 import pytest
 from conformance_helpers import rows_of
@@ -25,6 +20,7 @@ from conformance_helpers import rows_of
 import persistshard as ps
 from persistshard.cli import main as cli
 from persistshard.conformance.model import make_shard_machine
+from persistshard.conformance.s3server import moto_server
 from persistshard.conformance.storage import BlobContract, ConsensusContract, Store
 from persistshard.core.blob import BlobWrapper, open_blob
 
@@ -33,48 +29,11 @@ BUCKET = "persistshard-test"
 SECRET = "SECRET-" + uuid.uuid4().hex
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="session")
 def s3_endpoint():
     """A moto S3 server on 127.0.0.1 (stopped after the session), with one bucket."""
-    port = _free_port()
-    server = os.path.join(os.path.dirname(sys.executable), "moto_server")
-    command = [server] if os.path.exists(server) else [sys.executable, "-m", "moto.server"]
-    proc = subprocess.Popen(
-        [*command, "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    endpoint = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1):
-                    break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("the moto S3 server did not start") from None
-                time.sleep(0.2)
-        boto3.client(
-            "s3",
-            endpoint_url=endpoint,
-            aws_access_key_id="testing",
-            aws_secret_access_key=SECRET,
-            region_name="us-east-1",
-        ).create_bucket(Bucket=BUCKET)
+    with moto_server(BUCKET, "testing", SECRET) as endpoint:
         yield endpoint
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 @pytest.fixture(scope="session")
