@@ -57,10 +57,10 @@ from persistshard.core.filters import chunk_stats
 from persistshard.core.parts import conform_columns, open_part, write_parts
 from persistshard.core.read import (
     PartSlice,
+    Query,
     ReadTask,
     load_updates,
     relevant_parts,
-    snapshot_query,
 )
 from persistshard.core.rows import DIFF, TIME, consolidate, snapshot_of
 from persistshard.core.state import PartRef, ShardState
@@ -356,7 +356,9 @@ def current_rows(
     snapshot_schema = pa.schema([*state.schema, pa.field(DIFF, pa.int64(), nullable=False)])
     if state.upper == 0 or keys.num_rows == 0:
         return snapshot_schema.empty_table()
-    q = snapshot_query(state, state.upper - 1, location)
+    # Every sealed update counts, whatever the since: an upsert reads the contents at the
+    # upper (times below since are forwarded, never past upper - 1), so no since check.
+    q = Query("snapshot", as_of=state.upper - 1, since=state.since)
     refs: list[PartRef] = relevant_parts(state, q)
     probe = KeyProbe(keys)
     stats = stats if stats is not None else LookupStats()

@@ -50,6 +50,16 @@ def test_unchanged_rows_write_nothing(tmp_path: Any) -> None:
     assert shard.updates(2, 3).num_rows == 0
 
 
+def test_upsert_after_since_reached_upper(tmp_path: Any) -> None:
+    shard = ps.open_shard(str(tmp_path / "s"))
+    shard.upsert(pa.table({"id": [1, 2], "v": ["a", "b"]}), "id")
+    shard.upsert(pa.table({"id": [1], "v": ["c"]}), "id")
+    assert shard.advance_since(shard.upper) == 2  # history folded up to the upper
+    shard.compact()
+    shard.upsert(pa.table({"id": [2], "v": ["d"]}), "id")
+    assert rows_of(shard.snapshot()) == {1: "c", 2: "d"}
+
+
 def test_delete_column_and_composite_key(tmp_path: Any) -> None:
     shard = ps.open_shard(str(tmp_path / "s"))
     t = pa.table({"a": [1, 1, 2], "b": ["x", "y", "x"], "v": [1.0, 2.0, 3.0], "gone": [False] * 3})
