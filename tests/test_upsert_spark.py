@@ -22,6 +22,7 @@ from persistshard.datasource.upsert import (
     stage_task,
 )
 from persistshard.datasource.writer import StreamTaskWritten
+from persistshard.errors import InvalidUpdates
 
 SCHEMA = StructType([StructField("id", LongType()), StructField("v", StringType())])
 
@@ -276,3 +277,59 @@ def test_commit_checks_keys_staged_by_two_tasks(location: str) -> None:
         commit_upserts(d, spec, [one, two], staged_ids=[d.write_id])
     shard = ps.open_shard(location)
     assert shard.upper == 0 and not list(shard.blob.list("parts/"))
+
+
+def test_streaming_aggregation_in_update_mode_through_foreach_batch(
+    spark: Any, location: str, tmp_path: Any
+) -> None:
+    """The README's recipe: an aggregation's update-mode output upserted by foreachBatch with
+    writer_id and batch_id; the table equals the aggregation after each micro-batch."""
+    source = tmp_path / "in"
+    source.mkdir()
+
+    def upsert_batch(df: Any, batch_id: int) -> None:
+        (
+            df.write.format("persistshard")
+            .mode("append")
+            .option("key_columns", "user")
+            .option("writer_id", "clicks")
+            .option("batch_id", batch_id)
+            .save(location)
+        )
+
+    def run(name: str, users: list[str]) -> None:
+        (source / name).write_text("\n".join(json.dumps({"user": u}) for u in users))
+        q = (
+            spark.readStream.schema("user string")
+            .json(str(source))
+            .groupBy("user")
+            .count()
+            .writeStream.outputMode("update")
+            .foreachBatch(upsert_batch)
+            .option("checkpointLocation", str(tmp_path / "ck"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        q.awaitTermination(120)
+        assert q.exception() is None
+
+    run("1.json", ["a", "b", "a"])
+    run("2.json", ["b", "c"])
+    shard = ps.open_shard(location)
+    got = {r["user"]: r["count"] for r in shard.snapshot().to_pylist() if r["_diff"] == 1}
+    assert got == {"a": 2, "b": 2, "c": 1}
+    assert shard.snapshot().num_rows == 3
+    changes = {(r["user"], r["count"], r["_diff"]) for r in shard.updates(1, 2).to_pylist()}
+    assert changes == {("b", 1, -1), ("b", 2, 1), ("c", 1, 1)}  # "a" did not change
+
+
+def test_stream_writer_refusals(location: str) -> None:
+    """Complete mode (Spark passes overwrite=True) and a missing writer_id are refused when
+    the stream starts, with what to do instead."""
+    options = {"path": location, "key_columns": "id", "writer_id": "w"}
+    with pytest.raises(InvalidUpdates, match=r"outputMode\('complete'\) replaces the whole"):
+        UpsertStreamWriter(options, SCHEMA, True)
+    with pytest.raises(InvalidUpdates, match="needs option writer_id"):
+        UpsertStreamWriter({"path": location, "key_columns": "id"}, SCHEMA, False)
+    with pytest.raises(InvalidUpdates, match="batch_id is for batch writes"):
+        UpsertStreamWriter({**options, "batch_id": "1"}, SCHEMA, False)
