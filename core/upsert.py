@@ -44,7 +44,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -65,7 +65,7 @@ from persistshard.core.read import (
 from persistshard.core.rows import DIFF, TIME, consolidate, snapshot_of
 from persistshard.core.state import PartRef, ShardState
 from persistshard.core.validate import match_columns, update_schema, user_schema
-from persistshard.errors import InvalidUpdates, UpperMismatch
+from persistshard.errors import InvalidUpdates
 
 __all__ = [
     "KEY_COLUMNS_METADATA",
@@ -322,7 +322,6 @@ class LookupStats:
     chunks_read: int = 0
     rows_read: int = 0
     rows_found: int = 0
-    extra: dict[str, int] = field(default_factory=dict)
 
 
 def _semi_join(table: pa.Table, keys: pa.Table) -> pa.Table:
@@ -423,12 +422,6 @@ def upsert_delta(
     if not out:
         return full.empty_table()
     return consolidate(pa.Table.from_batches(out, schema=full), presorted=False)
-
-
-def refuse_moved_upper(expected: int, state: ShardState, location: str | None) -> None:
-    """`UpperMismatch` unless ``state``'s upper is ``expected`` (an upsert read that state)."""
-    if state.upper != expected:
-        raise UpperMismatch(expected, state.upper, location=location)
 
 
 def prepare(

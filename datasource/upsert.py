@@ -82,11 +82,6 @@ class UpsertSpec:
     batch_id: int | None
 
 
-def is_upsert(options: dict[str, str]) -> bool:
-    """Whether a write's options ask for an upsert (option ``key_columns``)."""
-    return bool(options.get("key_columns"))
-
-
 def plan_upsert(
     options: dict[str, str], schema: StructType, overwrite: bool, *, streaming: bool
 ) -> tuple[WriteOptions, UpsertSpec, BatchDescription]:
