@@ -94,6 +94,15 @@ REGISTRY: tuple[Benchmark, ...] = (
         rounds={"quick": 30, "full": 60},
     ),
     Benchmark(
+        name="upsert",
+        module="benchmarks.upsert_bench",
+        summary="micro-batches upserting 0.1%/1%/10% of a table's keys vs appending the changed "
+        "rows and vs a full overwrite",
+        sizes={"quick": {"rows": 200_000}, "full": {"rows": 1_000_000}},
+        headings=("upserts by key",),
+        uses_spark=True,
+    ),
+    Benchmark(
         name="ingest",
         module="benchmarks.ingest_bench",
         summary="a partitioned stream into one output with reclocking vs today's streaming sink",

@@ -364,6 +364,52 @@ class Shard:
             new_upper = max(expected, biggest) + 1 if biggest is not None else expected + 1
         return self.compare_and_append(updates, expected, new_upper)
 
+    def upsert(
+        self,
+        rows: pa.Table,
+        key_columns: str | list[str] | tuple[str, ...],
+        *,
+        delete_column: str | None = None,
+        retries: int = 3,
+        stats: Any = None,
+    ) -> ShardState:
+        """Upsert ``rows`` by ``key_columns`` at one new time: each row replaces the current
+        row with its key; ``_diff = -1`` or a true ``delete_column`` deletes the key. A commit
+        by someone else between the read and the commit makes it recompute (up to
+        ``retries`` times). See `persistshard.core.upsert`."""
+        from persistshard.core import upsert as up
+
+        table = up.upsert_input(rows, delete_column=delete_column, location=self.location)
+        for attempt in range(retries + 1):
+            state = self.machine.state()
+            if state.version == 0:
+                refuse_foreign_files(self.blob, self.location)
+            incoming, keys, schema = up.prepare(table, key_columns, state, self.location)
+            write_id = new_id()
+            parts = up.delta_parts(
+                self.blob,
+                state,
+                incoming,
+                keys,
+                schema,
+                write_id,
+                location=self.location,
+                stats=stats,
+            )
+            try:
+                return self.commit_written(
+                    WrittenUpdates(sealed=parts),
+                    expected_upper=state.upper,
+                    new_upper=state.upper + 1,
+                    schema=up.with_key_columns(schema, keys),
+                    commit_id=write_id,
+                    label="upsert",
+                )
+            except UpperMismatch:
+                if attempt == retries:
+                    raise
+        raise AssertionError("unreachable")
+
     def seal(self, new_upper: int) -> ShardState:
         """Move upper to ``new_upper`` without new updates (unsealed ones below it appear)."""
         current = self.machine.state()
@@ -610,6 +656,7 @@ def _snapshot_schema(user: pa.Schema) -> pa.Schema:
 HISTORY_KINDS = (
     "append",  # rows added at the upper (also a plain append that landed after a lost race)
     "overwrite",  # a self-correcting overwrite: the difference from the previous contents
+    "upsert",  # rows replaced or deleted by key: the difference from the previous rows
     "stream append",  # one micro-batch of a streaming writer
     "seal",  # the upper moved without new updates
     "compact",  # batches merged (physical and logical compaction)

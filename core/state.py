@@ -432,6 +432,10 @@ def _apply_append(state: ShardState, c: Commit, location: str | None) -> ShardSt
                 "columns only grow by nullable columns added at the end",
                 location=location,
             )
+    if schema is not None and state.schema is not None and state.schema.metadata:
+        # Schema metadata (the upsert key columns, core/upsert.py) is kept across commits
+        # that do not carry it.
+        schema = schema.with_metadata({**state.schema.metadata, **(schema.metadata or {})})
     trace = state.trace
     if batch.upper > batch.lower:
         last = trace[-1] if trace else None

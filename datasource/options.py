@@ -52,6 +52,9 @@ WRITE_OPTIONS = frozenset(
         "remap",
         "source_partition_column",
         "source_offset_column",
+        "key_columns",  # upserts (datasource/upsert.py)
+        "delete_column",
+        "batch_id",
         "source_frontier",
     }
 )

@@ -150,11 +150,19 @@ class PersistShardDataSource(DataSource):
 
         options = dict(self.options)
         with storage_errors(find_location(options, schema), "write the shard"):
+            if options.get("key_columns"):  # an upsert write (datasource/upsert.py)
+                from persistshard.datasource.upsert import UpsertWriter
+
+                return UpsertWriter(options, schema, overwrite)
             return PersistShardWriter(options, schema, overwrite)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         from persistshard.datasource.sinks import PersistShardStreamWriter
 
+        if self.options.get("key_columns"):  # an upsert stream (datasource/upsert.py)
+            from persistshard.datasource.upsert import UpsertStreamWriter
+
+            return UpsertStreamWriter(dict(self.options), schema, overwrite)
         return PersistShardStreamWriter(dict(self.options), schema, overwrite)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:

@@ -1,0 +1,334 @@
+"""Spark upsert writes by key: batch ``mode("append")`` and streaming writes with option
+``key_columns`` (`persistshard.core.upsert` holds the semantics).
+
+The protocol, a variant of the write protocol of `persistshard.datasource.writer`:
+1. *Mint* (driver): the usual batch description (columns matched by name, a fresh write id),
+   plus the upsert's options, all checked before any task runs: the key columns exist, have a
+   type with exact equality and agree with the ones the shard recorded; the delete marker
+   column exists and is boolean; options that make no sense for an upsert (``time_column``,
+   ``upper``, ``remap``, ``mode("overwrite")``) are refused.
+2. *Stage* (every task): the task's rows in normal form (user columns + ``_diff`` of +1 for
+   an upsert, -1 for a delete), null keys and duplicate keys within the task refused, written
+   sorted as *staged* parts under the write id. They are the incoming rows, not updates of
+   the shard: no state ever references them.
+3. *Apply* (driver, in ``commit``): read the staged rows, refuse a key staged by two tasks,
+   look up the current rows of the incoming keys by chunk statistics, write desired minus
+   current (consolidated in a Correction buffer) as parts at the shard's upper ``t`` and
+   commit them with ``expected_upper = t``, ``new_upper = t + 1``. If another commit landed
+   first, the delta is recomputed against the newer state (unless the user gave
+   ``expected_upper``: then `UpperMismatch`). Staged parts are deleted whatever happens; delta
+   parts of a refused commit are deleted too; parts left by a crashed driver are unreferenced
+   and gc removes them.
+
+Exactly once. A streaming micro-batch commits with (writer id, batch id); the state records
+it and a replay of that batch id (after a crash between the tasks and the commit, or after
+the commit) is recognised before anything is computed, or by the commit itself if it raced,
+and writes nothing. A batch write inside ``foreachBatch`` gets the same with options
+``writer_id`` and ``batch_id``.
+
+Spark 4.3 refuses ``outputMode("update")`` for every Python data source before the source is
+asked for a writer (``PythonWriteBuilder`` does not implement
+``SupportsStreamingUpdateAsAppend``: "persistshard does not support Update mode"), so Python
+cannot tell update from append mode. ``key_columns`` is the switch: a stream written in append
+mode with ``key_columns`` upserts; without it, it appends. A streaming aggregation's update
+output goes through ``foreachBatch`` (update mode is allowed there) with a batch upsert write.
+
+Assumes: the incoming rows of one task fit in its memory (they are staged in one piece), and
+the incoming rows of one write fit in the driver's memory together with the current rows of
+their keys.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter
+from pyspark.sql.types import BooleanType, StructType
+
+from persistshard.core import upsert as up
+from persistshard.core.layout import new_id
+from persistshard.core.parts import read_parts, write_parts
+from persistshard.core.rows import DIFF, TIME, consolidate
+from persistshard.core.shard import Shard, WrittenUpdates, open_shard
+from persistshard.core.validate import update_schema
+from persistshard.datasource.options import WriteOptions, storage_errors
+from persistshard.datasource.writer import (
+    BatchDescription,
+    StreamTaskWritten,
+    TaskWritten,
+    _as_updates,
+    _find_column,
+    check_location,
+    describe_write,
+    sweep_write,
+)
+from persistshard.errors import InvalidUpdates, UpperMismatch
+
+#: How often a commit recomputes its delta after another commit came first.
+COMMIT_RETRIES = 3
+
+
+@dataclass(frozen=True)
+class UpsertSpec:
+    """An upsert write's own options: key columns (resolved to the shard's names), the delete
+    marker column (its name in the DataFrame) and, for ``foreachBatch``, the batch id."""
+
+    keys: tuple[str, ...]
+    delete_column: str | None
+    batch_id: int | None
+
+
+def plan_upsert(
+    options: dict[str, str], schema: StructType, overwrite: bool, *, streaming: bool
+) -> tuple[WriteOptions, UpsertSpec, BatchDescription]:
+    """Mint an upsert write (module docstring, step 1); every check runs here."""
+    opts = WriteOptions.parse(options, schema)
+    shard = open_shard(opts.location, **opts.storage_options)
+    check_location(shard)
+    location = shard.location
+    keys = up.parse_key_columns(options["key_columns"], location)
+    if overwrite:
+        what = "outputMode('complete')" if streaming else "mode('overwrite')"
+        raise InvalidUpdates(
+            f"{what} replaces the whole table; an upsert (option key_columns) changes only "
+            "the rows of its keys: use "
+            + ("outputMode('append')" if streaming else "mode('append')")
+            + " with key_columns, or drop "
+            "key_columns",
+            location=location,
+        )
+    for name, given in (
+        ("time_column", opts.time_column),
+        ("upper", opts.upper),
+        ("remap", opts.remap),
+    ):
+        if given is not None:
+            raise InvalidUpdates(
+                f"an upsert writes every row at one new time (the shard's upper); it takes no "
+                f"{name} option",
+                location=location,
+            )
+    names = [f.name for f in schema.fields]
+    delete_column = None
+    if options.get("delete_column"):
+        delete_column = _find_column(names, options["delete_column"])
+        if delete_column is None:
+            raise InvalidUpdates(
+                f"option delete_column names column {options['delete_column']!r}, which the "
+                f"DataFrame does not have (columns: {', '.join(names)})",
+                location=location,
+            )
+        if not isinstance(schema[delete_column].dataType, BooleanType):
+            raise InvalidUpdates(
+                f"delete_column {delete_column} must be BOOLEAN (true deletes the key), got "
+                f"{schema[delete_column].dataType.simpleString()}",
+                location=location,
+            )
+    batch_id = None
+    if options.get("batch_id"):
+        if streaming:
+            raise InvalidUpdates(
+                "option batch_id is for batch writes in foreachBatch; a stream numbers its "
+                "micro-batches itself",
+                location=location,
+            )
+        if opts.writer_id is None:
+            raise InvalidUpdates(
+                "option batch_id needs option writer_id (whose batches it numbers)",
+                location=location,
+            )
+        try:
+            batch_id = int(options["batch_id"])
+        except ValueError:
+            raise InvalidUpdates(
+                f"option batch_id must be an integer, got {options['batch_id']!r}",
+                location=location,
+            ) from None
+    rows_schema = StructType([f for f in schema.fields if f.name != delete_column])
+    d = describe_write(opts, rows_schema, False, shard, evolve=opts.merge_schema)
+    target = d.target if d.target is not None else d.incoming
+    resolved = up.resolve_key_columns(target, keys, location)
+    d = replace(d, plain=False)
+    return opts, UpsertSpec(resolved, delete_column, batch_id), d
+
+
+def stage_task(d: BatchDescription, spec: UpsertSpec, batches: Any) -> TaskWritten:
+    """Step 2: one task's incoming rows, checked and written as staged parts."""
+    with storage_errors(d.location, "write the shard"):
+        shard = open_shard(d.location, **d.storage_options)
+        target = d.target if d.target is not None else d.incoming
+        pieces = []
+        rows_in = 0
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            rows_in += batch.num_rows
+            table = _as_updates(batch, d, d.lower).drop_columns([TIME])
+            if spec.delete_column is not None:
+                table = table.append_column(
+                    spec.delete_column, pa.Table.from_batches([batch]).column(spec.delete_column)
+                )
+            table = up.upsert_input(table, delete_column=spec.delete_column, location=d.location)
+            up.check_keys(table, spec.keys, d.location)
+            pieces.append(table)
+        if not pieces:
+            return TaskWritten(rows_in=rows_in)
+        incoming = pa.concat_tables(pieces)
+        up.check_unique_keys(incoming, spec.keys, d.location)
+        staged = _at_time(incoming, target, d.lower)
+        parts = write_parts(shard.blob, d.write_id, consolidate(staged))
+        return TaskWritten(sealed=parts, rows_in=rows_in)
+
+
+def _at_time(incoming: pa.Table, schema: pa.Schema, time: int) -> pa.Table:
+    times = pa.array(np.full(incoming.num_rows, time, dtype=np.int64))
+    user = incoming.select(schema.names)
+    return pa.Table.from_arrays(
+        [*user.columns, times, incoming.column(DIFF).cast(pa.int64())],
+        schema=update_schema(schema),
+    )
+
+
+def commit_upserts(
+    d: BatchDescription,
+    spec: UpsertSpec,
+    messages: list[Any],
+    *,
+    staged_ids: list[str],
+    writer: tuple[str, int] | None = None,
+    expected_upper: int | None = None,
+    compact: bool = True,
+) -> None:
+    """Step 3 (module docstring): apply the staged rows to the shard in one commit."""
+    with storage_errors(d.location, "write the shard"):
+        shard = open_shard(d.location, **d.storage_options)
+        try:
+            _apply(shard, d, spec, messages, writer=writer, expected_upper=expected_upper)
+        finally:
+            for write_id in staged_ids:
+                sweep_write(shard, write_id, set())
+        if compact:
+            shard.maybe_compact()
+
+
+def _apply(
+    shard: Shard,
+    d: BatchDescription,
+    spec: UpsertSpec,
+    messages: list[Any],
+    *,
+    writer: tuple[str, int] | None,
+    expected_upper: int | None,
+) -> None:
+    target = d.target if d.target is not None else d.incoming
+    staged = [ref for m in messages if m is not None for ref in m.sealed]
+    incoming = read_parts(shard.blob, staged, update_schema(target)).drop_columns([TIME])
+    up.check_unique_keys(incoming, spec.keys, shard.location, diffs=True)
+    for attempt in range(COMMIT_RETRIES + 1):
+        state = shard.state()
+        if writer is not None and state.writers.get(writer[0], -1) >= writer[1]:
+            return  # a replay of a committed batch: nothing to do
+        if expected_upper is not None and state.upper != expected_upper:
+            raise UpperMismatch(expected_upper, state.upper, location=shard.location)
+        schema = state.schema if state.schema is not None else target
+        if len(target) > len(schema):
+            schema = target  # merge_schema widened the columns
+        keys = up.resolve_key_columns(schema, spec.keys, shard.location)
+        write_id = new_id()
+        parts = up.delta_parts(
+            shard.blob, state, incoming, keys, schema, write_id, location=shard.location
+        )
+        try:
+            shard.commit_written(
+                WrittenUpdates(sealed=parts),
+                expected_upper=state.upper,
+                new_upper=state.upper + 1,
+                schema=up.with_key_columns(schema, keys),
+                commit_id=write_id,
+                writer=writer,
+                label="upsert",
+            )
+            return
+        except UpperMismatch:
+            if expected_upper is not None or attempt == COMMIT_RETRIES:
+                raise
+
+
+class UpsertWriter(DataSourceArrowWriter):
+    """A batch upsert write: ``mode("append")`` with option ``key_columns``."""
+
+    def __init__(self, options: dict[str, str], schema: StructType, overwrite: bool) -> None:
+        self.opts, self.spec, self.description = plan_upsert(
+            options, schema, overwrite, streaming=False
+        )
+
+    def write(self, iterator: Any) -> TaskWritten:
+        return stage_task(self.description, self.spec, iterator)
+
+    def commit(self, messages: list[Any]) -> None:
+        writer = None
+        if self.spec.batch_id is not None and self.opts.writer_id is not None:
+            writer = (self.opts.writer_id, self.spec.batch_id)
+        commit_upserts(
+            self.description,
+            self.spec,
+            messages,
+            staged_ids=[self.description.write_id],
+            writer=writer,
+            expected_upper=self.opts.expected_upper,
+            compact=self.opts.compact,
+        )
+
+    def abort(self, messages: list[Any]) -> None:
+        shard = open_shard(self.description.location, **self.description.storage_options)
+        sweep_write(shard, self.description.write_id, set())
+
+
+class UpsertStreamWriter(DataSourceStreamArrowWriter):
+    """A streaming upsert write (option ``key_columns``): each micro-batch is one upsert,
+    committed exactly once per (writer id, batch id)."""
+
+    def __init__(self, options: dict[str, str], schema: StructType, overwrite: bool) -> None:
+        self.options = dict(options)
+        self.schema = schema
+        self.opts, self.spec, _ = plan_upsert(options, schema, overwrite, streaming=True)
+        if self.opts.writer_id is None:
+            raise InvalidUpdates(
+                "a streaming write needs option writer_id: a stable name for this writer, "
+                "so that a replayed micro-batch is committed exactly once"
+            )
+
+    def write(self, iterator: Any) -> StreamTaskWritten:
+        from persistshard.datasource.sinks import _batch_id, _safe_id
+
+        _, spec, d = plan_upsert(self.options, self.schema, False, streaming=True)
+        write_id = _safe_id(
+            f"{new_id()[:12]}{self.opts.writer_id}-{_batch_id()}-{uuid.uuid4().hex[:8]}"
+        )
+        d = replace(d, write_id=write_id)
+        out = stage_task(d, spec, iterator)
+        return StreamTaskWritten(
+            out.sealed, out.unsealed, out.max_time, out.rows_in, d.lower, d.write_id
+        )
+
+    def commit(self, messages: list[Any], batchId: int) -> None:
+        _, spec, d = plan_upsert(self.options, self.schema, False, streaming=True)
+        present = [m for m in messages if m is not None]
+        commit_upserts(
+            d,
+            spec,
+            present,
+            staged_ids=[m.write_id for m in present if m.write_id],
+            writer=(self.opts.writer_id or "", batchId),
+            compact=self.opts.compact,
+        )
+
+    def abort(self, messages: list[Any], batchId: int) -> None:
+        shard = open_shard(self.opts.location, **self.opts.storage_options)
+        for m in messages:
+            if m is not None and m.write_id:
+                sweep_write(shard, m.write_id, set())
