@@ -321,6 +321,24 @@ def _in_range(table: pa.Table, kr: KeyRange) -> pa.Table:
     return table.filter(mask)
 
 
+def _chunks_within(reader: PartReader, chunks: Sequence[int], kr: KeyRange) -> bool:
+    """Whether every row of ``chunks`` is in ``kr`` by the chunks' key statistics (then the
+    range filter, a copy of every column, is skipped)."""
+    for c in chunks:
+        info = reader.chunks[c]
+        if info.key_null_count and not kr.nulls:
+            return False
+        if info.key_null_count == info.num_rows:
+            continue  # only nulls, and nulls belong here
+        if info.key_min is None or info.key_max is None:
+            return False
+        if kr.lo is not None and not info.key_min >= kr.lo:
+            return False
+        if kr.hi is not None and not info.key_max < kr.hi:
+            return False
+    return True
+
+
 def load_updates(blob: Blob, task: ReadTask) -> pa.Table:
     """The stored updates a task reads: its chunks, at the query's times, in its key range and
     passing its row filter; unconsolidated, times not forwarded, in the stored schema."""
@@ -337,7 +355,7 @@ def load_updates(blob: Blob, task: ReadTask) -> pa.Table:
             if lo is not None:
                 mask = pc.and_(mask, pc.greater_equal(times, lo))
             table = table.filter(mask)
-        if task.key_range is not None:
+        if task.key_range is not None and not _chunks_within(reader, chunks, task.key_range):
             table = _in_range(table, task.key_range)
         if task.row_filter is not None:
             table = filter_table(table, task.row_filter)
