@@ -58,6 +58,7 @@ from persistshard.core.read import (
     Query,
     ReadTask,
     expand_rows,
+    iter_task,
     plan_read,
     read_task,
     snapshot_query,
@@ -336,14 +337,17 @@ class PersistShardReader(DataSourceReader):
         if self.push is not None and not claimed_by(self.push, current_execution_id()):
             # Not this push's scan (pushes.py): read everything, Spark filters.
             task, result_filter = partition.unfiltered or unfiltered_task(partition.task), None
-        table = read_partition(partition, as_multiset=DIFF not in target.names, task=task)
-        if q.mode == "snapshot" and DIFF not in target.names:
-            table = expand_rows(table, partition.location, q.as_of)
-        table = with_snapshot_time(table, q)
-        if result_filter is not None:
-            table = filter_table(table, result_filter)
-        table = conform(table, target)
-        yield from table.to_batches(max_chunksize=BATCH_ROWS)
+        blob = open_shard(partition.location, **partition.storage_options).blob
+        multiset = DIFF not in target.names
+        for table in iter_task(blob, task, as_multiset=multiset):
+            if q.mode == "snapshot" and multiset:
+                table = expand_rows(table, partition.location, q.as_of)
+            if result_filter is not None:
+                table = filter_table(with_snapshot_time(table, q), result_filter)
+            elif TIME in target.names:
+                table = with_snapshot_time(table, q)
+            table = conform(table, target)
+            yield from table.to_batches(max_chunksize=BATCH_ROWS)
 
 
 class PersistShardPushdownReader(PersistShardReader):
