@@ -161,9 +161,11 @@ def plan_pushed_partitions(
 ) -> list[ShardPartition]:
     """Partitions of a pushed read: each carries a task of the filtered plan and one of the
     unfiltered plan (the shorter plan padded with empty tasks)."""
-    kw = {"partition_bytes": opts.partition_bytes, "max_partitions": opts.max_partitions}
-    filtered = plan_read(shard.blob, state, q, row_filter=row_filter, **kw)  # type: ignore[arg-type]
-    full = plan_read(shard.blob, state, q, **kw)  # type: ignore[arg-type]
+    size, most = opts.partition_bytes, opts.max_partitions
+    filtered = plan_read(
+        shard.blob, state, q, partition_bytes=size, max_partitions=most, row_filter=row_filter
+    )
+    full = plan_read(shard.blob, state, q, partition_bytes=size, max_partitions=most)
     empty_f = ReadTask((), None, q, filtered[0].stored_schema, row_filter)
     empty_u = ReadTask((), None, q, full[0].stored_schema)
     n = max(len(filtered), len(full))
