@@ -3,9 +3,10 @@
 ``partitions()`` runs once per DataFrame on the driver: it reads the shard state once (the
 *pinned* version), turns the options into a core `Query` (which checks the times against since
 and upper) and lets `persistshard.core.read.plan_read` split it into tasks. Each task runs
-`persistshard.core.read.read_task` and yields Arrow batches that match Spark's read schema
-exactly. Read planning, key-range splitting, change filtering and statistics-based skipping all
-live in core; nothing here decides which rows a read returns.
+`persistshard.core.read.iter_task` (`read_task`'s answer, chunk by chunk when it can) and
+yields Arrow batches that match Spark's read schema exactly. Read planning, key-range
+splitting, change filtering and statistics-based skipping all live in core; nothing here
+decides which rows a read returns.
 
 Filter pushdown. Spark calls ``pushFilters`` only when ``spark.sql.python.filterPushdown.enabled``
 is true, and when it is false it refuses every read whose reader class overrides
