@@ -15,9 +15,11 @@ id of the first task that read it. A read applies its push's filters only when i
 to the execution that claimed that push; any other execution (a later query that pushed
 nothing, a re-run of the same plan, a task on another host that cannot see the ledger, a task
 outside any SQL execution) reads unfiltered and lets Spark filter. A push's filter is the OR
-of its own filters and those of every earlier push of the relation that no execution has
-claimed yet (scans planned for the same query), so a scan never runs a filter narrower than its
-own.
+of its own filters and those of every earlier push made since the newest claimed one (scans
+planned for the same query), so a scan never runs a filter narrower than its own. Pushes at or
+before the newest claimed one are dead: each push replaces the relation's read, and a physical
+plan fixes its read when it first executes, so only plans that already executed (and claimed)
+can still run them.
 
 Invariants: a claim is created at most once (hard link, atomic create-if-absent) and never
 changes; records are written before their generation is handed to Spark. Relied on: Spark
@@ -80,10 +82,11 @@ def record_push(instance_id: str, entry: _Entry, *, root: str = LEDGER_DIR) -> P
     directory = _dir(instance_id, root)
     os.makedirs(directory, exist_ok=True)
     pushes, claims = _generations(directory)
+    newest_claimed = max(claims, default=-1)
     entries: list[_Entry] = []
     for gen in pushes:
-        if gen in claims:
-            continue
+        if gen <= newest_claimed:
+            continue  # claimed, or superseded before an execution began (module docstring)
         try:
             with open(os.path.join(directory, f"{gen}.push"), "rb") as f:
                 entries.append(pickle.load(f))
