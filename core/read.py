@@ -30,7 +30,7 @@ read runs (GC keeps what recent versions reference).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -40,7 +40,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from persistshard.core.blob import Blob
-from persistshard.core.filters import Pred, chunk_may_match, filter_table
+from persistshard.core.filters import Pred, chunk_may_match, chunk_stats, filter_table
 from persistshard.core.parts import adapt_part_table, open_part
 from persistshard.core.rows import DIFF, TIME, advance_times, consolidate, snapshot_of
 from persistshard.core.state import PartRef, ShardState
@@ -321,27 +321,54 @@ def _in_range(table: pa.Table, kr: KeyRange) -> pa.Table:
     return table.filter(mask)
 
 
+def _chunks_within(reader: PartReader, chunks: Sequence[int], kr: KeyRange) -> bool:
+    """Whether every row of ``chunks`` is in ``kr`` by the chunks' key statistics (then the
+    range filter, a copy of every column, is skipped)."""
+    for c in chunks:
+        info = reader.chunks[c]
+        if info.key_null_count and not kr.nulls:
+            return False
+        if info.key_null_count == info.num_rows:
+            continue  # only nulls, and nulls belong here
+        if info.key_min is None or info.key_max is None:
+            return False
+        if kr.lo is not None and not info.key_min >= kr.lo:
+            return False
+        if kr.hi is not None and not info.key_max < kr.hi:
+            return False
+    return True
+
+
+def _restrict(
+    table: pa.Table, task: ReadTask, ref: PartRef, reader: PartReader, chunks: Sequence[int]
+) -> pa.Table:
+    """Rows of ``chunks`` of one part (adapted) kept by ``task``: the query's times, the key
+    range and the row filter."""
+    q = task.query
+    lo, hi = q.min_time, q.max_time
+    if ref.max_time > hi or (lo is not None and ref.min_time < lo):
+        times = table.column(TIME)
+        mask = pc.less_equal(times, hi)
+        if lo is not None:
+            mask = pc.and_(mask, pc.greater_equal(times, lo))
+        table = table.filter(mask)
+    if task.key_range is not None and not _chunks_within(reader, chunks, task.key_range):
+        table = _in_range(table, task.key_range)
+    if task.row_filter is not None:
+        table = filter_table(table, task.row_filter)
+    return table
+
+
 def load_updates(blob: Blob, task: ReadTask) -> pa.Table:
     """The stored updates a task reads: its chunks, at the query's times, in its key range and
     passing its row filter; unconsolidated, times not forwarded, in the stored schema."""
     q = task.query
-    lo, hi = q.min_time, q.max_time
 
     def load(s: PartSlice) -> pa.Table:
         reader = open_part(blob, s.ref)
         chunks = _wanted_chunks(reader, s.ref, s.chunks, q, task.row_filter)
         table = adapt_part_table(reader.read(chunks=chunks), s.ref, task.stored_schema)
-        if s.ref.max_time > hi or (lo is not None and s.ref.min_time < lo):
-            times = table.column(TIME)
-            mask = pc.less_equal(times, hi)
-            if lo is not None:
-                mask = pc.and_(mask, pc.greater_equal(times, lo))
-            table = table.filter(mask)
-        if task.key_range is not None:
-            table = _in_range(table, task.key_range)
-        if task.row_filter is not None:
-            table = filter_table(table, task.row_filter)
-        return table
+        return _restrict(table, task, s.ref, reader, chunks)
 
     if not task.slices:
         return task.stored_schema.empty_table()
@@ -374,6 +401,44 @@ def read_task(blob: Blob, task: ReadTask, *, as_multiset: bool = False) -> pa.Ta
     times = table.column(TIME)
     table = table.filter(pc.and_(pc.greater_equal(times, q.lo), pc.less(times, q.hi)))
     return consolidate(table)
+
+
+def _positive_diffs(reader: PartReader, chunks: Sequence[int]) -> bool:
+    """Whether every update of ``chunks`` has a positive diff, by their statistics."""
+    for c in chunks:
+        st = chunk_stats(reader, c, DIFF)
+        if st is None or st[0] is None or st[2] or not st[0] > 0:
+            return False
+    return True
+
+
+def iter_task(blob: Blob, task: ReadTask, *, as_multiset: bool = False) -> Iterator[pa.Table]:
+    """`read_task`'s answer in pieces, one per chunk, decoded as they are consumed, when no
+    row of one chunk needs another chunk's rows to be consolidated: a snapshot of one part at
+    one time (consolidated when written), or (with ``as_multiset``) a snapshot whose chunks'
+    statistics say every diff is positive. Otherwise the whole answer as one piece. Pieces
+    carry no ``_time``, like `read_task`'s snapshots; memory stays near one chunk per piece."""
+    q = task.query
+    if q.mode != "snapshot" or not task.slices:
+        yield read_task(blob, task, as_multiset=as_multiset)
+        return
+    readers = _open_all(blob, [s.ref for s in task.slices])
+    chunks = [
+        _wanted_chunks(r, s.ref, s.chunks, q, task.row_filter)
+        for r, s in zip(readers, task.slices, strict=True)
+    ]
+    one = len(task.slices) == 1 and task.slices[0].ref.min_time == task.slices[0].ref.max_time
+    if not one and not (
+        as_multiset and all(_positive_diffs(r, c) for r, c in zip(readers, chunks, strict=True))
+    ):
+        yield read_task(blob, task, as_multiset=as_multiset)
+        return
+    for s, reader, wanted in zip(task.slices, readers, chunks, strict=True):
+        for index, batch in zip(wanted, reader.iter_batches(chunks=wanted), strict=True):
+            table = adapt_part_table(pa.Table.from_batches([batch]), s.ref, task.stored_schema)
+            table = _restrict(table, task, s.ref, reader, [index])
+            if table.num_rows:
+                yield table.drop_columns([TIME])
 
 
 def read_query(blob: Blob, state: ShardState, q: Query) -> pa.Table:
@@ -433,7 +498,6 @@ def column_statistics(blob: Blob, state: ShardState) -> dict[str, dict[str, Any]
     if state.schema is None:
         return {}
     refs = [p for b in (*state.trace, *state.unsealed) for p in b.parts if p.num_rows]
-    from persistshard.core.filters import chunk_stats
 
     out: dict[str, dict[str, Any]] = {
         name: {"min": None, "max": None, "null_count": 0, "chunks": 0, "chunks_with_bounds": 0}

@@ -3,9 +3,10 @@
 ``partitions()`` runs once per DataFrame on the driver: it reads the shard state once (the
 *pinned* version), turns the options into a core `Query` (which checks the times against since
 and upper) and lets `persistshard.core.read.plan_read` split it into tasks. Each task runs
-`persistshard.core.read.read_task` and yields Arrow batches that match Spark's read schema
-exactly. Read planning, key-range splitting, change filtering and statistics-based skipping all
-live in core; nothing here decides which rows a read returns.
+`persistshard.core.read.iter_task` (`read_task`'s answer, chunk by chunk when it can) and
+yields Arrow batches that match Spark's read schema exactly. Read planning, key-range
+splitting, change filtering and statistics-based skipping all live in core; nothing here
+decides which rows a read returns.
 
 Filter pushdown. Spark calls ``pushFilters`` only when ``spark.sql.python.filterPushdown.enabled``
 is true, and when it is false it refuses every read whose reader class overrides
@@ -18,15 +19,16 @@ If that detection ever fails, reads fall back to the plain reader: slower, never
 (null semantics included) on top-level columns: row columns are filtered before consolidation
 and drive chunk skipping; ``_time`` and ``_diff`` of change and ``with_diff`` reads are
 filtered on the final rows. It returns every filter to Spark, which re-checks them: Spark 4.3
-may run one scan with another scan's reader (`PersistShardPushdownReader`).
+may run one scan with another scan's reader, even another query's
+(`persistshard.datasource.pushes` says when a read may apply its push; a pushed read's
+partitions carry an unfiltered plan for when it may not).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
-import pickle
 import sys
-import tempfile
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -57,6 +59,7 @@ from persistshard.core.read import (
     Query,
     ReadTask,
     expand_rows,
+    iter_task,
     plan_read,
     read_task,
     snapshot_query,
@@ -67,6 +70,7 @@ from persistshard.core.rows import DIFF, SYSTEM_COLUMNS, TIME
 from persistshard.core.shard import Shard, open_shard
 from persistshard.core.state import ShardState
 from persistshard.datasource.options import ReadOptions, StorageOptions
+from persistshard.datasource.pushes import Push, claimed_by, record_push
 from persistshard.datasource.types import arrow_schema_of, conform
 from persistshard.errors import InvalidUpdates
 
@@ -97,12 +101,17 @@ class ShardPartition(InputPartition):
         version: int,
         task: ReadTask,
         storage_options: dict[str, Any] | None = None,
+        unfiltered: ReadTask | None = None,
     ) -> None:
         super().__init__(version)
         self.location = location
         self.version = version
         self.task = task
         self.storage_options = StorageOptions(storage_options or {})  # repr hides the values
+        #: A pushed read's partitions carry both plans: ``task`` (pushed filters, skipped
+        #: chunks) and ``unfiltered`` (everything), for a scan that may not apply the push
+        #: (`persistshard.datasource.pushes`). Either may be an empty task.
+        self.unfiltered = unfiltered
 
     @property
     def query(self) -> Query:
@@ -144,12 +153,60 @@ def plan_partitions(
     return [ShardPartition(shard.location, state.version, t, shard.storage_options) for t in tasks]
 
 
+def plan_pushed_partitions(
+    shard: Shard,
+    state: ShardState,
+    q: Query,
+    opts: ReadOptions,
+    row_filter: Pred,
+) -> list[ShardPartition]:
+    """Partitions of a pushed read: each carries a task of the filtered plan and one of the
+    unfiltered plan (the shorter plan padded with empty tasks)."""
+    size, most = opts.partition_bytes, opts.max_partitions
+    filtered = plan_read(
+        shard.blob, state, q, partition_bytes=size, max_partitions=most, row_filter=row_filter
+    )
+    full = plan_read(shard.blob, state, q, partition_bytes=size, max_partitions=most)
+    empty_f = ReadTask((), None, q, filtered[0].stored_schema, row_filter)
+    empty_u = ReadTask((), None, q, full[0].stored_schema)
+    n = max(len(filtered), len(full))
+    return [
+        ShardPartition(
+            shard.location,
+            state.version,
+            filtered[i] if i < len(filtered) else empty_f,
+            shard.storage_options,
+            unfiltered=full[i] if i < len(full) else empty_u,
+        )
+        for i in range(n)
+    ]
+
+
 def read_partition(
-    p: ShardPartition, blob: Blob | None = None, *, as_multiset: bool = False
+    p: ShardPartition,
+    blob: Blob | None = None,
+    *,
+    as_multiset: bool = False,
+    task: ReadTask | None = None,
 ) -> pa.Table:
-    """The consolidated rows of one partition (`core.read.read_task`)."""
+    """The consolidated rows of one partition (`core.read.read_task`); ``task`` overrides
+    the partition's own (a pushed partition's unfiltered task)."""
     blob = blob if blob is not None else open_shard(p.location, **p.storage_options).blob
-    return read_task(blob, p.task, as_multiset=as_multiset)
+    return read_task(blob, task if task is not None else p.task, as_multiset=as_multiset)
+
+
+def unfiltered_task(task: ReadTask) -> ReadTask:
+    """``task`` without its row filter (its chunk choice kept: only a plan without a row
+    filter, whose chunks were not chosen by it, comes here)."""
+    return dataclasses.replace(task, row_filter=None)
+
+
+def current_execution_id() -> str | None:
+    """The SQL execution id of the running Spark task, if any."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    return ctx.getLocalProperty("spark.sql.execution.id") if ctx is not None else None
 
 
 # --- filter pushdown -----------------------------------------------------------------------
@@ -263,6 +320,7 @@ class PersistShardReader(DataSourceReader):
         self.schema = schema
         self.row_filter: Pred | None = None  # on stored row columns, before consolidation
         self.result_filter: Pred | None = None  # on _time / _diff of the final rows
+        self.push: Push | None = None  # set by a pushdown: the ledger's record of it
 
     def partitions(self) -> list[ShardPartition]:
         shard = open_shard(self.opts.location, **self.opts.storage_options)
@@ -271,31 +329,41 @@ class PersistShardReader(DataSourceReader):
             raise InvalidUpdates(f"no shard at {shard.location}: nothing was ever written there")
         check_table_columns(self.schema, state.schema, shard.location)
         q = check_query(shard, state, self.opts)
+        if self.push is not None and self.row_filter is not None:
+            return plan_pushed_partitions(shard, state, q, self.opts, self.row_filter)
         return plan_partitions(shard, state, q, self.opts, self.row_filter)
 
     def read(self, partition: ShardPartition) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
         q = partition.query
         target = arrow_schema_of(self.schema)
-        table = read_partition(partition, as_multiset=DIFF not in target.names)
-        if q.mode == "snapshot" and DIFF not in target.names:
-            table = expand_rows(table, partition.location, q.as_of)
-        table = with_snapshot_time(table, q)
-        if self.result_filter is not None:
-            table = filter_table(table, self.result_filter)
-        table = conform(table, target)
-        yield from table.to_batches(max_chunksize=BATCH_ROWS)
+        task, result_filter = partition.task, self.result_filter
+        if self.push is not None and not claimed_by(self.push, current_execution_id()):
+            # Not this push's scan (pushes.py): read everything, Spark filters.
+            task, result_filter = partition.unfiltered or unfiltered_task(partition.task), None
+        blob = open_shard(partition.location, **partition.storage_options).blob
+        multiset = DIFF not in target.names
+        for table in iter_task(blob, task, as_multiset=multiset):
+            if q.mode == "snapshot" and multiset:
+                table = expand_rows(table, partition.location, q.as_of)
+            if result_filter is not None:
+                table = filter_table(with_snapshot_time(table, q), result_filter)
+            elif TIME in target.names:
+                table = with_snapshot_time(table, q)
+            table = conform(table, target)
+            yield from table.to_batches(max_chunksize=BATCH_ROWS)
 
 
 class PersistShardPushdownReader(PersistShardReader):
     """`PersistShardReader` with ``pushFilters`` (only built while Spark plans pushdown).
 
-    Spark 4.3 keeps the pushdown's reader on the relation, not on the scan: when one relation
-    is scanned twice in a query with different filters (a table and an uncorrelated scalar
-    subquery over it, TPC-H q22), every scan may run the *last* pushdown's reader. So
-    ``pushFilters`` returns every filter to Spark (Spark re-checks them all), and the reader
-    filters with the OR of what every scan of this relation pushed so far (`_pushed_so_far`):
-    a superset of what any of those scans needs. Exactness of each filter still matters: the
-    reader must never drop a row its scan keeps.
+    Spark 4.3 keeps the pushdown's read on the relation, not on the scan: two scans of one
+    relation in a query (a table and a scalar subquery over it, TPC-H q22) run the *last*
+    push's read, and a later query whose scan of the same DataFrame or view pushes nothing
+    runs an earlier query's. So ``pushFilters`` returns every filter to Spark (Spark re-checks
+    them all), filters with the OR of the pushes no execution has claimed yet, and a read
+    applies them only in the execution that claimed the push (`persistshard.datasource.pushes`);
+    otherwise it reads the unfiltered plan. Exactness of each filter still matters: the reader
+    must never drop a row its scan keeps.
     """
 
     def __init__(self, options: dict[str, str], schema: StructType, instance_id: str) -> None:
@@ -319,7 +387,8 @@ class PersistShardPushdownReader(PersistShardReader):
             pred = translate_filter(f, system)
             if pred is not None and pred.columns() <= output:
                 results.append(pred)
-        entries = _pushed_so_far(self.instance_id, (conjunction(rows), conjunction(results)))
+        self.push = record_push(self.instance_id, (conjunction(rows), conjunction(results)))
+        entries = self.push.entries
         self.row_filter = disjunction([row for row, _ in entries])
         if all(result is None for _, result in entries):
             self.result_filter = None
@@ -328,32 +397,3 @@ class PersistShardPushdownReader(PersistShardReader):
                 [conjunction([p for p in entry if p is not None]) for entry in entries]
             )
         return filters  # all of them: Spark re-checks (see the class docstring)
-
-
-#: Filters pushed per relation, kept where Spark plans (its Python planner workers run on the
-#: driver's host); a relation with more than `_MAX_PUSHES` pushes stops filtering.
-_PUSHED_DIR = os.path.join(tempfile.gettempdir(), "persistshard-pushdown")
-_MAX_PUSHES = 16
-_Entry = tuple[Pred | None, Pred | None]
-
-
-def _pushed_so_far(instance_id: str, entry: _Entry) -> list[_Entry]:
-    """Every (row filter, result filter) pushed for the relation ``instance_id``, this one
-    included. Spark plans one query at a time per session, so pushes of one relation do not
-    race; the file is replaced atomically all the same."""
-    os.makedirs(_PUSHED_DIR, exist_ok=True)
-    path = os.path.join(_PUSHED_DIR, f"{instance_id}.pickle")
-    entries: list[_Entry] = []
-    try:
-        with open(path, "rb") as f:
-            entries = pickle.load(f)
-    except FileNotFoundError:
-        pass
-    entries.append(entry)
-    if len(entries) > _MAX_PUSHES:
-        entries = [(None, None)]
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "wb") as f:
-        pickle.dump(entries, f)
-    os.replace(tmp, path)
-    return entries
