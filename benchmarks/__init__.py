@@ -38,7 +38,7 @@ REGISTRY: tuple[Benchmark, ...] = (
     Benchmark(
         name="scaling",
         module="benchmarks.scaling_bench",
-        summary="Spark write and snapshot read at growing sizes vs native parquet",
+        summary="Spark append, snapshot read and overwrite at growing sizes, three contenders",
         sizes={
             "quick": {"sizes": (250_000, 500_000, 1_000_000)},
             "full": {"sizes": (1_000_000, 4_000_000, 16_000_000)},

@@ -73,8 +73,13 @@ def read_against_commits(
     rng = np.random.default_rng(3)
     ids = rng.permutation(rows).astype(np.int64)
     everything = _table(ids, rng.integers(0, 10**6, rows), 0)
-    one = ps.open_shard(str(root / "one"))
-    one.append(everything)
+    # One append of the same rows, timed into fresh shards (the anchor of compaction time).
+    append_s = []
+    for r in range(3):
+        one = ps.open_shard(str(root / f"one-{r}"))
+        started = time.perf_counter()
+        one.append(everything)
+        append_s.append(time.perf_counter() - started)
     expected = one.snapshot()
     measurements: list[dict[str, Any]] = []
     before_s: list[float] = []
@@ -127,6 +132,18 @@ def read_against_commits(
                 "batch(es)",
             )
         )
+        if n > 1:
+            measurements.append(
+                measurement(
+                    f"advance_since + compact() after {n} commits of {human(step)} rows",
+                    "compaction",
+                    "one append of the same rows",
+                    [compact_s],
+                    [float(np.median(append_s))],
+                    target=10.0 if n >= 1000 else None,
+                    note="issue 14: total compaction time at most 10x one append of the rows",
+                )
+            )
         before_s.append(float(np.median(t["before"])) * 1000)
         after_s.append(float(np.median(t["after"])) * 1000)
         one_s.append(float(np.median(t["one"])) * 1000)

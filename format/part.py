@@ -39,7 +39,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeVar
 
 import crc32c
 import pyarrow as pa
@@ -72,6 +72,9 @@ CODEC = "zstd"
 
 _MAX_INFLIGHT_CHUNKS = 2
 _INLINE_DECODE_BYTES = 1 << 20
+_INLINE_ENCODE_BYTES = 1 << 20
+
+_T = TypeVar("_T")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -81,6 +84,13 @@ _WORKERS = max(2, min(8, os.cpu_count() or 2))
 _pool: ThreadPoolExecutor | None = None
 _pool_pid = -1
 _pool_lock = threading.Lock()
+
+
+def _done(value: _T) -> Future[_T]:
+    """``value`` as an already-finished future (work done inline, consumed like pool work)."""
+    future: Future[_T] = Future()
+    future.set_result(value)
+    return future
 
 
 def _executor() -> ThreadPoolExecutor:
@@ -367,14 +377,23 @@ class PartWriter:
             columns = [
                 pa.concat_arrays([p.column(i) for p in pieces]) for i in range(len(self._layouts))
             ]
-        pool = _executor()
-        seg_futures = [
-            pool.submit(_encode_segment, col, layout, self._level)
-            for col, layout in zip(columns, self._layouts, strict=True)
-        ]
         time_col = columns[self._time_index] if self._time_index is not None else None
         key_col = columns[self._key_index] if self._key_index is not None else None
-        stat_future = pool.submit(_chunk_stats, time_col, key_col, columns)
+        if sum(c.nbytes for c in columns) < _INLINE_ENCODE_BYTES:
+            # A small chunk (compaction of small batches, a small append) encodes faster here
+            # than the pool's hand-offs cost: done inline, as already-finished futures.
+            seg_futures = [
+                _done(_encode_segment(col, layout, self._level))
+                for col, layout in zip(columns, self._layouts, strict=True)
+            ]
+            stat_future = _done(_chunk_stats(time_col, key_col, columns))
+        else:
+            pool = _executor()
+            seg_futures = [
+                pool.submit(_encode_segment, col, layout, self._level)
+                for col, layout in zip(columns, self._layouts, strict=True)
+            ]
+            stat_future = pool.submit(_chunk_stats, time_col, key_col, columns)
         self._inflight.append((num_rows, seg_futures, stat_future))
         while len(self._inflight) > _MAX_INFLIGHT_CHUNKS - 1:
             self._drain_one()
