@@ -156,9 +156,7 @@ def test_schema_evolution_reads_old_parts_with_nulls(tmp_path):
     state = shard.state()
     runs = [DiffRun(tuple(staged), 1), *current_runs(state)]
     stats = diff_mod.DiffStats()
-    parts = diff_parts(
-        shard.blob, runs, wide, time=1, write_id="w", memory_budget=1, stats=stats
-    )
+    parts = diff_parts(shard.blob, runs, wide, time=1, write_id="w", memory_budget=1, stats=stats)
     shard.commit_written(
         ps.core.shard.WrittenUpdates(sealed=parts), expected_upper=1, new_upper=2, schema=wide
     )
@@ -204,7 +202,9 @@ def test_peak_memory_stays_far_below_the_table(tmp_path):
     )
     for start in range(0, n, n // 4):  # four appends: four current runs
         piece = current.slice(start, n // 4)
-        piece = piece.set_column(2, piece.schema.field(2), pa.array(np.full(piece.num_rows, start // (n // 4), np.int64)))
+        piece = piece.set_column(
+            2, piece.schema.field(2), pa.array(np.full(piece.num_rows, start // (n // 4), np.int64))
+        )
         shard.compare_and_append(piece, start // (n // 4), start // (n // 4) + 1)
     changed = ids % 100 == 0  # 1% of the rows change their name
     new_names = pa.array(
@@ -218,8 +218,13 @@ def test_peak_memory_stays_far_below_the_table(tmp_path):
     del current, desired, names, new_names
     refs = json.dumps(
         [
-            {"key": r.key, "size": r.size, "num_rows": r.num_rows, "min_time": r.min_time,
-             "max_time": r.max_time}
+            {
+                "key": r.key,
+                "size": r.size,
+                "num_rows": r.num_rows,
+                "min_time": r.min_time,
+                "max_time": r.max_time,
+            }
             for r in staged
         ]
     )
