@@ -109,11 +109,11 @@ class DiffStats:
 def fan_in_for(memory_budget: int) -> int:
     """How many runs one merge may read at once within ``memory_budget`` bytes.
 
-    Each run holds one decoded chunk (up to `CHUNK_BYTES`, and about as much again while it
+    Each run holds one decoded chunk (up to `CHUNK_BYTES`, and half as much again while it
     is converted and filtered); a quarter of the budget is left for the merge buffer and the
     output part.
     """
-    return max(2, int(memory_budget * 3 // 4) // (2 * CHUNK_BYTES))
+    return max(2, int(memory_budget * 3 // 4) // (3 * CHUNK_BYTES // 2))
 
 
 def output_part_bytes(memory_budget: int) -> int:
