@@ -12,12 +12,15 @@ timing. Each round copies the base shard to a fresh directory (untimed) and then
   same streaming diff, run in the committing worker);
 - the anchor: ``df.write.format("persistshard").mode("append")`` into a new shard.
 
-Memory: while the distributed overwrite runs, a thread samples the resident set size
-(``VmRSS`` in ``/proc``) of every Python process Spark started (``pyspark.daemon`` and its
-forked workers, among them the one that commits) and of this process (the driver) every
-20 ms. The workers' figure is the largest sample of any one of them, against
-``memory_budget`` + the RSS of an idle Python with pyarrow and pyspark imported (measured
-here, in a fresh interpreter) + 64 MiB; the driver's is how much its RSS grew over what it
+Memory (in a fresh process with its own Spark per round, so that no Python worker is
+reused from an earlier append): while the distributed overwrite runs, a thread samples the
+resident set size (``VmRSS`` in ``/proc``) of every Python process Spark started
+(``pyspark.daemon`` and its forked workers, among them the one that commits; descendants of
+this process only: other Spark sessions on the machine are not counted) and of this process
+(the driver) every 20 ms. The workers' figure is the largest sample of any one of them, against
+``memory_budget`` + the RSS of an idle worker (measured in the same fresh Spark: the largest
+worker after each slot ran one Arrow task over no data that imported the overwrite's modules)
++ 64 MiB; the driver's is how much its RSS grew over what it
 held before the overwrite (the SparkSession alone), against ``memory_budget`` + 64 MiB.
 
 Targets (issue 14): time at most 1.5x the append's; rows written at most 2.5% of the table;
@@ -61,9 +64,19 @@ def _rss(pid: int) -> int:
     return 0
 
 
+def _parent(pid: str) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def _python_pids() -> list[int]:
-    """This process and every Python process Spark started (daemon and workers)."""
-    pids = [os.getpid()]
+    """This process and every Python process its Spark started (daemon and workers):
+    descendants of this process, so other sessions on the machine do not count."""
+    me = os.getpid()
+    pids = [me]
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -72,7 +85,12 @@ def _python_pids() -> list[int]:
                 cmd = f.read()
         except OSError:
             continue
-        if b"pyspark.daemon" in cmd or b"pyspark.worker" in cmd:
+        if b"pyspark.daemon" not in cmd and b"pyspark.worker" not in cmd:
+            continue
+        pid, hops = int(entry), 0
+        while pid > 1 and pid != me and hops < 16:
+            pid, hops = _parent(str(pid)), hops + 1
+        if pid == me:
             pids.append(int(entry))
     return pids
 
@@ -106,16 +124,51 @@ class RssSampler:
         return max((v for k, v in self.peak.items() if k != exclude), default=0)
 
 
-IDLE = (
-    "import pyarrow, pyarrow.compute, pyspark, time\n"
-    "print(open('/proc/self/status').read().split('VmRSS:')[1].split()[0])\n"
-)
+def measure_memory(path: str, rows: int) -> tuple[int, int, int]:
+    """Peak RSS of Spark's Python processes and growth of the driver's, during one
+    distributed overwrite of the shard at ``path``, and the RSS of an idle worker (one that
+    ran an Arrow task over no data, importing the overwrite's modules), in a fresh process
+    with its own Spark
+    (Python workers are reused across tasks: one that ran an append before would carry that
+    append's memory into the figure)."""
+    import json
+
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks.overwrite_bench", path, str(rows)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    return int(result["workers"]), int(result["driver"]), int(result["idle"])
 
 
-def idle_worker_rss() -> int:
-    """RSS of a fresh Python that imported pyarrow and pyspark (an idle worker's floor)."""
-    out = subprocess.run([sys.executable, "-c", IDLE], capture_output=True, text=True, check=True)
-    return int(out.stdout.strip()) * 1024
+def _memory_main(path: str, rows: int) -> None:
+    import json
+
+    import persistshard as ps
+
+    spark = a.spark_session()
+    a.persistshard_available(spark)
+    df = changed_frame(make_frame(spark, rows))
+
+    def touch(batches: Any) -> Any:
+        import importlib
+
+        for module in ("persistshard.core.diff", "persistshard.datasource.overwrite"):
+            importlib.import_module(module)  # the code an overwrite task loads
+
+        yield from batches
+
+    # Idle workers: every worker slot runs one Arrow task over no data first.
+    spark.range(0, 0, 1, 2).mapInArrow(touch, "id long").collect()
+    idle = max((_rss(p) for p in _python_pids() if p != os.getpid()), default=0)
+    driver_before = _rss(os.getpid())
+    with RssSampler() as sampler:
+        ps.overwrite(spark, df, path, memory_budget=BUDGET)
+    workers = sampler.largest(exclude=os.getpid())
+    driver = sampler.peak.get(os.getpid(), 0) - driver_before
+    print(json.dumps({"workers": workers, "driver": driver, "idle": idle}))
 
 
 def changed_frame(df: DataFrame) -> DataFrame:
@@ -150,7 +203,7 @@ def run(rows: int = 4_000_000, rounds: int = 3) -> dict[str, Any]:
 
     base_df = make_frame(spark, rows)
     df = changed_frame(base_df)
-    idle = idle_worker_rss()
+    idles: list[int] = []
     written: list[int] = []
     peaks: list[int] = []
     driver_peaks: list[int] = []
@@ -166,14 +219,10 @@ def run(rows: int = 4_000_000, rounds: int = 3) -> dict[str, Any]:
 
         def distributed() -> float:
             path = fresh_copy()
-            driver_before = _rss(os.getpid())
-            with RssSampler() as sampler:
-                start = time.perf_counter()
-                report = ps.overwrite(spark, df, path, memory_budget=BUDGET)
-                elapsed = time.perf_counter() - start
+            start = time.perf_counter()
+            report = ps.overwrite(spark, df, path, memory_budget=BUDGET)
+            elapsed = time.perf_counter() - start
             written.append(report.rows_written)
-            peaks.append(sampler.largest(exclude=os.getpid()))
-            driver_peaks.append(sampler.peak.get(os.getpid(), 0) - driver_before)
             shutil.rmtree(path, True)
             return elapsed
 
@@ -196,6 +245,11 @@ def run(rows: int = 4_000_000, rounds: int = 3) -> dict[str, Any]:
             return elapsed
 
         times = alternate({OURS: distributed, MODE: mode_overwrite, APPEND: append}, rounds)
+        for _ in range(rounds):  # memory: each in a fresh Spark, so no worker is reused
+            peak, driver, idle_here = measure_memory(fresh_copy(), rows)
+            idles.append(idle_here)
+            peaks.append(peak)
+            driver_peaks.append(driver)
         # Exactness: the overwritten shard holds exactly the desired table.
         check = fresh_copy()
         ps.overwrite(spark, df, check, memory_budget=BUDGET)
@@ -204,6 +258,7 @@ def run(rows: int = 4_000_000, rounds: int = 3) -> dict[str, Any]:
             raise AssertionError("the overwritten shard differs from the DataFrame")
     base_df.unpersist()
     df.unpersist()
+    idle = max(idles)
     bound = BUDGET + idle + (64 << 20)
     rounds_done = len(times[APPEND])
     measurements = [
@@ -231,7 +286,7 @@ def run(rows: int = 4_000_000, rounds: int = 3) -> dict[str, Any]:
             "during the overwrite",
             OURS,
             "budget + idle worker + 64 MiB",
-            peaks[-rounds_done:],
+            peaks,
             [bound],
             unit="bytes",
             target=1.0,
@@ -241,7 +296,7 @@ def run(rows: int = 4_000_000, rounds: int = 3) -> dict[str, Any]:
             "growth of the driver's RSS during the overwrite",
             OURS,
             "budget + 64 MiB",
-            driver_peaks[-rounds_done:],
+            driver_peaks,
             [BUDGET + (64 << 20)],
             unit="bytes",
             target=1.0,
@@ -258,8 +313,8 @@ def run(rows: int = 4_000_000, rounds: int = 3) -> dict[str, Any]:
             'memory_budget=64 MiB)` and with `mode("overwrite")`; the anchor is a plain '
             '`mode("append")` of the same DataFrame into a new shard. Peak RSS: the largest '
             "/proc VmRSS sample (every 20 ms) of the driver and of every Spark Python "
-            "process during the distributed overwrite, against 64 MiB + an idle Python with "
-            f"pyarrow and pyspark imported ({idle / 2**20:.0f} MiB here) + 64 MiB."
+            "process of a fresh Spark during the distributed overwrite, against 64 MiB + an "
+            f"idle worker's RSS ({idle / 2**20:.0f} MiB here) + 64 MiB."
         ),
         "params": {"rows": rows, "memory_budget": BUDGET, "master": "local[2]"},
         "measurements": measurements,
@@ -269,3 +324,7 @@ def run(rows: int = 4_000_000, rounds: int = 3) -> dict[str, Any]:
             f"{[round(p / 2**20) for p in driver_peaks]}",
         ],
     }
+
+
+if __name__ == "__main__":
+    _memory_main(sys.argv[1], int(sys.argv[2]))
