@@ -53,7 +53,7 @@ from persistshard.core.read import KeyRange
 from persistshard.core.rows import DIFF, TIME, consolidate, row_columns, sort_indices
 from persistshard.core.state import PartRef, ShardState
 from persistshard.core.validate import update_schema
-from persistshard.format import PartReader
+from persistshard.format import ChunkInfo, PartReader
 
 __all__ = [
     "DiffRun",
@@ -124,7 +124,7 @@ def output_part_bytes(memory_budget: int) -> int:
 # --- key ranges ----------------------------------------------------------------------------
 
 
-def _chunk_meets(info: Any, kr: KeyRange | None) -> bool:
+def _chunk_meets(info: ChunkInfo, kr: KeyRange | None) -> bool:
     """Whether a chunk (its footer statistics) may hold rows of ``kr``."""
     if kr is None:
         return True
@@ -132,7 +132,9 @@ def _chunk_meets(info: Any, kr: KeyRange | None) -> bool:
         return True
     if info.key_min is None:
         return info.key_null_count < info.num_rows  # no statistics: it may hold anything
-    return (kr.lo is None or info.key_max >= kr.lo) and (kr.hi is None or info.key_min < kr.hi)
+    return bool(
+        (kr.lo is None or info.key_max >= kr.lo) and (kr.hi is None or info.key_min < kr.hi)
+    )
 
 
 def _in_range(table: pa.Table, kr: KeyRange | None) -> pa.Table:
