@@ -39,12 +39,13 @@ def stray_parts(location: str) -> set[str]:
 
 
 def test_distributed_overwrite_is_exact_and_writes_only_the_difference(spark, location):
-    """Key-range tasks (several, budget far below the data) each diff their range; the
-    snapshot is then the DataFrame, duplicates included, and only changed rows were written;
-    an empty DataFrame then retracts everything."""
+    """An overwrite creates a shard; then key-range tasks (several, budget far below the
+    data) each diff their range: the snapshot is then the DataFrame, duplicates included,
+    and only changed rows were written; an empty DataFrame then retracts everything."""
     n = 30_000
     first = spark.range(n).selectExpr("id", "concat('v', id) AS v")
-    first.write.format("persistshard").mode("append").option("compact", "false").save(location)
+    first_report = ps.overwrite(spark, first, location, compact=False)  # a new shard
+    assert first_report.rows_written == n and snapshot_counts(location) == df_counts(first)
     changed = spark.range(n).selectExpr(
         "id", "CASE WHEN id % 100 = 0 THEN concat('w', id) ELSE concat('v', id) END AS v"
     )
