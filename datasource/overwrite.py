@@ -7,9 +7,10 @@ written, as with ``mode("overwrite")``; but no process holds the shard or the Da
 1. *Mint* (driver): pin the shard's state (its upper is the overwrite's time and the expected
    upper of the commit), fix the batch description (`persistshard.datasource.writer.
    describe_write`, columns matched and checked as for any write).
-2. *Stage* (one Spark job, a task per DataFrame partition): each task sorts and consolidates
-   its rows in a Correction buffer (bounded by ``memory_budget``, spilling beyond) and writes
-   them as one sorted chain of parts under the write id (`writer.write_task`).
+2. *Stage* (one Spark job, a task per DataFrame partition): each task gathers its rows up to
+   a quarter of ``memory_budget``, sorts and consolidates them and writes them as one sorted
+   run (a chain of parts) under the write id, and again until its rows run out
+   (`stage_task`): an external sort's first phase; the diff's merge is its second.
 3. *Plan* (driver): cut the key space into ranges by the chunk statistics in the footers of
    the staged and the current parts (`persistshard.core.diff.plan_key_ranges`).
 4. *Diff* (one Spark job, a task per key range): each task merges, streaming, the staged
@@ -34,16 +35,26 @@ import pickle
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
 
 from persistshard import errors
+from persistshard.core.blob import open_blob
 from persistshard.core.diff import DiffRun, DiffStats, current_runs, diff_parts, plan_key_ranges
 from persistshard.core.layout import PARTS_PREFIX
+from persistshard.core.parts import write_parts
 from persistshard.core.read import KeyRange
+from persistshard.core.rows import DIFF, TIME, consolidate
 from persistshard.core.shard import Shard, WrittenUpdates
 from persistshard.core.state import PartRef
+from persistshard.core.validate import normalize_updates
 from persistshard.datasource.options import WriteOptions, storage_errors
-from persistshard.datasource.writer import check_location, describe_write, write_task
+from persistshard.datasource.writer import (
+    FAULT_PROPERTY,
+    BatchDescription,
+    check_location,
+    describe_write,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -78,6 +89,61 @@ class _DiffTask:
     time: int
     write_id: str
     memory_budget: int
+
+
+def _desired(batch: pa.RecordBatch, d: BatchDescription) -> pa.Table:
+    """A DataFrame batch as updates at the overwrite's time: the target's columns (matched by
+    name), ``_time``, ``_diff`` (the diff column's, else +1)."""
+    table = pa.Table.from_batches([batch])
+    n = table.num_rows
+    target = d.target if d.target is not None else d.incoming
+    sources = d.sources or tuple(target.names)
+    columns = [table.column(name) for name in sources]
+    columns.append(pa.array(np.full(n, d.lower, dtype=np.int64)))
+    if d.diff_column is not None:
+        columns.append(table.column(d.diff_column))
+    else:
+        columns.append(pa.array(np.ones(n, dtype=np.int64)))
+    return pa.Table.from_arrays(columns, names=[*target.names, TIME, DIFF])
+
+
+def stage_task(d: BatchDescription, batches: Any, memory_budget: int) -> list[list[PartRef]]:
+    """Step 2 in one task: its rows as sorted runs, each a chain of parts, of about a quarter
+    of ``memory_budget`` each (gather, sort and consolidate, write; the merge of the diff
+    takes the runs apart again). Validates like any write; returns the chains."""
+    from pyspark import TaskContext
+
+    blob = open_blob(d.location, **d.storage_options)
+    schema = d.target if d.target is not None else (d.shard_schema or d.incoming)
+    limit = max(1 << 20, memory_budget // 4)
+    chains: list[list[PartRef]] = []
+    pending: list[pa.Table] = []
+    size = 0
+
+    def flush() -> None:
+        nonlocal pending, size
+        if pending:
+            run = consolidate(pa.concat_tables(pending))
+            pending, size = [], 0
+            chains.append(write_parts(blob, d.write_id, run))
+
+    with storage_errors(d.location, "write the shard"):
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            table = normalize_updates(
+                _desired(batch, d), lower=d.lower, schema=schema, location=d.location
+            )
+            pending.append(table)
+            size += table.nbytes
+            if size >= limit:
+                flush()
+        flush()
+    ctx = TaskContext.get()
+    if ctx is not None and ctx.attemptNumber() == 0:
+        if ctx.getLocalProperty(FAULT_PROPERTY) == "after_write":
+            raise RuntimeError("injected failure at after_write (first attempt of this task)")
+    return chains
 
 
 def _encode(obj: Any) -> str:
@@ -158,15 +224,15 @@ def overwrite(
     time = state.upper
 
     def stage(batches: Any) -> Any:
-        written = write_task(d, batches, d.lower)
-        yield pa.record_batch({"message": pa.array([_encode(written)], pa.string())})
+        chains = stage_task(d, batches, memory_budget)
+        yield pa.record_batch({"message": pa.array([_encode(chains)], pa.string())})
 
     delta_ids: list[str] = []
     committed: set[str] = set()
     try:
         rows = df.mapInArrow(stage, "message string").collect()
         staged = [_decode(r["message"]) for r in rows]
-        chains = [DiffRun(tuple(m.sealed), 1) for m in staged if m.sealed]
+        chains = [DiffRun(tuple(c), 1) for m in staged for c in m if c]
         current = current_runs(state) if state.schema is not None else []
         schema = d.target if d.target is not None else d.incoming
         refs = [p for r in (*chains, *current) for p in r.parts]
