@@ -1,6 +1,8 @@
 """persistshard: versioned, compacting storage of (row, time, diff) updates, for Spark.
 
-``persistshard.compact(spark, location)`` (distributed compaction) is loaded on first use,
+``persistshard.compact(spark, location)`` (distributed compaction) and
+``persistshard.overwrite(spark, df, location)`` (distributed self-correcting overwrite) are
+loaded on first use,
 so ``import persistshard`` never imports pyspark.
 """
 
@@ -52,4 +54,8 @@ def __getattr__(name: str) -> Any:
         from persistshard.datasource.compact import compact
 
         return compact
+    if name == "overwrite":
+        from persistshard.datasource.overwrite import overwrite
+
+        return overwrite
     raise AttributeError(f"module 'persistshard' has no attribute {name!r}")

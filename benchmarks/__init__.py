@@ -103,6 +103,15 @@ REGISTRY: tuple[Benchmark, ...] = (
         uses_spark=True,
     ),
     Benchmark(
+        name="overwrite",
+        module="benchmarks.overwrite_bench",
+        summary="self-correcting overwrite, 1% changed, memory_budget 64 MiB, vs a plain append; "
+        "peak RSS of every Python process",
+        sizes={"quick": {"rows": 400_000}, "full": {"rows": 4_000_000}},
+        headings=("overwrite that scales",),
+        uses_spark=True,
+    ),
+    Benchmark(
         name="ingest",
         module="benchmarks.ingest_bench",
         summary="a partitioned stream into one output with reclocking vs today's streaming sink",

@@ -40,7 +40,7 @@ from persistshard.core.holds import DEFAULT_LEASE_SECONDS, ReaderHold
 from persistshard.core.layout import DEFAULT_RETENTION_SECONDS, new_id
 from persistshard.core.listen import Listen
 from persistshard.core.machine import DETERMINATE_REFUSALS, StateMachine
-from persistshard.core.parts import conform_columns, read_parts, write_parts
+from persistshard.core.parts import write_parts
 from persistshard.core.read import (
     check_as_of,
     check_updates_range,
@@ -49,7 +49,7 @@ from persistshard.core.read import (
     snapshot_query,
     updates_query,
 )
-from persistshard.core.rows import DIFF, TIME, consolidate, snapshot_of
+from persistshard.core.rows import DIFF, TIME, consolidate
 from persistshard.core.state import (
     Batch,
     Commit,
@@ -236,17 +236,23 @@ class Shard:
         write_id: str,
         state: ShardState | None = None,
         schema: pa.Schema | None = None,
+        runs: list[list[PartRef]] | None = None,
+        memory_budget: int = 256 << 20,
     ) -> WrittenUpdates:
         """The updates that turn the shard's current contents into the staged rows.
 
-        ``staged`` holds the desired contents (rows with positive diffs, any times); the result
+        ``staged`` holds the desired contents (rows with any diffs, any times); the result
         holds, at ``time``, a retraction for every row that goes away and an insertion for every
         row that comes (only the difference), written as parts of ``write_id``. The staged
         parts are deleted. The current contents are those of ``state`` (default: newest), all
         sealed updates summed; the caller commits with ``expected_upper = state.upper``.
         ``schema`` is the shard's schema after the commit (wider than the state's when the
-        overwrite adds columns: the current rows then have nulls there).
+        overwrite adds columns: the current rows then have nulls there). ``runs`` groups the
+        staged parts into sorted chains (default: each part alone). The difference is a
+        streaming merge of sorted runs within ``memory_budget`` (`persistshard.core.diff`).
         """
+        from persistshard.core.diff import DiffRun, current_runs, diff_parts
+
         state = state if state is not None else self.machine.state()
         if staged.unsealed:
             raise InvalidUpdates(
@@ -257,27 +263,20 @@ class Shard:
             return WrittenUpdates()
         schema = schema if schema is not None else state.schema
         if schema is None:
-            desired = read_parts(self.blob, staged.sealed, _full_schema_of(self.blob, staged))
-        else:
-            desired = read_parts(self.blob, staged.sealed, update_schema(schema))
-        desired = snapshot_of(desired)
-        if state.schema is not None and state.upper > 0:
-            current = snapshot_of(self.read_range(state, min_time=None, max_time=None))
-            if schema is not None and len(schema) > len(state.schema):
-                current = conform_columns(current, _snapshot_schema(schema))
-            negated = pc.negate(current.column(DIFF))
-            current = current.set_column(
-                current.schema.get_field_index(DIFF), current.schema.field(DIFF), negated
-            )
-            desired = snapshot_of(pa.concat_tables([desired, current]))
-        delta = desired.append_column(
-            pa.field(TIME, pa.int64(), nullable=False),
-            pa.array([time] * desired.num_rows, pa.int64()),
+            schema = user_schema(_full_schema_of(self.blob, staged))
+        chains = runs if runs is not None else [[p] for p in staged.sealed]
+        desired = [DiffRun(tuple(c), 1) for c in chains if c]
+        current = current_runs(state) if state.schema is not None else []
+        parts = diff_parts(
+            self.blob,
+            [*desired, *current],
+            schema,
+            time=time,
+            write_id=write_id,
+            memory_budget=memory_budget,
         )
-        delta = delta.select([*delta.schema.names[:-2], TIME, DIFF])
-        result = WrittenUpdates(sealed=write_parts(self.blob, write_id, consolidate(delta)))
         self.delete_parts(staged.keys())
-        return result
+        return WrittenUpdates(sealed=parts)
 
     def delete_parts(self, keys: list[str]) -> None:
         """Delete parts that no state references (after a refused commit)."""

@@ -20,6 +20,7 @@ from persistshard.core.layout import new_id
 from persistshard.core.shard import open_shard
 from persistshard.datasource import reclock
 from persistshard.datasource.options import WriteOptions, find_location
+from persistshard.datasource.view import commit_complete
 from persistshard.datasource.writer import (
     StreamTaskWritten,
     TaskWritten,
@@ -103,6 +104,10 @@ class PersistShardStreamWriter(DataSourceStreamArrowWriter):
     parts are deleted. Rows without a time column are written at the shard's upper as seen by
     the micro-batch's tasks (micro-batches run one after the other).
 
+    In ``outputMode("complete")`` each micro-batch's output is the desired contents of the
+    table: its rows are staged, and the commit writes only the difference from the shard's
+    contents, at one new time, exactly once (`persistshard.datasource.view`).
+
     With option ``remap`` the micro-batch is reclocked instead (`persistshard.datasource.reclock`):
     rows go to their into-times, and no batch id is recorded, since Spark numbers batches from 0
     again after the checkpoint is deleted and the reclocked times already make replays no-ops.
@@ -115,8 +120,12 @@ class PersistShardStreamWriter(DataSourceStreamArrowWriter):
                 "a streaming write needs option writer_id: a stable name for this writer, "
                 "so that a replayed micro-batch is committed exactly once"
             )
-        if overwrite:
-            raise InvalidUpdates("streaming writes append; outputMode('complete') is not supported")
+        self.complete = overwrite  # outputMode("complete"): a self-correcting view
+        if overwrite and self.opts.remap is not None:
+            raise InvalidUpdates(
+                "outputMode('complete') writes each micro-batch's whole result as the table's "
+                "contents; it takes no remap option (reclocking appends)"
+            )
         self.options = dict(options)
         self.schema = schema
         self.reclock: Any = None
@@ -125,7 +134,7 @@ class PersistShardStreamWriter(DataSourceStreamArrowWriter):
 
     def write(self, iterator: Any) -> StreamTaskWritten:
         shard = open_shard(self.opts.location, **self.opts.storage_options)
-        d = describe_write(self.opts, self.schema, False, shard)
+        d = describe_write(self.opts, self.schema, self.complete, shard)
         batch_id = _batch_id()
         write_id = f"{new_id()[:12]}{self.opts.writer_id}-{batch_id}-{uuid.uuid4().hex[:8]}"
         d = replace(d, write_id=_safe_id(write_id))
@@ -147,6 +156,9 @@ class PersistShardStreamWriter(DataSourceStreamArrowWriter):
             shard = open_shard(self.opts.location, **self.opts.storage_options)
             d = replace(describe_write(self.opts, self.schema, False, shard), write_id=new_id())
             reclock.commit_reclocked(d, self.reclock, messages, compact=self.opts.compact)
+            return
+        if self.complete:
+            commit_complete(self.opts, self.schema, messages, batchId)
             return
         shard = open_shard(self.opts.location, **self.opts.storage_options)
         present = [m for m in messages if m is not None]

@@ -439,6 +439,9 @@ def commit_write(
                 write_id=d.write_id + "-delta",
                 state=state,
                 schema=d.target,
+                # One task's parts are one sorted chain (every row at the lower, one time).
+                runs=[list(m.sealed) for m in messages if m is not None and m.sealed],
+                memory_budget=d.memory_budget,
             )
         schema = d.target if d.target is not None else (d.shard_schema or d.incoming)
         shard.commit_written(

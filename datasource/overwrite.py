@@ -1,0 +1,287 @@
+"""A self-correcting overwrite spread over Spark tasks: ``persistshard.overwrite(spark, df,
+location)``.
+
+After it, the snapshot at the new time equals the DataFrame, and only the difference was
+written, as with ``mode("overwrite")``; but no process holds the shard or the DataFrame:
+
+1. *Mint* (driver): pin the shard's state (its upper is the overwrite's time and the expected
+   upper of the commit), fix the batch description (`persistshard.datasource.writer.
+   describe_write`, columns matched and checked as for any write).
+2. *Stage* (one Spark job, a task per DataFrame partition): each task gathers its rows up to
+   a quarter of ``memory_budget``, sorts and consolidates them and writes them as one sorted
+   run (a chain of parts) under the write id, and again until its rows run out
+   (`stage_task`): an external sort's first phase; the diff's merge is its second.
+3. *Plan* (driver): cut the key space into ranges by the chunk statistics in the footers of
+   the staged and the current parts (`persistshard.core.diff.plan_key_ranges`).
+4. *Diff* (one Spark job, a task per key range): each task merges, streaming, the staged
+   chains against the pinned state's parts, reading only chunks that meet its range, and
+   writes the difference (updates at the overwrite's time) under its own write id
+   (`persistshard.core.diff.diff_parts`, memory within ``memory_budget``).
+5. *Commit* (driver): one compare-and-append of every range's parts at ``expected_upper =
+   the pinned upper``, new upper one past it.
+
+What holds: the shard changes only in step 5, atomically. Whatever fails (a task, the plan,
+a commit refused because another writer moved the upper), the staged parts and every part of
+the diff are deleted before the error is raised; parts of task attempts that died without a
+trace (Spark has no per-task abort) carry the write id and are deleted by the same sweep, or
+by gc if the driver died. A task's failure that is a persistshard error reaches the caller as
+its own class. Assumes every executor reaches the storage under the same location and options.
+"""
+
+from __future__ import annotations
+
+import base64
+import pickle
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+
+from persistshard import errors
+from persistshard.core.blob import open_blob
+from persistshard.core.diff import DiffRun, DiffStats, current_runs, diff_parts, plan_key_ranges
+from persistshard.core.layout import PARTS_PREFIX
+from persistshard.core.parts import write_parts
+from persistshard.core.read import KeyRange
+from persistshard.core.rows import DIFF, TIME, consolidate
+from persistshard.core.shard import Shard, WrittenUpdates
+from persistshard.core.state import PartRef
+from persistshard.core.validate import normalize_updates
+from persistshard.datasource.options import WriteOptions, storage_errors
+from persistshard.datasource.writer import (
+    FAULT_PROPERTY,
+    BatchDescription,
+    check_location,
+    describe_write,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = ["OverwriteReport", "overwrite"]
+
+#: Bytes of parts (staged plus current) per diff task, before the task count is capped.
+RANGE_BYTES = 64 << 20
+
+
+@dataclass(frozen=True)
+class OverwriteReport:
+    """What an overwrite did: the time it wrote at, rows staged (the DataFrame's, after
+    consolidation), rows written (the difference), key ranges (diff tasks), merge passes."""
+
+    time: int
+    rows_staged: int
+    rows_written: int
+    ranges: int
+    passes: int
+
+
+@dataclass(frozen=True)
+class _DiffTask:
+    """One key range's diff, as shipped to a Spark task."""
+
+    location: str
+    storage_options: dict[str, Any]
+    runs: tuple[DiffRun, ...]
+    schema: pa.Schema
+    key_range: KeyRange | None
+    time: int
+    write_id: str
+    memory_budget: int
+
+
+def _desired(batch: pa.RecordBatch, d: BatchDescription) -> pa.Table:
+    """A DataFrame batch as updates at the overwrite's time: the target's columns (matched by
+    name), ``_time``, ``_diff`` (the diff column's, else +1)."""
+    table = pa.Table.from_batches([batch])
+    n = table.num_rows
+    target = d.target if d.target is not None else d.incoming
+    sources = d.sources or tuple(target.names)
+    columns = [table.column(name) for name in sources]
+    columns.append(pa.array(np.full(n, d.lower, dtype=np.int64)))
+    if d.diff_column is not None:
+        columns.append(table.column(d.diff_column))
+    else:
+        columns.append(pa.array(np.ones(n, dtype=np.int64)))
+    return pa.Table.from_arrays(columns, names=[*target.names, TIME, DIFF])
+
+
+def stage_task(d: BatchDescription, batches: Any, memory_budget: int) -> list[list[PartRef]]:
+    """Step 2 in one task: its rows as sorted runs, each a chain of parts, of about a quarter
+    of ``memory_budget`` each (gather, sort and consolidate, write; the merge of the diff
+    takes the runs apart again). Validates like any write; returns the chains."""
+    from pyspark import TaskContext
+
+    blob = open_blob(d.location, **d.storage_options)
+    schema = d.target if d.target is not None else (d.shard_schema or d.incoming)
+    limit = max(1 << 20, memory_budget // 4)
+    chains: list[list[PartRef]] = []
+    pending: list[pa.Table] = []
+    size = 0
+
+    def flush() -> None:
+        nonlocal pending, size
+        if pending:
+            run = consolidate(pa.concat_tables(pending))
+            pending, size = [], 0
+            chains.append(write_parts(blob, d.write_id, run))
+
+    with storage_errors(d.location, "write the shard"):
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            table = normalize_updates(
+                _desired(batch, d), lower=d.lower, schema=schema, location=d.location
+            )
+            pending.append(table)
+            size += table.nbytes
+            if size >= limit:
+                flush()
+        flush()
+    ctx = TaskContext.get()
+    if ctx is not None and ctx.attemptNumber() == 0:
+        if ctx.getLocalProperty(FAULT_PROPERTY) == "after_write":
+            raise RuntimeError("injected failure at after_write (first attempt of this task)")
+    return chains
+
+
+def _encode(obj: Any) -> str:
+    return base64.b64encode(pickle.dumps(obj)).decode("ascii")
+
+
+def _decode(text: str) -> Any:
+    return pickle.loads(base64.b64decode(text))  # our own tasks' messages only
+
+
+def _run_diff(task: _DiffTask) -> tuple[list[PartRef], DiffStats] | dict[str, str]:
+    """On an executor: one key range's diff, its parts and stats (or the error, as data)."""
+    from persistshard.core.blob import open_blob
+
+    try:
+        with storage_errors(task.location, "write the overwrite's difference"):
+            blob = open_blob(task.location, **task.storage_options)
+            stats = DiffStats()
+            parts = diff_parts(
+                blob,
+                task.runs,
+                task.schema,
+                time=task.time,
+                write_id=task.write_id,
+                memory_budget=task.memory_budget,
+                key_range=task.key_range,
+                stats=stats,
+            )
+            return parts, stats
+    except Exception as e:
+        detail = e.detail if isinstance(e, errors.PersistShardError) else f"{type(e).__name__}: {e}"
+        return {"class": type(e).__name__, "detail": detail}
+
+
+def _task_error(error: dict[str, str], location: str) -> errors.PersistShardError:
+    from persistshard.datasource.compact import task_error
+
+    return task_error(error, location)
+
+
+def _sweep(shard: Shard, prefixes: list[str], keep: set[str]) -> None:
+    """Delete every part under ``parts/<prefix>`` (a write id and the ids derived from it)
+    that the state does not reference."""
+    doomed: list[str] = []
+    for prefix in prefixes:
+        doomed.extend(
+            m.key for m in shard.blob.list(f"{PARTS_PREFIX}{prefix}") if m.key not in keep
+        )
+    shard.delete_parts(doomed)
+
+
+def overwrite(
+    spark: SparkSession,
+    df: DataFrame,
+    location: str,
+    *,
+    memory_budget: int = 256 << 20,
+    merge_schema: bool = False,
+    max_ranges: int | None = None,
+    range_bytes: int = RANGE_BYTES,
+    compact: bool = True,
+    **storage_options: Any,
+) -> OverwriteReport:
+    """Make the shard at ``location`` hold exactly ``df`` at a new time, writing only the
+    difference, with the work spread over Spark tasks (module docstring). Each task keeps to
+    about ``memory_budget`` bytes; ``merge_schema`` lets the DataFrame add nullable columns;
+    ``max_ranges`` caps the diff tasks (default four per default parallelism); there is one per
+    ``range_bytes`` of parts (staged and current) below the cap. ``compact``: run the small
+    compaction a writer may run after its commit (`Shard.maybe_compact`)."""
+    options = {"path": location, "memory_budget": str(memory_budget)}
+    options.update({f"storage.{k}": str(v) for k, v in storage_options.items()})
+    opts = WriteOptions.parse(options, df.schema)
+    shard = Shard(opts.location, **opts.storage_options)
+    check_location(shard)
+    state = shard.state()
+    d = describe_write(opts, df.schema, True, shard, evolve=merge_schema)
+    d = replace(d, lower=state.upper, upper=state.upper + 1)
+    time = state.upper
+
+    def stage(batches: Any) -> Any:
+        chains = stage_task(d, batches, memory_budget)
+        yield pa.record_batch({"message": pa.array([_encode(chains)], pa.string())})
+
+    delta_ids: list[str] = []
+    committed: set[str] = set()
+    try:
+        rows = df.mapInArrow(stage, "message string").collect()
+        staged = [_decode(r["message"]) for r in rows]
+        chains = [DiffRun(tuple(c), 1) for m in staged for c in m if c]
+        current = current_runs(state) if state.schema is not None else []
+        schema = d.target if d.target is not None else d.incoming
+        refs = [p for r in (*chains, *current) for p in r.parts]
+        total = sum(p.size for p in refs)
+        cap = max_ranges or 4 * spark.sparkContext.defaultParallelism
+        count = max(1, min(cap, -(-total // max(1, range_bytes))))
+        ranges = plan_key_ranges(shard.blob, refs, schema, count)
+        tasks = []
+        for i, kr in enumerate(ranges):
+            delta_ids.append(f"{d.write_id}-d{i}")
+            tasks.append(
+                _DiffTask(
+                    shard.location,
+                    dict(shard.storage_options),
+                    (*chains, *current),
+                    schema,
+                    kr,
+                    time,
+                    delta_ids[-1],
+                    memory_budget,
+                )
+            )
+        outcomes = spark.sparkContext.parallelize(tasks, len(tasks)).map(_run_diff).collect()
+        written = WrittenUpdates()
+        stats = DiffStats()
+        for outcome in outcomes:
+            if isinstance(outcome, dict):
+                raise _task_error(outcome, shard.location)
+            parts, task_stats = outcome
+            written.sealed.extend(parts)
+            stats.add(task_stats)
+        shard.commit_written(
+            written,
+            expected_upper=time,
+            new_upper=time + 1,
+            schema=schema,
+            commit_id=d.write_id,
+            label="overwrite",
+        )
+        committed = set(written.keys())
+    finally:
+        # Staged parts are never referenced; failed attempts' and refused diffs' parts neither.
+        _sweep(shard, [f"{d.write_id}/", *(f"{i}/" for i in delta_ids)], committed)
+    if compact:
+        shard.maybe_compact()
+    return OverwriteReport(
+        time=time,
+        rows_staged=sum(p.num_rows for r in chains for p in r.parts),
+        rows_written=stats.rows_written,
+        ranges=len(ranges),
+        passes=stats.passes,
+    )

@@ -1,0 +1,98 @@
+"""The complete-mode streaming sink: a self-correcting materialized view.
+
+In ``outputMode("complete")`` every micro-batch's output is the whole desired contents of
+the table (a streaming aggregation's full result). The sink keeps the shard equal to it,
+after persist's materialized-view sink: it never rewrites the table, it writes the
+*difference* between the desired contents and what the shard holds, at one new time per
+micro-batch.
+
+1. *Stage* (every task, `PersistShardStreamWriter.write`): the task's rows are sorted and
+   consolidated in a Correction buffer and written as one sorted chain of parts under a
+   write id naming the writer and the batch (`persistshard.datasource.writer.write_task`).
+2. *Commit* (`commit_complete`, once per micro-batch): if the shard already records this
+   writer at this batch id or later, the micro-batch was committed before (Spark replays a
+   batch whose commit it did not see): nothing is written. Otherwise the staged chains are
+   merged, streaming and within ``memory_budget``, against the parts of the newest state
+   (`persistshard.core.diff`), the difference is written at ``t = upper``, and one
+   compare-and-append moves the upper to ``t + 1`` and records ``(writer_id, batchId)``.
+   If another writer moved the upper in between, the diff is computed again against the
+   newer contents (the desired contents do not depend on the shard's time).
+
+Invariants: after the commit of micro-batch ``b`` at time ``t``, the snapshot at ``t`` is
+exactly ``b``'s output; ``updates(t_a + 1, t_b + 1)`` between two micro-batches holds only
+the rows that changed (a retraction of the old row, an insertion of the new one); each
+``(writer_id, batchId)`` is committed at most once (the record is part of the same atomic
+commit as the rows). Staged parts are never referenced by the state and are deleted after
+every commit attempt; parts of a diff whose commit was refused are deleted by
+`Shard.commit_written`; anything left by a crashed process is unreferenced and gc's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyspark.sql.types import StructType
+
+from persistshard.core.diff import DiffRun, current_runs, diff_parts
+from persistshard.core.layout import new_id
+from persistshard.core.shard import WrittenUpdates, open_shard
+from persistshard.datasource.options import WriteOptions, storage_errors
+from persistshard.datasource.writer import describe_write, sweep_write
+from persistshard.errors import UpperMismatch
+
+#: How many times a micro-batch's diff is recomputed after losing the upper to another writer.
+MAX_ATTEMPTS = 8
+
+
+def commit_complete(
+    opts: WriteOptions, spark_schema: StructType, messages: list[Any], batch_id: int
+) -> None:
+    """Commit one complete-mode micro-batch exactly once (module docstring)."""
+    shard = open_shard(opts.location, **opts.storage_options)
+    present = [m for m in messages if m is not None]
+    writer_id = opts.writer_id or ""
+    chains = [DiffRun(tuple(m.sealed), 1) for m in present if m.sealed]
+    committed = False
+    try:
+        with storage_errors(shard.location, "commit the micro-batch"):
+            last: UpperMismatch | None = None
+            for _ in range(MAX_ATTEMPTS):
+                state = shard.state()
+                if state.writers.get(writer_id, -1) >= batch_id:
+                    return  # a replay of a committed micro-batch: nothing is written twice
+                d = describe_write(opts, spark_schema, True, shard)
+                target = d.target if d.target is not None else d.incoming
+                time = state.upper
+                write_id = new_id()
+                runs = [*chains, *current_runs(state)] if state.schema is not None else chains
+                parts = diff_parts(
+                    shard.blob,
+                    runs,
+                    target,
+                    time=time,
+                    write_id=write_id,
+                    memory_budget=opts.memory_budget,
+                )
+                try:
+                    shard.commit_written(
+                        WrittenUpdates(sealed=parts),
+                        expected_upper=time,
+                        new_upper=time + 1,
+                        schema=target,
+                        commit_id=write_id,
+                        writer=(writer_id, batch_id),
+                        label="overwrite",
+                    )
+                except UpperMismatch as e:  # another writer moved the upper: diff again
+                    last = e
+                    continue
+                committed = True
+                break
+            if not committed and last is not None:
+                raise last
+    finally:
+        keep = shard.state().part_keys()
+        for m in present:
+            sweep_write(shard, m.write_id, keep)
+    if committed and opts.compact:
+        shard.maybe_compact()
