@@ -618,7 +618,7 @@ def _compact_from(
 
 
 def needs_compaction(state: ShardState) -> bool:
-    """Whether a writer-triggered compaction has work: a same-level pair or unsealed updates
+    """Whether a writer-triggered compaction has work: a same-level group (``FAN_IN`` batches) or unsealed updates
     the upper has passed (cheap: looks at the state only)."""
     return bool(trace.level_plans(state) or trace.unsealed_plans(state))
 

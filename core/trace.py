@@ -16,14 +16,17 @@ compaction level. Three kinds of merge, in the order a full compaction tries the
     are grouped into one merge; groups touch disjoint trace ranges. The output keeps the level
     of its oldest trace input.
 ``level``
-    The Spine rule: appended batches enter at level 0; two consecutive batches at the same
-    level L merge into one at L + 1 if the result holds more updates than each parent, else
-    at L. The oldest such pair goes first. Every update is rewritten at most once per level,
-    and a level only fills up by doubling, so with uniformly sized appends each update is
-    rewritten O(log N) times over N appends (amortized O(log N) merge work per batch). When
-    merges consolidate heavily (since close behind upper) a batch can stay at its level while
-    absorbing small ones; that is the rule's known weakness, and it is bounded by the
-    ``max_merges`` budget of writer-triggered compaction.
+    A tiered Spine rule: appended batches enter at level 0; ``FAN_IN`` consecutive batches at
+    the same level L merge into one at L + 1 if the result holds more updates than each
+    input, else at L. The oldest such group goes first; fewer than ``FAN_IN`` batches at a
+    level wait. Every update is rewritten at most once per level, and a level only fills up
+    by a factor of ``FAN_IN``, so with uniformly sized appends each update is rewritten
+    O(log N / log FAN_IN) times over N appends, in N / (FAN_IN - 1) merges; the trace holds
+    at most ``FAN_IN - 1`` batches per level. (With ``FAN_IN = 2`` this is the binary Spine;
+    a larger fan-in trades a few more batches per read for fewer merges, whose fixed costs
+    dominate when batches are small.) When merges consolidate heavily (since close behind
+    upper) a batch can stay at its level while absorbing small ones; that is the rule's known
+    weakness, and it is bounded by the ``max_merges`` budget of writer-triggered compaction.
 ``full``
     What an idle Spine converges to: the whole trace merged into one sorted, consolidated run
     with every time below ``since`` forwarded, so a row updated many times before ``since``
@@ -39,7 +42,7 @@ valid ones) sees the same sums: forwarded times are all ``<= s <= as_of``, and r
 forward the stored times to ``s`` themselves, so ``max(max(t, f), s) = max(t, s)``.
 
 Invariants kept (relied on by `ShardState.check` and by `AssertLevelsOrdered`):
-- Levels are non-increasing from oldest to newest. A ``level`` merge of the oldest pair at L
+- Levels are non-increasing from oldest to newest. A ``level`` merge of the oldest group at L
   has only levels > L before it; its output is at most L + 1. An output is also clamped to
   its predecessor's level at commit time (`commit_level`), so independent merges committed
   oldest first (the distributed path) keep the order; a race that would still break it is
@@ -61,6 +64,9 @@ from typing import Any, Literal
 from persistshard.core.state import Batch, PartRef, ShardState
 
 Reason = Literal["unsealed", "level", "full"]
+
+#: How many consecutive batches of one level a ``level`` merge takes (see the module docstring).
+FAN_IN = 4
 
 #: Ids of batches whose parts form one sorted run (compaction outputs) end with this.
 RUN_SUFFIX = "-run"
@@ -189,14 +195,15 @@ def unsealed_plans(state: ShardState) -> list[MergePlan]:
 
 
 def level_plans(state: ShardState) -> list[MergePlan]:
-    """Pairs of consecutive same-level batches, oldest first, no batch in two pairs."""
+    """Groups of ``FAN_IN`` consecutive same-level batches, oldest first, disjoint."""
     out = []
     i = 0
     trace = state.trace
-    while i + 1 < len(trace):
-        if trace[i].level == trace[i + 1].level:
-            out.append(_plan(state, "level", [trace[i], trace[i + 1]], []))
-            i += 2
+    while i + FAN_IN <= len(trace):
+        group = trace[i : i + FAN_IN]
+        if all(b.level == group[0].level for b in group):
+            out.append(_plan(state, "level", list(group), []))
+            i += FAN_IN
         else:
             i += 1
     return out
@@ -218,7 +225,7 @@ def full_plan(state: ShardState) -> MergePlan | None:
 def next_plan(state: ShardState, *, full: bool = True) -> MergePlan | None:
     """The next merge a sequential compactor should run, or None when the trace is tidy.
 
-    Order: unsealed absorption, then the oldest same-level pair, then (``full`` only) the
+    Order: unsealed absorption, then the oldest same-level group, then (``full`` only) the
     merge of the whole trace into one run.
     """
     for plans in (unsealed_plans(state), level_plans(state)):
@@ -229,7 +236,7 @@ def next_plan(state: ShardState, *, full: bool = True) -> MergePlan | None:
 
 def independent_plans(state: ShardState, *, full: bool = True) -> list[MergePlan]:
     """Merges that touch disjoint batches and may run in parallel: all unsealed groups if there
-    are any, else every disjoint same-level pair, else (``full``) the whole-trace merge."""
+    are any, else every disjoint same-level group, else (``full``) the whole-trace merge."""
     for plans in (unsealed_plans(state), level_plans(state)):
         if plans:
             return plans

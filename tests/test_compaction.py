@@ -119,17 +119,29 @@ def _append_batches(shard: ps.Shard, n: int, rows: int, after=None) -> list:
     return reports
 
 
-def test_levels_form_a_binary_counter(tmp_path):
+def _digits(n: int, base: int) -> list[int]:
+    out = []
+    while n:
+        n, d = divmod(n, base)
+        out.append(d)
+    return out
+
+
+def test_levels_form_a_counter_in_base_fan_in(tmp_path):
     shard = ps.open_shard(f"memory://levels-{uuid.uuid4().hex}")
-    for n in range(1, 40):
+    f = trace.FAN_IN
+    for n in range(1, 3 * f * f + 2):
         _append_batches(shard, 1, 3)
         shard.compact(full=False)
         state = shard.state()
         state.check()
-        # Equal-size appends that never consolidate: one batch per set bit of n.
-        assert sorted(trace.levels(state), reverse=True) == trace.levels(state)
-        assert len(state.trace) == bin(n).count("1")
-        assert [b.num_rows for b in state.trace] == [3 << lvl for lvl in trace.levels(state)]
+        # Equal-size appends that never consolidate: digit d of n in base FAN_IN is the
+        # number of batches at level d, each of 3 * FAN_IN**d rows.
+        levels = trace.levels(state)
+        assert sorted(levels, reverse=True) == levels
+        digits = _digits(n, f)
+        assert [levels.count(d) for d in range(len(digits))] == digits
+        assert [b.num_rows for b in state.trace] == [3 * f**lvl for lvl in levels]
 
 
 @pytest.mark.parametrize("budget", [1, None])
@@ -267,7 +279,7 @@ def test_seals_merge_for_free(shard):
 
 
 def test_lost_race_deletes_outputs(shard):
-    for t in range(2):
+    for t in range(trace.FAN_IN):
         shard.append(updates([(t, "a", t, 1)]))
     state = shard.state()
     plan = trace.next_plan(state)
@@ -279,18 +291,19 @@ def test_lost_race_deletes_outputs(shard):
     committed, _, _ = cm.commit_merge(shard.machine, plan, result)
     assert not committed
     assert not set(result.written_keys) & stored_keys(shard)
-    assert rows_of(shard.snapshot()) == {(0, "a"): 1, (1, "a"): 1}
+    assert rows_of(shard.snapshot()) == {(t, "a"): 1 for t in range(trace.FAN_IN)}
 
 
 def test_independent_merges_committed_in_any_order_keep_levels_ordered(shard):
-    for t in range(8):
+    f = trace.FAN_IN
+    for t in range(f * f + 2 * f):
         shard.append(updates([(t, "a", t, 1)]))
-    shard.compact(max_merges=2)
+    shard.compact(max_merges=f)
     state = shard.state()
-    assert trace.levels(state) == [1, 1, 0, 0, 0, 0]
+    assert trace.levels(state) == [1] * f + [0] * (2 * f)
     plans = trace.independent_plans(state)
     assert [p.input_ids for p in plans] == [
-        [b.id for b in state.trace[i : i + 2]] for i in (0, 2, 4)
+        [b.id for b in state.trace[i : i + f]] for i in (0, f, 2 * f)
     ]
     results = [cm.run_merge(shard.blob, p, state.schema, write_id=new_id()) for p in plans]
     for plan, result in reversed(list(zip(plans, results, strict=True))):  # newest first
@@ -453,13 +466,15 @@ def test_outputs_are_cut_where_the_row_changes(shard):
 
 
 def test_maybe_compact_is_a_no_op_when_nothing_is_due(shard):
+    f = trace.FAN_IN
     assert shard.maybe_compact() is None
-    shard.append(updates([(1, "a", 0, 1)]))
-    assert shard.maybe_compact() is None
-    shard.append(updates([(2, "a", 1, 1)]))
+    for t in range(f - 1):
+        shard.append(updates([(t, "a", t, 1)]))
+        assert shard.maybe_compact() is None
+    shard.append(updates([(f, "a", f - 1, 1)]))
     report = shard.maybe_compact()
     assert report is not None and report.committed == 1
-    assert report.levels_before == [0, 0] and report.levels_after == [1]
+    assert report.levels_before == [0] * f and report.levels_after == [1]
     assert report.to_json()["committed"] == 1
 
 

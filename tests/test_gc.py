@@ -190,7 +190,7 @@ class CrashingBlob(BlobWrapper):
 
 def test_gc_resumes_after_a_crash_between_any_two_deletions(tmp_path):
     template = tmp_path / "template"
-    shard = build(str(template), appends=ROLLUP_EVERY + 2)
+    shard = build(str(template), appends=2 * ROLLUP_EVERY)
     pinned = shard.state()
     reads = all_reads(shard)
     now = int(time.time() * 1000) + 2 * HOUR_MS
