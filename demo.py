@@ -137,9 +137,39 @@ def main(argv: list[str]) -> int:
     )
     spark.sql("DROP TABLE orders")
     spark.sql("DROP TABLE orders_changes")
+    upserts(spark, root)
     ingest(spark, root)
     spark.stop()
     return 0
+
+
+def upserts(spark: SparkSession, root: str) -> None:
+    """Upserts by key: each row replaces the row with the same key; a change read between two
+    upserts shows only the rows that changed."""
+    import persistshard as ps
+
+    stock = os.path.join(root, "stock")
+    schema = "item STRING, qty BIGINT, deleted BOOLEAN"
+
+    def upsert(rows: list[tuple[str, int, bool]], note: str) -> None:
+        (
+            spark.createDataFrame(rows, schema)
+            .write.format("persistshard")
+            .mode("append")
+            .option("key_columns", "item")
+            .option("delete_column", "deleted")
+            .save(stock)
+        )
+        _say(f"\nupsert by item ({note}) -> upper {ps.open_shard(stock).upper}")
+
+    upsert([("apple", 10, False), ("pear", 4, False), ("plum", 6, False)], "three items")
+    upsert(
+        [("apple", 10, False), ("pear", 3, False), ("plum", 0, True), ("fig", 8, False)],
+        "apple unchanged, pear 4 -> 3, plum deleted, fig new",
+    )
+    read = spark.read.format("persistshard")
+    _show("stock now", read.load(stock))
+    _show("what the second upsert changed", read.option("updates_from", 1).load(stock))
 
 
 def ingest(spark: SparkSession, root: str) -> None:
@@ -221,6 +251,38 @@ def ingest(spark: SparkSession, root: str) -> None:
     print(
         f"   both outputs at into-time {ps.open_shard(outputs['odd']).upper - 1} cover {frontier}"
     )
+
+    # A streaming aggregation kept as a table: complete mode writes each micro-batch's result
+    # as the table's contents, committing only the groups that changed.
+    view = os.path.join(root, "clicks_per_partition")
+
+    def count_clicks() -> None:
+        (
+            spark.readStream.format("partitioned_log")
+            .option("startingOffsets", "earliest")
+            .load(log)
+            .groupBy("partition")
+            .count()
+            .writeStream.format("persistshard")
+            .outputMode("complete")
+            .option("writer_id", "clicks-per-partition")
+            .option("checkpointLocation", os.path.join(root, "view_checkpoint"))
+            .trigger(availableNow=True)
+            .start(view)
+            .awaitTermination()
+        )
+
+    count_clicks()
+    first = ps.open_shard(view).upper
+    produce({1: 2})
+    count_clicks()
+    shard = ps.open_shard(view)
+    print(f"\nclicks per partition (complete mode), two micro-batches -> upper {shard.upper}:")
+    for r in sorted(shard.snapshot().to_pylist(), key=lambda r: r["partition"]):
+        print(f"   partition {r['partition']}: {r['count']} clicks")
+    print("   changed by the second micro-batch (partition 0 did not change):")
+    for r in sorted(shard.updates(first, shard.upper).to_pylist(), key=lambda r: r["_diff"]):
+        print(f"   partition {r['partition']}: {r['count']} clicks, diff {r['_diff']:+d}")
 
 
 if __name__ == "__main__":
