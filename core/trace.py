@@ -66,7 +66,7 @@ from persistshard.core.state import Batch, PartRef, ShardState
 Reason = Literal["unsealed", "level", "full"]
 
 #: How many consecutive batches of one level a ``level`` merge takes (see the module docstring).
-FAN_IN = 4
+FAN_IN = 8
 
 #: Ids of batches whose parts form one sorted run (compaction outputs) end with this.
 RUN_SUFFIX = "-run"

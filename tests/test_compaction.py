@@ -516,10 +516,11 @@ def test_distributed_compaction(spark, tmp_path):
     and the trace ends as tidy as an in-process compaction leaves it."""
     location = str(tmp_path / "dist")
     shard = ps.open_shard(location)
-    for t in range(11):
+    n = 3 * trace.FAN_IN - 1  # parallel level merges, then more
+    for t in range(n):
         shard.append(updates([(t % 4, "x", t, 1), (t, "y", t, 1)]))
-    shard.compare_and_append(updates([(50, "z", 12, 1)]), shard.upper, 12)  # unsealed
-    shard.seal(13)
+    shard.compare_and_append(updates([(50, "z", n + 1, 1)]), shard.upper, n + 1)  # unsealed
+    shard.seal(n + 2)
     shard.advance_since(5)
     before = all_reads(shard)
     report = ps.compact(spark, location)
