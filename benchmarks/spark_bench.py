@@ -29,7 +29,9 @@ from benchmarks.harness import alternate, measurement, skipped
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-TARGET = 1.3
+#: Snapshot read + sum against the pass-through at 2M rows (issue 14; 16M rows:
+#: `benchmarks.scaling_bench`).
+TARGET = 1.1
 #: Append against the pass-through at 2M rows (issue 14; 16M rows: `benchmarks.scaling_bench`).
 APPEND_TARGET = 1.2
 OURS = "persistshard"
