@@ -618,8 +618,8 @@ def _compact_from(
 
 
 def needs_compaction(state: ShardState) -> bool:
-    """Whether a writer-triggered compaction has work: a same-level group (``FAN_IN`` batches) or unsealed updates
-    the upper has passed (cheap: looks at the state only)."""
+    """Whether a writer-triggered compaction has work: a same-level group (``FAN_IN``
+    batches) or unsealed updates the upper has passed (cheap: looks at the state only)."""
     return bool(trace.level_plans(state) or trace.unsealed_plans(state))
 
 

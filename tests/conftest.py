@@ -52,6 +52,16 @@ import persistshard  # noqa: E402  (after the redirection above, on purpose)
 if os.path.realpath(os.path.dirname(persistshard.__file__ or "")) != ROOT:  # pragma: no cover
     raise RuntimeError(f"tests would import {persistshard.__file__}, not the tree at {ROOT}")
 
+
+@pytest.fixture(scope="session", autouse=True)
+def _root_off_sys_path() -> None:
+    """Take the repository root off ``sys.path`` again once pytest has set up the root's
+    package: the root holds an ``__init__.py``, and when its directory name is no valid module
+    name (a clone in ``persistshard-main``, say) pytest's default import mode puts the root
+    itself on ``sys.path``, which would make ``core`` importable as a top-level twin."""
+    sys.path[:] = [p for p in sys.path if os.path.realpath(p or os.curdir) != ROOT]
+
+
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
