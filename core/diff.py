@@ -49,7 +49,7 @@ import pyarrow.compute as pc
 from persistshard.core.blob import Blob
 from persistshard.core.layout import new_id
 from persistshard.core.parts import CHUNK_BYTES, PartSink, adapt_part_table, open_part
-from persistshard.core.read import KeyRange
+from persistshard.core.read import KeyRange, in_range
 from persistshard.core.rows import DIFF, TIME, consolidate, row_columns, sort_indices
 from persistshard.core.state import PartRef, ShardState
 from persistshard.core.validate import update_schema
@@ -137,25 +137,6 @@ def _chunk_meets(info: ChunkInfo, kr: KeyRange | None) -> bool:
     )
 
 
-def _in_range(table: pa.Table, kr: KeyRange | None) -> pa.Table:
-    """The rows of ``table`` whose first row column lies in ``kr``."""
-    if kr is None or table.num_rows == 0:
-        return table
-    col = table.column(kr.column)
-    mask = None
-    if kr.lo is not None:
-        mask = pc.greater_equal(col, pa.scalar(kr.lo, col.type))
-    if kr.hi is not None:
-        below = pc.less(col, pa.scalar(kr.hi, col.type))
-        mask = below if mask is None else pc.and_(mask, below)
-    if mask is None:
-        return table if kr.nulls else table.filter(pc.is_valid(col))
-    mask = pc.fill_null(mask, False)
-    if kr.nulls:
-        mask = pc.or_(mask, pc.is_null(col))
-    return table.filter(mask)
-
-
 def plan_key_ranges(
     blob: Blob, refs: Sequence[PartRef], schema: pa.Schema, count: int
 ) -> list[KeyRange | None]:
@@ -235,7 +216,7 @@ class _RunReader:
                 batch = self._reader.read_chunk(index)
                 self.stats.chunks_read += 1
                 table = adapt_part_table(pa.Table.from_batches([batch]), self._ref, self.schema)
-                table = _in_range(table, self.key_range).drop_columns([TIME])
+                table = in_range(table, self.key_range).drop_columns([TIME])
                 if self.run.sign < 0:
                     i = table.schema.get_field_index(DIFF)
                     table = table.set_column(i, table.schema.field(i), pc.negate(table.column(i)))

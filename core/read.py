@@ -305,7 +305,10 @@ def plan_read(
 # --- executing a task ----------------------------------------------------------------------
 
 
-def _in_range(table: pa.Table, kr: KeyRange) -> pa.Table:
+def in_range(table: pa.Table, kr: KeyRange | None) -> pa.Table:
+    """The rows of ``table`` whose first row column lies in ``kr`` (all of them for None)."""
+    if kr is None or table.num_rows == 0:
+        return table
     col = table.column(kr.column)
     mask = None
     if kr.lo is not None:
@@ -353,7 +356,7 @@ def _restrict(
             mask = pc.and_(mask, pc.greater_equal(times, lo))
         table = table.filter(mask)
     if task.key_range is not None and not _chunks_within(reader, chunks, task.key_range):
-        table = _in_range(table, task.key_range)
+        table = in_range(table, task.key_range)
     if task.row_filter is not None:
         table = filter_table(table, task.row_filter)
     return table

@@ -64,7 +64,7 @@ from persistshard.core.read import (
 )
 from persistshard.core.rows import DIFF, TIME, consolidate, snapshot_of
 from persistshard.core.state import PartRef, ShardState
-from persistshard.core.validate import match_columns, update_schema, user_schema
+from persistshard.core.validate import match_columns, stored_columns, update_schema, user_schema
 from persistshard.errors import InvalidUpdates
 
 __all__ = [
@@ -474,17 +474,6 @@ def _conform(table: pa.Table, schema: pa.Schema, location: str | None) -> pa.Tab
     """``table`` (user columns by name + ``_diff``) as ``schema``'s columns + ``_diff``."""
     incoming = user_schema(table.drop_columns([DIFF]).schema)
     sources = match_columns(incoming, schema, location)
-    columns = []
-    for f, source in zip(schema, sources, strict=True):
-        col = table.column(source)
-        if col.type != f.type:
-            try:
-                col = col.cast(f.type)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
-                raise InvalidUpdates(
-                    f"column {f.name} of type {col.type} cannot be stored as {f.type}: {e}",
-                    location=location,
-                ) from e
-        columns.append(col)
+    columns = stored_columns(table, sources, schema, location)
     out_schema = pa.schema([*schema, pa.field(DIFF, pa.int64(), nullable=False)])
     return pa.Table.from_arrays([*columns, table.column(DIFF)], schema=out_schema)

@@ -15,6 +15,8 @@ the problem. The normal form:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -119,18 +121,7 @@ def normalize_updates(
         raise InvalidUpdates(
             "updates have no row columns besides _time and _diff", location=location
         )
-    columns = []
-    for f, source in zip(incoming, sources, strict=True):
-        col = table.column(source)
-        if col.type != f.type:
-            try:
-                col = col.cast(f.type)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
-                raise InvalidUpdates(
-                    f"column {f.name} of type {col.type} cannot be stored as {f.type}: {e}",
-                    location=location,
-                ) from e
-        columns.append(col)
+    columns = stored_columns(table, sources, incoming, location)
     columns += [time, diff]
     return pa.Table.from_arrays(columns, schema=update_schema(incoming))
 
@@ -219,3 +210,24 @@ def evolve_schema(current: pa.Schema, incoming: pa.Schema, location: str | None)
 
 def _describe(schema: pa.Schema) -> str:
     return "(" + ", ".join(f"{f.name} {f.type}" for f in schema) + ")"
+
+
+def stored_columns(
+    table: pa.Table, sources: Sequence[str], schema: pa.Schema, location: str | None
+) -> list[pa.ChunkedArray]:
+    """The columns of ``table`` named by ``sources`` (one per field of ``schema``, as
+    `match_columns` pairs them), each cast to its field's type; a value the type cannot hold
+    is `InvalidUpdates` naming the column."""
+    columns = []
+    for f, source in zip(schema, sources, strict=True):
+        col = table.column(source)
+        if col.type != f.type:
+            try:
+                col = col.cast(f.type)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+                raise InvalidUpdates(
+                    f"column {f.name} of type {col.type} cannot be stored as {f.type}: {e}",
+                    location=location,
+                ) from e
+        columns.append(col)
+    return columns
