@@ -231,6 +231,10 @@ def _wanted_chunks(
     return out
 
 
+#: The least bytes of parts a task is split off for when a read spreads over the cores.
+MIN_TASK_BYTES = 1 << 20
+
+
 def plan_read(
     blob: Blob,
     state: ShardState,
@@ -238,11 +242,14 @@ def plan_read(
     *,
     partition_bytes: int = 24 << 20,
     max_partitions: int = 64,
+    min_partitions: int = 1,
     row_filter: Pred | None = None,
 ) -> list[ReadTask]:
     """Tasks of the pinned ``state`` for ``q``, split by key range (module docstring).
 
-    Aims at one task per ``partition_bytes`` of relevant parts, at most ``max_partitions``.
+    Aims at one task per ``partition_bytes`` of relevant parts, at most ``max_partitions``,
+    and at least ``min_partitions`` (the cores a read should keep busy) as long as each task
+    gets `MIN_TASK_BYTES`; a split never cuts a chunk, so fewer chunks mean fewer tasks.
     When the read splits, or when a filter is given, the part footers are read here and
     chunks that cannot match are left out of every task (parts left with no chunk are not
     read at all).
@@ -252,6 +259,8 @@ def plan_read(
     refs = relevant_parts(state, q)
     total = sum(r.size for r in refs)
     want = max(1, min(max_partitions, -(-total // max(1, partition_bytes))))
+    if min_partitions > want:
+        want = max(want, min(max_partitions, min_partitions, total // MIN_TASK_BYTES))
     first = state.schema.field(0)
     rangeable = any(test(first.type) for test in _RANGE_TYPES)
 

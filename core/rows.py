@@ -165,9 +165,53 @@ def key_columns(table: pa.Table, columns: Sequence[str]) -> list[pa.Array]:
     return keys
 
 
+def _numpy_key(key: pa.Array) -> np.ndarray | None:
+    """``key`` as a numpy array with the same order and equality, when that is free: an
+    integer or temporal (or float-key) array without nulls. None otherwise."""
+    if key.null_count:
+        return None
+    t = key.type
+    if pa.types.is_integer(t):
+        return np.asarray(key.to_numpy())
+    if pa.types.is_date32(t) or pa.types.is_time32(t):
+        return np.asarray(key.view(pa.int32()).to_numpy())
+    if (
+        pa.types.is_date64(t)
+        or pa.types.is_time64(t)
+        or pa.types.is_timestamp(t)
+        or pa.types.is_duration(t)
+    ):
+        return np.asarray(key.view(pa.int64()).to_numpy())
+    return None
+
+
+def distinct_order(first: pa.Array) -> np.ndarray | None:
+    """A permutation that sorts ``first`` (a key array, `key_array`), when its values are
+    pairwise distinct and numpy can sort them directly; None otherwise.
+
+    Invariant: when the first sort key is distinct, it alone decides the whole (row, time)
+    order and no two rows are equal, so this permutation is the (unique) sorted order of the
+    table and every row is its own consolidation run. numpy's sort is several times faster
+    than Arrow's ``sort_indices`` on one integer column; the check costs one gather.
+    """
+    values = _numpy_key(first)
+    if values is None:
+        return None
+    perm = np.argsort(values)
+    ordered = values[perm]
+    if ordered.size > 1 and not bool(np.all(ordered[1:] != ordered[:-1])):
+        return None
+    return perm.astype(np.int64, copy=False)
+
+
 def sort_indices(table: pa.Table, columns: Sequence[str], order: Order = "row_time") -> pa.Array:
-    """Indices that sort ``table`` by (row, time) or (time, row) in our total order."""
+    """Indices that sort ``table`` by (row, time) or (time, row) in our total order (ties
+    keep their input order)."""
     keys = key_columns(table, columns)
+    if order == "row_time" and keys:
+        perm = distinct_order(keys[0])
+        if perm is not None:
+            return pa.array(perm)
     names = [f"k{i}" for i in range(len(keys))]
     arrays: list[pa.Array] = list(keys)
     has_time = TIME in table.column_names
@@ -349,6 +393,11 @@ def consolidation_indices(
     diffs = np.asarray(table.column(DIFF).to_numpy(), dtype=np.int64)
     if presorted:
         perm = np.arange(n, dtype=np.int64)
+    elif order == "row_time" and keys and (fast := distinct_order(keys[0])) is not None:
+        # A distinct first column: sorted by it alone, every row its own run.
+        sums = diffs[fast]
+        keep = sums != 0
+        return fast[keep], sums[keep]
     else:
         arrays: list[pa.Array] = list(keys)
         if time is not None:

@@ -29,6 +29,7 @@ naming the location (`storage_errors`).
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -67,6 +68,7 @@ READ_OPTIONS = frozenset(
         "updates_to",
         "partition_bytes",
         "max_partitions",
+        "min_partitions",
         "reader_id",
         "reader_lease_seconds",
     }
@@ -330,6 +332,9 @@ class ReadOptions:
     updates_to: int | None
     partition_bytes: int
     max_partitions: int
+    #: At least this many partitions when the read is big enough (`core.read.plan_read`):
+    #: by default the cores of the host that plans the read.
+    min_partitions: int = 1
     reader_id: str | None = None
     reader_lease_seconds: int | None = None
     storage_options: StorageOptions = field(default_factory=StorageOptions)
@@ -352,6 +357,7 @@ class ReadOptions:
             updates_to=_int(options, "updates_to"),
             partition_bytes=_int(options, "partition_bytes") or (24 << 20),
             max_partitions=_int(options, "max_partitions") or 64,
+            min_partitions=_int(options, "min_partitions") or (os.cpu_count() or 1),
             reader_id=options.get("reader_id") or None,
             reader_lease_seconds=_int(options, "reader_lease_seconds"),
             storage_options=storage_options(options),

@@ -148,6 +148,7 @@ def plan_partitions(
         q,
         partition_bytes=opts.partition_bytes,
         max_partitions=opts.max_partitions,
+        min_partitions=opts.min_partitions,
         row_filter=row_filter,
     )
     return [ShardPartition(shard.location, state.version, t, shard.storage_options) for t in tasks]
@@ -162,11 +163,19 @@ def plan_pushed_partitions(
 ) -> list[ShardPartition]:
     """Partitions of a pushed read: each carries a task of the filtered plan and one of the
     unfiltered plan (the shorter plan padded with empty tasks)."""
-    size, most = opts.partition_bytes, opts.max_partitions
+    size, most, least = opts.partition_bytes, opts.max_partitions, opts.min_partitions
     filtered = plan_read(
-        shard.blob, state, q, partition_bytes=size, max_partitions=most, row_filter=row_filter
+        shard.blob,
+        state,
+        q,
+        partition_bytes=size,
+        max_partitions=most,
+        min_partitions=least,
+        row_filter=row_filter,
     )
-    full = plan_read(shard.blob, state, q, partition_bytes=size, max_partitions=most)
+    full = plan_read(
+        shard.blob, state, q, partition_bytes=size, max_partitions=most, min_partitions=least
+    )
     empty_f = ReadTask((), None, q, filtered[0].stored_schema, row_filter)
     empty_u = ReadTask((), None, q, full[0].stored_schema)
     n = max(len(filtered), len(full))

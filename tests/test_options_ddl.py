@@ -139,3 +139,31 @@ def test_write_option_rules():
         WriteOptions.parse({**base, "source_offset_column": "o"})
     with pytest.raises(StorageUnsupported, match="memory:// lives inside one process"):
         WriteOptions.parse({"path": "memory://x"})
+
+
+def test_a_read_plans_at_least_the_planning_hosts_cores(tmp_path, monkeypatch):
+    """``min_partitions`` defaults to the cores of the host that plans the read, and reaches
+    the planner: a table of one part splits over them (given a mebibyte each, here scaled)."""
+    import os
+
+    import pyarrow as pa
+
+    import persistshard as ps
+    from persistshard.core import parts
+    from persistshard.core import read as core_read
+    from persistshard.datasource.reader import PersistShardReader
+
+    monkeypatch.setattr(parts, "CHUNK_BYTES", 4096)
+    monkeypatch.setattr(core_read, "MIN_TASK_BYTES", 10_000)
+    location = str(tmp_path / "s")
+    n = 20_000
+    ps.open_shard(location).append(
+        pa.table({"id": pa.array(range(n), pa.int64()), "_time": [0] * n, "_diff": [1] * n}),
+        new_upper=1,
+    )
+    schema = StructType([StructField("id", LongType(), False)])
+    monkeypatch.setattr(os, "cpu_count", lambda: 3)
+    assert ReadOptions.parse({"path": location}).min_partitions == 3
+    assert len(PersistShardReader({"path": location}, schema).partitions()) == 3
+    one = PersistShardReader({"path": location, "min_partitions": "1"}, schema)
+    assert len(one.partitions()) == 1

@@ -11,6 +11,7 @@ import datetime as dt
 import decimal
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -416,3 +417,38 @@ def test_streamed_pieces_equal_the_whole_answer(tmp_path: Any, monkeypatch: Any)
         rows = got.group_by(["id", "v"]).aggregate([(DIFF, "sum")])
         rows = rows.rename_columns(["id", "v", DIFF]).sort_by(key)
         assert rows.cast(expected.schema).equals(expected.sort_by(key))
+
+
+def test_a_read_spreads_over_min_partitions_when_each_gets_a_mebibyte(
+    tmp_path: Any, monkeypatch: Any
+) -> None:
+    """One part far below ``partition_bytes`` still splits into ``min_partitions`` tasks when
+    each would get `MIN_TASK_BYTES`; the tasks' answers add up to the whole."""
+    from persistshard.core import read as core_read
+
+    monkeypatch.setattr(parts, "CHUNK_BYTES", 4096)
+    monkeypatch.setattr(core_read, "MIN_TASK_BYTES", 20_000)
+    shard = ps.open_shard(str(tmp_path / "s"))
+    n = 20_000
+    rng = np.random.default_rng(2)
+    table = pa.table(
+        {
+            "id": pa.array(rng.permutation(n), pa.int64()),
+            "v": pa.array([f"value {i}" for i in range(n)]),
+            "_time": pa.array([0] * n, pa.int64()),
+            "_diff": pa.array([1] * n, pa.int64()),
+        }
+    )
+    shard.append(table, new_upper=1)
+    state = shard.state()
+    size = sum(r.size for r in core_read.relevant_parts(state, snapshot_query(state, 0, None)))
+    assert 3 * 20_000 < size < 24 << 20
+    q = snapshot_query(state, 0, shard.location)
+    assert len(plan_read(shard.blob, state, q)) == 1
+    tasks = plan_read(shard.blob, state, q, min_partitions=3)
+    assert len(tasks) == 3
+    whole = read_task(shard.blob, plan_read(shard.blob, state, q)[0])
+    got = pa.concat_tables([read_task(shard.blob, t) for t in tasks])
+    assert got.sort_by("id").equals(whole.sort_by("id"))
+    # never more tasks than the bytes allow
+    assert len(plan_read(shard.blob, state, q, min_partitions=10_000)) <= size // 20_000
