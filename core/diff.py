@@ -17,6 +17,9 @@ side whole:
   strictly below the smallest frontier among runs with rows left is final (no run can still
   deliver it), so it is consolidated and emitted; the rest stays buffered, and the run with
   the smallest frontier delivers next. The buffer therefore holds at most one slice per run.
+- `chain_runs` first joins runs of one sign whose first-column bounds (footer statistics)
+  are strictly apart into one chain, and drops runs with nothing in the key range: input
+  partitioned by key, and a trace batch cut into parts, merge as one run per side.
 - `diff_parts` bounds the number of runs merged at once (the *fan-in*) by the memory budget:
   with more runs than that, groups of runs are merged first into intermediate runs (parts
   under a temporary write id, deleted at the end, success or not), like an external sort.
@@ -50,7 +53,14 @@ from persistshard.core.blob import Blob
 from persistshard.core.layout import new_id
 from persistshard.core.parts import CHUNK_BYTES, PartSink, adapt_part_table, open_part
 from persistshard.core.read import KeyRange, in_range
-from persistshard.core.rows import DIFF, TIME, consolidate, row_columns, sort_indices
+from persistshard.core.rows import (
+    DIFF,
+    TIME,
+    consolidate,
+    consolidation_indices,
+    row_columns,
+    sort_indices,
+)
 from persistshard.core.state import PartRef, ShardState
 from persistshard.core.validate import update_schema
 from persistshard.format import ChunkInfo, PartReader
@@ -59,6 +69,7 @@ __all__ = [
     "DiffRun",
     "DiffStats",
     "KeyRange",
+    "chain_runs",
     "current_runs",
     "diff_parts",
     "fan_in_for",
@@ -289,16 +300,27 @@ def merge_diff(
         slowest = active[first]
         table = pa.concat_tables([frontiers.slice(first, 1), *pieces])
         stats.peak_buffered_bytes = max(stats.peak_buffered_bytes, table.nbytes)
-        idx = sort_indices(table, columns)  # stable: the bound precedes rows equal to it
+        # Stable: the bound precedes rows equal to it. Desired and current rows mostly
+        # coincide, so the first column is rarely distinct here.
+        idx = sort_indices(table, columns, expect_ties=True)
         idx_np = np.asarray(idx.to_numpy(), dtype=np.int64)
         q = int(np.flatnonzero(idx_np == 0)[0])
         if q:
-            done = consolidate(table.take(idx[:q]), columns, presorted=True)
-            if done.num_rows:
-                yield done
-        # The rest stays sorted but unconsolidated: the next step sorts and consolidates it
-        # with the next slice anyway (consolidating here too cost a third of the merge).
-        pending = table.take(idx[q + 1 :]) if q + 1 < table.num_rows else empty
+            # Consolidate the final rows through the permutation: only the rows that do not
+            # cancel are gathered (an overwrite keeps a few percent of them).
+            kept, sums = consolidation_indices(table, columns, perm=idx_np[:q])
+            if kept.size:
+                done = table.take(pa.array(kept))
+                i = done.schema.get_field_index(DIFF)
+                yield done.set_column(i, done.schema.field(i), pa.array(sums, pa.int64()))
+        # The rest waits, unsorted and unconsolidated: the next step sorts and consolidates
+        # it with the next slice anyway.
+        if q + 1 < table.num_rows:
+            waiting = np.zeros(table.num_rows, dtype=bool)
+            waiting[idx_np[q + 1 :]] = True
+            pending = table.filter(pa.array(waiting))
+        else:
+            pending = empty
         nxt = slowest.deliver()
         arriving = [nxt] if nxt is not None else []
 
@@ -333,6 +355,69 @@ def _write_merge(
     return sink.close()
 
 
+def _run_bounds(
+    blob: Blob, run: DiffRun, first: str, key_range: KeyRange | None
+) -> tuple[Any, Any] | bool | None:
+    """The least and greatest first-column value of ``run``'s chunks that meet
+    ``key_range``, by their footer statistics; False when no chunk meets it (the run adds
+    nothing to this range); None when some meeting chunk has no bound or holds nulls."""
+    lo: Any = None
+    hi: Any = None
+    for ref in run.parts:
+        if not ref.num_rows:
+            continue
+        reader = open_part(blob, ref)
+        if reader.sort_column != first:
+            return None
+        for c in reader.chunks:
+            if not _chunk_meets(c, key_range):
+                continue
+            if c.key_min is None or c.key_null_count:
+                return None
+            lo = c.key_min if lo is None or c.key_min < lo else lo
+            hi = c.key_max if hi is None or c.key_max > hi else hi
+    return (lo, hi) if lo is not None else False
+
+
+def chain_runs(
+    blob: Blob, runs: Sequence[DiffRun], schema: pa.Schema, key_range: KeyRange | None = None
+) -> list[DiffRun]:
+    """``runs`` with those that add nothing to ``key_range`` dropped, and runs of one sign
+    whose first-column bounds do not overlap joined into chains, fewest chains first fit.
+
+    Invariant: a run joins a chain only when its least first-column value is strictly above
+    the chain's greatest, so the joined parts, read in order, are still sorted by row; runs
+    without bounds (no statistics, null keys, another sort column) stay alone. Sorted input
+    (a DataFrame partitioned by key, a compacted trace batch cut into parts) then merges as
+    one run per side, whatever its size: one pass, whatever the fan-in.
+    """
+    if len(schema) == 0:
+        return list(runs)
+    first = schema.field(0).name
+    alone: list[DiffRun] = []
+    bounded: list[tuple[Any, Any, DiffRun]] = []
+    for run in runs:
+        bounds = _run_bounds(blob, run, first, key_range)
+        if bounds is False:
+            continue
+        if bounds is None or isinstance(bounds, bool):
+            alone.append(run)
+        else:
+            bounded.append((bounds[0], bounds[1], run))
+    chains: list[tuple[int, Any, list[PartRef]]] = []  # (sign, greatest key, parts)
+    for lo, hi, run in sorted(bounded, key=lambda b: b[0]):
+        best = -1
+        for i, (sign, top, _) in enumerate(chains):
+            if sign == run.sign and top < lo and (best < 0 or top > chains[best][1]):
+                best = i
+        if best < 0:
+            chains.append((run.sign, hi, list(run.parts)))
+        else:
+            sign, _, parts = chains[best]
+            chains[best] = (sign, hi, parts + list(run.parts))
+    return [DiffRun(tuple(parts), sign) for sign, _, parts in chains] + alone
+
+
 def diff_parts(
     blob: Blob,
     runs: Sequence[DiffRun],
@@ -351,7 +436,9 @@ def diff_parts(
     stats = stats if stats is not None else DiffStats()
     fan_in = fan_in_for(memory_budget)
     part_bytes = output_part_bytes(memory_budget)
-    pending = [r for r in runs if any(p.num_rows for p in r.parts)]
+    pending = chain_runs(
+        blob, [r for r in runs if any(p.num_rows for p in r.parts)], schema, key_range
+    )
     temporary: list[str] = []
     passes = 0
     try:

@@ -204,11 +204,18 @@ def distinct_order(first: pa.Array) -> np.ndarray | None:
     return perm.astype(np.int64, copy=False)
 
 
-def sort_indices(table: pa.Table, columns: Sequence[str], order: Order = "row_time") -> pa.Array:
+def sort_indices(
+    table: pa.Table,
+    columns: Sequence[str],
+    order: Order = "row_time",
+    *,
+    expect_ties: bool = False,
+) -> pa.Array:
     """Indices that sort ``table`` by (row, time) or (time, row) in our total order (ties
-    keep their input order)."""
+    keep their input order). ``expect_ties`` skips trying `distinct_order` first (a merge
+    of runs that share rows would pay for it and then sort again)."""
     keys = key_columns(table, columns)
-    if order == "row_time" and keys:
+    if order == "row_time" and keys and not expect_ties:
         perm = distinct_order(keys[0])
         if perm is not None:
             return pa.array(perm)
@@ -372,8 +379,13 @@ def consolidation_indices(
     *,
     order: Order = "row_time",
     presorted: bool = False,
+    perm: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Where `consolidate`'s output comes from, without building it.
+
+    ``perm`` (instead of ``presorted``): the rows to consolidate, as indices into ``table``
+    already in ``order``; rows not named are left out, and only key columns are gathered
+    (where earlier keys tie), never the whole rows.
 
     Returns ``(indices, diffs)``: for each (row, time) whose diffs do not sum to zero, the
     index in ``table`` of its first update in ``order``, and the summed diff, both in
@@ -391,7 +403,17 @@ def consolidation_indices(
     has_time = TIME in table.column_names
     time = table.column(TIME).combine_chunks() if has_time else None
     diffs = np.asarray(table.column(DIFF).to_numpy(), dtype=np.int64)
-    if presorted:
+    if perm is not None:
+        perm = np.asarray(perm, dtype=np.int64)
+        n = perm.size
+        if n == 0:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        chosen = pa.array(perm)
+        keys = [_Permuted(key, chosen) for key in keys]
+        if time is not None:
+            time = _Permuted(time, chosen)
+        diffs = diffs[perm]
+    elif presorted:
         perm = np.arange(n, dtype=np.int64)
     elif order == "row_time" and keys and (fast := distinct_order(keys[0])) is not None:
         # A distinct first column: sorted by it alone, every row its own run.

@@ -15,7 +15,7 @@ import persistshard as ps
 from persistshard.core import diff as diff_mod
 from persistshard.core.diff import DiffRun, current_runs, diff_parts, plan_key_ranges
 from persistshard.core.layout import new_id
-from persistshard.core.parts import write_parts
+from persistshard.core.parts import read_part, write_parts
 from persistshard.core.rows import DIFF, TIME, consolidate
 
 
@@ -239,3 +239,71 @@ def test_peak_memory_stays_far_below_the_table(tmp_path):
     assert result["written"] == 2 * int(changed.sum())
     assert result["peak"] < table_bytes / 3, (result, table_bytes)
     assert result["peak"] < 2 * budget, (result, budget)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_runs_of_disjoint_keys_chain_and_merge_in_one_pass(tmp_path, monkeypatch, seed):
+    """Desired rows staged as runs of contiguous keys (a DataFrame partitioned by key), some
+    touching at a boundary key, plus overlapping runs: runs whose bounds are strictly apart
+    chain into one, the others stay alone, and the diff is still exact. With a fan-in of 2
+    the sorted case needs one pass however many runs it has."""
+    monkeypatch.setattr(diff_mod, "SLICE_ROWS", 7)
+    monkeypatch.setattr(diff_mod, "fan_in_for", lambda budget: 2)
+    rng = np.random.default_rng(seed)
+    shard = ps.open_shard(str(tmp_path / "s"))
+    universe = 300
+    ids = sorted(rng.integers(0, universe, 200).tolist())
+    shard.compare_and_append(_updates(ids, [f"n{i % 5}" for i in ids], 0, [1] * len(ids)), 0, 1)
+    if seed % 2 == 0:  # distinct keys: runs strictly apart
+        desired_ids = sorted(rng.choice(universe, 250, replace=False).tolist())
+    else:  # repeated keys: some runs touch at a boundary key
+        desired_ids = sorted(rng.integers(0, universe, 250).tolist())
+    names = [f"n{i % 5}" if rng.random() < 0.9 else "x" for i in desired_ids]
+    desired = pa.table(
+        {
+            "id": pa.array(desired_ids, pa.int64()),
+            "name": pa.array(names, pa.string()),
+            DIFF: pa.array([1] * len(desired_ids), pa.int64()),
+        }
+    )
+    overlapping = seed % 4 == 3
+    cuts = sorted(set(rng.integers(1, desired.num_rows - 1, 5).tolist()))
+    chains = []
+    for lo, hi in zip([0, *cuts], [*cuts, desired.num_rows], strict=True):
+        piece = desired.slice(lo, hi - lo)
+        piece = piece.append_column(TIME, pa.array([1] * piece.num_rows, pa.int64()))
+        chains.append(
+            write_parts(shard.blob, "staged", consolidate(piece.select(["id", "name", TIME, DIFF])))
+        )
+    if overlapping:  # one more run across the whole key space
+        extra = desired.slice(0, 40).append_column(TIME, pa.array([1] * 40, pa.int64()))
+        chains.append(
+            write_parts(shard.blob, "staged", consolidate(extra.select(["id", "name", TIME, DIFF])))
+        )
+        desired = pa.concat_tables([desired, desired.slice(0, 40)])
+    state = shard.state()
+    runs = [DiffRun(tuple(c), 1) for c in chains] + current_runs(state)
+    joined = diff_mod.chain_runs(shard.blob, runs, state.schema)
+    # Fewest chains = the most runs sharing one key (closed key intervals).
+    bounds = []
+    for c in chains:
+        keys = pa.concat_tables([read_part(shard.blob, p) for p in c]).column("id").to_pylist()
+        bounds.append((min(keys), max(keys)))
+    deepest = max(sum(lo <= x <= hi for lo, hi in bounds) for x, _ in bounds)
+    desired_side = [r for r in joined if r.sign > 0]
+    assert len(desired_side) == deepest
+    if seed % 2 == 0:
+        assert deepest == 1
+    stats = diff_mod.DiffStats()
+    written = diff_parts(
+        shard.blob, runs, state.schema, time=1, write_id=new_id(), memory_budget=1, stats=stats
+    )
+    if deepest == 1:
+        assert stats.passes == 1 and len(runs) > 2
+    shard.commit_written(
+        ps.core.shard.WrittenUpdates(sealed=written),
+        expected_upper=1,
+        new_upper=2,
+        schema=state.schema,
+    )
+    assert shard.snapshot().equals(consolidate(desired).cast(shard.snapshot().schema))
