@@ -22,7 +22,12 @@ plan fixes its read when it first executes, so only plans that already executed 
 can still run them.
 
 Invariants: a claim is created at most once (hard link, atomic create-if-absent) and never
-changes; records are written before their generation is handed to Spark. Relied on: Spark
+changes; records are written before their generation is handed to Spark. Pruning: a push
+record below the newest claimed generation is deleted by the next push (its read can only be
+re-run, and a re-run whose record is gone reads unfiltered: slower, never wrong); claims are
+kept, because a claim is what stops a second execution from claiming a push whose record it
+saw just before the deletion; a relation's directory unused for `STALE_SECONDS` (a session
+long gone) is deleted whole. Relied on: Spark
 plans a session's queries one at a time, and a query's pushes happen before its execution
 starts. Not covered (documented in docs/design.md): a push whose query never executes (only
 ``explain()``-ed) followed by a query over the same relation that pushes nothing: that query
@@ -31,9 +36,12 @@ claims the stale push and applies its filter.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
+import shutil
 import tempfile
+import time
 from dataclasses import dataclass
 
 from persistshard.core.filters import Pred
@@ -45,6 +53,9 @@ LEDGER_DIR = os.path.join(tempfile.gettempdir(), "persistshard-pushdown")
 
 #: Unclaimed pushes of one relation beyond this many stop filtering (their OR is no filter).
 MAX_PENDING = 32
+
+#: A relation's ledger untouched this long is deleted by the next new relation's push.
+STALE_SECONDS = 7 * 24 * 3600
 
 _Entry = tuple[Pred | None, Pred | None]
 
@@ -80,9 +91,15 @@ def record_push(instance_id: str, entry: _Entry, *, root: str = LEDGER_DIR) -> P
     """Records a push of ``entry`` (row filter, result filter) for the relation
     ``instance_id`` and returns it with the entries of every unclaimed earlier push."""
     directory = _dir(instance_id, root)
+    if not os.path.isdir(directory):
+        _sweep_stale(root)
     os.makedirs(directory, exist_ok=True)
     pushes, claims = _generations(directory)
     newest_claimed = max(claims, default=-1)
+    for gen in pushes:
+        if gen < newest_claimed:  # dead (module docstring); its claim, if any, stays
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(directory, f"{gen}.push"))
     entries: list[_Entry] = []
     for gen in pushes:
         if gen <= newest_claimed:
@@ -95,13 +112,28 @@ def record_push(instance_id: str, entry: _Entry, *, root: str = LEDGER_DIR) -> P
     entries.append(entry)
     if len(entries) > MAX_PENDING:
         entries = [(None, None)]
-    generation = (pushes[-1] + 1) if pushes else 0
+    # Past every claim too: records below the newest claim are pruned, claims are not.
+    generation = max([*pushes, *claims], default=-1) + 1
     path = os.path.join(directory, f"{generation}.push")
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "wb") as f:
         pickle.dump(entry, f)
     os.replace(tmp, path)
     return Push(instance_id, generation, tuple(entries))
+
+
+def _sweep_stale(root: str) -> None:
+    """Delete the ledgers of relations that saw no push for `STALE_SECONDS`."""
+    try:
+        names = os.listdir(root)
+    except FileNotFoundError:
+        return
+    cutoff = time.time() - STALE_SECONDS
+    for name in names:
+        path = os.path.join(root, name)
+        with contextlib.suppress(OSError):
+            if os.path.isdir(path) and os.stat(path).st_mtime < cutoff:
+                shutil.rmtree(path, ignore_errors=True)
 
 
 def claimed_by(push: Push, execution_id: str | None, *, root: str = LEDGER_DIR) -> bool:

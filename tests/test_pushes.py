@@ -44,3 +44,44 @@ def test_pushes_since_the_newest_claim_are_ored(tmp_path: Any) -> None:
 def test_a_push_not_recorded_on_this_host_never_applies(tmp_path: Any) -> None:
     push = record_push("rel", (pred(3), None), root=str(tmp_path / "planner"))
     assert not claimed_by(push, "1", root=str(tmp_path / "executor"))
+
+
+def test_dead_records_are_pruned_and_numbers_never_reused(tmp_path: Any) -> None:
+    import os
+
+    root = str(tmp_path)
+    first = record_push("rel", (pred(3), None), root=root)
+    assert claimed_by(first, "1", root=root)
+    second = record_push("rel", (pred(5), None), root=root)
+    assert claimed_by(second, "2", root=root)
+    third = record_push("rel", (pred(7), None), root=root)  # prunes the first record
+    files = sorted(os.listdir(tmp_path / "rel"))
+    assert "0.push" not in files and "1.push" in files and "2.push" in files
+    assert "0.claim" in files  # claims stay
+    # a re-run of the first plan finds no record: it reads unfiltered (Spark filters)
+    assert not claimed_by(first, "1", root=root)
+    # the newest claim's record stays, so its plan still filters when re-run
+    assert claimed_by(second, "2", root=root)
+    assert third.generation == 2
+    # records gone (a cleared temp directory), claims left: numbers continue past the claims
+    for name in os.listdir(tmp_path / "rel"):
+        if name.endswith(".push"):
+            os.unlink(tmp_path / "rel" / name)
+    fourth = record_push("rel", (pred(1), None), root=root)
+    assert fourth.generation == 2 and fourth.entries == ((pred(1), None),)
+    assert claimed_by(fourth, "4", root=root)
+
+
+def test_ledgers_of_relations_long_unused_are_swept(tmp_path: Any) -> None:
+    import os
+    import time
+
+    from persistshard.datasource import pushes
+
+    root = str(tmp_path)
+    record_push("old", (pred(3), None), root=root)
+    long_ago = time.time() - pushes.STALE_SECONDS - 60
+    os.utime(tmp_path / "old", (long_ago, long_ago))
+    record_push("recent", (pred(3), None), root=root)
+    record_push("new", (pred(3), None), root=root)
+    assert sorted(os.listdir(tmp_path)) == ["new", "recent"]

@@ -256,3 +256,24 @@ def test_later_queries_over_one_view_see_every_row(spark: Any, tmp_path: Any) ->
     finally:
         spark.conf.unset(SWITCH)
         spark.catalog.dropTempView("pushdown_r")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known gap (docs/design.md, filter pushdown): Spark 4.3 keeps the last pushed read "
+    "on the relation, and a push whose query never ran (explain) is claimed by the next query "
+    "that pushes nothing",
+)
+def test_a_query_after_an_explained_push_sees_every_row(spark: Any, tmp_path: Any) -> None:
+    location = str(tmp_path / "s")
+    n = 100
+    ps.open_shard(location).append(
+        pa.table({"id": list(range(n)), "_time": [0] * n, "_diff": [1] * n}), new_upper=1
+    )
+    df = spark.read.format("persistshard").load(location)
+    spark.conf.set(SWITCH, "true")
+    try:
+        df.filter("id < 10")._jdf.queryExecution().executedPlan()  # planned, never run
+        assert df.count() == n
+    finally:
+        spark.conf.unset(SWITCH)
