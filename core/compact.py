@@ -53,6 +53,7 @@ from persistshard.core.rows import (
     TIME,
     advance_times,
     consolidate,
+    consolidate_through,
     key_columns,
     row_columns,
     run_starts,
@@ -305,11 +306,17 @@ def _merge_runs(runs: list[_Run], columns: list[str], stats: MergeStats) -> Iter
         idx_np = np.asarray(idx.to_numpy(), dtype=np.int64)
         q = int(np.flatnonzero(idx_np == 0)[0])
         if q:
-            done = consolidate(table.take(idx[:q]), columns, presorted=True)
+            done = consolidate_through(table, idx_np[:q], columns)
             if done.num_rows:
                 yield done
-        rest = table.take(idx[q + 1 :])
-        pending = consolidate(rest, columns, presorted=True) if rest.num_rows else empty
+        # The rest waits, unsorted and unconsolidated: the next step sorts and consolidates
+        # it with the next slice (at most one slice per run waits).
+        if q + 1 < table.num_rows:
+            waiting = np.zeros(table.num_rows, dtype=bool)
+            waiting[idx_np[q + 1 :]] = True
+            pending = table.filter(pa.array(waiting))
+        else:
+            pending = empty
         nxt = slowest.deliver()
         arriving = [nxt] if nxt is not None else []
 

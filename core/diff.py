@@ -57,7 +57,7 @@ from persistshard.core.rows import (
     DIFF,
     TIME,
     consolidate,
-    consolidation_indices,
+    consolidate_through,
     row_columns,
     sort_indices,
 )
@@ -308,11 +308,9 @@ def merge_diff(
         if q:
             # Consolidate the final rows through the permutation: only the rows that do not
             # cancel are gathered (an overwrite keeps a few percent of them).
-            kept, sums = consolidation_indices(table, columns, perm=idx_np[:q])
-            if kept.size:
-                done = table.take(pa.array(kept))
-                i = done.schema.get_field_index(DIFF)
-                yield done.set_column(i, done.schema.field(i), pa.array(sums, pa.int64()))
+            done = consolidate_through(table, idx_np[:q], columns)
+            if done.num_rows:
+                yield done
         # The rest waits, unsorted and unconsolidated: the next step sorts and consolidates
         # it with the next slice anyway.
         if q + 1 < table.num_rows:

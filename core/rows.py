@@ -321,6 +321,17 @@ def sum_runs(table: pa.Table, starts: np.ndarray) -> pa.Table:
     return out.set_column(diff_index, diff_field, pa.array(sums[keep], type=pa.int64()))
 
 
+def consolidate_through(
+    table: pa.Table, perm: np.ndarray, columns: Sequence[str] | None = None
+) -> pa.Table:
+    """`consolidate` of the rows ``perm`` of ``table``, which are already in (row, time)
+    order through ``perm``: one gather, of the rows that do not cancel only."""
+    kept, sums = consolidation_indices(table, columns, perm=perm)
+    out = table.take(pa.array(kept, pa.int64()))
+    i = out.schema.get_field_index(DIFF)
+    return out.set_column(i, out.schema.field(i), pa.array(sums, pa.int64()))
+
+
 def consolidate(
     table: pa.Table,
     columns: Sequence[str] | None = None,
