@@ -6,7 +6,7 @@ Every round measures, for each format, a write to memory, a full read and a read
 column (`value`); within a round the formats alternate (each operation `inner` times, the
 fastest kept) and the order rotates from round to round, so that the load of a shared
 machine does not favour one of them. Ratios are computed per round and reported as
-medians; every format uses its library's default zstd level (ours 3, Arrow's 1).
+medians; every format uses its library's default zstd level (ours 1, Arrow's 1).
 
     .venv/bin/python benchmarks/format_bench.py --size 2000000 --rounds 5
 
