@@ -50,7 +50,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from persistshard.core.blob import Blob
-from persistshard.core.layout import new_id
+from persistshard.core.layout import new_id, release_unused_memory
 from persistshard.core.parts import CHUNK_BYTES, PartSink, adapt_part_table, open_part
 from persistshard.core.read import KeyRange, in_range
 from persistshard.core.rows import (
@@ -224,6 +224,7 @@ class _RunReader:
             if self._reader is not None and self._chunks:
                 index = self._chunks.pop(0)
                 assert self._ref is not None
+                release_unused_memory()  # the previous chunk's buffers (module docstring)
                 batch = self._reader.read_chunk(index)
                 self.stats.chunks_read += 1
                 table = adapt_part_table(pa.Table.from_batches([batch]), self._ref, self.schema)

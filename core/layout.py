@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 import time
 import uuid
+from typing import Any
 
 PARTS_PREFIX = "parts/"
 ROLLUPS_PREFIX = "rollups/"
@@ -71,3 +72,27 @@ def rollup_write_time_ms(key: str) -> int | None:
     """The creation time of a rollup key made by `rollup_key`, else None."""
     m = _ROLLUP_KEY.match(key)
     return id_time_ms(m.group(2)) if m else None
+
+
+def release_unused_memory() -> None:
+    """Hand memory that Arrow's allocator keeps cached back to the operating system.
+
+    Spark reuses a Python worker for task after task; without this, a worker's resident size
+    after a memory-heavy task (staging an overwrite, a diff) stays at that task's peak and
+    the next task's peak comes on top of it. Costs a few milliseconds.
+    """
+    import ctypes
+    import ctypes.util
+
+    import pyarrow as pa
+
+    pa.default_memory_pool().release_unused()
+    global _libc
+    if _libc is None:
+        name = ctypes.util.find_library("c")
+        _libc = ctypes.CDLL(name) if name else False
+    if _libc and hasattr(_libc, "malloc_trim"):
+        _libc.malloc_trim(0)  # glibc: numpy arrays and Python bytes live in malloc's heap
+
+
+_libc: Any = None

@@ -348,10 +348,11 @@ def consolidate(
     if table.num_rows == 0:
         return table
     indices, sums = consolidation_indices(table, columns, order=order, presorted=presorted)
-    if presorted and len(indices) == table.num_rows:
+    n = table.num_rows
+    if len(indices) == n and (presorted or bool(np.all(indices == np.arange(n)))):
         diffs = table.column(DIFF).to_numpy()
         if np.array_equal(diffs, sums):
-            return table  # already sorted and consolidated: nothing to do
+            return table  # already sorted and consolidated: nothing to do (no copy)
     if table.num_columns and table.column(0).num_chunks > 1:
         table = table.combine_chunks()  # Arrow's gather is much slower across many chunks
     out = table.take(pa.array(indices))
@@ -410,10 +411,19 @@ def consolidation_indices(
     n = table.num_rows
     if n == 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    keys = key_columns(table, columns)
     has_time = TIME in table.column_names
-    time = table.column(TIME).combine_chunks() if has_time else None
     diffs = np.asarray(table.column(DIFF).to_numpy(), dtype=np.int64)
+    if perm is None and not presorted and order == "row_time" and columns:
+        first = key_array(table.column(columns[0]))
+        fast = distinct_order(first) if first is not None else None
+        if fast is not None:
+            # A distinct first column: sorted by it alone, every row its own run; no other
+            # column's key is ever computed.
+            sums = diffs[fast]
+            keep = sums != 0
+            return fast[keep], sums[keep]
+    keys = key_columns(table, columns)
+    time = table.column(TIME).combine_chunks() if has_time else None
     if perm is not None:
         perm = np.asarray(perm, dtype=np.int64)
         n = perm.size
@@ -426,11 +436,6 @@ def consolidation_indices(
         diffs = diffs[perm]
     elif presorted:
         perm = np.arange(n, dtype=np.int64)
-    elif order == "row_time" and keys and (fast := distinct_order(keys[0])) is not None:
-        # A distinct first column: sorted by it alone, every row its own run.
-        sums = diffs[fast]
-        keep = sums != 0
-        return fast[keep], sums[keep]
     else:
         arrays: list[pa.Array] = list(keys)
         if time is not None:

@@ -41,7 +41,7 @@ import pyarrow as pa
 from persistshard import errors
 from persistshard.core.blob import open_blob
 from persistshard.core.diff import DiffRun, DiffStats, current_runs, diff_parts, plan_key_ranges
-from persistshard.core.layout import PARTS_PREFIX
+from persistshard.core.layout import PARTS_PREFIX, release_unused_memory
 from persistshard.core.parts import write_parts
 from persistshard.core.read import KeyRange
 from persistshard.core.rows import DIFF, TIME, consolidate
@@ -126,6 +126,8 @@ def stage_task(d: BatchDescription, batches: Any, memory_budget: int) -> list[li
             run = consolidate(pa.concat_tables(pending))
             pending, size = [], 0
             chains.append(write_parts(blob, d.write_id, run))
+            del run
+            release_unused_memory()  # the run's sort and encode buffers, before the next
 
     with storage_errors(d.location, "write the shard"):
         for batch in batches:
@@ -139,6 +141,8 @@ def stage_task(d: BatchDescription, batches: Any, memory_budget: int) -> list[li
             if size >= limit:
                 flush()
         flush()
+    pending = []
+    release_unused_memory()  # the worker runs the diff next: hand back what staging held
     ctx = TaskContext.get()
     if ctx is not None and ctx.attemptNumber() == 0:
         if ctx.getLocalProperty(FAULT_PROPERTY) == "after_write":
@@ -176,6 +180,8 @@ def _run_diff(task: _DiffTask) -> tuple[list[PartRef], DiffStats] | dict[str, st
     except Exception as e:
         detail = e.detail if isinstance(e, errors.PersistShardError) else f"{type(e).__name__}: {e}"
         return {"class": type(e).__name__, "detail": detail}
+    finally:
+        release_unused_memory()
 
 
 def _task_error(error: dict[str, str], location: str) -> errors.PersistShardError:
