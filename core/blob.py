@@ -295,12 +295,19 @@ class FsspecBlob(Blob):
 
     def get(self, key: str) -> bytes | None:
         try:
+            if self._local:  # plain file reads: fsspec's layers cost more than a small read
+                with open(self._path(key), "rb") as f:
+                    return f.read()
             data: bytes = self.fs.cat_file(self._path(key))
             return data
         except FileNotFoundError:
             return None
 
     def get_range(self, key: str, offset: int, length: int) -> bytes:
+        if self._local:
+            with open(self._path(key), "rb") as f:
+                f.seek(offset)
+                return f.read(length)
         data: bytes = self.fs.cat_file(self._path(key), start=offset, end=offset + length)
         return data
 

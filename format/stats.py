@@ -17,6 +17,7 @@ Invariants:
 from __future__ import annotations
 
 import decimal
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,23 +100,43 @@ def raw_sort_key(raw: Any, t: pa.DataType) -> Any:
     return raw
 
 
+@functools.lru_cache(maxsize=512)
+def _family(t: pa.DataType) -> tuple[str, bool]:
+    """How raw stats of type `t` are checked and converted, and whether the type keeps
+    statistics at all (`key_stats_supported`); cached: footers repeat a few types often."""
+    if pa.types.is_decimal(t):
+        family = "decimal"
+    elif _is_binary(t):
+        family = "binary"
+    elif _temporal_int(t) is not None:
+        family = "temporal"
+    elif pa.types.is_boolean(t):
+        family = "bool"
+    elif pa.types.is_integer(t):
+        family = "int"
+    else:
+        family = "plain"  # strings (and, unsupported, anything else)
+    return family, key_stats_supported(t)
+
+
 def check_raw(raw: Any, t: pa.DataType) -> None:
     """Raise ValueError unless `raw` is a well-formed raw stat of type `t` (or None)."""
     if raw is None:
         return
-    if not key_stats_supported(t):
+    family, supported = _family(t)
+    if not supported:
         raise ValueError(f"no key statistics for type {t}")
-    if pa.types.is_boolean(t):
+    if family == "bool":
         ok = isinstance(raw, bool)
-    elif pa.types.is_integer(t) or _temporal_int(t) is not None:
+    elif family in ("int", "temporal"):
         ok = isinstance(raw, int) and not isinstance(raw, bool)
     else:
         ok = isinstance(raw, str)
     if not ok:
         raise ValueError(f"key statistic {raw!r} does not fit type {t}")
-    if pa.types.is_decimal(t):
+    if family == "decimal":
         decimal.Decimal(raw)  # raises decimal.InvalidOperation (an ArithmeticError)
-    elif _is_binary(t):
+    elif family == "binary":
         bytes.fromhex(raw)
 
 
@@ -136,12 +157,13 @@ def stat_to_py(raw: Any, t: pa.DataType) -> Any:
     """The `.as_py()` value of a raw stat of type `t`."""
     if raw is None:
         return None
-    if pa.types.is_decimal(t):
+    family = _family(t)[0]
+    if family == "decimal":
         return decimal.Decimal(raw)
-    if _is_binary(t):
+    if family == "binary":
         return bytes.fromhex(raw)
-    physical = _temporal_int(t)
-    if physical is not None:
+    if family == "temporal":
+        physical = _temporal_int(t)
         return pa.array([raw], physical).view(t)[0].as_py()
     return raw
 
