@@ -632,7 +632,14 @@ def needs_compaction(state: ShardState) -> bool:
 
 def maybe_compact(machine: StateMachine, *, max_merges: int = 1) -> CompactionReport | None:
     """The small compaction a writer runs after its commit: at most ``max_merges`` merges of
-    the unsealed and level kinds (never the whole-trace merge); None if nothing was due."""
+    the unsealed and level kinds (never the whole-trace merge); None if nothing was due.
+
+    Decided first on the newest state this writer has seen (its own commit's, no read):
+    most commits leave nothing due, and then nothing is read. Only when that state has work
+    due, or the writer has seen none, is the head read and the work planned on it."""
+    known = machine.known()
+    if max_merges <= 0 or (known.version > 0 and not needs_compaction(known)):
+        return None
     state = machine.state()
     if max_merges <= 0 or not needs_compaction(state):
         return None

@@ -224,7 +224,7 @@ class _RunReader:
             if self._reader is not None and self._chunks:
                 index = self._chunks.pop(0)
                 assert self._ref is not None
-                release_unused_memory()  # the previous chunk's buffers (module docstring)
+                release_unused_memory()  # hand back the previous chunk's buffers (worker RSS)
                 batch = self._reader.read_chunk(index)
                 self.stats.chunks_read += 1
                 table = adapt_part_table(pa.Table.from_batches([batch]), self._ref, self.schema)

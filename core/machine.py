@@ -72,6 +72,11 @@ class StateMachine:
 
     # --- reading ------------------------------------------------------------------------
 
+    def known(self) -> ShardState:
+        """The newest state this machine has read or committed, without reading anything
+        (version 0 if none): after this machine's own commit, the state that commit made."""
+        return self._state
+
     def state(self) -> ShardState:
         """The newest state version (re-reads the consensus head)."""
         head = self.consensus.head()

@@ -141,7 +141,6 @@ def stage_task(d: BatchDescription, batches: Any, memory_budget: int) -> list[li
             if size >= limit:
                 flush()
         flush()
-    pending = []
     release_unused_memory()  # the worker runs the diff next: hand back what staging held
     ctx = TaskContext.get()
     if ctx is not None and ctx.attemptNumber() == 0:

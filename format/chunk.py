@@ -20,6 +20,7 @@ Assumes: the type was produced by `schema.normalize_schema` (no dictionaries, ex
 
 from __future__ import annotations
 
+import functools
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -56,8 +57,10 @@ class Layout:
         return 2 + _SLOTS[self.kind] + sum(c.table_words for c in self.children)
 
 
+@functools.lru_cache(maxsize=512)
 def layout_of(t: pa.DataType) -> Layout:
-    """The layout of a normalized Arrow type."""
+    """The layout of a normalized Arrow type (cached: layouts are immutable and every part
+    footer asks for its columns')."""
     if pa.types.is_null(t):
         return Layout(t, NULL)
     if pa.types.is_boolean(t):

@@ -77,13 +77,13 @@ _INLINE_ENCODE_BYTES = 1 << 20
 _T = TypeVar("_T")
 
 
-# ---------------------------------------------------------------------------------------------
-# Shared worker pool (recreated after fork: Spark's Python workers are forked)
-
 #: zstd level of the reference writer. Level 1 compresses this format's shuffled columns
 #: about as well as level 3 (within a few percent, sometimes smaller) at a third to a half of
 #: the time (docs/benchmarks.md, format): writes, compaction and overwrites are bound by it.
 DEFAULT_COMPRESSION_LEVEL = 1
+
+# ---------------------------------------------------------------------------------------------
+# Shared worker pool (recreated after fork: Spark's Python workers are forked)
 
 _WORKERS = max(2, min(8, os.cpu_count() or 2))
 _pool: ThreadPoolExecutor | None = None

@@ -531,3 +531,33 @@ def test_distributed_compaction(spark, tmp_path):
     assert state.unsealed == ()
     assert trace.next_plan(state) is None
     assert report.levels_after == trace.levels(state)
+
+
+def test_maybe_compact_after_a_commit_reads_nothing_unless_work_is_due(tmp_path):
+    """A writer's maybe_compact decides on the state its own commit made: with nothing due
+    it reads no consensus head; when a level group is due it merges (after a fresh read)."""
+    shard = ps.open_shard(str(tmp_path / "s"))
+    heads = []
+    consensus = shard.machine.consensus
+    real_head = consensus.head
+
+    def counting_head():
+        heads.append(1)
+        return real_head()
+
+    consensus.head = counting_head  # type: ignore[method-assign]
+    merged = []
+    for i in range(trace.FAN_IN):
+        _append_batches(shard, 1, 3)
+        before = len(heads)
+        report = shard.maybe_compact()
+        if report is None:
+            assert len(heads) == before, f"append {i}: nothing due, yet the head was read"
+        else:
+            merged.append(report)
+    assert len(merged) == 1 and merged[0].merges and merged[0].merges[0].committed
+    assert len(shard.state().trace) == 1
+    # A writer that has seen no state yet reads the head to decide.
+    other = ps.open_shard(str(tmp_path / "s"))
+    assert other.machine.known().version == 0
+    assert other.maybe_compact() is None and other.machine.known().version > 0
