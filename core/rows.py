@@ -214,11 +214,12 @@ def sort_indices(
     """Indices that sort ``table`` by (row, time) or (time, row) in our total order (ties
     keep their input order). ``expect_ties`` skips trying `distinct_order` first (a merge
     of runs that share rows would pay for it and then sort again)."""
-    keys = key_columns(table, columns)
-    if order == "row_time" and keys and not expect_ties:
-        perm = distinct_order(keys[0])
+    if order == "row_time" and columns and not expect_ties:
+        first = key_array(table.column(columns[0]))
+        perm = distinct_order(first) if first is not None else None
         if perm is not None:
-            return pa.array(perm)
+            return pa.array(perm)  # no other column's key is computed
+    keys = key_columns(table, columns)
     names = [f"k{i}" for i in range(len(keys))]
     arrays: list[pa.Array] = list(keys)
     has_time = TIME in table.column_names
@@ -422,13 +423,24 @@ def consolidation_indices(
             sums = diffs[fast]
             keep = sums != 0
             return fast[keep], sums[keep]
-    keys = key_columns(table, columns)
-    time = table.column(TIME).combine_chunks() if has_time else None
     if perm is not None:
         perm = np.asarray(perm, dtype=np.int64)
         n = perm.size
         if n == 0:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        if order == "row_time" and columns:
+            first = key_array(table.column(columns[0]))
+            values = _numpy_key(first) if first is not None else None
+            if values is not None:
+                chosen_values = values[perm]
+                if n == 1 or bool(np.all(chosen_values[1:] != chosen_values[:-1])):
+                    # Sorted and distinct in the first column: every row is its own run.
+                    sums = diffs[perm]
+                    keep = sums != 0
+                    return perm[keep], sums[keep]
+    keys = key_columns(table, columns)
+    time = table.column(TIME).combine_chunks() if has_time else None
+    if perm is not None:
         chosen = pa.array(perm)
         keys = [_Permuted(key, chosen) for key in keys]
         if time is not None:

@@ -115,3 +115,22 @@ def test_numpy_sorts_only_distinct_numeric_first_columns() -> None:
     ]
     when = pa.array([dt.date(2020, 1, 2), dt.date(2020, 1, 1)])
     assert rows.distinct_order(rows.key_array(when)).tolist() == [1, 0]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_consolidation_through_a_permutation_matches_the_model(kind: str) -> None:
+    """``perm``: a subset of the rows, already in (row, time) order; only those are
+    consolidated (distinct first columns take numpy's shortcut, the others compare keys)."""
+    table = _table(kind, 4)
+    columns = ["k", "v"]
+    order = rows.sort_indices(table, columns).to_numpy()
+    rng = np.random.default_rng(9)
+    subset = order[np.sort(rng.choice(len(order), len(order) // 2, replace=False))]
+    indices, diffs = rows.consolidation_indices(table, columns, perm=subset)
+    got = table.take(pa.array(indices)).select(["k", "v", "_time"]).to_pylist()
+    result = [(r["k"], r["v"], r["_time"], int(d)) for r, d in zip(got, diffs, strict=True)]
+    assert result == _model(table.take(pa.array(subset)))
+    through = rows.consolidate_through(table, subset, columns)
+    assert through.select(["k", "v", "_time", "_diff"]).to_pylist() == [
+        {"k": k, "v": v, "_time": t, "_diff": d} for k, v, t, d in result
+    ]
