@@ -39,7 +39,6 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -53,10 +52,10 @@ from persistshard.core.rows import (
     TIME,
     advance_times,
     consolidate,
-    consolidate_through,
     key_columns,
     row_columns,
     run_starts,
+    settle_below_bound,
     sort_indices,
 )
 from persistshard.core.state import Batch, Commit, PartRef, ShardState
@@ -302,21 +301,10 @@ def _merge_runs(runs: list[_Run], columns: list[str], stats: MergeStats) -> Iter
         bound = bound.append_column(DIFF, pa.array([0], pa.int64())).cast(schema)
         table = pa.concat_tables([bound, *pieces])
         stats.peak_buffered_bytes = max(stats.peak_buffered_bytes, table.nbytes)
-        idx = sort_indices(table, columns)  # stable: the bound precedes keys equal to it
-        idx_np = np.asarray(idx.to_numpy(), dtype=np.int64)
-        q = int(np.flatnonzero(idx_np == 0)[0])
-        if q:
-            done = consolidate_through(table, idx_np[:q], columns)
-            if done.num_rows:
-                yield done
-        # The rest waits, unsorted and unconsolidated: the next step sorts and consolidates
-        # it with the next slice (at most one slice per run waits).
-        if q + 1 < table.num_rows:
-            waiting = np.zeros(table.num_rows, dtype=bool)
-            waiting[idx_np[q + 1 :]] = True
-            pending = table.filter(pa.array(waiting))
-        else:
-            pending = empty
+        done, rest = settle_below_bound(table, columns)
+        if done.num_rows:
+            yield done
+        pending = rest if rest is not None else empty
         nxt = slowest.deliver()
         arriving = [nxt] if nxt is not None else []
 

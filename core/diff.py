@@ -57,8 +57,8 @@ from persistshard.core.rows import (
     DIFF,
     TIME,
     consolidate,
-    consolidate_through,
     row_columns,
+    settle_below_bound,
     sort_indices,
 )
 from persistshard.core.state import PartRef, ShardState
@@ -301,25 +301,13 @@ def merge_diff(
         slowest = active[first]
         table = pa.concat_tables([frontiers.slice(first, 1), *pieces])
         stats.peak_buffered_bytes = max(stats.peak_buffered_bytes, table.nbytes)
-        # Stable: the bound precedes rows equal to it. Desired and current rows mostly
-        # coincide, so the first column is rarely distinct here.
-        idx = sort_indices(table, columns, expect_ties=True)
-        idx_np = np.asarray(idx.to_numpy(), dtype=np.int64)
-        q = int(np.flatnonzero(idx_np == 0)[0])
-        if q:
-            # Consolidate the final rows through the permutation: only the rows that do not
-            # cancel are gathered (an overwrite keeps a few percent of them).
-            done = consolidate_through(table, idx_np[:q], columns)
-            if done.num_rows:
-                yield done
-        # The rest waits, unsorted and unconsolidated: the next step sorts and consolidates
-        # it with the next slice anyway.
-        if q + 1 < table.num_rows:
-            waiting = np.zeros(table.num_rows, dtype=bool)
-            waiting[idx_np[q + 1 :]] = True
-            pending = table.filter(pa.array(waiting))
-        else:
-            pending = empty
+        # Desired and current rows mostly coincide: the first column is rarely distinct.
+        # Only the final rows that do not cancel are gathered (an overwrite keeps a few
+        # percent of them).
+        done, rest = settle_below_bound(table, columns, expect_ties=True)
+        if done.num_rows:
+            yield done
+        pending = rest if rest is not None else empty
         nxt = slowest.deliver()
         arriving = [nxt] if nxt is not None else []
 

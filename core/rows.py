@@ -197,11 +197,25 @@ def distinct_order(first: pa.Array) -> np.ndarray | None:
     values = _numpy_key(first)
     if values is None:
         return None
-    perm = np.argsort(values)
-    ordered = values[perm]
-    if ordered.size > 1 and not bool(np.all(ordered[1:] != ordered[:-1])):
-        return None
-    return perm.astype(np.int64, copy=False)
+    perm = np.argsort(values).astype(np.int64, copy=False)
+    return perm if _strictly_apart(values[perm]) else None
+
+
+def _distinct_through(first: pa.Array, perm: np.ndarray) -> np.ndarray | None:
+    """``perm`` itself when the rows it names (already in order) have pairwise distinct
+    values of ``first`` that numpy can compare directly; None otherwise."""
+    values = _numpy_key(first)
+    return perm if values is not None and _strictly_apart(values[perm]) else None
+
+
+def _strictly_apart(ordered: np.ndarray) -> bool:
+    """Whether no two neighbours of a sorted array are equal."""
+    return ordered.size < 2 or bool(np.all(ordered[1:] != ordered[:-1]))
+
+
+def _keys_after(first: pa.Array | None, table: pa.Table, columns: Sequence[str]) -> list[pa.Array]:
+    """`key_columns` of ``columns``, reusing ``first`` (the first column's key, computed)."""
+    return ([first] if first is not None else []) + key_columns(table, columns[1:])
 
 
 def sort_indices(
@@ -214,12 +228,12 @@ def sort_indices(
     """Indices that sort ``table`` by (row, time) or (time, row) in our total order (ties
     keep their input order). ``expect_ties`` skips trying `distinct_order` first (a merge
     of runs that share rows would pay for it and then sort again)."""
-    if order == "row_time" and columns and not expect_ties:
-        first = key_array(table.column(columns[0]))
-        perm = distinct_order(first) if first is not None else None
+    first = key_array(table.column(columns[0])) if columns else None
+    if order == "row_time" and first is not None and not expect_ties:
+        perm = distinct_order(first)
         if perm is not None:
             return pa.array(perm)  # no other column's key is computed
-    keys = key_columns(table, columns)
+    keys = _keys_after(first, table, columns)
     names = [f"k{i}" for i in range(len(keys))]
     arrays: list[pa.Array] = list(keys)
     has_time = TIME in table.column_names
@@ -333,6 +347,31 @@ def consolidate_through(
     return out.set_column(i, out.schema.field(i), pa.array(sums, pa.int64()))
 
 
+def settle_below_bound(
+    table: pa.Table, columns: Sequence[str], *, expect_ties: bool = False
+) -> tuple[pa.Table, pa.Table | None]:
+    """One step of a merge of sorted runs. Row 0 of ``table`` is the *bound*: a copy of the
+    smallest frontier among the runs with rows left, with diff 0. Every row that sorts
+    strictly before it is final (no run can still deliver it).
+
+    Returns the final rows, consolidated and in (row, time) order (maybe none), and the rest
+    (rows at or after the bound, the bound itself left out), unsorted and unconsolidated: the
+    next step sorts them with the next slice anyway; None when nothing is left. The sort is
+    stable, so the bound precedes rows equal to it and those stay for the next step.
+    ``expect_ties``: see `sort_indices`.
+    """
+    idx = np.asarray(
+        sort_indices(table, columns, expect_ties=expect_ties).to_numpy(), dtype=np.int64
+    )
+    q = int(np.flatnonzero(idx == 0)[0])
+    done = consolidate_through(table, idx[:q], columns)
+    if q + 1 >= table.num_rows:
+        return done, None
+    waiting = np.zeros(table.num_rows, dtype=bool)
+    waiting[idx[q + 1 :]] = True
+    return done, table.filter(pa.array(waiting))
+
+
 def consolidate(
     table: pa.Table,
     columns: Sequence[str] | None = None,
@@ -414,31 +453,21 @@ def consolidation_indices(
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     has_time = TIME in table.column_names
     diffs = np.asarray(table.column(DIFF).to_numpy(), dtype=np.int64)
-    if perm is None and not presorted and order == "row_time" and columns:
-        first = key_array(table.column(columns[0]))
-        fast = distinct_order(first) if first is not None else None
-        if fast is not None:
-            # A distinct first column: sorted by it alone, every row its own run; no other
-            # column's key is ever computed.
-            sums = diffs[fast]
-            keep = sums != 0
-            return fast[keep], sums[keep]
     if perm is not None:
         perm = np.asarray(perm, dtype=np.int64)
         n = perm.size
         if n == 0:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-        if order == "row_time" and columns:
-            first = key_array(table.column(columns[0]))
-            values = _numpy_key(first) if first is not None else None
-            if values is not None:
-                chosen_values = values[perm]
-                if n == 1 or bool(np.all(chosen_values[1:] != chosen_values[:-1])):
-                    # Sorted and distinct in the first column: every row is its own run.
-                    sums = diffs[perm]
-                    keep = sums != 0
-                    return perm[keep], sums[keep]
-    keys = key_columns(table, columns)
+    first = key_array(table.column(columns[0])) if columns else None
+    if order == "row_time" and first is not None and not presorted:
+        fast = distinct_order(first) if perm is None else _distinct_through(first, perm)
+        if fast is not None:
+            # Sorted by a distinct first column: every row is its own run; no other
+            # column's key is ever computed.
+            sums = diffs[fast]
+            keep = sums != 0
+            return fast[keep], sums[keep]
+    keys = _keys_after(first, table, columns)
     time = table.column(TIME).combine_chunks() if has_time else None
     if perm is not None:
         chosen = pa.array(perm)
