@@ -247,11 +247,20 @@ class _Run:
             if table.num_rows == 0:
                 continue
             self.stats.rows_read += table.num_rows
-            table = advance_times(table, self.floor)
-            last = pa.array([table.num_rows - 1], pa.int64())
-            self.frontier = table.take(last).drop_columns([DIFF])
+            if self._lowest_time(info.min_time) < self.floor:
+                table = advance_times(table, self.floor)
+            # A zero-copy view of the last update: it keeps this chunk's buffers alive, which
+            # the buffer of `_merge_runs` holds anyway (at most one chunk per run).
+            self.frontier = table.slice(table.num_rows - 1, 1).drop_columns([DIFF])
             return table
         return None
+
+    def _lowest_time(self, stored_min: int | None) -> int:
+        """A lower bound of the times a chunk delivers (its footer's, or the reference's
+        rewritten time); below the floor when unknown, so times are then forwarded."""
+        if self.ref is not None and self.ref.rewrite_time is not None:
+            return self.ref.rewrite_time
+        return stored_min if stored_min is not None else self.floor - 1
 
 
 #: Input parts up to this size are read whole with one get (then decoded from memory)

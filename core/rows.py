@@ -360,6 +360,10 @@ def settle_below_bound(
     stable, so the bound precedes rows equal to it and those stay for the next step.
     ``expect_ties``: see `sort_indices`.
     """
+    if not expect_ties and columns and table.num_rows > 1:
+        settled = _settle_distinct(table, columns)
+        if settled is not None:
+            return settled
     idx = np.asarray(
         sort_indices(table, columns, expect_ties=expect_ties).to_numpy(), dtype=np.int64
     )
@@ -370,6 +374,44 @@ def settle_below_bound(
     waiting = np.zeros(table.num_rows, dtype=bool)
     waiting[idx[q + 1 :]] = True
     return done, table.filter(pa.array(waiting))
+
+
+def _settle_distinct(
+    table: pa.Table, columns: Sequence[str]
+) -> tuple[pa.Table, pa.Table | None] | None:
+    """`settle_below_bound` when the rows after the bound have pairwise distinct first-column
+    keys numpy can sort (`distinct_order`); None otherwise.
+
+    The bound is a copy of a frontier, so its first key usually equals one row's: sorting it
+    with the rest would defeat the distinct shortcut. Instead the rest is sorted alone and
+    the bound's place found by binary search on the first key; at most one row shares that
+    key (they are distinct), and a sort of that row with the bound (the bound first when
+    equal, as the stable sort would place it) decides on which side it falls.
+    """
+    rest = table.slice(1)
+    first = key_array(rest.column(columns[0]))
+    if first is None:
+        return None
+    perm = distinct_order(first)
+    if perm is None:
+        return None
+    bound_first = key_array(table.column(columns[0]).slice(0, 1))
+    bound_key = _numpy_key(bound_first) if bound_first is not None else None
+    values = _numpy_key(first)
+    if bound_key is None or values is None:
+        return None
+    ordered = values[perm]
+    q = int(np.searchsorted(ordered, bound_key[0], side="left"))
+    if q < len(ordered) and ordered[q] == bound_key[0]:
+        pair = pa.concat_tables([table.slice(0, 1), rest.take(pa.array([perm[q]]))])
+        if int(sort_indices(pair, columns, expect_ties=True)[0].as_py()) == 1:
+            q += 1  # that row sorts strictly before the bound: it is final too
+    done = consolidate_through(rest, perm[:q], columns)
+    if q >= rest.num_rows:
+        return done, None
+    waiting = np.zeros(rest.num_rows, dtype=bool)
+    waiting[perm[q:]] = True
+    return done, rest.filter(pa.array(waiting))
 
 
 def consolidate(

@@ -848,9 +848,19 @@ class PartReader:
         """One chunk's rows, only the named columns (all by default), in the order named."""
         cols = self._columns(columns)
         (index,) = self._chunk_indices([index])
+        return self._assemble((index, self._start_decode(index, cols)), cols)
+
+    def _start_decode(self, index: int, cols: list[int]) -> list[Future[pa.Array] | pa.Array]:
+        """Fetch one chunk's columns and decode them: inline when small, else one pool task
+        per column (zstd and the numpy copies release the GIL, so columns decode at once)."""
         raw = self._fetch_chunk(index, cols)
-        arrays = [self._decode_segment(index, c, d) for c, d in zip(cols, raw, strict=True)]
-        return self._batch(index, cols, arrays)
+        segs = self.chunks[index].segments
+        if sum(segs[c].raw_length for c in cols) < _INLINE_DECODE_BYTES:
+            return [self._decode_segment(index, c, d) for c, d in zip(cols, raw, strict=True)]
+        pool = _executor()
+        return [
+            pool.submit(self._decode_segment, index, c, d) for c, d in zip(cols, raw, strict=True)
+        ]
 
     def iter_batches(
         self, columns: Sequence[str] | None = None, chunks: Sequence[int] | None = None
@@ -858,22 +868,10 @@ class PartReader:
         """One batch per chunk (all chunks by default), in order; decodes a few chunks ahead."""
         cols = self._columns(columns)
         indices = self._chunk_indices(chunks)
-        pool = _executor()
         window: deque[tuple[int, list[Future[pa.Array] | pa.Array]]] = deque()
         lookahead = _WORKERS
         for index in indices:
-            raw = self._fetch_chunk(index, cols)
-            segs = self.chunks[index].segments
-            if sum(segs[c].raw_length for c in cols) < _INLINE_DECODE_BYTES:
-                items: list[Future[pa.Array] | pa.Array] = [
-                    self._decode_segment(index, c, d) for c, d in zip(cols, raw, strict=True)
-                ]
-            else:
-                items = [
-                    pool.submit(self._decode_segment, index, c, d)
-                    for c, d in zip(cols, raw, strict=True)
-                ]
-            window.append((index, items))
+            window.append((index, self._start_decode(index, cols)))
             if len(window) > lookahead:
                 yield self._assemble(window.popleft(), cols)
         while window:

@@ -134,3 +134,56 @@ def test_consolidation_through_a_permutation_matches_the_model(kind: str) -> Non
     assert through.select(["k", "v", "_time", "_diff"]).to_pylist() == [
         {"k": k, "v": v, "_time": t, "_diff": d} for k, v, t, d in result
     ]
+
+
+def _bound_cases() -> list[tuple[str, dict[str, Any]]]:
+    """Bounds against a table of distinct keys 0, 2, 4, ... with v = 1 and time 5: between
+    keys, equal to a row, and sharing a row's key but sorting before or after it."""
+    return [
+        ("between keys", {"k": 101, "v": 1, "_time": 5}),
+        ("equal to a row", {"k": 100, "v": 1, "_time": 5}),
+        ("same key, earlier time", {"k": 100, "v": 1, "_time": 4}),
+        ("same key, later time", {"k": 100, "v": 1, "_time": 6}),
+        ("same key, smaller row", {"k": 100, "v": 0, "_time": 9}),
+        ("same key, larger row", {"k": 100, "v": 2, "_time": 0}),
+        ("below every key", {"k": -1, "v": 1, "_time": 5}),
+        ("above every key", {"k": 10**6, "v": 1, "_time": 5}),
+    ]
+
+
+@pytest.mark.parametrize("case", [c for c, _ in _bound_cases()])
+@pytest.mark.parametrize("distinct", [True, False])
+def test_settle_below_bound_splits_at_the_bound_like_the_model(case: str, distinct: bool) -> None:
+    """Rows strictly before the bound are final (consolidated, in order); the rest waits,
+    the bound left out. Distinct first keys take the binary-search shortcut; a repeated key
+    (``distinct`` False) the general sort: both must split exactly where the model does."""
+    bound = dict(_bound_cases())[case]
+    rng = np.random.default_rng(5)
+    keys = rng.permutation(np.arange(0, 400, 2))
+    if not distinct:
+        keys[7] = keys[8]  # one key twice (different rows by v below)
+    n = len(keys)
+    body = pa.table(
+        {
+            "k": pa.array(keys, pa.int64()),
+            "v": pa.array(np.where(np.arange(n) == 7, 3, 1), pa.int64()),
+            "_time": pa.array(np.full(n, 5), pa.int64()),
+            "_diff": pa.array(rng.choice([-1, 1, 2], n), pa.int64()),
+        }
+    )
+    head = pa.table(
+        {
+            name: pa.array([bound[name] if name != "_diff" else 0], pa.int64())
+            for name in body.column_names
+        }
+    )
+    done, rest = rows.settle_below_bound(pa.concat_tables([head, body]), ["k", "v"])
+
+    def key(r: dict[str, Any]) -> tuple[int, int, int]:
+        return (r["k"], r["v"], r["_time"])
+
+    b = key(bound)
+    below = body.filter(pa.array([key(r) < b for r in body.to_pylist()]))
+    assert [(r["k"], r["v"], r["_time"], r["_diff"]) for r in done.to_pylist()] == _model(below)
+    waiting = sorted(key(r) for r in body.to_pylist() if key(r) >= b)
+    assert sorted(key(r) for r in (rest.to_pylist() if rest is not None else [])) == waiting
