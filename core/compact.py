@@ -14,8 +14,9 @@ it has delivered; a run with chunks left can still deliver keys at or after its 
 and nothing below. So every buffered update strictly below the smallest frontier among runs
 with chunks left is final: it is emitted, and the buffer keeps the rest. Then the run with
 the smallest frontier delivers its next non-empty chunk. The buffer is re-sorted and
-consolidated with each new chunk (one stable Arrow sort with the bound row placed first, so
-its position counts the keys below it).
+consolidated with each new chunk (one stable sort with the bound row placed first, so its
+position counts the keys below it; with distinct numeric first keys, see
+`persistshard.core.rows.settle_below_bound`).
 
 Memory bound (measured by `MergeStats.peak_buffered_bytes`, checked by the tests): a run's
 buffered updates come from its most recently delivered chunk only (older chunks ended at or
