@@ -27,7 +27,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--check",
         action="store_true",
         help="run fresh and compare ratios with the record of the same size; record nothing; "
-        f"exit 1 if a ratio got worse by more than {h.TOLERANCE * 100:.0f}%%",
+        f"exit 1 if a ratio's median got worse by more than {h.TOLERANCE * 100:.0f}%% and "
+        "every fresh round is worse than every recorded round",
     )
     p.add_argument(
         "--fresh", type=Path, help="with --check: compare this saved run instead of running"

@@ -152,6 +152,24 @@ def test_check_flags_ratios_worse_by_more_than_tolerance():
     assert n.recorded is None and not n.worse()
 
 
+def test_check_flags_only_shifts_beyond_the_rounds_spread():
+    """A median 30% worse whose rounds overlap the record's is noise (identical code measured
+    twice does that at quick size); when every fresh round is worse than every recorded one,
+    it is a regression. A change within the tolerance is never flagged."""
+    recorded = {"x": h.summarize(fake_result([1.0, 0.8, 1.4], [1.0, 1.0, 1.0]), "x")}
+    noisy = {"x": h.summarize(fake_result([1.3, 1.2, 1.5], [1.0, 1.0, 1.0]), "x")}
+    shifted = {"x": h.summarize(fake_result([1.6, 1.5, 2.0], [1.0, 1.0, 1.0]), "x")}
+    [n] = h.compare(recorded, noisy)
+    assert n.change == pytest.approx(0.3) and not n.apart and not n.worse()
+    assert "overlap" in h.check_report([n]) and "WORSE" not in h.check_report([n])
+    [w] = h.compare(recorded, shifted)
+    assert w.apart and w.worse()
+    assert "WORSE by more than 20%" in h.check_report([w])
+    within = {"x": h.summarize(fake_result([1.5, 1.45, 1.55], [1.0, 1.0, 1.0]), "x")}
+    [c] = h.compare({"x": h.summarize(fake_result([1.3, 1.3, 1.3], [1.0] * 3), "x")}, within)
+    assert c.apart and not c.worse()  # apart, but only 15% worse
+
+
 def test_check_command_exit_code(tmp_path, capsys):
     record, fresh_ok, fresh_bad = (tmp_path / f for f in ("r.json", "ok.json", "bad.json"))
     h.save_record(
