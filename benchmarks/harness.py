@@ -422,6 +422,28 @@ def compare(recorded: Mapping[str, Result], fresh: Mapping[str, Result]) -> list
     return out
 
 
+def pool(first: Result, second: Result) -> Result:
+    """``first`` with the rounds of ``second`` (a repeat run of the same benchmark) added to
+    every measurement both have: ``--check`` confirms a suspected regression on the pooled
+    rounds, so a chance split of three rounds against three is not reported."""
+    again = {_key(m): m for m in second.get("measurements", [])}
+    measurements = []
+    for m in first.get("measurements", []):
+        other = again.get(_key(m))
+        if other is None:
+            measurements.append(m)
+            continue
+        rounds: dict[str, list[float]] = {"ours_rounds": [], "anchor_rounds": []}
+        for side in (m, other):
+            ours = [float(v) for v in side.get("ours_rounds") or []]
+            anchor = [float(v) for v in side.get("anchor_rounds") or []]
+            n = max(len(ours), len(anchor))
+            rounds["ours_rounds"] += ours * n if len(ours) == 1 else ours
+            rounds["anchor_rounds"] += anchor * n if len(anchor) == 1 else anchor
+        measurements.append(summarize_measurement({**m, **rounds}))
+    return {**first, "measurements": measurements}
+
+
 def check_report(comparisons: Sequence[Comparison], tolerance: float = TOLERANCE) -> str:
     """A plain-text table of the comparisons, regressions marked."""
 

@@ -170,6 +170,26 @@ def test_check_flags_only_shifts_beyond_the_rounds_spread():
     assert c.apart and not c.worse()  # apart, but only 15% worse
 
 
+def test_pool_adds_a_repeat_runs_rounds_and_confirms_or_clears_a_suspect():
+    recorded = {"x": h.summarize(fake_result([1.0, 0.9, 1.1], [1.0, 1.0, 1.0]), "x")}
+    chance = h.summarize(fake_result([1.3, 1.25, 1.4], [1.0, 1.0, 1.0]), "x")
+    [c] = h.compare(recorded, {"x": chance})
+    assert c.worse()  # three rounds against three can split by chance
+    calm = h.summarize(fake_result([1.0, 1.05, 0.95], [1.0, 1.0, 1.0]), "x")
+    pooled = h.pool(chance, calm)
+    [m] = pooled["measurements"]
+    assert m["ours_rounds"] == [1.3, 1.25, 1.4, 1.0, 1.05, 0.95] and len(m["ratios"]) == 6
+    [p] = h.compare(recorded, {"x": pooled})
+    assert not p.worse()
+    again = h.summarize(fake_result([1.5, 1.35, 1.45], [1.0, 1.0, 1.0]), "x")
+    [q] = h.compare(recorded, {"x": h.pool(chance, again)})
+    assert q.worse()  # a real shift survives the repeat
+    single = h.pool(
+        h.summarize(fake_result([2.0], [1.0]), "x"), h.summarize(fake_result([3.0], [1.5]), "x")
+    )
+    assert single["measurements"][0]["ratios"] == [2.0, 2.0]
+
+
 def test_check_command_exit_code(tmp_path, capsys):
     record, fresh_ok, fresh_bad = (tmp_path / f for f in ("r.json", "ok.json", "bad.json"))
     h.save_record(
