@@ -166,15 +166,25 @@ def round_ratios(ours: Sequence[float], anchor: Sequence[float]) -> list[float]:
     """``ours[i] / anchor[i]`` per round; a single anchor value is used for every round."""
     if not ours or not anchor:
         return []
+    ours, anchor = paired_rounds(ours, anchor)
+    return [o / a if a else float("inf") for o, a in zip(ours, anchor, strict=True)]
+
+
+def paired_rounds(
+    ours: Sequence[float], anchor: Sequence[float]
+) -> tuple[list[float], list[float]]:
+    """``ours`` and ``anchor`` as equally long per-round lists: a single value on one side
+    stands for every round of the other."""
+    ours, anchor = list(ours), list(anchor)
     if len(anchor) == 1:
-        anchor = list(anchor) * len(ours)
+        anchor = anchor * len(ours)
     if len(ours) == 1 and len(anchor) > 1:
-        ours = list(ours) * len(anchor)
+        ours = ours * len(anchor)
     if len(ours) != len(anchor):
         raise ValueError(
             f"ours has {len(ours)} rounds and the anchor {len(anchor)}: ratios are per round"
         )
-    return [o / a if a else float("inf") for o, a in zip(ours, anchor, strict=True)]
+    return ours, anchor
 
 
 def summarize_measurement(m: Mapping[str, Any]) -> dict[str, Any]:
@@ -385,14 +395,12 @@ class Comparison:
         return change is not None and change > tolerance and self.apart
 
 
-def _ratio_median(m: Mapping[str, Any]) -> float | None:
-    ratio = summarize_measurement(m)["ratio"]
-    return None if ratio is None else float(ratio["median"])
-
-
-def _ratio_range(m: Mapping[str, Any]) -> tuple[float, float] | None:
-    ratio = summarize_measurement(m)["ratio"]
-    return None if ratio is None else (float(ratio["min"]), float(ratio["max"]))
+def _ratio_summary(m: Mapping[str, Any] | None) -> tuple[float | None, tuple[float, float] | None]:
+    """The median and the (min, max) of a measurement's per-round ratios (None if unknown)."""
+    ratio = None if m is None else summarize_measurement(m)["ratio"]
+    if ratio is None:
+        return None, None
+    return float(ratio["median"]), (float(ratio["min"]), float(ratio["max"]))
 
 
 def _key(m: Mapping[str, Any]) -> tuple[str, str, str]:
@@ -406,17 +414,18 @@ def compare(recorded: Mapping[str, Result], fresh: Mapping[str, Result]) -> list
     for name, result in fresh.items():
         old = {_key(m): m for m in recorded.get(name, {}).get("measurements", [])}
         for m in result.get("measurements", []):
-            before = old.get(_key(m))
+            recorded, recorded_range = _ratio_summary(old.get(_key(m)))
+            fresh_median, fresh_range = _ratio_summary(m)
             out.append(
                 Comparison(
                     name,
                     m["what"],
                     m["ours"],
                     m["anchor"],
-                    None if before is None else _ratio_median(before),
-                    _ratio_median(m),
-                    None if before is None else _ratio_range(before),
-                    _ratio_range(m),
+                    recorded,
+                    fresh_median,
+                    recorded_range,
+                    fresh_range,
                 )
             )
     return out
@@ -437,9 +446,10 @@ def pool(first: Result, second: Result) -> Result:
         for side in (m, other):
             ours = [float(v) for v in side.get("ours_rounds") or []]
             anchor = [float(v) for v in side.get("anchor_rounds") or []]
-            n = max(len(ours), len(anchor))
-            rounds["ours_rounds"] += ours * n if len(ours) == 1 else ours
-            rounds["anchor_rounds"] += anchor * n if len(anchor) == 1 else anchor
+            if ours and anchor:  # a skipped measurement has no rounds to pair
+                ours, anchor = paired_rounds(ours, anchor)
+            rounds["ours_rounds"] += ours
+            rounds["anchor_rounds"] += anchor
         measurements.append(summarize_measurement({**m, **rounds}))
     return {**first, "measurements": measurements}
 

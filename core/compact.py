@@ -639,6 +639,6 @@ def maybe_compact(machine: StateMachine, *, max_merges: int = 1) -> CompactionRe
     if max_merges <= 0 or (known.version > 0 and not needs_compaction(known)):
         return None
     state = machine.state()
-    if max_merges <= 0 or not needs_compaction(state):
+    if not needs_compaction(state):
         return None
     return _compact_from(machine, state, False, max_merges, PART_TARGET_BYTES, 10)

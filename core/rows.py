@@ -195,10 +195,16 @@ def distinct_order(first: pa.Array) -> np.ndarray | None:
     than Arrow's ``sort_indices`` on one integer column; the check costs one gather.
     """
     values = _numpy_key(first)
-    if values is None:
-        return None
+    sorted_ = _distinct_sort(values) if values is not None else None
+    return sorted_[0] if sorted_ is not None else None
+
+
+def _distinct_sort(values: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """(the permutation sorting ``values``, the sorted values) when they are pairwise
+    distinct; None otherwise."""
     perm = np.argsort(values).astype(np.int64, copy=False)
-    return perm if _strictly_apart(values[perm]) else None
+    ordered = values[perm]
+    return (perm, ordered) if _strictly_apart(ordered) else None
 
 
 def _distinct_through(first: pa.Array, perm: np.ndarray) -> np.ndarray | None:
@@ -368,12 +374,7 @@ def settle_below_bound(
         sort_indices(table, columns, expect_ties=expect_ties).to_numpy(), dtype=np.int64
     )
     q = int(np.flatnonzero(idx == 0)[0])
-    done = consolidate_through(table, idx[:q], columns)
-    if q + 1 >= table.num_rows:
-        return done, None
-    waiting = np.zeros(table.num_rows, dtype=bool)
-    waiting[idx[q + 1 :]] = True
-    return done, table.filter(pa.array(waiting))
+    return _split(table, columns, idx[:q], idx[q + 1 :])
 
 
 def _settle_distinct(
@@ -388,30 +389,36 @@ def _settle_distinct(
     key (they are distinct), and a sort of that row with the bound (the bound first when
     equal, as the stable sort would place it) decides on which side it falls.
     """
-    rest = table.slice(1)
-    first = key_array(rest.column(columns[0]))
-    if first is None:
-        return None
-    perm = distinct_order(first)
-    if perm is None:
-        return None
     bound_first = key_array(table.column(columns[0]).slice(0, 1))
     bound_key = _numpy_key(bound_first) if bound_first is not None else None
-    values = _numpy_key(first)
+    rest = table.slice(1)
+    first = key_array(rest.column(columns[0]))
+    values = _numpy_key(first) if first is not None else None
     if bound_key is None or values is None:
         return None
-    ordered = values[perm]
+    sorted_ = _distinct_sort(values)
+    if sorted_ is None:
+        return None
+    perm, ordered = sorted_
     q = int(np.searchsorted(ordered, bound_key[0], side="left"))
     if q < len(ordered) and ordered[q] == bound_key[0]:
         pair = pa.concat_tables([table.slice(0, 1), rest.take(pa.array([perm[q]]))])
         if int(sort_indices(pair, columns, expect_ties=True)[0].as_py()) == 1:
             q += 1  # that row sorts strictly before the bound: it is final too
-    done = consolidate_through(rest, perm[:q], columns)
-    if q >= rest.num_rows:
+    return _split(rest, columns, perm[:q], perm[q:])
+
+
+def _split(
+    table: pa.Table, columns: Sequence[str], final: np.ndarray, waiting: np.ndarray
+) -> tuple[pa.Table, pa.Table | None]:
+    """The rows ``final`` (in order) consolidated, and the rows ``waiting`` in their input
+    order (None if there are none): the two results of `settle_below_bound`."""
+    done = consolidate_through(table, final, columns)
+    if waiting.size == 0:
         return done, None
-    waiting = np.zeros(rest.num_rows, dtype=bool)
-    waiting[perm[q:]] = True
-    return done, rest.filter(pa.array(waiting))
+    mask = np.zeros(table.num_rows, dtype=bool)
+    mask[waiting] = True
+    return done, table.filter(pa.array(mask))
 
 
 def consolidate(
