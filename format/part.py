@@ -29,7 +29,6 @@ Reader invariants (`PartReader`):
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import json
 import os
@@ -669,6 +668,7 @@ class PartReader:
         self._layouts = [chunk_codec.layout_of(f.type) for f in self.schema]
         self._index = {n: i for i, n in enumerate(self.schema.names)}
         ncols = len(self.schema)
+        checkers = [stats.column_stats_checker(f.type) for f in self.schema]
         offset = HEADER_SIZE
         chunks: list[ChunkInfo] = []
         raw_keys: list[tuple[Any, Any]] = []
@@ -687,11 +687,11 @@ class PartReader:
             segments = []
             pos = offset
             for col in columns:
-                if not (isinstance(col, list) and len(col) == 3):
-                    raise ValueError("a column entry is [length, raw_length, crc32c]")
-                length, raw_length, crc = (_int({"v": v}, "v") for v in col)
-                if crc > 0xFFFFFFFF:
-                    raise ValueError("crc32c out of range")
+                if not (type(col) is list and len(col) == 3 and all(type(v) is int for v in col)):
+                    raise ValueError("a column entry is [length, raw_length, crc32c], integers")
+                length, raw_length, crc = col
+                if min(col) < 0 or crc > 0xFFFFFFFF:
+                    raise ValueError(f"column entry {col} out of range")
                 segments.append(Segment(pos, length, raw_length, crc))
                 pos += length
             length = _int(c, "length")
@@ -715,6 +715,14 @@ class PartReader:
                 raise ValueError("key statistics without a sort column")
             else:
                 key_min = key_max = None
+            column_stats = None
+            if self.version >= 2:
+                entries = c["stats"]
+                if not isinstance(entries, list) or len(entries) != ncols:
+                    raise ValueError("stats must hold one entry per column")
+                column_stats = tuple(
+                    check(e, num_rows) for check, e in zip(checkers, entries, strict=True)
+                )
             chunks.append(
                 ChunkInfo(
                     offset=offset,
@@ -726,18 +734,9 @@ class PartReader:
                     key_max=key_max,
                     key_null_count=_int(c, "key_null_count"),
                     segments=tuple(segments),
+                    column_stats=column_stats,
                 )
             )
-            column_stats = None
-            if self.version >= 2:
-                entries = c["stats"]
-                if not isinstance(entries, list) or len(entries) != ncols:
-                    raise ValueError("stats must hold one entry per column")
-                column_stats = tuple(
-                    stats.check_column_stats(e, f.type, num_rows)
-                    for e, f in zip(entries, self.schema, strict=True)
-                )
-                chunks[-1] = dataclasses.replace(chunks[-1], column_stats=column_stats)
             raw_keys.append(raw)
             offset += length
         if offset != self._footer_start:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import decimal
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -202,6 +203,35 @@ def column_stats(arr: pa.Array) -> tuple[Any, Any, int]:
         if size > MAX_STAT_BYTES:
             lo = hi = None
     return lo, hi, arr.null_count
+
+
+@functools.lru_cache(maxsize=512)
+def column_stats_checker(t: pa.DataType) -> Callable[[Any, int], ColumnStats]:
+    """`check_column_stats` for columns of type `t` (cached per type): the same checks and
+    result, with a direct path for integer and string columns, whose raw stats are the
+    Python values themselves (footers of small parts are mostly such entries)."""
+    family, supported = _family(t)
+    plain: type | None = None
+    if supported and family == "int":
+        plain = int
+    elif supported and family == "plain":
+        plain = str
+    if plain is None:
+        return lambda raw, num_rows: check_column_stats(raw, t, num_rows)
+    kind = plain
+
+    def check(raw: Any, num_rows: int) -> ColumnStats:
+        if type(raw) is list and len(raw) == 3:
+            lo, hi, nulls = raw
+            if (
+                type(nulls) is int
+                and 0 <= nulls <= num_rows
+                and ((lo is None and hi is None) or (type(lo) is kind and type(hi) is kind))
+            ):
+                return ColumnStats(lo, hi, nulls)
+        return check_column_stats(raw, t, num_rows)  # malformed: the general check says why
+
+    return check
 
 
 def check_column_stats(raw: Any, t: pa.DataType, num_rows: int) -> ColumnStats:

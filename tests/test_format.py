@@ -6,6 +6,7 @@ import datetime
 import decimal
 import io
 import struct
+from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -641,3 +642,37 @@ def test_round_trip_null_typed_struct_field_inside_map():
     )
     data, _ = encode_part(t)
     assert_exact(PartReader.from_bytes("p", data).read(), t)
+
+
+@pytest.mark.parametrize("t", [pa.int64(), pa.int8(), pa.string(), pa.large_string()])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        [1, 5, 0],
+        ["a", "b", 2],
+        [None, None, 3],
+        [None, None, 4],  # more nulls than rows
+        [True, False, 0],
+        [1.0, 2.0, 0],
+        [1, None, 0],
+        [1, 2, -1],
+        [1, 2, True],
+        [1, 2],
+        (1, 2, 0),
+        "x",
+    ],
+)
+def test_column_stats_checker_agrees_with_the_general_check(t: pa.DataType, raw: object) -> None:
+    """The per-type checker footers use gives the same statistics, and rejects the same
+    malformed entries, as `check_column_stats`."""
+    from persistshard.format import stats
+
+    def outcome(f: Callable[[], object]) -> object:
+        try:
+            return f()
+        except (ValueError, TypeError) as e:
+            return type(e)
+
+    general = outcome(lambda: stats.check_column_stats(raw, t, 3))
+    fast = outcome(lambda: stats.column_stats_checker(t)(raw, 3))
+    assert fast == general
