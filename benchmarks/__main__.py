@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -37,6 +40,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--list", action="store_true", help="list the benchmarks")
     p.add_argument("--record", type=Path, default=h.RECORD, help="the JSON record")
     p.add_argument("--page", type=Path, default=h.PAGE, help="the markdown page")
+    # Internal: run the one named benchmark in this process and write its result there.
+    p.add_argument("--result-to", type=Path, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     unknown = [n for n in args.names if n not in BY_NAME]
     if unknown:
@@ -57,10 +62,8 @@ def run_all(names: list[str], size: str, rounds: int | None) -> tuple[list[h.Res
             print(f"   not available yet, skipped: {e}", flush=True)
             continue
         started = time.time()
-        try:
-            result = h.run_benchmark(bench, size, rounds_here)
-        except Exception:
-            traceback.print_exc()
+        result = _run_isolated(name, size, rounds_here)
+        if result is None:
             failed.append(name)
             continue
         for m in result["measurements"]:
@@ -75,6 +78,37 @@ def run_all(names: list[str], size: str, rounds: int | None) -> tuple[list[h.Res
         print(f"   done in {time.time() - started:.0f} s", flush=True)
         results.append(result)
     return results, failed
+
+
+def _run_isolated(name: str, size: str, rounds: int) -> h.Result | None:
+    """Run one benchmark in a fresh Python process (None if it failed; its traceback is
+    on stderr). Every benchmark then starts from the same state, whichever ran before it in
+    this invocation: no Spark session, JVM heap, warm worker or allocator cache carried over,
+    so a ratio recorded alone and the same ratio checked after ten other benchmarks measure
+    the same thing."""
+    with tempfile.TemporaryDirectory(prefix="psbench-result-") as tmp:
+        out = Path(tmp) / "result.json"
+        command = [sys.executable, "-m", "benchmarks", name, "--size", size]
+        command += ["--rounds", str(rounds), "--result-to", str(out)]
+        code = subprocess.run(command, check=False).returncode
+        if code != 0 or not out.exists():
+            print(f"   {name} failed (exit code {code})", file=sys.stderr, flush=True)
+            return None
+        result: h.Result = json.loads(out.read_text())
+        return result
+
+
+def _run_here(name: str, size: str, rounds: int, out: Path) -> int:
+    """The child side of `_run_isolated`."""
+    try:
+        result = h.run_benchmark(BY_NAME[name], size, rounds)
+    except Exception:
+        traceback.print_exc()
+        return 1
+    finally:
+        stop_spark()
+    out.write_text(json.dumps(result))
+    return 0
 
 
 def _shown_path(path: Path) -> str:
@@ -100,6 +134,10 @@ def main(argv: list[str] | None = None) -> int:
         for b in REGISTRY:
             print(f"{b.name:<12} {b.summary}")
         return 0
+    if args.result_to is not None:
+        if len(args.names) != 1 or args.size is None or args.rounds is None:
+            raise SystemExit("--result-to runs exactly one benchmark, with --size and --rounds")
+        return _run_here(args.names[0], args.size, args.rounds, args.result_to)
     record = h.load_record(args.record)
     if args.render:
         h.write_page(record, REGISTRY, args.page)

@@ -40,6 +40,8 @@ Invariants the harness keeps (`summarize`):
 The record (``docs/benchmarks.json``) keeps one result per benchmark per size (``quick`` and
 ``full``); the page shows the full-size figures, or the quick ones when there are no others.
 `check` compares ratio medians of a fresh run with the record of the same size.
+``python -m benchmarks`` runs each benchmark in a fresh Python process, so a figure does not
+depend on which benchmarks ran before it in the same invocation.
 """
 
 from __future__ import annotations
@@ -661,11 +663,11 @@ def render_page(
         GENERATED,
         "",
         "How persistshard compares with what you would use instead. Every benchmark runs our "
-        "code and its anchor in the same process, alternating, for several rounds (after a "
-        "warm-up round); the tables give medians and the **ratio ours / anchor per round** "
-        "(median, min and max). Lower is better; 1.00x is parity. The machines these ran on "
-        "are shared and noisy, so the side-by-side ratio is the figure that counts, not the "
-        "absolute times.",
+        "code and its anchor in the same process (a fresh one per benchmark), alternating, for "
+        "several rounds (after a warm-up round); the tables give medians and the **ratio "
+        "ours / anchor per round** (median, min and max). Lower is better; 1.00x is parity. "
+        "The machines these ran on are shared and noisy, so the side-by-side ratio is the "
+        "figure that counts, not the absolute times.",
         "",
         "## How to run",
         "",

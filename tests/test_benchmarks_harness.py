@@ -251,3 +251,20 @@ def test_check_tells_contenders_apart_on_the_same_operation_and_anchor():
 
     comparisons = h.compare(two(1.0, 3.0), two(1.5, 3.0))
     assert [(c.ours, c.worse()) for c in comparisons] == [("ours", True), ("pass-through", False)]
+
+
+def test_each_benchmark_runs_in_a_process_of_its_own(tmp_path, monkeypatch):
+    """A run records what a fresh process measured: the invoking process never runs a
+    benchmark itself (here it cannot), so nothing one benchmark leaves behind (a Spark
+    session, a warm worker, cached memory) changes the next one's figures."""
+
+    def not_here(*args, **kwargs):
+        raise AssertionError("a benchmark ran in the invoking process")
+
+    monkeypatch.setattr(h, "run_benchmark", not_here)
+    record, page = tmp_path / "r.json", tmp_path / "p.md"
+    argv = ["format", "--size", "quick", "--rounds", "1", "--record", str(record)]
+    assert main([*argv, "--page", str(page)]) == 0
+    result = h.load_record(record)["runs"]["quick"]["format"]
+    assert result["rounds"] == 1 and result["measurements"]
+    assert "## " in page.read_text()
