@@ -416,7 +416,7 @@ def compare(recorded: Mapping[str, Result], fresh: Mapping[str, Result]) -> list
     for name, result in fresh.items():
         old = {_key(m): m for m in recorded.get(name, {}).get("measurements", [])}
         for m in result.get("measurements", []):
-            recorded, recorded_range = _ratio_summary(old.get(_key(m)))
+            recorded_median, recorded_range = _ratio_summary(old.get(_key(m)))
             fresh_median, fresh_range = _ratio_summary(m)
             out.append(
                 Comparison(
@@ -424,7 +424,7 @@ def compare(recorded: Mapping[str, Result], fresh: Mapping[str, Result]) -> list
                     m["what"],
                     m["ours"],
                     m["anchor"],
-                    recorded,
+                    recorded_median,
                     fresh_median,
                     recorded_range,
                     fresh_range,

@@ -268,3 +268,19 @@ def test_each_benchmark_runs_in_a_process_of_its_own(tmp_path, monkeypatch):
     result = h.load_record(record)["runs"]["quick"]["format"]
     assert result["rounds"] == 1 and result["measurements"]
     assert "## " in page.read_text()
+
+
+def test_compare_covers_every_benchmark_of_a_run():
+    """A check compares all the benchmarks of a run, each against its own record."""
+    recorded = {
+        "a": h.summarize(fake_result([1.0, 1.1, 1.2], [1.0, 1.0, 1.0]), "a"),
+        "b": h.summarize(fake_result([2.0, 2.1, 2.2], [1.0, 1.0, 1.0]), "b"),
+    }
+    fresh = {
+        "a": h.summarize(fake_result([1.0, 1.1, 1.2], [1.0, 1.0, 1.0]), "a"),
+        "b": h.summarize(fake_result([3.0, 3.1, 3.2], [1.0, 1.0, 1.0]), "b"),
+    }
+    by_name = {c.benchmark: c for c in h.compare(recorded, fresh)}
+    assert sorted(by_name) == ["a", "b"]
+    assert not by_name["a"].worse() and by_name["b"].worse()
+    assert by_name["b"].recorded == pytest.approx(2.1)
