@@ -31,7 +31,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="run fresh and compare ratios with the record of the same size; record nothing; "
         f"exit 1 if a ratio's median got worse by more than {h.TOLERANCE * 100:.0f}%% and "
-        "every fresh round is worse than every recorded round",
+        "every fresh round is worse than every recorded round (inconclusive, not failed, "
+        "when the anchor itself ran faster than recorded by the same rule)",
     )
     p.add_argument(
         "--fresh", type=Path, help="with --check: compare this saved run instead of running"

@@ -284,3 +284,18 @@ def test_compare_covers_every_benchmark_of_a_run():
     assert sorted(by_name) == ["a", "b"]
     assert not by_name["a"].worse() and by_name["b"].worse()
     assert by_name["b"].recorded == pytest.approx(2.1)
+
+
+def test_a_ratio_that_rose_because_its_anchor_ran_faster_is_inconclusive():
+    """Ours unchanged, the anchor faster beyond its spread: reported, not failed; ours
+    slower against a steady anchor: failed."""
+    recorded = {"q": h.summarize(fake_result([1.25, 1.19, 1.14], [0.80, 0.85, 1.00]), "q")}
+    anchor_moved = {"q": h.summarize(fake_result([1.20, 1.14, 1.10], [0.60, 0.55, 0.50]), "q")}
+    ours_slower = {"q": h.summarize(fake_result([1.90, 2.00, 2.10], [0.82, 0.90, 0.95]), "q")}
+    [moved] = h.compare(recorded, anchor_moved)
+    assert moved.change is not None and moved.change > h.TOLERANCE and moved.apart
+    assert moved.inconclusive() and not moved.worse()
+    report = h.check_report([moved])
+    assert "inconclusive" in report and "WORSE" not in report
+    [slower] = h.compare(recorded, ours_slower)
+    assert slower.worse() and not slower.inconclusive()
