@@ -6,9 +6,8 @@ Two pictures of what compaction is for, with the Python API on local files (no S
    (N on a ladder, e.g. 1, 10, 100, 1000), with no compaction; the snapshot read is timed,
    then `Shard.compact` runs and the read is timed again. Anchor: the same updates in one
    commit. Reads of the three shards alternate within each of ``3 * rounds`` rounds.
-   Compaction itself is timed
-   in ``rounds`` rounds, each on a fresh copy of the commits and next to one append of the
-   same rows into a fresh shard (its anchor).
+   Compaction itself is timed in ``rounds`` rounds, each on a fresh copy of the commits and
+   next to one append of the same rows into a fresh shard (its anchor).
 2. **Bytes stored against overwrites.** A table of ``rows`` rows (id, name, amount) is
    overwritten ``overwrites`` times with 1% of its amounts changed; each overwrite appends
    only the difference (a retraction of each changed row's old version and an insertion of

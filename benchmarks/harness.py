@@ -409,24 +409,17 @@ class Comparison:
         (old_median, old_min, _), (new_median, _, new_max) = self.recorded_anchor, self.fresh_anchor
         return new_median < old_median * (1.0 - tolerance) and new_max < old_min
 
+    def _rose(self, tolerance: float) -> bool:
+        """The ratio's own rule: median worse by more than the tolerance, ranges apart."""
+        change = self.change
+        return change is not None and change > tolerance and self.apart
+
     def inconclusive(self, tolerance: float = TOLERANCE) -> bool:
         """Worse by the ratio's rule, but the anchor moved (see the class doc)."""
-        change = self.change
-        return (
-            change is not None
-            and change > tolerance
-            and self.apart
-            and self.anchor_faster(tolerance)
-        )
+        return self._rose(tolerance) and self.anchor_faster(tolerance)
 
     def worse(self, tolerance: float = TOLERANCE) -> bool:
-        change = self.change
-        return (
-            change is not None
-            and change > tolerance
-            and self.apart
-            and not self.anchor_faster(tolerance)
-        )
+        return self._rose(tolerance) and not self.anchor_faster(tolerance)
 
 
 def _ratio_summary(m: Mapping[str, Any] | None) -> tuple[float | None, tuple[float, float] | None]:
