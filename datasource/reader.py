@@ -69,7 +69,7 @@ from persistshard.core.read import (
 from persistshard.core.rows import DIFF, SYSTEM_COLUMNS, TIME
 from persistshard.core.shard import Shard, open_shard
 from persistshard.core.state import ShardState
-from persistshard.datasource.options import ReadOptions, StorageOptions
+from persistshard.datasource.options import LOCATION_KEY, ReadOptions, StorageOptions
 from persistshard.datasource.pushes import Push, claimed_by, record_push
 from persistshard.datasource.types import arrow_schema_of, conform
 from persistshard.errors import InvalidUpdates
@@ -316,6 +316,12 @@ def check_table_columns(schema: StructType, stored: pa.Schema, location: str) ->
         )
 
 
+def declared_table(schema: StructType) -> bool:
+    """Whether ``schema`` is a SQL table's catalog schema (its fields carry the location):
+    such a table exists, with these columns, before anything is written to its shard."""
+    return any(LOCATION_KEY in (f.metadata or {}) for f in schema.fields)
+
+
 def names_in_order(fields: list[Any]) -> list[str]:
     return [f.name for f in fields]
 
@@ -335,7 +341,15 @@ class PersistShardReader(DataSourceReader):
         shard = open_shard(self.opts.location, **self.opts.storage_options)
         state = shard.state()
         if state.schema is None:
-            raise InvalidUpdates(f"no shard at {shard.location}: nothing was ever written there")
+            if not declared_table(self.schema):
+                raise InvalidUpdates(
+                    f"no shard at {shard.location}: nothing was ever written there"
+                )
+            # A created table nothing was written to yet is an empty table with its declared
+            # columns: an explicit time is checked as an empty shard's, no task reads anything.
+            if self.opts.as_of is not None or self.opts.reads_updates:
+                check_query(shard, state, self.opts)
+            return []
         check_table_columns(self.schema, state.schema, shard.location)
         q = check_query(shard, state, self.opts)
         if self.push is not None and self.row_filter is not None:
@@ -343,6 +357,8 @@ class PersistShardReader(DataSourceReader):
         return plan_partitions(shard, state, q, self.opts, self.row_filter)
 
     def read(self, partition: ShardPartition) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
+        if not isinstance(partition, ShardPartition):
+            return  # Spark's one empty partition when partitions() planned none
         q = partition.query
         target = arrow_schema_of(self.schema)
         task, result_filter = partition.task, self.result_filter
