@@ -198,7 +198,7 @@ def collect(
     report.parts = sorted(part_sizes)
     report.part_bytes = sum(part_sizes.values())
 
-    first = entries[0][0]
+    first = min(entries[0][0], machine.consensus.oldest_stored() or entries[0][0])
     if rollup_version > first:
         report.consensus_below = rollup_version
         report.consensus_versions = rollup_version - first
