@@ -299,21 +299,25 @@ def check_run(history: History, inner: FsspecBlob, initial: list[bytes], sched: 
             assert a.result[0] <= b.result[0], history.calls
 
 
-def stale_writer_scenario(stale: BlobConsensus, make, history: History) -> dict[str, Any]:
-    """A writer that read version 1 long ago appends; another writer appends twice; gc
-    truncates below 3; a reader reads the head twice."""
+def stale_writer_scenario(
+    stale: BlobConsensus, make, history: History, commits: int = 2
+) -> dict[str, Any]:
+    """A writer that read version 1 long ago appends; another writer appends ``commits``
+    times; gc truncates below the head it will reach; a reader reads the head twice."""
 
     def w1() -> None:
         history.record("w1", "cas", (1, b"w1"), lambda: stale.compare_and_set(1, b"w1"))
 
     def w2() -> None:
         c = make()
-        history.record("w2", "cas", (1, b"a"), lambda: c.compare_and_set(1, b"a"))
-        history.record("w2", "cas", (2, b"b"), lambda: c.compare_and_set(2, b"b"))
+        for v in range(1, commits + 1):
+            data = f"w2-{v}".encode()
+            history.record("w2", "cas", (v, data), lambda v=v, d=data: c.compare_and_set(v, d))
 
     def gc() -> None:
         c = make()
-        history.record("gc", "truncate", (3,), lambda: c.truncate(3))
+        below = commits + 1
+        history.record("gc", "truncate", (below,), lambda: c.truncate(below))
 
     def reader() -> None:
         c = make()
@@ -333,7 +337,8 @@ def test_the_known_fork_schedule_is_refused():
     history = History(sched)
     stale = BlobConsensus(blob)
     assert stale.head() is not None  # the stale writer read version 1 before anything ran
-    actors = stale_writer_scenario(stale, lambda: BlobConsensus(blob), history)
+    # Three commits: the stale writer's version 2 and the next one are both truncated.
+    actors = stale_writer_scenario(stale, lambda: BlobConsensus(blob), history, commits=3)
     # Actors one after another (no preemption at all): w2, gc, w1, r.
     for name in ["w2", "gc", "w1", "r"]:
         sched.run({name: actors[name]})
