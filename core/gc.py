@@ -157,7 +157,9 @@ def _referenced(
                 f"consensus log has a gap before version {version}; gc deleted nothing",
                 location=machine.location,
             )
-        state = st.apply(state, entry.commit, machine.location)
+        # fold: apply, then check the invariants (canonical part keys: an aliased key
+        # would make gc delete the live part it names).
+        state = st.fold(state, [entry.commit], machine.location)
         (live if version >= earliest else dead).update(state.part_keys())
     return live, dead - live
 

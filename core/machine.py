@@ -174,6 +174,7 @@ class StateMachine:
             now = layout.now_ms()
             stamped = replace(commit, at_ms=now)
             new = st.apply(current, stamped, self.location)
+            st.check_transition(current, new, stamped, self.location)  # before any write
             rollup = self._rollup
             if new.version % ROLLUP_EVERY == 0:
                 key = rollup_key(new.version)
