@@ -136,10 +136,19 @@ class StateMachine:
         ]
 
     def find_commit(self, commit_id: str, after: int) -> ShardState | None:
-        """The newest state if ``commit_id`` landed at a version > ``after``, else None."""
-        for _, entry in self.entries(after + 1):
+        """The newest state if ``commit_id`` landed at a version > ``after``, else None.
+        `Indeterminate` if the log was truncated past ``after + 1`` (nothing can tell)."""
+        entries = self.entries(after + 1)
+        for _, entry in entries:
             if entry.commit.id == commit_id:
                 return self.state()
+        if entries and entries[0][0] > after + 1:
+            raise Indeterminate(
+                f"commit {commit_id}: the storage failed while committing, and the log was "
+                f"truncated past version {after + 1} before the commit could be looked for, "
+                "so whether it landed is unknown; re-read the shard before retrying",
+                location=self.location,
+            )
         return None
 
     # --- writing ------------------------------------------------------------------------
