@@ -7,12 +7,17 @@
 Errors are ``TimeoutError`` (an ``OSError``), as a network filesystem would raise. The commit
 protocol must stay correct under both: no lost commit, no commit applied twice, no partial
 state visible.
+
+It can also *stall* (``stall``, with ``on_stall``): pause before an operation while
+``on_stall()`` runs, which lets other writers commit and gc truncate the log in the middle of
+this caller's commit, as a long GC pause or a slow network would.
 """
 
 from __future__ import annotations
 
 import random
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from persistshard.core.blob import Blob, BlobWrapper
@@ -30,13 +35,18 @@ class FaultyBlob(BlobWrapper):
         fail_after: float = 0.0,
         seed: int = 0,
         operations: frozenset[str] = frozenset({"put", "put_if_absent", "get", "delete"}),
+        stall: float = 0.0,
+        on_stall: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(inner)
         self.fail_before = fail_before
         self.fail_after = fail_after
         self.operations = operations
+        self.stall = stall
+        self.on_stall = on_stall
         self.enabled = True
         self.injected = 0
+        self.stalls = 0
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
 
@@ -45,6 +55,10 @@ class FaultyBlob(BlobWrapper):
             return None
         with self._lock:
             r = self._rng.random()
+            stalled = self.on_stall is not None and self._rng.random() < self.stall
+        if stalled and self.on_stall is not None:
+            self.stalls += 1
+            self.on_stall()
         if r < self.fail_before:
             return "before"
         if r < self.fail_before + self.fail_after:

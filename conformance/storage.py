@@ -30,7 +30,7 @@ import pytest
 
 from persistshard.core.blob import Blob, open_blob
 from persistshard.core.consensus import BlobConsensus, Consensus
-from persistshard.errors import StorageUnsupported
+from persistshard.errors import Indeterminate, StorageUnsupported
 
 RACERS = 8
 
@@ -235,6 +235,29 @@ class ConsensusContract:
         assert not consensus.compare_and_set(1, b"ghost")
         assert not consensus.compare_and_set(2, b"ghost")
         assert [e.data for e in consensus.scan(1)] == [b"3"]
+
+    def test_stale_writer_after_deep_truncation(self, store: Store) -> None:
+        """A writer that read version 1, stalled while another handle appended up to version
+        4 and truncated everything below it, must not be told its append of version 2
+        succeeded, and no reader may see that append (the re-created version 2 is below
+        the retained log)."""
+        stale, other = store.consensus(), store.consensus()
+        assert other.compare_and_set(None, b"1")
+        head = stale.head()
+        assert head is not None and head.version == 1
+        for version in (1, 2, 3):
+            assert other.compare_and_set(version, str(version + 1).encode())
+        other.truncate(4)
+        try:
+            ok = stale.compare_and_set(1, b"ghost")
+        except Indeterminate:
+            ok = False
+        assert not ok
+        for reader in (store.consensus(), other, stale):
+            head = reader.head()
+            assert head is not None and (head.version, head.data) == (4, b"4")
+            assert b"ghost" not in [e.data for e in reader.scan(1)]
+        assert store.consensus().compare_and_set(4, b"5")
 
     def test_cas_race(self, store: Store) -> None:
         """N workers race to append version 1: exactly one wins, and the log holds its bytes."""

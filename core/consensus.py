@@ -12,15 +12,33 @@ Contract (every implementation; tested by `persistshard.conformance`):
 - ``truncate(below)`` deletes entries with versions < ``below``; it never deletes the head.
 
 `BlobConsensus` keeps the log next to the data, one object per version, using the blob's atomic
-put-if-absent. Because truncation deletes old versions, a writer that read the head long ago
-could re-create a truncated version; every entry therefore names its predecessor's digest, and
-a created entry whose successor does not name it is withdrawn and reported as a lost race.
+put-if-absent. Truncation deletes old versions, so a writer that read the head long ago could
+re-create a truncated version number (its put-if-absent succeeds on the freed key): such an
+entry is a *stale re-creation* and must never be reported as a successful compare-and-set nor
+be seen by a reader. Truncation therefore leaves a durable low-water mark, the *floor*: before
+it deletes anything below ``b`` it creates ``consensus/floor/f<b:020d>``, and it deletes older
+markers only after writing a higher one, so the highest marker is never removed and the floor
+(the highest marker, 0 without any) only rises. What always holds, and what every check below
+relies on:
+
+- floor <= head: truncation never deletes the head and writes a marker only below it.
+- An entry at version ``v`` that exists while the floor is ``<= v`` is the original one: a
+  re-creation of ``v`` needs the original deleted first, which needs a marker above ``v``
+  first. So an entry is trusted only if a floor read *after* reading (or creating) it is
+  ``<= v``; `head` and `scan` check that, and a compare-and-set that created ``v`` does too.
+- A compare-and-set whose created entry fails that check finds out which case it is in: the
+  successor names the entry it was built on (each entry's header names its predecessor's
+  digest), so a successor naming another entry proves a re-creation (withdrawn, False); no
+  successor leaves the outcome unknown (withdrawn below the floor, `Indeterminate`).
 
 Finding the head does not list the log: versions are created one after another and only ever
 deleted from below, so the retained versions are contiguous up to the head. A hint (the last
 head this object saw, else the best-effort ``consensus/HEAD`` object) is probed upward until a
 version is missing; only a missing hint (truncated, or never written) falls back to listing.
-The hint may be stale but never makes the answer wrong: probing always reaches the true head.
+The hint may be stale but never makes the answer wrong: probing always reaches the true head,
+and the floor check rejects a probe that ended on a stale re-creation (probing then starts
+again from the floor). Each head, scan and compare-and-set lists ``consensus/floor/`` (a few
+markers at most) once.
 ``consensus/HEAD`` is rewritten only at version 1 and every `HINT_EVERY`-th version (a
 rewrite is a rename over an existing file, about half of a local commit's time when done on
 every commit), so a fresh reader probes at most `HINT_EVERY` entries past it. `HINT_EVERY`
@@ -84,6 +102,13 @@ class Consensus(ABC):
     def truncate(self, below: int) -> int:
         """Delete entries with version < ``below`` (never the head); return how many."""
 
+    def oldest_stored(self) -> int | None:
+        """The lowest version whose entry is still stored, trusted or not (what a truncation
+        would delete from: a truncation cut short leaves entries that `scan` no longer
+        returns), or None for an empty log."""
+        first = self.scan(1, 1)
+        return first[0].version if first else None
+
 
 #: ``consensus/HEAD`` is written at version 1 and at every multiple of this (see above).
 HINT_EVERY = 4
@@ -92,10 +117,18 @@ assert ROLLUP_EVERY % HINT_EVERY == 0
 _ENTRY = re.compile(r"^v(\d{20})\.json$")
 _PREFIX = CONSENSUS_PREFIX
 _HINT = f"{_PREFIX}HEAD"
+_FLOOR_PREFIX = f"{_PREFIX}floor/"
+_FLOOR = re.compile(r"^f(\d{20})$")
+#: How often `head` starts again from a risen floor before giving up (truncation keeps racing).
+MAX_RESTARTS = 64
 
 
 def _key(version: int) -> str:
     return f"{_PREFIX}v{version:020d}.json"
+
+
+def _floor_key(below: int) -> str:
+    return f"{_FLOOR_PREFIX}f{below:020d}"
 
 
 def _wrap(prev_digest: str | None, payload: bytes) -> bytes:
@@ -124,6 +157,7 @@ class BlobConsensus(Consensus):
     Requires a blob whose put-if-absent is atomic (local files, memory, S3); refuses others
     with `StorageUnsupported`. Each stored entry is a one-line JSON header naming the digest
     of its predecessor, then the caller's bytes; `VersionedData.data` is the caller's bytes.
+    Truncation leaves floor markers under ``consensus/floor/`` (see the module docstring).
     """
 
     def __init__(self, blob: Blob) -> None:
@@ -136,9 +170,11 @@ class BlobConsensus(Consensus):
             )
         self.blob = blob
         self._hint = 0
-        # (version, digest) of the newest entry this object read or wrote: the predecessor
-        # digest of its next compare-and-set, without reading that entry again.
+        # (version, digest) of the newest *trusted* entry this object read or wrote (checked
+        # against the floor): the predecessor digest of its next compare-and-set.
         self._seen: tuple[int, str] | None = None
+        # The highest floor this object has read (the floor only rises).
+        self._floor_seen = 0
 
     def entry_name(self, version: int) -> str:
         return _key(version)
@@ -146,6 +182,17 @@ class BlobConsensus(Consensus):
     @property
     def shared(self) -> bool:
         return self.blob.capabilities.shared
+
+    def floor(self) -> int:
+        """The truncation floor now: every version below it may be gone or a stale
+        re-creation; every entry at or above it that exists is the original."""
+        best = 0
+        for meta in self.blob.list(_FLOOR_PREFIX):
+            m = _FLOOR.match(meta.key[len(_FLOOR_PREFIX) :])
+            if m:
+                best = max(best, int(m.group(1)))
+        self._floor_seen = max(self._floor_seen, best)
+        return best
 
     def _read_hint(self) -> int:
         if self._hint:
@@ -166,7 +213,7 @@ class BlobConsensus(Consensus):
             pass  # only a hint: readers probe upward from whatever it says
 
     def _probe_from(self, start: int) -> tuple[str | None, VersionedData] | None:
-        """The newest entry at or above ``start``, if ``start`` itself exists."""
+        """The last entry of the run of versions starting at ``start``, if ``start`` exists."""
         found = self._read(start)
         if found is None:
             return None
@@ -193,34 +240,56 @@ class BlobConsensus(Consensus):
         prev, payload = _unwrap(raw, key, self.blob.url)
         return prev, VersionedData(version, payload)
 
-    def head(self) -> VersionedData | None:
-        hint = self._read_hint()
-        if hint > 0:
-            found = self._probe_from(hint)
+    def _untrusted_head(self, start: int) -> VersionedData | None:
+        """The end of the run of versions from ``start`` (else from the newest listed version);
+        not yet checked against the floor."""
+        if start > 0:
+            found = self._probe_from(start)
             if found is not None:
-                self._hint = found[1].version
-                self._seen = (found[1].version, found[1].digest)
                 return found[1]
         for version in reversed(self._versions()):
-            entry = self._read(version)
-            if entry is not None:
-                self._hint = version
-                self._seen = (version, entry[1].digest)
-                return entry[1]
+            if version < start:
+                break
+            found = self._probe_from(version)
+            if found is not None:
+                return found[1]
         return None
+
+    def head(self) -> VersionedData | None:
+        start = self._read_hint()
+        for _ in range(MAX_RESTARTS):
+            found = self._untrusted_head(start)
+            floor = self.floor()
+            if found is None:
+                if floor == 0:
+                    return None  # never written (truncation always leaves the head)
+                start = floor
+                continue
+            if found.version >= floor:
+                # Trusted (read before this floor); and no version above it existed and was
+                # truncated before that read, or the floor would be above it.
+                self._hint = found.version
+                self._seen = (found.version, found.digest)
+                return found
+            start = floor  # a stale re-creation: the log moved on and was truncated
+        raise Indeterminate(
+            f"the consensus head kept moving under truncation ({MAX_RESTARTS} tries); "
+            "retry the read",
+            location=self.blob.url,
+        )
 
     def compare_and_set(self, expected: int | None, data: bytes) -> bool:
         base = expected or 0
         prev_digest: str | None = None
         if base > 0 and self._seen is not None and self._seen[0] == base:
-            # Entries are immutable: the one read at ``base`` still has this digest. (Were it
-            # truncated and re-created since, ``base + 1`` would exist or `_confirm` withdraws.)
-            prev_digest = self._seen[1]
+            prev_digest = self._seen[1]  # entries are immutable; checked by the floor below
         elif base > 0:
             prev = self._read(base)
             if prev is None:
-                return False
+                return False  # truncated (the head moved past it) or never written
             prev_digest = prev[1].digest
+        if base < self._floor_seen:
+            return False  # the head is at or above the floor, so above ``base``
         new_version = base + 1
         raw = _wrap(prev_digest, data)
         try:
@@ -234,33 +303,44 @@ class BlobConsensus(Consensus):
         if not created:
             return False
         digest = VersionedData(new_version, data).digest
-        if not self._confirm(new_version, digest):
-            return False
+        try:
+            floor = self.floor()
+            if floor > new_version and not self._built_on(new_version, digest):
+                return False
+        except OSError as e:
+            raise Indeterminate(
+                f"checking consensus version {new_version} against the truncation floor "
+                f"failed ({e}); it may have been applied"
+            ) from e
         self._seen = (new_version, digest)
         self._write_hint(new_version)
         return True
 
-    def _confirm(self, version: int, digest: str) -> bool:
-        """Whether the entry just created at ``version`` is on the live chain.
-
-        A version can be re-created after truncation removed it; then newer versions exist
-        that do not descend from it. Such an entry is withdrawn and the CAS reported lost.
-        """
+    def _built_on(self, version: int, digest: str) -> bool:
+        """Whether the entry this object created at ``version``, now below the floor, was the
+        original (True: the log moved on from it and truncated it) rather than a stale
+        re-creation (withdrawn, False). Raises `Indeterminate` when nothing tells."""
         successor = self._read(version + 1)
+        self.blob.delete(_key(version))  # below the floor: truncated territory either way
         if successor is None:
-            self._hint = max(self._hint, version)  # probe from here: nothing below matters
-            head = self.head()
-            if head is None or head.version <= version:
-                return True
-            # Another writer chained onto this entry between the two reads: look again.
-            successor = self._read(version + 1)
-        if successor is not None and successor[0] == digest:
-            return True
-        self.blob.delete(_key(version))
-        return False
+            raise Indeterminate(
+                f"consensus version {version} was created, but the log was truncated past it "
+                "before the creation could be confirmed; it may have been applied (re-read "
+                "the shard)",
+                location=self.blob.url,
+            )
+        return successor[0] == digest
 
     def scan(self, from_version: int, limit: int | None = None) -> list[VersionedData]:
-        first = self._read(max(from_version, 1))
+        out = self._untrusted_scan(from_version, limit)
+        floor = self.floor()
+        # Entries read before this floor and at or above it are the originals; below it they
+        # may be stale re-creations, so they are dropped (the caller sees the log start later).
+        return [e for e in out if e.version >= floor]
+
+    def _untrusted_scan(self, from_version: int, limit: int | None) -> list[VersionedData]:
+        start = max(from_version, 1, self._floor_seen)
+        first = self._read(start)
         if first is not None:  # contiguous from here: probe upward, no listing
             out = [first[1]]
             while limit is None or len(out) < limit:
@@ -271,7 +351,7 @@ class BlobConsensus(Consensus):
             return out
         out = []
         for version in self._versions():
-            if version < from_version:
+            if version < start:
                 continue
             entry = self._read(version)
             if entry is None:
@@ -281,17 +361,32 @@ class BlobConsensus(Consensus):
                 break
         return out
 
+    def oldest_stored(self) -> int | None:
+        versions = self._versions()
+        return versions[0] if versions else None
+
     def truncate(self, below: int) -> int:
+        """Delete the versions below ``below`` (never the head): first raise the floor to the
+        bound actually used (a durable marker), then delete the entries oldest first, then
+        the lower markers (a lower marker is removed only once a higher one exists)."""
         versions = self._versions()
         if not versions:
             return 0
-        head = versions[-1]
+        bound = min(below, versions[-1])
+        current = self.floor()
+        if bound > current:
+            self.blob.put_if_absent(_floor_key(bound), b"")
+            current = bound
         deleted = 0
         for version in versions:
-            if version >= below or version >= head:
+            if version >= current:
                 break
             self.blob.delete(_key(version))
             deleted += 1
+        for meta in self.blob.list(_FLOOR_PREFIX):
+            m = _FLOOR.match(meta.key[len(_FLOOR_PREFIX) :])
+            if m and int(m.group(1)) < current:
+                self.blob.delete(meta.key)
         return deleted
 
 

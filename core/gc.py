@@ -157,7 +157,9 @@ def _referenced(
                 f"consensus log has a gap before version {version}; gc deleted nothing",
                 location=machine.location,
             )
-        state = st.apply(state, entry.commit, machine.location)
+        # fold: apply, then check the invariants (canonical part keys: an aliased key
+        # would make gc delete the live part it names).
+        state = st.fold(state, [entry.commit], machine.location)
         (live if version >= earliest else dead).update(state.part_keys())
     return live, dead - live
 
@@ -198,7 +200,7 @@ def collect(
     report.parts = sorted(part_sizes)
     report.part_bytes = sum(part_sizes.values())
 
-    first = entries[0][0]
+    first = min(entries[0][0], machine.consensus.oldest_stored() or entries[0][0])
     if rollup_version > first:
         report.consensus_below = rollup_version
         report.consensus_versions = rollup_version - first

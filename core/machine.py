@@ -36,7 +36,7 @@ from dataclasses import replace
 from persistshard.core import layout
 from persistshard.core import state as st
 from persistshard.core.blob import Blob
-from persistshard.core.consensus import Consensus
+from persistshard.core.consensus import Consensus, VersionedData
 from persistshard.core.layout import ROLLUP_EVERY, rollup_key
 from persistshard.core.state import Commit, Entry, ShardState
 from persistshard.errors import (
@@ -55,6 +55,8 @@ DETERMINATE_REFUSALS = (UpperMismatch, InvalidUpdates, NotSealed, StateConflict)
 MAX_ATTEMPTS = 1000
 #: How often reading the log back may fail, after an ambiguous attempt, before `Indeterminate`.
 MAX_STORAGE_FAILURES = 8
+#: How many times `StateMachine.state` starts again when the log was truncated under it.
+MAX_STATE_READS = 16
 #: The first pause after a failed read-back; it doubles with each further failure (cap 1 s).
 BACKOFF_SECONDS = 0.01
 
@@ -78,8 +80,27 @@ class StateMachine:
         return self._state
 
     def state(self) -> ShardState:
-        """The newest state version (re-reads the consensus head)."""
-        head = self.consensus.head()
+        """The newest state version (re-reads the consensus head).
+
+        A read that finds the log truncated behind it (a gap, or a rollup gc removed) while
+        the head moved on is started again from the new head; the same failure at an
+        unchanged head is `CorruptData`."""
+        for _ in range(MAX_STATE_READS):
+            head = self.consensus.head()
+            try:
+                return self._state_at(head)
+            except CorruptData:
+                newer = self.consensus.head()
+                if head is None or newer is None or newer.version == head.version:
+                    raise
+        raise Indeterminate(
+            f"the log kept moving and being truncated under {MAX_STATE_READS} reads in a "
+            "row; retry the read",
+            location=self.location,
+        )
+
+    def _state_at(self, head: VersionedData | None) -> ShardState:
+        """The state at ``head`` (read just before), from this machine's state or a rollup."""
         if head is None:
             self._state, self._rollup = ShardState(), (0, None)
             return self._state
@@ -136,10 +157,19 @@ class StateMachine:
         ]
 
     def find_commit(self, commit_id: str, after: int) -> ShardState | None:
-        """The newest state if ``commit_id`` landed at a version > ``after``, else None."""
-        for _, entry in self.entries(after + 1):
+        """The newest state if ``commit_id`` landed at a version > ``after``, else None.
+        `Indeterminate` if the log was truncated past ``after + 1`` (nothing can tell)."""
+        entries = self.entries(after + 1)
+        for _, entry in entries:
             if entry.commit.id == commit_id:
                 return self.state()
+        if entries and entries[0][0] > after + 1:
+            raise Indeterminate(
+                f"commit {commit_id}: the storage failed while committing, and the log was "
+                f"truncated past version {after + 1} before the commit could be looked for, "
+                "so whether it landed is unknown; re-read the shard before retrying",
+                location=self.location,
+            )
         return None
 
     # --- writing ------------------------------------------------------------------------
@@ -174,6 +204,7 @@ class StateMachine:
             now = layout.now_ms()
             stamped = replace(commit, at_ms=now)
             new = st.apply(current, stamped, self.location)
+            st.check_transition(current, new, stamped, self.location)  # before any write
             rollup = self._rollup
             if new.version % ROLLUP_EVERY == 0:
                 key = rollup_key(new.version)

@@ -61,6 +61,7 @@ from typing import Any
 import crc32c
 import pyarrow as pa
 
+from persistshard.core.layout import PARTS_PREFIX, ROLLUPS_PREFIX
 from persistshard.errors import (
     CorruptData,
     HoldExpired,
@@ -72,6 +73,34 @@ from persistshard.errors import (
     UpperMismatch,
     WriterAlreadyCommitted,
 )
+
+# One path segment: no separator, drive or scheme colon, backslash or control character.
+_SEGMENT = re.compile(r"^[^/\\:\x00-\x1f\x7f]+$")
+
+
+def key_problem(key: object, prefix: str = PARTS_PREFIX) -> str | None:
+    """Why ``key`` is not a canonical key inside the shard under ``prefix``, or None.
+
+    Canonical: a string starting with ``prefix`` (so never absolute and never another
+    shard's), then at least one segment; no segment is empty, ``.`` or ``..``, and none holds
+    a scheme or drive colon, a backslash or a control character. So two different keys never
+    name the same object (``parts/w/./p.part`` would alias ``parts/w/p.part``, and gc
+    deleted a live part through such an alias) and no key reads outside the shard.
+    """
+    if not isinstance(key, str):
+        return f"key {key!r} is not a string"
+    if not key.startswith(prefix):
+        return f"key {key!r} is not under {prefix}"
+    for segment in key[len(prefix) :].split("/"):
+        if segment in ("", ".", ".."):
+            return f"key {key!r} has an empty, '.' or '..' segment"
+        if not _SEGMENT.match(segment):
+            return f"key {key!r} has a segment with ':', '\\' or a control character"
+    return None
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 @dataclass(frozen=True)
@@ -220,6 +249,29 @@ class ShardState:
         def fail(msg: str) -> None:
             raise CorruptData(f"state version {self.version} breaks an invariant: {msg}")
 
+        # Types, keys and counts first: the order checks below compare them.
+        for n, v in (("version", self.version), ("upper", self.upper), ("since", self.since)):
+            if not _is_count(v):
+                fail(f"{n} {v!r} is not a non-negative integer")
+        for b in (*self.trace, *self.unsealed):
+            if not isinstance(b.id, str):
+                fail(f"batch id {b.id!r} is not a string")
+            if not _is_count(b.lower) or not _is_count(b.upper) or not _is_count(b.level):
+                fail(f"batch {b.id} has bounds or level that are not non-negative integers")
+            for p in b.parts:
+                problem = key_problem(p.key)
+                if problem is not None:
+                    fail(f"batch {b.id}: part {problem}")
+                if not _is_count(p.size) or not _is_count(p.num_rows):
+                    fail(f"part {p.key} has size {p.size!r} and {p.num_rows!r} rows")
+                if p.num_rows and p.size == 0:
+                    fail(f"part {p.key} has {p.num_rows} rows in 0 bytes")
+                if p.num_rows and not (_is_count(p.min_time) and _is_count(p.max_time)):
+                    fail(f"part {p.key} has times {p.min_time!r}..{p.max_time!r}")
+                if p.num_rows and p.min_time > p.max_time:
+                    fail(f"part {p.key} has min time {p.min_time} > max time {p.max_time}")
+                if p.rewrite_time is not None and not (p.min_time == p.max_time == p.rewrite_time):
+                    fail(f"part {p.key} is rewritten to {p.rewrite_time!r} but spans times")
         if not 0 <= self.since <= self.upper:
             fail(f"since {self.since} and upper {self.upper} out of order")
         expected_lower = 0
@@ -618,6 +670,45 @@ def apply(state: ShardState, commit: Commit, location: str | None = None) -> Sha
     return replace(new, version=state.version + 1, last_commit=commit.id)
 
 
+def check_transition(
+    old: ShardState, new: ShardState, commit: Commit, location: str | None = None
+) -> None:
+    """Refuse a new state before its compare-and-set (`InvalidUpdates`: nothing is written).
+
+    ``new`` must be ``apply(old, commit)`` and hold every invariant of `ShardState.check`
+    (canonical part keys inside the shard, consistent counts, contiguous trace); on top, the
+    step from ``old``: the version moves by one, upper and since never move back, and an
+    append adds no unsealed update below the new upper (such an update would change
+    snapshots that are already readable).
+    """
+
+    def refuse(msg: str) -> InvalidUpdates:
+        return InvalidUpdates(
+            f"commit {commit.id} ({commit.kind}) is refused before it is written: {msg}; "
+            "the shard is unchanged (fix the writer that built it)",
+            location=location,
+        )
+
+    try:
+        new.check()
+    except CorruptData as e:
+        raise refuse(e.detail) from None
+    if new.version != old.version + 1:
+        raise refuse(f"it makes version {new.version} from version {old.version}")
+    if new.upper < old.upper or new.since < old.since:
+        raise refuse(
+            f"upper {old.upper} -> {new.upper} and since {old.since} -> {new.since} move back"
+        )
+    if commit.kind == "append":
+        before = {b.id for b in old.unsealed}
+        for b in new.unsealed:
+            if b.id not in before and b.lower < new.upper:
+                raise refuse(
+                    f"unsealed batch {b.id} has updates from time {b.lower}, below the new "
+                    f"upper {new.upper}"
+                )
+
+
 # --- log entries and rollups: checksummed bytes ----------------------------------------------
 
 #: Magic words of the stored objects, and the version of their layout.
@@ -690,6 +781,12 @@ class Entry:
             )
             if entry.commit.kind not in _APPLY or not isinstance(entry.commit.args, dict):
                 raise ValueError(f"unknown commit kind {entry.commit.kind!r}")
+            if not _is_count(entry.rollup_version):
+                raise ValueError(f"rollup version {entry.rollup_version!r}")
+            if entry.rollup_key is not None:
+                problem = key_problem(entry.rollup_key, ROLLUPS_PREFIX)
+                if problem is not None:
+                    raise ValueError(f"rollup {problem}")
             return entry
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise CorruptData(

@@ -13,7 +13,7 @@ import pytest
 from conformance_helpers import rows_of
 from hypothesis import HealthCheck, settings
 
-from persistshard import Indeterminate, UpperMismatch
+from persistshard import Indeterminate, InvalidUpdates, UpperMismatch
 from persistshard.conformance.faults import FaultyBlob
 from persistshard.conformance.model import make_shard_machine
 from persistshard.conformance.storage import (
@@ -25,7 +25,9 @@ from persistshard.conformance.storage import (
 from persistshard.core import machine
 from persistshard.core.blob import Blob
 from persistshard.core.consensus import MemoryConsensus
+from persistshard.core.layout import ROLLUP_EVERY
 from persistshard.core.shard import Shard
+from persistshard.core.state import Entry
 
 
 @pytest.fixture(params=["file", "memory"])
@@ -123,3 +125,49 @@ def test_commits_under_injected_faults(tmp_path, seed, monkeypatch):
     assert clean.upper == 25
     assert rows_of(clean.snapshot()) == {(i,): 1 for i in range(25)}
     clean.state().check()
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_commits_under_injected_faults_and_stalls(tmp_path, seed, monkeypatch):
+    """As above, with stalls: before some storage calls the writer pauses while another
+    writer appends past a rollup and the log is truncated behind it (as gc does), so the
+    writer's retries and read-backs meet a log that moved on and lost its old versions.
+    Each of its appends is retried until it is seen in the shard; every append, its own and
+    the other's, must be there exactly once."""
+    monkeypatch.setattr(machine, "BACKOFF_SECONDS", 0.0)
+    location = f"{tmp_path}/stalls"
+    other = Shard(location)
+    other.append(pa.table({"id": [-1], "_time": [0], "_diff": [1]}))
+    others = [-1]
+
+    def meanwhile() -> None:
+        for _ in range(ROLLUP_EVERY + 1):
+            others.append(-len(others) - 1)
+            other.append(pa.table({"id": [others[-1]], "_time": [other.upper], "_diff": [1]}))
+        head = other.consensus.head()
+        assert head is not None
+        other.consensus.truncate(Entry.decode(head.data).rollup_version)
+
+    blob = FaultyBlob(
+        Blob(location), fail_before=0.1, fail_after=0.1, seed=seed, stall=0.01, on_stall=meanwhile
+    )
+    shard = Shard(location, blob=blob)
+    for i in range(10):
+        while True:
+            try:
+                shard.append(pa.table({"id": [i], "_time": [shard.upper], "_diff": [1]}))
+                break
+            except InvalidUpdates as e:  # a stall moved the upper past the row's time
+                assert "below the write's lower" in str(e)
+            except (OSError, Indeterminate, UpperMismatch):
+                blob.enabled = False
+                landed = (i,) in rows_of(shard.snapshot())
+                blob.enabled = True
+                if landed:
+                    break
+    assert blob.stalls >= 2 and blob.injected > 5
+    blob.enabled = False
+    clean = Shard(location)
+    assert rows_of(clean.snapshot()) == {(i,): 1 for i in [*range(10), *others]}
+    clean.state().check()
+    assert clean.verify().ok

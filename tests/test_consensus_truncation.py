@@ -1,0 +1,49 @@
+"""A commit whose outcome is unknown must never be applied twice, even when the log was
+truncated past it before the writer could look (issue 25, item 2).
+
+After an ambiguous compare-and-set, the state machine looks for its commit's id in the log;
+if gc truncated the log past the attempt in between, the id cannot be found either way, and
+trying again could apply the same commit twice: the commit is reported `Indeterminate`.
+"""
+
+from __future__ import annotations
+
+import pytest
+from conformance_helpers import rows_of, updates
+
+import persistshard as ps
+from persistshard.core.consensus import BlobConsensus
+from persistshard.core.layout import ROLLUP_EVERY
+from persistshard.errors import Indeterminate
+
+
+class LandsThenTruncated(BlobConsensus):
+    """The first compare-and-set lands; then other writers commit past a rollup and gc
+    truncates the log behind it, and only then does the call fail (a timeout)."""
+
+    def __init__(self, blob, others) -> None:
+        super().__init__(blob)
+        self.others = others
+        self.armed = True
+
+    def compare_and_set(self, expected, data):
+        landed = super().compare_and_set(expected, data)
+        if self.armed and landed:
+            self.armed = False
+            other = self.others()
+            for t in range(ROLLUP_EVERY + 1):
+                other.append(updates([(100 + t, "other", other.upper, 1)]))
+            other.gc(dry_run=False, now_ms=2**45)
+            raise Indeterminate("timed out")
+        return landed
+
+
+def test_an_ambiguous_commit_truncated_past_is_indeterminate_not_applied_twice(tmp_path):
+    location = str(tmp_path / "s")
+    ps.open_shard(location).append(updates([(1, "a", 0, 1)]))
+    shard = ps.open_shard(location)
+    shard.machine.consensus = LandsThenTruncated(shard.blob, lambda: ps.open_shard(location))
+    with pytest.raises(Indeterminate):
+        shard.append(updates([(2, "mine", 1, 1)]))
+    rows = rows_of(ps.open_shard(location).snapshot())
+    assert rows[(2, "mine")] == 1  # it landed once, and only once
