@@ -10,9 +10,28 @@ Where the shard is (in order): the ``path`` option (``.load(path)`` / ``.save(pa
 table's LOCATION and OPTIONS before a Python source sees them, except in ``schema()`` during
 a ``CREATE TABLE`` without a column list; what ``schema()`` returns there is kept in the
 catalog with its field metadata and handed to every later ``reader(schema)`` and
-``writer(schema)``. So the location travels in the metadata of the table's fields. A write
-whose schema Spark took from the query rather than the table arrives with no location; it is
-refused with `WRITE_FORMS`, the statement forms that name the shard.
+``writer(schema)``. So the location travels in the metadata of the table's fields
+(`table_metadata`).
+
+A read trusts it: ``reader(schema)`` always gets the table's own catalog schema. A write may
+not: its schema is the *query's*, and when the query's columns already have the target's names
+and types Spark passes them through unconverted, with the metadata of whatever table they were
+read from (``INSERT INTO t SELECT * FROM u`` arrives with ``u``'s location). Only Spark's
+output resolution puts the *target's* columns in front of the query, and it copies their
+metadata through ``CharVarcharUtils.cleanMetadata``, which strips exactly one key,
+`RAW_TYPE_KEY`. So ``schema()`` puts that key (with the field's own type, which Spark parses
+back to the same type) on every field, and `write_location` trusts a metadata location only
+when it provably came from the resolver (the *provenance rule*):
+
+- every field that carries a location carries the same one, and at least one does (columns
+  added later by ``ALTER TABLE ... ADD COLUMNS`` carry none);
+- every such field carries ``persistshard.catalog = "2"`` (tables created before the rule,
+  and tables whose types the DDL string cannot state exactly, are never trusted);
+- no field carries `RAW_TYPE_KEY` (its presence means a scan, not the resolver, made it);
+- no ``path``/``location`` option was given (an explicit one always wins).
+
+Anything else is refused with `WRITE_FORMS`, the statement forms that name the shard. The
+Spark behaviour the rule relies on is pinned by canary tests (``tests/test_sql_provenance.py``).
 
 Storage options: every option named ``storage.<name>`` is handed to fsspec as the storage
 option ``<name>`` (Spark lower-cases option keys, so names are lower case); a value that
@@ -33,12 +52,23 @@ import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from persistshard.errors import InvalidUpdates, StorageUnsupported
 
+if TYPE_CHECKING:
+    from pyspark.sql.types import StructType
+
 #: Field metadata key holding the shard location of a SQL table.
 LOCATION_KEY = "persistshard.location"
+#: Field metadata key saying which provenance rule the table's metadata was made for
+#: (`CATALOG_VERSION`, or `CATALOG_PARTIAL` when a type's DDL string is not exact).
+CATALOG_KEY = "persistshard.catalog"
+CATALOG_VERSION = "2"
+CATALOG_PARTIAL = "partial"
+#: Spark's key for a column's declared CHAR/VARCHAR type; its output resolver strips it (and
+#: only it) when it copies the target table's column metadata, a scan keeps it.
+RAW_TYPE_KEY = "__CHAR_VARCHAR_TYPE_STRING"
 
 WRITE_OPTIONS = frozenset(
     {
@@ -202,7 +232,9 @@ def _bool(options: Mapping[str, str], key: str, default: bool) -> bool:
 
 
 def find_location(options: Mapping[str, str], schema: Any = None) -> str | None:
-    """The shard location from the options or the schema's field metadata, if any."""
+    """The shard location from the options or the schema's field metadata, if any.
+
+    For reads (the reader's schema is the table's own); writes use `write_location`."""
     for key in ("path", "location"):
         value = options.get(key)
         if value:
@@ -215,6 +247,48 @@ def find_location(options: Mapping[str, str], schema: Any = None) -> str | None:
     return None
 
 
+def ddl_type(data_type: Any) -> tuple[str, bool]:
+    """The Spark DDL string of a type, and whether parsing it gives exactly this type.
+
+    DDL cannot say ``containsNull = false`` (arrays), ``valueContainsNull = false`` (maps),
+    so such types are not exact; struct fields keep ``NOT NULL``."""
+    from pyspark.sql.types import ArrayType, MapType, StructType
+
+    if isinstance(data_type, ArrayType):
+        inner, exact = ddl_type(data_type.elementType)
+        return f"array<{inner}>", exact and data_type.containsNull
+    if isinstance(data_type, MapType):
+        key, key_exact = ddl_type(data_type.keyType)
+        value, value_exact = ddl_type(data_type.valueType)
+        return f"map<{key},{value}>", key_exact and value_exact and data_type.valueContainsNull
+    if isinstance(data_type, StructType):
+        parts = []
+        exact = True
+        for f in data_type.fields:
+            inner, inner_exact = ddl_type(f.dataType)
+            exact = exact and inner_exact
+            name = f.name.replace("`", "``")
+            parts.append(f"`{name}`:{inner}{'' if f.nullable else ' NOT NULL'}")
+        return f"struct<{','.join(parts)}>", exact
+    return data_type.simpleString(), True
+
+
+def table_metadata(schema: StructType, location: str) -> StructType:
+    """``schema`` as a catalog table's schema: every field carries the location, the
+    provenance marker and its own type under `RAW_TYPE_KEY` (module docstring)."""
+    from pyspark.sql.types import StructField, StructType
+
+    typed = [(f, *ddl_type(f.dataType)) for f in schema.fields]
+    version = CATALOG_VERSION if all(exact for _, _, exact in typed) else CATALOG_PARTIAL
+    fields = []
+    for f, ddl, exact in typed:
+        meta = {**(f.metadata or {}), LOCATION_KEY: location, CATALOG_KEY: version}
+        if exact:
+            meta[RAW_TYPE_KEY] = ddl
+        fields.append(StructField(f.name, f.dataType, f.nullable, meta))
+    return StructType(fields)
+
+
 #: What a write that reached the source without a location should be written as instead.
 WRITE_FORMS = (
     "name the shard in the statement: INSERT INTO t WITH ('path' = '/data/t') SELECT ... "
@@ -224,19 +298,62 @@ WRITE_FORMS = (
 )
 
 
-def require_location(options: Mapping[str, str], schema: Any = None, what: str = "read") -> str:
-    """`find_location`, or an error that says how to name the shard for this operation."""
+NO_LOCATION = (
+    "no shard location reached this write: Spark 4.3 passes none for INSERT ... "
+    "SELECT and INSERT ... TABLE whose columns need no conversion, df.write.insertInto, "
+    "df.writeTo(t).append(), saveAsTable, CREATE TABLE ... AS SELECT, and tables "
+    "created with a column list (create those with CREATE TABLE t USING persistshard "
+    "LOCATION '/data/t' OPTIONS (columns '...'))"
+)
+
+
+def write_location(options: Mapping[str, str], schema: Any = None) -> str:
+    """Where a write goes: the ``path``/``location`` option, else the location in the
+    schema's field metadata if the provenance rule (module docstring) proves it is the
+    target's own; otherwise `InvalidUpdates` naming the statement forms that work."""
+    for key in ("path", "location"):
+        value = options.get(key)
+        if value:
+            return str(value)
+    fields = list(getattr(schema, "fields", None) or [])
+    located = [f for f in fields if LOCATION_KEY in (f.metadata or {})]
+    if not located:
+        raise InvalidUpdates(f"{NO_LOCATION}; {WRITE_FORMS}")
+    locations = sorted({str(f.metadata[LOCATION_KEY]) for f in located})
+    scanned = [f.name for f in fields if RAW_TYPE_KEY in (f.metadata or {})]
+    versions = {str(f.metadata.get(CATALOG_KEY)) for f in located}
+    if len(locations) == 1 and not scanned and versions == {CATALOG_VERSION}:
+        return locations[0]
+    if len(locations) > 1 or scanned:
+        where = " and ".join(locations)
+        raise InvalidUpdates(
+            f"refused to write: this write's columns carry the shard location {where} of a "
+            "table they were read from, which need not be the table the statement names "
+            "(Spark 4.3 passes a query's columns to the writer unconverted, metadata "
+            "included, when their names and types already match the target: INSERT ... "
+            "SELECT/TABLE, insertInto, writeTo); nothing was written; " + WRITE_FORMS
+        )
+    if CATALOG_PARTIAL in versions:
+        reason = (
+            "the table has a column type whose DDL string is not exact (an array or map "
+            "whose elements are declared non-null), so its catalog columns cannot prove "
+            "where a write comes from"
+        )
+    else:
+        reason = (
+            "the table was created before persistshard marked its catalog columns, so they "
+            "cannot prove where a write comes from; re-create it to write with plain "
+            f"INSERT again (DROP TABLE t, then CREATE TABLE t USING persistshard LOCATION "
+            f"'{locations[0]}': an external table's data stays)"
+        )
+    raise InvalidUpdates(f"refused to write to {locations[0]}: {reason}; {WRITE_FORMS}")
+
+
+def require_location(options: Mapping[str, str], schema: Any = None) -> str:
+    """`find_location` for a read, or an error that says how to name the shard."""
     location = find_location(options, schema)
     if location is not None:
         return location
-    if what == "write":
-        raise InvalidUpdates(
-            "no shard location reached this write: Spark 4.3 passes none for INSERT ... "
-            "SELECT and INSERT ... TABLE whose columns need no conversion, df.write.insertInto, "
-            "df.writeTo(t).append(), saveAsTable, CREATE TABLE ... AS SELECT, and tables "
-            f"created with a column list (create those with CREATE TABLE t USING persistshard "
-            f"LOCATION '/data/t' OPTIONS (columns '...')); {WRITE_FORMS}"
-        )
     raise InvalidUpdates(
         "no shard location: use .load(path) or option('path', ...); for SQL, create the "
         "table without a column list so it remembers its location: CREATE TABLE t USING "
@@ -288,7 +405,7 @@ class WriteOptions:
         frontier: tuple[tuple[str, int], ...] = ()
         if options.get("source_frontier"):
             frontier = _frontier(str(options["source_frontier"]))
-        location = require_location(options, schema, "write")
+        location = write_location(options, schema)
         check_shared(location)
         return WriteOptions(
             location=location,

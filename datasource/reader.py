@@ -357,7 +357,7 @@ def check_columns(schema: StructType, stored: pa.Schema, location: str) -> list[
     column pruning (docs/design.md). An unknown column, another type, or NOT NULL for a
     nullable column is refused, naming the stored columns."""
     wanted = [f for f in schema.fields if f.name not in (TIME, DIFF)]
-    if any(LOCATION_KEY in (f.metadata or {}) for f in schema.fields):
+    if declared_table(schema):
         check_table_columns(schema, stored, location)
         return [f.name for f in stored]
     spark_stored = {f.name: f for f in spark_schema_of(stored).fields}
@@ -405,6 +405,12 @@ def check_table_columns(schema: StructType, stored: pa.Schema, location: str) ->
         )
 
 
+def declared_table(schema: StructType) -> bool:
+    """Whether ``schema`` is a SQL table's catalog schema (its fields carry the location):
+    such a table exists, with these columns, before anything is written to its shard."""
+    return any(LOCATION_KEY in (f.metadata or {}) for f in schema.fields)
+
+
 def names_in_order(fields: list[Any]) -> list[str]:
     return [f.name for f in fields]
 
@@ -436,13 +442,23 @@ class PersistShardReader(DataSourceReader):
         shard = open_shard(self.opts.location, **self.opts.storage_options)
         state = shard.state()
         if state.schema is None:
-            raise InvalidUpdates(f"no shard at {shard.location}: nothing was ever written there")
+            if not declared_table(self.schema):
+                raise InvalidUpdates(
+                    f"no shard at {shard.location}: nothing was ever written there"
+                )
+            # A created table nothing was written to yet is an empty table with its declared
+            # columns: an explicit time is checked as an empty shard's, no task reads anything.
+            if self.opts.as_of is not None or self.opts.reads_updates:
+                check_query(shard, state, self.opts)
+            return []
         check_columns(self.schema, state.schema, shard.location)
         q = check_query(shard, state, self.opts)
         row_filter, result_filter = self.filters(state.schema)
         return plan_partitions(shard, state, q, self.opts, row_filter, result_filter)
 
     def read(self, partition: ShardPartition) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
+        if not isinstance(partition, ShardPartition):
+            return  # Spark's one empty partition when partitions() planned none
         q = partition.query
         target = arrow_schema_of(self.schema)
         result_filter = partition.result_filter

@@ -11,8 +11,9 @@ The schema it reports:
   ``_diff``. Spark calls ``schema()`` with the same options for a stream as for a batch read,
   so a stream asks for this schema with ``changes`` or ``updates_from``;
 - in ``CREATE TABLE`` (options carry ``location``): the shard's columns, or those of the
-  ``columns`` option for a new shard, each field carrying the location in its metadata, which
-  is how later SQL statements find the table's shard (see `persistshard.datasource.options`).
+  ``columns`` option for a new shard, each field carrying the location and the provenance
+  marker in its metadata, which is how later SQL statements find the table's shard and how a
+  write tells the target's columns from a source table's (`persistshard.datasource.options`).
   With ``OPTIONS (changes 'true')`` the table also has ``_time`` and ``_diff`` (a *change
   table*: its SELECTs return updates, so ``WITH ('updates_from' = ...)`` keeps them), with
   ``OPTIONS (with_diff 'true')`` it has ``_diff``.
@@ -40,6 +41,7 @@ from persistshard.datasource.options import (
     require_location,
     storage_errors,
     storage_options,
+    table_metadata,
 )
 from persistshard.datasource.types import spark_schema_of
 from persistshard.errors import InvalidUpdates
@@ -110,16 +112,11 @@ class PersistShardDataSource(DataSource):
         else:
             names = ()
         if creating:
-            # The location rides in every field's metadata (module docstring); a change table
-            # (OPTIONS (changes 'true')) also carries _time and _diff, so SELECT keeps them.
-            schema = _with_system(spark_schema_of(stored), *names) if names else None
-            base = spark_schema_of(stored, {LOCATION_KEY: shard.location})
-            if schema is None:
-                return base
-            meta = {LOCATION_KEY: shard.location}
-            return StructType(
-                [StructField(f.name, f.dataType, f.nullable, meta) for f in schema.fields]
-            )
+            # The location rides in every field's metadata with the provenance marker
+            # (datasource/options.py); a change table (OPTIONS (changes 'true')) also carries
+            # _time and _diff, so SELECT keeps them.
+            base = spark_schema_of(stored)
+            return table_metadata(_with_system(base, *names) if names else base, shard.location)
         base = spark_schema_of(stored)
         return _with_system(base, *names) if names else base
 
@@ -143,7 +140,9 @@ class PersistShardDataSource(DataSource):
         from persistshard.datasource.sinks import PersistShardWriter
 
         options = dict(self.options)
-        with storage_errors(find_location(options, schema), "write the shard"):
+        # Only an explicit path names the location here: the metadata's may be another
+        # table's (write_location decides, in the writer).
+        with storage_errors(find_location(options), "write the shard"):
             if options.get("key_columns"):  # an upsert write (datasource/upsert.py)
                 from persistshard.datasource.upsert import UpsertWriter
 

@@ -365,7 +365,10 @@ def test_sql_create_insert_overwrite_select(spark, tmp_path):
         assert counts(spark.sql("SELECT * FROM orders")) == Counter(
             {(1, "apple"): 1, (2, "pear"): 1, (3, "plum"): 1}
         )
-        spark.sql("INSERT OVERWRITE orders SELECT id, item FROM orders WHERE id > 1")
+        spark.sql(
+            f"INSERT OVERWRITE orders WITH ('path' = '{loc}') SELECT id, item FROM orders "
+            "WHERE id > 1"
+        )
         assert counts(spark.sql("SELECT * FROM orders")) == Counter(
             {(2, "pear"): 1, (3, "plum"): 1}
         )
@@ -483,7 +486,8 @@ def test_streaming_commit_replay_is_a_no_op(location):
 
 def test_hive_catalog_keeps_the_location(tmp_path):
     """With enableHiveSupport(), a new process reading the same metastore still finds the
-    shard (the location travels in the catalog's field metadata)."""
+    shard (the location travels in the catalog's field metadata), and the provenance rule
+    holds there too (tests/test_sql_provenance.py runs without Hive)."""
     script = f"""
 import os, sys
 os.environ["PYSPARK_PYTHON"] = sys.executable
@@ -495,10 +499,21 @@ spark.sparkContext.setLogLevel("ERROR")
 if sys.argv[1] == "create":
     spark.sql("CREATE TABLE h USING persistshard LOCATION {str(tmp_path / "h")!r} "
               "OPTIONS (columns 'id BIGINT')")
+    spark.sql("CREATE TABLE hu USING persistshard LOCATION {str(tmp_path / "hu")!r} "
+              "OPTIONS (columns 'id BIGINT')")
+    print("EMPTY", spark.sql("SELECT * FROM h").collect())
     spark.sql("INSERT INTO h VALUES (1), (2)")
+    spark.sql("INSERT INTO hu VALUES (7)")
 else:
     spark.sql("INSERT INTO h VALUES (3)")
+    for statement in ("INSERT INTO h SELECT * FROM hu", "INSERT OVERWRITE h TABLE hu"):
+        try:
+            spark.sql(statement)
+            print("WROTE", statement)
+        except Exception as e:
+            print("REFUSED", "refused to write" in str(e))
     print("ROWS", sorted(r.id for r in spark.sql("SELECT * FROM h").collect()))
+    print("SOURCE", sorted(r.id for r in spark.sql("SELECT * FROM hu").collect()))
 """
     path = tmp_path / "hive_job.py"
     path.write_text(script)
@@ -519,7 +534,12 @@ else:
             timeout=300,
         )
         assert out.returncode == 0, out.stderr[-3000:]
+        if step == "create":
+            assert "EMPTY []" in out.stdout  # a created table reads as empty
+    # With Hive's catalog too, a write from another table is refused and changes nothing.
+    assert out.stdout.count("REFUSED True") == 2, out.stdout
     assert "ROWS [1, 2, 3]" in out.stdout
+    assert "SOURCE [7]" in out.stdout
 
 
 def test_duplicate_rows_across_tasks_count_correctly(spark, location):

@@ -88,15 +88,20 @@ def test_row_insert_select_with_path(spark, table):
 
 
 def test_row_insert_overwrite_self_select(spark, table):
+    """A self-select passes the table's own scanned columns, which cannot be told from another
+    table's (tests/test_sql_provenance.py): refused; with the path it works."""
     name, loc = table
     spark.sql(f"INSERT INTO {name} VALUES (2, 'pear')")
-    spark.sql(f"INSERT OVERWRITE {name} SELECT * FROM {name} WHERE id > 1")
+    with pytest.raises(Exception, match=r"InvalidUpdates: refused to write.*WITH \('path'"):
+        spark.sql(f"INSERT OVERWRITE {name} SELECT * FROM {name} WHERE id > 1")
+    assert rows_of(loc) == Counter({(1, "apple"): 1, (2, "pear"): 1})
+    spark.sql(f"INSERT OVERWRITE {name} WITH ('path' = '{loc}') SELECT * FROM {name} WHERE id > 1")
     assert rows_of(loc) == Counter({(2, "pear"): 1})
 
 
-def test_row_insert_select_from_another_shard_table_goes_to_the_source(spark, table, tmp_path):
-    """The hazard the README warns about: Spark hands the writer the source table's columns
-    unchanged, with the source's location in their metadata."""
+def test_row_insert_select_from_another_shard_table_is_refused(spark, table, tmp_path):
+    """Spark hands the writer the source table's columns unchanged, with the source's location
+    in their metadata: the provenance rule refuses the write, and the source is untouched."""
     name, loc = table
     other = f"{name}_other"
     other_loc = str(tmp_path / other)
@@ -106,12 +111,13 @@ def test_row_insert_select_from_another_shard_table_goes_to_the_source(spark, ta
     )
     try:
         spark.sql(f"INSERT INTO {other} VALUES (5, 'fig')")
-        spark.sql(f"INSERT INTO {name} SELECT * FROM {other}")
+        with pytest.raises(Exception, match=r"InvalidUpdates: refused to write"):
+            spark.sql(f"INSERT INTO {name} SELECT * FROM {other}")
         assert rows_of(loc) == Counter({(1, "apple"): 1})
-        assert rows_of(other_loc) == Counter({(5, "fig"): 2})
+        assert rows_of(other_loc) == Counter({(5, "fig"): 1})
         # Naming the target is always right.
         spark.sql(f"INSERT INTO {name} WITH ('path' = '{loc}') SELECT * FROM {other}")
-        assert rows_of(loc) == Counter({(1, "apple"): 1, (5, "fig"): 2})
+        assert rows_of(loc) == Counter({(1, "apple"): 1, (5, "fig"): 1})
     finally:
         spark.sql(f"DROP TABLE IF EXISTS {other}")
 
@@ -176,7 +182,10 @@ def test_row_unsupported_statements(spark, table, statement, message):
 def test_row_delete_written_as_self_overwrite_and_time_travel_with_as_of(spark, table):
     name, _ = table
     spark.sql(f"INSERT INTO {name} VALUES (2, 'pear')")
-    spark.sql(f"INSERT OVERWRITE {name} SELECT * FROM {name} WHERE NOT (id = 1)")
+    _, loc = table
+    spark.sql(
+        f"INSERT OVERWRITE {name} WITH ('path' = '{loc}') SELECT * FROM {name} WHERE NOT (id = 1)"
+    )
     assert counts(spark.sql(f"SELECT * FROM {name}")) == Counter({(2, "pear"): 1})
     assert counts(spark.sql(f"SELECT * FROM {name} WITH ('as_of' = '0')")) == Counter(
         {(1, "apple"): 1}
@@ -265,7 +274,7 @@ def test_alter_table_add_columns(spark, table):
         {"id": 2, "item": "pear", "price": 1.5, "_time": 1, "_diff": 1},
     ]
     # An overwrite retracts an old-schema row exactly, and compaction keeps it all.
-    spark.sql(f"INSERT OVERWRITE {name} SELECT * FROM {name} WHERE id = 2")
+    spark.sql(f"INSERT OVERWRITE {name} WITH ('path' = '{loc}') SELECT * FROM {name} WHERE id = 2")
     shard.advance_since(shard.upper - 1)
     shard.compact()
     assert counts(spark.sql(f"SELECT * FROM {name}")) == Counter({(2, "pear", 1.5): 1})
