@@ -254,7 +254,8 @@ def _open_all(
         cached[missing[0].key] = open_part(blob, missing[0])
     elif missing:
         with ThreadPoolExecutor(max_workers=min(8, len(missing))) as pool:
-            for ref, reader in zip(missing, pool.map(lambda r: open_part(blob, r), missing)):
+            opened = pool.map(lambda r: open_part(blob, r), missing)
+            for ref, reader in zip(missing, opened, strict=True):
                 cached[ref.key] = reader
     return [cached[r.key] for r in refs]
 
