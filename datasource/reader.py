@@ -40,9 +40,10 @@ schema (``spark.read.schema("id long, name string")``) reaches ``reader(schema)`
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -170,9 +171,12 @@ def plan_partitions(
     opts: ReadOptions,
     row_filter: Pred | None = None,
     result_filter: Pred | None = None,
+    columns: Sequence[str] | None = None,
 ) -> list[ShardPartition]:
     """Spark partitions of the pinned ``state`` for ``q`` (`core.read.plan_read`); each
-    carries ``row_filter`` in its task and ``result_filter`` beside it."""
+    carries ``row_filter`` in its task and ``result_filter`` beside it. ``columns`` (None:
+    all) are the row columns the read returns: tasks then decode only those (and the ones
+    the filters read), and consolidate per distinct projected row (`core.read.ReadTask`)."""
     tasks = plan_read(
         shard.blob,
         state,
@@ -182,6 +186,11 @@ def plan_partitions(
         min_partitions=opts.min_partitions,
         row_filter=row_filter,
     )
+    assert state.schema is not None
+    if columns is not None and set(columns) != set(state.schema.names):
+        keep = {*columns, *(result_filter.columns() if result_filter is not None else ())}
+        names = tuple(n for n in state.schema.names if n in keep)
+        tasks = [dataclasses.replace(t, columns=names) for t in tasks]
     return [
         ShardPartition(shard.location, state.version, t, shard.storage_options, result_filter)
         for t in tasks
@@ -451,10 +460,10 @@ class PersistShardReader(DataSourceReader):
             if self.opts.as_of is not None or self.opts.reads_updates:
                 check_query(shard, state, self.opts)
             return []
-        check_columns(self.schema, state.schema, shard.location)
+        columns = check_columns(self.schema, state.schema, shard.location)
         q = check_query(shard, state, self.opts)
         row_filter, result_filter = self.filters(state.schema)
-        return plan_partitions(shard, state, q, self.opts, row_filter, result_filter)
+        return plan_partitions(shard, state, q, self.opts, row_filter, result_filter, columns)
 
     def read(self, partition: ShardPartition) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
         if not isinstance(partition, ShardPartition):
