@@ -188,8 +188,7 @@ def plan_partitions(
     )
     assert state.schema is not None
     if columns is not None and set(columns) != set(state.schema.names):
-        keep = {*columns, *(result_filter.columns() if result_filter is not None else ())}
-        names = tuple(n for n in state.schema.names if n in keep)
+        names = tuple(n for n in state.schema.names if n in set(columns))
         tasks = [dataclasses.replace(t, columns=names) for t in tasks]
     return [
         ShardPartition(shard.location, state.version, t, shard.storage_options, result_filter)
@@ -225,17 +224,38 @@ def split_filter(pred: Pred, row_columns: set[str]) -> tuple[Pred | None, Pred |
 
 
 def where_filters(
-    opts: ReadOptions, parsed: Pred | None, stored: pa.Schema, schema: StructType
+    opts: ReadOptions,
+    parsed: Pred | None,
+    stored: pa.Schema,
+    schema: StructType,
+    columns: Sequence[str] | None = None,
 ) -> tuple[Pred | None, Pred | None]:
     """The ``where`` option bound against the shard's stored columns, split by
-    `split_filter`; an unknown column or an inexact test is refused naming the text."""
+    `split_filter`; an unknown column or an inexact test is refused naming the text.
+
+    The row filter applies to the stored rows (any stored column); the result filter to the
+    rows the read returns, so with a pruned schema (``columns``: the row columns returned)
+    its row columns must be among them (a ``_diff`` is then the projected row's sum)."""
     if parsed is None:
         return None, None
     try:
         bound = bind_where(parsed, output_schema(stored, schema))
     except WhereSyntaxError as e:
         raise bad_where(opts.where, e, opts.location) from None
-    return split_filter(bound, set(stored.names))
+    rows, result = split_filter(bound, set(stored.names))
+    returned = set(stored.names if columns is None else columns) | {TIME, DIFF}
+    outside = sorted(result.columns() - returned) if result is not None else []
+    if outside:
+        raise bad_where(
+            opts.where,
+            WhereSyntaxError(
+                f"a condition on {TIME}/{DIFF} applies to the rows the read returns, and "
+                f"{', '.join(outside)} is not among the columns of .schema(...); add it, or "
+                f"put the condition on {', '.join(outside)} in its own AND branch"
+            ),
+            opts.location,
+        )
+    return rows, result
 
 
 def bad_where(text: str | None, error: Exception, location: str | None = None) -> Exception:
@@ -443,9 +463,12 @@ class PersistShardReader(DataSourceReader):
             except WhereSyntaxError as e:
                 raise bad_where(self.opts.where, e, self.opts.location) from None
 
-    def filters(self, stored: pa.Schema) -> tuple[Pred | None, Pred | None]:
-        """(row filter, result filter) of this read against the stored columns."""
-        return where_filters(self.opts, self.where, stored, self.schema)
+    def filters(
+        self, stored: pa.Schema, columns: Sequence[str] | None = None
+    ) -> tuple[Pred | None, Pred | None]:
+        """(row filter, result filter) of this read against the stored columns, returning
+        the row columns ``columns`` (None: all)."""
+        return where_filters(self.opts, self.where, stored, self.schema, columns)
 
     def partitions(self) -> list[ShardPartition]:
         shard = open_shard(self.opts.location, **self.opts.storage_options)
@@ -462,7 +485,7 @@ class PersistShardReader(DataSourceReader):
             return []
         columns = check_columns(self.schema, state.schema, shard.location)
         q = check_query(shard, state, self.opts)
-        row_filter, result_filter = self.filters(state.schema)
+        row_filter, result_filter = self.filters(state.schema, columns)
         return plan_partitions(shard, state, q, self.opts, row_filter, result_filter, columns)
 
     def read(self, partition: ShardPartition) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
@@ -515,8 +538,10 @@ class ScopedPushdownReader(PersistShardReader):
         self.pushed = tuple(accepted)
         return rejected
 
-    def filters(self, stored: pa.Schema) -> tuple[Pred | None, Pred | None]:
-        row, result = super().filters(stored)
+    def filters(
+        self, stored: pa.Schema, columns: Sequence[str] | None = None
+    ) -> tuple[Pred | None, Pred | None]:
+        row, result = super().filters(stored, columns)
         if not self.pushed:
             return row, result
         rows, results = split_filter(

@@ -118,6 +118,17 @@ def test_with_diff_sums_per_distinct_projected_row(tmp_path: Any) -> None:
         sums[r[1]] += r[3]
     got = _read(location, StructType([FULL["name"], diff]), with_diff="true")
     assert sorted(got, key=repr) == sorted(((k, v) for k, v in sums.items() if v), key=repr)
+    # a condition on _diff applies to the rows returned: the projected rows' sums
+    big = _read(location, StructType([FULL["name"], diff]), with_diff="true", where="_diff > 44")
+    assert sorted(big, key=repr) == sorted(((k, v) for k, v in sums.items() if v > 44), key=repr)
+    assert 0 < len(big) < len(got)
+    with pytest.raises(InvalidUpdates, match=r"id is not among the columns of \.schema"):
+        _read(
+            location,
+            StructType([FULL["name"], diff]),
+            with_diff="true",
+            where="_diff > 44 OR id = 2",
+        )
 
 
 @pytest.mark.parametrize(
