@@ -8,9 +8,16 @@ row at time 0 with diff 1, through the Python API) and as Spark parquet
 (``spark.read.parquet(generated).write.parquet``). Every table is registered as a temporary
 view per contender, and the queries (`benchmarks.tpch_queries`) name them.
 
-Each round runs every query once per contender, alternating; a query's time is
+A third contender, *persistshard, pruned columns*, reads the same shards through views that
+name only the columns each query needs (per query ``n`` and table ``t``, a view ``pr<n>_t``
+over ``spark.read.format("persistshard").schema(<those columns>)``): Spark 4.3 asks a Python
+source for no required columns, so this is the column pruning a user can ask for
+(docs/design.md, "Filter pushdown and pruning").
+
+Each round runs every query once per contender, rotating the order; a query's time is
 ``spark.sql(q).collect()``. Filter pushdown is on (``spark.sql.python.filterPushdown.enabled``;
-parquet pushes its own filters regardless). The answers of the first round are compared,
+persistshard prunes nothing by it on Spark 4.3; parquet pushes its own filters regardless).
+The answers of the first round are compared,
 exactly (types, values, row order where the query orders, as multisets otherwise): a fast wrong
 answer fails the benchmark.
 
@@ -39,6 +46,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 OURS = "persistshard"
+PRUNED = "persistshard, pruned columns"
 PARQUET = "Spark parquet"
 TOTAL_TARGET = 2.0
 SELECTIVE = {6: 1.5, 14: 1.5, 19: 1.5}
@@ -95,6 +103,33 @@ def answer(rows: list[Any], ordered: bool) -> list[str]:
     return shown if ordered else sorted(shown)
 
 
+def needed_columns(sql: str, columns: list[str]) -> list[str]:
+    """The columns of ``columns`` that ``sql`` names (TPC-H column names are unique across
+    tables: each carries its table's prefix); the first column when it names none."""
+    words = set(re.findall(r"\b\w+\b", sql.lower()))
+    return [c for c in columns if c.lower() in words] or columns[:1]
+
+
+def pruned_views(spark: SparkSession, qs: dict[int, str], tmp: str) -> None:
+    """Per query ``n`` and table ``t`` it names, the view ``pr<n>_t`` over the shard with a
+    user-given schema holding only the columns the query needs."""
+    from pyspark.sql.types import StructType
+
+    import persistshard as ps
+    from persistshard.datasource.types import spark_schema_of
+
+    schemas = {t: spark_schema_of(ps.open_shard(f"{tmp}/ps/{t}").schema) for t in TABLES}
+    for n, sql in qs.items():
+        for t in TABLES:
+            if not re.search(rf"\b{t}\b", sql):
+                continue
+            schema = schemas[t]
+            names = needed_columns(sql, schema.names)
+            subset = StructType([schema[c] for c in names])
+            df = spark.read.format("persistshard").schema(subset).load(f"{tmp}/ps/{t}")
+            df.createOrReplaceTempView(f"pr{n}_{t}")
+
+
 def setup(spark: SparkSession, sf: float, tmp: str) -> dict[str, int]:
     """Writes both copies of every table and registers the views; returns bytes stored."""
     generated = generate(sf)
@@ -127,15 +162,19 @@ def run(sf: float = 1.0, rounds: int = 5, only: tuple[int, ...] = ()) -> dict[st
             "measurements": [skipped("sum of 22 queries", OURS, PARQUET, missing)],
         }
     spark.conf.set(SWITCH, "true")
-    times: dict[int, dict[str, list[float]]] = {n: {OURS: [], PARQUET: []} for n in qs}
+    contenders = (OURS, PRUNED, PARQUET)
+    times: dict[int, dict[str, list[float]]] = {n: {who: [] for who in contenders} for n in qs}
     answers: dict[int, dict[str, list[str]]] = {}
+    prefix = {OURS: lambda n: "ps", PARQUET: lambda n: "pq", PRUNED: lambda n: f"pr{n}"}
     with tempfile.TemporaryDirectory(prefix="psbench-tpch-") as tmp:
         stored = setup(spark, sf, tmp)
+        pruned_views(spark, qs, tmp)
         for r in range(-1, rounds):  # round -1: warm-up, and the answers are compared
             for n, sql in qs.items():
-                order = [OURS, PARQUET] if (r + n) % 2 else [PARQUET, OURS]
+                shift = (r + n) % len(contenders)
+                order = [*contenders[shift:], *contenders[:shift]]
                 for who in order:
-                    text = rename(sql, "ps" if who == OURS else "pq")
+                    text = rename(sql, prefix[who](n))
                     start = time.perf_counter()
                     rows = spark.sql(text).collect()
                     elapsed = time.perf_counter() - start
@@ -144,10 +183,9 @@ def run(sf: float = 1.0, rounds: int = 5, only: tuple[int, ...] = ()) -> dict[st
                         answers.setdefault(n, {})[who] = answer(rows, ordered)
                     else:
                         times[n][who].append(elapsed)
-                if r < 0 and answers[n][OURS] != answers[n][PARQUET]:
-                    raise AssertionError(
-                        f"TPC-H q{n}: the answers of persistshard and parquet differ"
-                    )
+                for who in (OURS, PRUNED):
+                    if r < 0 and answers[n][who] != answers[n][PARQUET]:
+                        raise AssertionError(f"TPC-H q{n}: the answers of {who} and parquet differ")
     spark.conf.unset(SWITCH)
 
     measurements = []
@@ -157,15 +195,30 @@ def run(sf: float = 1.0, rounds: int = 5, only: tuple[int, ...] = ()) -> dict[st
                 f"q{n}", OURS, PARQUET, times[n][OURS], times[n][PARQUET], target=SELECTIVE.get(n)
             )
         )
-    total_ours = [sum(times[n][OURS][i] for n in qs) for i in range(rounds)]
-    total_pq = [sum(times[n][PARQUET][i] for n in qs) for i in range(rounds)]
+    for n in qs:
+        measurements.append(
+            measurement(
+                f"q{n}, pruned columns", PRUNED, PARQUET, times[n][PRUNED], times[n][PARQUET]
+            )
+        )
+    total = {who: [sum(times[n][who][i] for n in qs) for i in range(rounds)] for who in contenders}
     measurements.append(
         measurement(
             f"sum of {len(qs)} queries",
             OURS,
             PARQUET,
-            total_ours,
-            total_pq,
+            total[OURS],
+            total[PARQUET],
+            target=TOTAL_TARGET,
+        )
+    )
+    measurements.append(
+        measurement(
+            f"sum of {len(qs)} queries, pruned columns",
+            PRUNED,
+            PARQUET,
+            total[PRUNED],
+            total[PARQUET],
             target=TOTAL_TARGET,
         )
     )
@@ -179,22 +232,33 @@ def run(sf: float = 1.0, rounds: int = 5, only: tuple[int, ...] = ()) -> dict[st
             unit="bytes",
         )
     )
-    ratios = [
-        statistics.median(o / p for o, p in zip(times[n][OURS], times[n][PARQUET], strict=True))
-        for n in qs
-    ]
+
+    def ratios(who: str) -> list[float]:
+        return [
+            statistics.median(o / p for o, p in zip(times[n][who], times[n][PARQUET], strict=True))
+            for n in qs
+        ]
+
     return {
         "title": f"TPC-H, scale factor {sf:g}: 22 queries vs Spark parquet",
         "description": (
             f"TPC-H at SF {sf:g} generated by `tpchgen-cli`; every table written as a shard "
             "(Python API, one append at time 0) and as Spark parquet; the 22 queries "
             "(`benchmarks/tpch_queries.py`, written from the specification with its validation "
-            "parameters) through `spark.sql(...).collect()` on local[2], the two contenders "
-            "alternating per query, filter pushdown on. Answers of both are checked identical "
-            f"({len(qs)}/{len(qs)}) before timing. Targets (issue 16, at SF 1): the sum at most "
-            "2.0x parquet's, q6/q14/q19 each at most 1.5x."
+            "parameters) through `spark.sql(...).collect()` on local[2], the contenders "
+            "rotating per query, filter pushdown on (it prunes nothing in persistshard on "
+            "Spark 4.3). *pruned columns*: the same shards through per-query views whose "
+            "user-given schema names only the columns the query needs. Answers of all three "
+            f"are checked identical ({len(qs)}/{len(qs)}) before timing. Targets (issue 16, at "
+            "SF 1): the sum at most 2.0x parquet's, q6/q14/q19 each at most 1.5x."
         ),
-        "params": {"sf": sf, "master": "local[2]", "queries": len(qs), "filter_pushdown": True},
+        "params": {
+            "sf": sf,
+            "master": "local[2]",
+            "queries": len(qs),
+            "filter_pushdown": True,
+            "pruned_columns": True,
+        },
         "measurements": measurements,
         "series": [
             {
@@ -203,7 +267,11 @@ def run(sf: float = 1.0, rounds: int = 5, only: tuple[int, ...] = ()) -> dict[st
                 "x_label": "query",
                 "y_label": "time ratio (1 = parity)",
                 "x": [float(n) for n in qs],
-                "lines": {"persistshard / parquet": ratios, "parity": [1.0] * len(qs)},
+                "lines": {
+                    "persistshard / parquet": ratios(OURS),
+                    "persistshard, pruned columns / parquet": ratios(PRUNED),
+                    "parity": [1.0] * len(qs),
+                },
                 "x_tick_labels": [f"q{n}" for n in qs],
             }
         ],

@@ -175,6 +175,15 @@ class ReadTask:
     """One task's share of a read: part slices of a pinned version, a key range, a filter.
 
     Picklable (Spark ships it to executors). ``row_filter`` only names row columns.
+
+    ``columns`` (None: all) are the row columns of the answer: only they, the filters'
+    columns and the key range's column are decoded, and a snapshot or change read is then
+    consolidated per distinct *projected* row. That is the projection of the full answer as
+    a multiset (projection commutes with summing diffs), but a projected row may appear in
+    two tasks when the first row column is left out. ``row_expression`` is a pyarrow compute
+    expression over row columns (``expression_columns`` are the ones it reads), applied to
+    updates after ``row_filter`` and before consolidation, exact for the same reason a
+    ``row_filter`` is (it is a row-level predicate).
     """
 
     slices: tuple[PartSlice, ...]
@@ -182,6 +191,32 @@ class ReadTask:
     query: Query
     stored_schema: pa.Schema
     row_filter: Pred | None = None
+    columns: tuple[str, ...] | None = None
+    row_expression: Any = None
+    expression_columns: tuple[str, ...] = ()
+
+    def output_schema(self) -> pa.Schema:
+        """The stored schema restricted to the answer's row columns, plus ``_time``/``_diff``."""
+        if self.columns is None:
+            return self.stored_schema
+        keep = {*self.columns, TIME, DIFF}
+        return pa.schema([f for f in self.stored_schema if f.name in keep])
+
+    def read_schema(self) -> pa.Schema:
+        """The stored columns a task decodes: the answer's, the filters' and the key range's."""
+        if self.columns is None:
+            return self.stored_schema
+        keep = {*self.columns, *self.expression_columns, TIME, DIFF}
+        if self.row_filter is not None:
+            keep |= self.row_filter.columns()
+        if self.key_range is not None:
+            keep.add(self.key_range.column)
+        return pa.schema([f for f in self.stored_schema if f.name in keep])
+
+    @property
+    def projects(self) -> bool:
+        """Whether the answer leaves out some row column (rows may then repeat)."""
+        return self.columns is not None and len(self.output_schema()) < len(self.stored_schema)
 
 
 #: Types of a first column whose chunk statistics split reads by key range.
@@ -196,11 +231,33 @@ _RANGE_TYPES = (
 )
 
 
-def _open_all(blob: Blob, refs: Sequence[PartRef]) -> list[PartReader]:
-    if len(refs) == 1:
-        return [open_part(blob, refs[0])]
-    with ThreadPoolExecutor(max_workers=min(8, len(refs))) as pool:
-        return list(pool.map(lambda r: open_part(blob, r), refs))
+#: Part readers already opened, by part key: lets the tasks of one read (a `Scan`'s) parse
+#: each footer once. Parts are immutable, so a cached reader never goes stale.
+Readers = dict[str, PartReader]
+
+
+def _open(blob: Blob, ref: PartRef, readers: Readers | None) -> PartReader:
+    if readers is None:
+        return open_part(blob, ref)
+    reader = readers.get(ref.key)
+    if reader is None:
+        reader = readers[ref.key] = open_part(blob, ref)
+    return reader
+
+
+def _open_all(
+    blob: Blob, refs: Sequence[PartRef], readers: Readers | None = None
+) -> list[PartReader]:
+    cached = readers if readers is not None else {}
+    missing = list({r.key: r for r in refs if r.key not in cached}.values())
+    if len(missing) == 1:
+        cached[missing[0].key] = open_part(blob, missing[0])
+    elif missing:
+        with ThreadPoolExecutor(max_workers=min(8, len(missing))) as pool:
+            opened = pool.map(lambda r: open_part(blob, r), missing)
+            for ref, reader in zip(missing, opened, strict=True):
+                cached[ref.key] = reader
+    return [cached[r.key] for r in refs]
 
 
 def _wanted_chunks(
@@ -244,6 +301,7 @@ def plan_read(
     max_partitions: int = 64,
     min_partitions: int = 1,
     row_filter: Pred | None = None,
+    readers: Readers | None = None,
 ) -> list[ReadTask]:
     """Tasks of the pinned ``state`` for ``q``, split by key range (module docstring).
 
@@ -271,15 +329,15 @@ def plan_read(
         return single([])
     if (want == 1 or not rangeable) and row_filter is None:
         return single([PartSlice(r, None) for r in refs])
-    readers = _open_all(blob, refs)
+    opened = _open_all(blob, refs, readers)
     wanted = [
-        _wanted_chunks(r, ref, None, q, row_filter) for r, ref in zip(readers, refs, strict=True)
+        _wanted_chunks(r, ref, None, q, row_filter) for r, ref in zip(opened, refs, strict=True)
     ]
     kept = [PartSlice(ref, tuple(w)) for ref, w in zip(refs, wanted, strict=True) if w]
     if want == 1 or not rangeable:
         return single(kept)
     chunk_stats = []  # (key_min, key_max, has_nulls, bytes, part index, chunk index)
-    for pi, (reader, chunks) in enumerate(zip(readers, wanted, strict=True)):
+    for pi, (reader, chunks) in enumerate(zip(opened, wanted, strict=True)):
         for ci in chunks:
             c = reader.chunks[ci]
             if c.key_min is None and c.key_null_count < c.num_rows:
@@ -368,29 +426,45 @@ def _restrict(
         table = in_range(table, task.key_range)
     if task.row_filter is not None:
         table = filter_table(table, task.row_filter)
+    if task.row_expression is not None and table.num_rows:
+        table = table.filter(task.row_expression)
     return table
 
 
-def load_updates(blob: Blob, task: ReadTask) -> pa.Table:
+def load_updates(blob: Blob, task: ReadTask, readers: Readers | None = None) -> pa.Table:
     """The stored updates a task reads: its chunks, at the query's times, in its key range and
     passing its row filter; unconsolidated, times not forwarded, in the stored schema."""
     q = task.query
+    read_schema = task.read_schema()
+    out_names = task.output_schema().names
 
     def load(s: PartSlice) -> pa.Table:
-        reader = open_part(blob, s.ref)
+        reader = _open(blob, s.ref, readers)
         chunks = _wanted_chunks(reader, s.ref, s.chunks, q, task.row_filter)
-        table = adapt_part_table(reader.read(chunks=chunks), s.ref, task.stored_schema)
-        return _restrict(table, task, s.ref, reader, chunks)
+        table = adapt_part_table(
+            reader.read(_present(reader, read_schema), chunks=chunks), s.ref, read_schema
+        )
+        return _restrict(table, task, s.ref, reader, chunks).select(out_names)
 
     if not task.slices:
-        return task.stored_schema.empty_table()
+        return task.output_schema().empty_table()
     if len(task.slices) == 1:
         return load(task.slices[0])
     with ThreadPoolExecutor(max_workers=min(4, len(task.slices))) as pool:
         return pa.concat_tables(list(pool.map(load, task.slices)))
 
 
-def read_task(blob: Blob, task: ReadTask, *, as_multiset: bool = False) -> pa.Table:
+def _present(reader: PartReader, schema: pa.Schema) -> list[str] | None:
+    """The columns of ``schema`` that part ``reader`` stores (None: all of its columns, when
+    ``schema`` asks for them all); columns added to the shard later read as nulls."""
+    names = set(reader.schema.names)
+    wanted = [f.name for f in schema if f.name in names]
+    return None if len(wanted) == len(names) else wanted
+
+
+def read_task(
+    blob: Blob, task: ReadTask, *, as_multiset: bool = False, readers: Readers | None = None
+) -> pa.Table:
     """The answer of one task: for a snapshot, rows + ``_diff`` (one row per distinct row,
     zero sums dropped); for updates, rows + ``_time`` + ``_diff`` consolidated per
     (row, forwarded time), sorted.
@@ -400,10 +474,11 @@ def read_task(blob: Blob, task: ReadTask, *, as_multiset: bool = False) -> pa.Ta
     multiset as repeating each consolidated row by its summed diff, so the sort is skipped.
     """
     q = task.query
-    table = load_updates(blob, task)
+    table = load_updates(blob, task, readers)
     if q.mode == "snapshot":
         s = task.slices
-        if len(s) == 1 and s[0].ref.min_time == s[0].ref.max_time:
+        distinct = not task.projects
+        if distinct and len(s) == 1 and s[0].ref.min_time == s[0].ref.max_time:
             # One consolidated part at one time: rows are already distinct and sorted.
             return table.drop_columns([TIME])
         if as_multiset and (table.num_rows == 0 or pc.min(table.column(DIFF)).as_py() > 0):
@@ -424,7 +499,9 @@ def _positive_diffs(reader: PartReader, chunks: Sequence[int]) -> bool:
     return True
 
 
-def iter_task(blob: Blob, task: ReadTask, *, as_multiset: bool = False) -> Iterator[pa.Table]:
+def iter_task(
+    blob: Blob, task: ReadTask, *, as_multiset: bool = False, readers: Readers | None = None
+) -> Iterator[pa.Table]:
     """`read_task`'s answer in pieces, one per chunk, decoded as they are consumed, when no
     row of one chunk needs another chunk's rows to be consolidated: a snapshot of one part at
     one time (consolidated when written), or (with ``as_multiset``) a snapshot whose chunks'
@@ -432,23 +509,30 @@ def iter_task(blob: Blob, task: ReadTask, *, as_multiset: bool = False) -> Itera
     carry no ``_time``, like `read_task`'s snapshots; memory stays near one chunk per piece."""
     q = task.query
     if q.mode != "snapshot" or not task.slices:
-        yield read_task(blob, task, as_multiset=as_multiset)
+        yield read_task(blob, task, as_multiset=as_multiset, readers=readers)
         return
-    readers = _open_all(blob, [s.ref for s in task.slices])
+    opened = _open_all(blob, [s.ref for s in task.slices], readers)
     chunks = [
         _wanted_chunks(r, s.ref, s.chunks, q, task.row_filter)
-        for r, s in zip(readers, task.slices, strict=True)
+        for r, s in zip(opened, task.slices, strict=True)
     ]
-    one = len(task.slices) == 1 and task.slices[0].ref.min_time == task.slices[0].ref.max_time
+    one = (
+        not task.projects
+        and len(task.slices) == 1
+        and task.slices[0].ref.min_time == task.slices[0].ref.max_time
+    )
     if not one and not (
-        as_multiset and all(_positive_diffs(r, c) for r, c in zip(readers, chunks, strict=True))
+        as_multiset and all(_positive_diffs(r, c) for r, c in zip(opened, chunks, strict=True))
     ):
-        yield read_task(blob, task, as_multiset=as_multiset)
+        yield read_task(blob, task, as_multiset=as_multiset, readers=readers)
         return
-    for s, reader, wanted in zip(task.slices, readers, chunks, strict=True):
-        for index, batch in zip(wanted, reader.iter_batches(chunks=wanted), strict=True):
-            table = adapt_part_table(pa.Table.from_batches([batch]), s.ref, task.stored_schema)
-            table = _restrict(table, task, s.ref, reader, [index])
+    read_schema = task.read_schema()
+    out_names = task.output_schema().names
+    for s, reader, wanted in zip(task.slices, opened, chunks, strict=True):
+        batches = reader.iter_batches(_present(reader, read_schema), chunks=wanted)
+        for index, batch in zip(wanted, batches, strict=True):
+            table = adapt_part_table(pa.Table.from_batches([batch]), s.ref, read_schema)
+            table = _restrict(table, task, s.ref, reader, [index]).select(out_names)
             if table.num_rows:
                 yield table.drop_columns([TIME])
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +36,7 @@ from persistshard.core.blob import Blob, open_blob
 from persistshard.core.compact import CompactionReport, compact_shard
 from persistshard.core.compact import maybe_compact as maybe_compact_shard
 from persistshard.core.consensus import BlobConsensus, Consensus
+from persistshard.core.filters import Pred
 from persistshard.core.gc import GcReport, collect
 from persistshard.core.holds import DEFAULT_LEASE_SECONDS, ReaderHold
 from persistshard.core.layout import DEFAULT_RETENTION_SECONDS, new_id
@@ -42,6 +44,7 @@ from persistshard.core.listen import Listen
 from persistshard.core.machine import DETERMINATE_REFUSALS, StateMachine
 from persistshard.core.parts import write_parts
 from persistshard.core.read import (
+    Query,
     check_as_of,
     check_updates_range,
     read_query,
@@ -50,6 +53,7 @@ from persistshard.core.read import (
     updates_query,
 )
 from persistshard.core.rows import DIFF, TIME, consolidate
+from persistshard.core.scan import Scan
 from persistshard.core.state import (
     Batch,
     Commit,
@@ -505,6 +509,41 @@ class Shard:
             return update_schema(state.schema).empty_table()
         q = updates_query(state, from_time, to_time, self.location)
         return read_query(self.blob, state, q)
+
+    def scan(
+        self,
+        as_of: int | None = None,
+        columns: Sequence[str] | None = None,
+        filter: Pred | pc.Expression | None = None,
+        with_diff: bool = False,
+    ) -> Scan:
+        """A lazy, streamed snapshot at ``as_of`` (default upper - 1) of the newest state,
+        pinned now: only ``columns`` (default all), only rows passing ``filter`` (a pyarrow
+        compute expression or a `Pred`), each row repeated by its count unless ``with_diff``
+        (then rows + ``_diff``). Checks the time now (`SinceViolation`, `NotSealed`); reads
+        nothing until consumed. See `persistshard.core.scan`."""
+        state = self.machine.state()
+        if as_of is not None or (state.upper > 0 and state.schema is not None):
+            at = state.upper - 1 if as_of is None else as_of
+            query = snapshot_query(state, at, self.location, with_diff=with_diff)
+        else:  # nothing written or sealed yet: an empty answer
+            query = Query("snapshot", as_of=-1, since=state.since, with_diff=with_diff)
+        return Scan(self.blob, self.location, state, query, columns=columns, filter=filter)
+
+    def scan_updates(
+        self,
+        from_time: int,
+        to_time: int,
+        columns: Sequence[str] | None = None,
+        filter: Pred | pc.Expression | None = None,
+    ) -> Scan:
+        """A lazy, streamed change read: the `updates` in ``[from_time, to_time)`` (rows +
+        ``_time`` + ``_diff``), only ``columns`` and rows passing ``filter`` (which may also
+        read ``_time`` and ``_diff``). Checks the range now; reads nothing until consumed."""
+        state = self.machine.state()
+        check_updates_range(state, from_time, to_time, self.location)
+        q = updates_query(state, from_time, to_time, self.location)
+        return Scan(self.blob, self.location, state, q, columns=columns, filter=filter)
 
     # --- inspection ---------------------------------------------------------------------
 

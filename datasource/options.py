@@ -101,6 +101,7 @@ READ_OPTIONS = frozenset(
         "min_partitions",
         "reader_id",
         "reader_lease_seconds",
+        "where",  # explicit pruning (datasource/reader.py, core/filters.py parse_where)
     }
 )
 #: What CREATE TABLE hands ``schema()`` besides the user's OPTIONS (Spark's table properties;
@@ -455,6 +456,8 @@ class ReadOptions:
     reader_id: str | None = None
     reader_lease_seconds: int | None = None
     storage_options: StorageOptions = field(default_factory=StorageOptions)
+    #: The ``where`` option's text (checked by the reader: `persistshard.core.filters`).
+    where: str | None = None
 
     @property
     def reads_updates(self) -> bool:
@@ -478,6 +481,7 @@ class ReadOptions:
             reader_id=options.get("reader_id") or None,
             reader_lease_seconds=_int(options, "reader_lease_seconds"),
             storage_options=storage_options(options),
+            where=options.get("where"),
         )
         if parsed.reads_updates and parsed.as_of is not None:
             raise InvalidUpdates("as_of cannot be combined with updates_from / updates_to")

@@ -8,20 +8,34 @@ yields Arrow batches that match Spark's read schema exactly. Read planning, key-
 splitting, change filtering and statistics-based skipping all live in core; nothing here
 decides which rows a read returns.
 
-Filter pushdown. Spark calls ``pushFilters`` only when ``spark.sql.python.filterPushdown.enabled``
-is true, and when it is false it refuses every read whose reader class overrides
-``pushFilters`` (``DATA_SOURCE_PUSHDOWN_DISABLED``). So there are two classes:
-`PersistShardReader` (no pushdown) and `PersistShardPushdownReader`, which the data source
-returns only while Spark's pushdown planning worker is the caller (`planning_with_pushdown`).
-If that detection ever fails, reads fall back to the plain reader: slower, never wrong.
+Pruning, and why Spark's filter pushdown does none here. Spark 4.3 keeps the read that a
+``pushFilters`` call planned (reader and partitions) on the *relation*'s data source object,
+not on the scan, and plans a scan with nothing to push without asking Python. So every scan of
+one DataFrame or view (a later ``count()`` after a filtered ``explain()``, the other side of a
+union, a scalar subquery) may run the read planned for another scan's filters: any row a
+reader dropped because of a pushed filter could be missing from a scan that never asked for
+that filter (SPARK-HAZARDS.md 2). On such a Spark the source never overrides ``pushFilters``:
+Spark evaluates every filter itself, with the switch on or off, and no row is ever dropped
+because of pushed state.
 
-``pushFilters`` takes the filters `persistshard.core.filters.bind` can evaluate as Spark would
-(null semantics included) on top-level columns: row columns are filtered before consolidation
-and drive chunk skipping; ``_time`` and ``_diff`` of change and ``with_diff`` reads are
-filtered on the final rows. It returns every filter to Spark, which re-checks them: Spark 4.3
-may run one scan with another scan's reader, even another query's
-(`persistshard.datasource.pushes` says when a read may apply its push; a pushed read's
-partitions carry an unfiltered plan for when it may not).
+Explicit pruning cannot go stale: the ``where`` option (``.option("where", "id < 10")``,
+``SELECT * FROM t WITH ('where' = 'id < 10')``) is part of the relation's own options, so
+every scan that could share its read has the same condition. It is parsed and bound by
+`persistshard.core.filters` (`parse_where`, `bind_where`: the grammar is there and in
+docs/design.md), and filters exactly: conditions on row columns filter the updates before
+consolidation and skip chunks by their statistics; conditions on ``_time``/``_diff`` (or mixing
+them with row columns) filter the final rows.
+
+The stateless pushdown design stays for a Spark that keeps read info per scan
+(`spark_scopes_read_info`, off for every release so far, pinned by a canary test):
+`ScopedPushdownReader.pushFilters` keeps the exact filters on the reader, `partitions` plans
+with them and carries them in each partition, and ``read`` applies only what its partition
+carries. Spark refuses a reader that overrides ``pushFilters`` when the switch is off, so
+that class is built only inside Spark's pushdown planning worker (`planning_with_pushdown`).
+
+Column pruning. Spark 4.3 asks a Python source for no required columns, but a user-given
+schema (``spark.read.schema("id long, name string")``) reaches ``reader(schema)`` unchecked:
+`check_columns` checks it against the stored columns and the read returns just those columns.
 """
 
 from __future__ import annotations
@@ -29,7 +43,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -54,7 +68,15 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from persistshard.core.blob import Blob
-from persistshard.core.filters import Pred, bind, conjunction, disjunction, filter_table
+from persistshard.core.filters import (
+    Pred,
+    WhereSyntaxError,
+    bind,
+    bind_where,
+    conjunction,
+    filter_table,
+    parse_where,
+)
 from persistshard.core.read import (
     Query,
     ReadTask,
@@ -66,24 +88,27 @@ from persistshard.core.read import (
     updates_query,
     with_snapshot_time,
 )
-from persistshard.core.rows import DIFF, SYSTEM_COLUMNS, TIME
+from persistshard.core.rows import DIFF, TIME
 from persistshard.core.shard import Shard, open_shard
 from persistshard.core.state import ShardState
 from persistshard.datasource.options import LOCATION_KEY, ReadOptions, StorageOptions
-from persistshard.datasource.pushes import Push, claimed_by, record_push
-from persistshard.datasource.types import arrow_schema_of, conform
+from persistshard.datasource.types import arrow_schema_of, conform, spark_schema_of
 from persistshard.errors import InvalidUpdates
 
 __all__ = [
     "BATCH_ROWS",
-    "PersistShardPushdownReader",
+    "SCAN_SCOPED_READ_INFO_SINCE",
     "PersistShardReader",
     "Query",
+    "ScopedPushdownReader",
     "ShardPartition",
+    "check_columns",
     "check_query",
+    "check_table_columns",
     "plan_partitions",
     "planning_with_pushdown",
     "read_partition",
+    "spark_scopes_read_info",
     "translate_filter",
     "with_snapshot_time",
 ]
@@ -93,7 +118,15 @@ BATCH_ROWS = 1 << 16
 
 
 class ShardPartition(InputPartition):
-    """One Spark task: a core `ReadTask` of the pinned version, plus where the shard is."""
+    """One Spark task: a core `ReadTask` of the pinned version, plus where the shard is.
+
+    Everything a read applies travels here, never on the reader: the task's ``row_filter``
+    (applied to updates before consolidation, driving chunk skipping) and ``result_filter``
+    (on ``_time``/``_diff`` or mixed conditions, applied to the final rows). Spark 4.3 may run
+    a partition list planned for one scan under another scan of the same relation (module
+    docstring), so what a partition carries must be right for every scan of the relation:
+    filters from the relation's own options (``where``) are, pushed filters are not.
+    """
 
     def __init__(
         self,
@@ -101,17 +134,14 @@ class ShardPartition(InputPartition):
         version: int,
         task: ReadTask,
         storage_options: dict[str, Any] | None = None,
-        unfiltered: ReadTask | None = None,
+        result_filter: Pred | None = None,
     ) -> None:
         super().__init__(version)
         self.location = location
         self.version = version
         self.task = task
         self.storage_options = StorageOptions(storage_options or {})  # repr hides the values
-        #: A pushed read's partitions carry both plans: ``task`` (pushed filters, skipped
-        #: chunks) and ``unfiltered`` (everything), for a scan that may not apply the push
-        #: (`persistshard.datasource.pushes`). Either may be an empty task.
-        self.unfiltered = unfiltered
+        self.result_filter = result_filter
 
     @property
     def query(self) -> Query:
@@ -140,8 +170,13 @@ def plan_partitions(
     q: Query,
     opts: ReadOptions,
     row_filter: Pred | None = None,
+    result_filter: Pred | None = None,
+    columns: Sequence[str] | None = None,
 ) -> list[ShardPartition]:
-    """Spark partitions of the pinned ``state`` for ``q`` (`core.read.plan_read`)."""
+    """Spark partitions of the pinned ``state`` for ``q`` (`core.read.plan_read`); each
+    carries ``row_filter`` in its task and ``result_filter`` beside it. ``columns`` (None:
+    all) are the row columns the read returns: tasks then decode only those (and the ones
+    the filters read), and consolidate per distinct projected row (`core.read.ReadTask`)."""
     tasks = plan_read(
         shard.blob,
         state,
@@ -151,84 +186,126 @@ def plan_partitions(
         min_partitions=opts.min_partitions,
         row_filter=row_filter,
     )
-    return [ShardPartition(shard.location, state.version, t, shard.storage_options) for t in tasks]
-
-
-def plan_pushed_partitions(
-    shard: Shard,
-    state: ShardState,
-    q: Query,
-    opts: ReadOptions,
-    row_filter: Pred,
-) -> list[ShardPartition]:
-    """Partitions of a pushed read: each carries a task of the filtered plan and one of the
-    unfiltered plan (the shorter plan padded with empty tasks)."""
-    size, most, least = opts.partition_bytes, opts.max_partitions, opts.min_partitions
-    filtered = plan_read(
-        shard.blob,
-        state,
-        q,
-        partition_bytes=size,
-        max_partitions=most,
-        min_partitions=least,
-        row_filter=row_filter,
-    )
-    full = plan_read(
-        shard.blob, state, q, partition_bytes=size, max_partitions=most, min_partitions=least
-    )
-    empty_f = ReadTask((), None, q, filtered[0].stored_schema, row_filter)
-    empty_u = ReadTask((), None, q, full[0].stored_schema)
-    n = max(len(filtered), len(full))
+    assert state.schema is not None
+    if columns is not None and set(columns) != set(state.schema.names):
+        names = tuple(n for n in state.schema.names if n in set(columns))
+        tasks = [dataclasses.replace(t, columns=names) for t in tasks]
     return [
-        ShardPartition(
-            shard.location,
-            state.version,
-            filtered[i] if i < len(filtered) else empty_f,
-            shard.storage_options,
-            unfiltered=full[i] if i < len(full) else empty_u,
-        )
-        for i in range(n)
+        ShardPartition(shard.location, state.version, t, shard.storage_options, result_filter)
+        for t in tasks
     ]
 
 
 def read_partition(
-    p: ShardPartition,
-    blob: Blob | None = None,
-    *,
-    as_multiset: bool = False,
-    task: ReadTask | None = None,
+    p: ShardPartition, blob: Blob | None = None, *, as_multiset: bool = False
 ) -> pa.Table:
-    """The consolidated rows of one partition (`core.read.read_task`); ``task`` overrides
-    the partition's own (a pushed partition's unfiltered task)."""
+    """The consolidated rows of one partition (`core.read.read_task`)."""
     blob = blob if blob is not None else open_shard(p.location, **p.storage_options).blob
-    return read_task(blob, task if task is not None else p.task, as_multiset=as_multiset)
+    return read_task(blob, p.task, as_multiset=as_multiset)
 
 
-def unfiltered_task(task: ReadTask) -> ReadTask:
-    """``task`` without its row filter (its chunk choice kept: only a plan without a row
-    filter, whose chunks were not chosen by it, comes here)."""
-    return dataclasses.replace(task, row_filter=None)
+# --- the where option ----------------------------------------------------------------------
 
 
-def current_execution_id() -> str | None:
-    """The SQL execution id of the running Spark task, if any."""
-    from pyspark import TaskContext
+def output_schema(stored: pa.Schema, schema: StructType) -> pa.Schema:
+    """What a ``where`` may name: every stored row column (also one a subset schema leaves
+    out: filters apply before projection) and the ``_time``/``_diff`` the read returns."""
+    system = [pa.field(n, pa.int64(), nullable=False) for n in (TIME, DIFF) if n in schema.names]
+    return pa.schema([*stored, *system])
 
-    ctx = TaskContext.get()
-    return ctx.getLocalProperty("spark.sql.execution.id") if ctx is not None else None
+
+def split_filter(pred: Pred, row_columns: set[str]) -> tuple[Pred | None, Pred | None]:
+    """(row filter, result filter): the top-level conjuncts of ``pred`` that name only row
+    columns, and the rest (``_time``/``_diff``, or mixed, evaluated on the final rows)."""
+    conjuncts = list(pred.children) if pred.op == "and" else [pred]
+    rows = [c for c in conjuncts if c.columns() <= row_columns]
+    rest = [c for c in conjuncts if not c.columns() <= row_columns]
+    return conjunction(rows), conjunction(rest)
 
 
-# --- filter pushdown -----------------------------------------------------------------------
+def where_filters(
+    opts: ReadOptions,
+    parsed: Pred | None,
+    stored: pa.Schema,
+    schema: StructType,
+    columns: Sequence[str] | None = None,
+) -> tuple[Pred | None, Pred | None]:
+    """The ``where`` option bound against the shard's stored columns, split by
+    `split_filter`; an unknown column or an inexact test is refused naming the text.
+
+    The row filter applies to the stored rows (any stored column); the result filter to the
+    rows the read returns, so with a pruned schema (``columns``: the row columns returned)
+    its row columns must be among them (a ``_diff`` is then the projected row's sum)."""
+    if parsed is None:
+        return None, None
+    try:
+        bound = bind_where(parsed, output_schema(stored, schema))
+    except WhereSyntaxError as e:
+        raise bad_where(opts.where, e, opts.location) from None
+    rows, result = split_filter(bound, set(stored.names))
+    returned = set(stored.names if columns is None else columns) | {TIME, DIFF}
+    outside = sorted(result.columns() - returned) if result is not None else []
+    if outside:
+        raise bad_where(
+            opts.where,
+            WhereSyntaxError(
+                f"a condition on {TIME}/{DIFF} applies to the rows the read returns, and "
+                f"{', '.join(outside)} is not among the columns of .schema(...); add it, or "
+                f"put the condition on {', '.join(outside)} in its own AND branch"
+            ),
+            opts.location,
+        )
+    return rows, result
+
+
+def bad_where(text: str | None, error: Exception, location: str | None = None) -> Exception:
+    """The error for a ``where`` option the reader cannot apply exactly."""
+    return InvalidUpdates(
+        f"option where {text!r} cannot be applied: {error}. The where option takes a SQL "
+        "condition over the shard's columns: comparisons with literals, IS [NOT] NULL, "
+        "[NOT] IN, [NOT] BETWEEN, [NOT] LIKE 'a%', joined with AND, OR, NOT and parentheses "
+        "(docs/design.md, 'Filter pushdown'); filter anything else in Spark (df.where(...))",
+        location=location,
+    )
+
+
+# --- filter pushdown (gated) ---------------------------------------------------------------
 
 _PUSHDOWN_WORKER = os.path.join("worker", "data_source_pushdown_filters.py")
+
+#: The first Spark release known to keep a pushdown's read info on the *scan* (SPARK-HAZARDS
+#: 2: master keeps it on ``PythonScanBuilder``/``PythonScan``; 4.3.0 keeps it on the
+#: relation's ``PythonDataSourceV2``). None: no release has it yet. Set it only together
+#: with the canary in tests/test_spark_pushdown.py, which pins the behaviour of the installed
+#: Spark: it fails when Spark stops reusing the last pushed read across scans.
+SCAN_SCOPED_READ_INFO_SINCE: tuple[int, int, int] | None = None
+
+
+def spark_version() -> tuple[int, int, int]:
+    """The installed PySpark's (major, minor, patch); a pre-release counts as its release."""
+    import re
+
+    import pyspark
+
+    numbers = [int(n) for n in re.findall(r"\d+", pyspark.__version__)[:3]]
+    numbers += [0] * (3 - len(numbers))
+    return numbers[0], numbers[1], numbers[2]
+
+
+def spark_scopes_read_info(version: tuple[int, int, int] | None = None) -> bool:
+    """Whether this Spark keeps the read planned by ``pushFilters`` per scan, so a reader may
+    prune by what was pushed to it (`ScopedPushdownReader`). False on every release so far."""
+    if SCAN_SCOPED_READ_INFO_SINCE is None:
+        return False
+    return (version or spark_version()) >= SCAN_SCOPED_READ_INFO_SINCE
 
 
 def planning_with_pushdown() -> bool:
     """Whether Spark's filter-pushdown planning worker is building this reader.
 
     Spark runs that worker (and so calls ``pushFilters``) only when
-    ``spark.sql.python.filterPushdown.enabled`` is true; any other caller gets a reader
-    without ``pushFilters``, which Spark accepts whatever the setting.
+    ``spark.sql.python.filterPushdown.enabled`` is true, and refuses a reader that overrides
+    ``pushFilters`` when it is false: only that worker may get `ScopedPushdownReader`.
     """
     frame = sys._getframe(1)
     while frame is not None:
@@ -298,6 +375,47 @@ def check_read_schema(opts: ReadOptions, schema: StructType) -> None:
         )
 
 
+def check_columns(schema: StructType, stored: pa.Schema, location: str) -> list[str]:
+    """The stored row columns a read of Spark schema ``schema`` returns, after checking them.
+
+    A SQL table's schema (its fields carry the location, `LOCATION_KEY`) must hold every
+    stored column, plus (after ``ALTER TABLE ... ADD COLUMNS``) nullable columns the shard does
+    not have yet, which read as nulls; a dropped or renamed column is refused. Any other schema
+    (``spark.read.schema("a long, b double")``: Spark hands it to ``reader()`` unchecked) may
+    name any subset of the stored columns, in any order, with their stored types: that is
+    column pruning (docs/design.md). An unknown column, another type, or NOT NULL for a
+    nullable column is refused, naming the stored columns."""
+    wanted = [f for f in schema.fields if f.name not in (TIME, DIFF)]
+    if declared_table(schema):
+        check_table_columns(schema, stored, location)
+        return [f.name for f in stored]
+    spark_stored = {f.name: f for f in spark_schema_of(stored).fields}
+    columns = ", ".join(f"{f.name} {f.dataType.simpleString()}" for f in spark_stored.values())
+    for f in wanted:
+        have = spark_stored.get(f.name)
+        if have is None:
+            raise InvalidUpdates(
+                f"the read schema names column {f.name}, which the shard does not have; its "
+                f"columns are: {columns}. Name a subset of them in .schema(...), or leave "
+                ".schema(...) out to read them all",
+                location=location,
+            )
+        if have.dataType != f.dataType:
+            raise InvalidUpdates(
+                f"the read schema gives column {f.name} the type {f.dataType.simpleString()}, "
+                f"but the shard stores {have.dataType.simpleString()}; its columns are: "
+                f"{columns}. Use the stored type (cast in Spark afterwards)",
+                location=location,
+            )
+        if have.nullable and not f.nullable:
+            raise InvalidUpdates(
+                f"the read schema declares column {f.name} NOT NULL, but the shard's column "
+                "is nullable; drop NOT NULL from .schema(...)",
+                location=location,
+            )
+    return [f.name for f in wanted]
+
+
 def check_table_columns(schema: StructType, stored: pa.Schema, location: str) -> None:
     """A SQL table's columns must be the shard's, plus (after ``ALTER TABLE ... ADD COLUMNS``)
     nullable columns the shard does not have yet, which read as nulls. Anything else (a
@@ -327,15 +445,30 @@ def names_in_order(fields: list[Any]) -> list[str]:
 
 
 class PersistShardReader(DataSourceReader):
-    """A batch read (``spark.read.format("persistshard")``); see the module docstring."""
+    """A batch read (``spark.read.format("persistshard")``); see the module docstring.
+
+    No ``pushFilters``: on Spark 4.3 nothing pushed may drop a row (module docstring), so
+    Spark evaluates every filter. The ``where`` option is checked here (its syntax) and bound
+    in `partitions` (its columns and types, against the pinned state's schema).
+    """
 
     def __init__(self, options: dict[str, str], schema: StructType) -> None:
         self.opts = ReadOptions.parse(options, schema)
         check_read_schema(self.opts, schema)
         self.schema = schema
-        self.row_filter: Pred | None = None  # on stored row columns, before consolidation
-        self.result_filter: Pred | None = None  # on _time / _diff of the final rows
-        self.push: Push | None = None  # set by a pushdown: the ledger's record of it
+        self.where: Pred | None = None  # unbound (`parse_where`)
+        if self.opts.where is not None:
+            try:
+                self.where = parse_where(self.opts.where)
+            except WhereSyntaxError as e:
+                raise bad_where(self.opts.where, e, self.opts.location) from None
+
+    def filters(
+        self, stored: pa.Schema, columns: Sequence[str] | None = None
+    ) -> tuple[Pred | None, Pred | None]:
+        """(row filter, result filter) of this read against the stored columns, returning
+        the row columns ``columns`` (None: all)."""
+        return where_filters(self.opts, self.where, stored, self.schema, columns)
 
     def partitions(self) -> list[ShardPartition]:
         shard = open_shard(self.opts.location, **self.opts.storage_options)
@@ -350,75 +483,72 @@ class PersistShardReader(DataSourceReader):
             if self.opts.as_of is not None or self.opts.reads_updates:
                 check_query(shard, state, self.opts)
             return []
-        check_table_columns(self.schema, state.schema, shard.location)
+        columns = check_columns(self.schema, state.schema, shard.location)
         q = check_query(shard, state, self.opts)
-        if self.push is not None and self.row_filter is not None:
-            return plan_pushed_partitions(shard, state, q, self.opts, self.row_filter)
-        return plan_partitions(shard, state, q, self.opts, self.row_filter)
+        row_filter, result_filter = self.filters(state.schema, columns)
+        return plan_partitions(shard, state, q, self.opts, row_filter, result_filter, columns)
 
     def read(self, partition: ShardPartition) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
         if not isinstance(partition, ShardPartition):
             return  # Spark's one empty partition when partitions() planned none
         q = partition.query
         target = arrow_schema_of(self.schema)
-        task, result_filter = partition.task, self.result_filter
-        if self.push is not None and not claimed_by(self.push, current_execution_id()):
-            # Not this push's scan (pushes.py): read everything, Spark filters.
-            task, result_filter = partition.unfiltered or unfiltered_task(partition.task), None
+        result_filter = partition.result_filter
         blob = open_shard(partition.location, **partition.storage_options).blob
         multiset = DIFF not in target.names
-        for table in iter_task(blob, task, as_multiset=multiset):
-            if q.mode == "snapshot" and multiset:
-                table = expand_rows(table, partition.location, q.as_of)
+        for table in iter_task(blob, partition.task, as_multiset=multiset):
             if result_filter is not None:
                 table = filter_table(with_snapshot_time(table, q), result_filter)
-            elif TIME in target.names:
+            if q.mode == "snapshot" and multiset:
+                table = expand_rows(table, partition.location, q.as_of)
+            if TIME in target.names:
                 table = with_snapshot_time(table, q)
             table = conform(table, target)
             yield from table.to_batches(max_chunksize=BATCH_ROWS)
 
 
-class PersistShardPushdownReader(PersistShardReader):
-    """`PersistShardReader` with ``pushFilters`` (only built while Spark plans pushdown).
+class ScopedPushdownReader(PersistShardReader):
+    """`PersistShardReader` with ``pushFilters``, for a Spark that keeps read info per scan
+    (`spark_scopes_read_info`; never on 4.3, where the source does not build it).
 
-    Spark 4.3 keeps the pushdown's read on the relation, not on the scan: two scans of one
-    relation in a query (a table and a scalar subquery over it, TPC-H q22) run the *last*
-    push's read, and a later query whose scan of the same DataFrame or view pushes nothing
-    runs an earlier query's. So ``pushFilters`` returns every filter to Spark (Spark re-checks
-    them all), filters with the OR of the pushes no execution has claimed yet, and a read
-    applies them only in the execution that claimed the push (`persistshard.datasource.pushes`);
-    otherwise it reads the unfiltered plan. Exactness of each filter still matters: the reader
-    must never drop a row its scan keeps.
+    Stateless: ``pushFilters`` keeps the filters it can evaluate exactly on ``self``,
+    `partitions` plans with them (with the ``where`` option's) and puts them into every
+    partition, and `read` applies only what its partition carries. Accepted filters are not
+    returned, so Spark does not evaluate them again: each must be exact
+    (`persistshard.core.filters.bind`).
     """
 
-    def __init__(self, options: dict[str, str], schema: StructType, instance_id: str) -> None:
+    def __init__(self, options: dict[str, str], schema: StructType) -> None:
         super().__init__(options, schema)
-        self.instance_id = instance_id
+        self.pushed: tuple[Pred, ...] = ()
 
     def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
         state = open_shard(self.opts.location, **self.opts.storage_options).state()
-        if state.schema is None or not self.instance_id:
+        if state.schema is None:
             return filters  # partitions() reports the missing shard
-        stored = state.schema
-        output = set(self.schema.fieldNames())
-        system = pa.schema([pa.field(name, pa.int64(), nullable=False) for name in SYSTEM_COLUMNS])
-        rows: list[Pred] = []
-        results: list[Pred] = []
+        visible = output_schema(state.schema, self.schema)
+        accepted: list[Pred] = []
+        rejected: list[Filter] = []
         for f in filters:
-            pred = translate_filter(f, stored)
-            if pred is not None and pred.columns() <= set(stored.names):
-                rows.append(pred)
-                continue
-            pred = translate_filter(f, system)
-            if pred is not None and pred.columns() <= output:
-                results.append(pred)
-        self.push = record_push(self.instance_id, (conjunction(rows), conjunction(results)))
-        entries = self.push.entries
-        self.row_filter = disjunction([row for row, _ in entries])
-        if all(result is None for _, result in entries):
-            self.result_filter = None
-        else:
-            self.result_filter = disjunction(
-                [conjunction([p for p in entry if p is not None]) for entry in entries]
-            )
-        return filters  # all of them: Spark re-checks (see the class docstring)
+            pred = translate_filter(f, visible)
+            if pred is None:
+                rejected.append(f)
+            else:
+                accepted.append(pred)
+        self.pushed = tuple(accepted)
+        return rejected
+
+    def filters(
+        self, stored: pa.Schema, columns: Sequence[str] | None = None
+    ) -> tuple[Pred | None, Pred | None]:
+        row, result = super().filters(stored, columns)
+        if not self.pushed:
+            return row, result
+        rows, results = split_filter(
+            Pred("and", children=self.pushed) if len(self.pushed) > 1 else self.pushed[0],
+            set(stored.names),
+        )
+        return (
+            conjunction([p for p in (row, rows) if p is not None]),
+            conjunction([p for p in (result, results) if p is not None]),
+        )

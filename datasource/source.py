@@ -21,8 +21,6 @@ The schema it reports:
 
 from __future__ import annotations
 
-import uuid
-
 import pyarrow as pa
 from pyspark.sql.datasource import (
     DataSource,
@@ -60,12 +58,6 @@ def _with_system(schema: StructType, *names: str) -> StructType:
 
 class PersistShardDataSource(DataSource):
     """``format("persistshard")``: versioned, compacting (row, time, diff) storage."""
-
-    def __init__(self, options: dict[str, str]) -> None:
-        super().__init__(options)
-        # Spark builds this object once per data source relation and re-uses its pickle for
-        # every scan of that relation; the id names the relation (see reader.py, pushdown).
-        self.instance_id = uuid.uuid4().hex
 
     @classmethod
     def name(cls) -> str:
@@ -130,16 +122,18 @@ class PersistShardDataSource(DataSource):
 
     def reader(self, schema: StructType) -> DataSourceReader:
         from persistshard.datasource.reader import (
-            PersistShardPushdownReader,
             PersistShardReader,
+            ScopedPushdownReader,
             planning_with_pushdown,
+            spark_scopes_read_info,
         )
 
         options = dict(self.options)
         with storage_errors(find_location(options, schema), "read the shard"):
-            if planning_with_pushdown():  # only then may the reader have pushFilters (reader.py)
-                instance = getattr(self, "instance_id", "")
-                return PersistShardPushdownReader(options, schema, instance)
+            # pushFilters only where Spark keeps pushed reads per scan, and only inside its
+            # pushdown planning worker (reader.py); otherwise Spark evaluates every filter.
+            if spark_scopes_read_info() and planning_with_pushdown():
+                return ScopedPushdownReader(options, schema)
             return PersistShardReader(options, schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
@@ -167,6 +161,11 @@ class PersistShardDataSource(DataSource):
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         from persistshard.datasource.stream import PersistShardStreamReader
 
+        if self.options.get("where") is not None:
+            raise InvalidUpdates(
+                f"option where {self.options['where']!r} applies to batch reads only; filter "
+                "a stream in Spark (df.where(...))"
+            )
         return PersistShardStreamReader(dict(self.options), schema)
 
 

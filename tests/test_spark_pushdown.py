@@ -1,8 +1,9 @@
-"""Filter pushdown through Spark: with ``spark.sql.python.filterPushdown.enabled`` on, every
-query returns exactly what the same query returns with it off (Spark filtering every row),
-over random tables with nulls, also when one relation is scanned twice with different filters
-(Spark 4.3 may then run one scan with the other's reader); a pushed filter reaches the reader;
-and with the switch off, reads still work (Spark refuses readers with ``pushFilters`` then).
+"""Filter pushdown through Spark 4.3: with ``spark.sql.python.filterPushdown.enabled`` on,
+every query returns exactly what it returns with the switch off, because no row is dropped for
+pushed state (Spark evaluates every filter): over random tables with nulls, one relation
+scanned twice with different filters, and every order of explain/collect/count/cache/union
+over one DataFrame and one view. The pruning pushdown reader stays gated off; a canary pins
+the Spark behaviour that keeps it off. No module of the package reads a pickled file.
 """
 
 from __future__ import annotations
@@ -208,29 +209,39 @@ def test_reads_work_with_the_switch_off(spark: Any, tmp_path: Any) -> None:
 
 
 @pytest.mark.parametrize("pushdown", [False, True])
-def test_negative_counts_outside_the_filter(spark: Any, tmp_path: Any, pushdown: bool) -> None:
-    """A negative net count is an error when its row is read; a pushed filter that excludes
-    the row means the read never meets it (Spark without pushdown reads it and fails)."""
+def test_a_spark_filter_never_hides_a_negative_count(
+    spark: Any, tmp_path: Any, pushdown: bool
+) -> None:
+    """Spark filters every row itself (nothing is pruned by what was pushed), so a negative
+    net count outside a Spark filter still fails the read, switch on or off; the where option
+    is the way to leave that row unread."""
     location = str(tmp_path / "s")
     ps.open_shard(location).append(
         pa.table({"k": [1, 2], "_time": [0, 0], "_diff": [1, -1]}), new_upper=1
     )
     spark.conf.set(SWITCH, "true" if pushdown else "false")
     try:
-        df = spark.read.format("persistshard").load(location).where("k = 1")
-        if pushdown:
-            assert [r.k for r in df.collect()] == [1]
-        else:
-            with pytest.raises(Exception, match="NegativeDiff"):
-                df.collect()
+        df = spark.read.format("persistshard").load(location)
+        with pytest.raises(Exception, match="NegativeDiff"):
+            df.where("k = 1").collect()
+        where = spark.read.format("persistshard").option("where", "k = 1").load(location)
+        assert [r.k for r in where.collect()] == [1]
     finally:
         spark.conf.unset(SWITCH)
 
 
+def _shard_of(tmp_path: Any, n: int) -> str:
+    location = str(tmp_path / uuid.uuid4().hex)
+    ps.open_shard(location).append(
+        pa.table({"id": list(range(n)), "_time": [0] * n, "_diff": [1] * n}), new_upper=1
+    )
+    return location
+
+
 def test_later_queries_over_one_view_see_every_row(spark: Any, tmp_path: Any) -> None:
     """Spark 4.3 runs a scan that pushes nothing with the read planned by the relation's last
-    push, even one from an earlier query; such a scan must still see every row (it used to
-    see only the earlier query's rows). Re-running a filtered DataFrame is exact too."""
+    push, even one from an earlier query; such a scan must still see every row. Re-running a
+    filtered DataFrame is exact too."""
     location = str(tmp_path / "s")
     n = 1000
     ps.open_shard(location).append(
@@ -258,22 +269,217 @@ def test_later_queries_over_one_view_see_every_row(spark: Any, tmp_path: Any) ->
         spark.catalog.dropTempView("pushdown_r")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known gap (docs/design.md, filter pushdown): Spark 4.3 keeps the last pushed read "
-    "on the relation, and a push whose query never ran (explain) is claimed by the next query "
-    "that pushes nothing",
-)
 def test_a_query_after_an_explained_push_sees_every_row(spark: Any, tmp_path: Any) -> None:
-    location = str(tmp_path / "s")
+    """The case the push ledger could not close (a push planned by explain(), never run,
+    then a scan that pushes nothing): with no pruning from pushed state it is exact."""
     n = 100
-    ps.open_shard(location).append(
-        pa.table({"id": list(range(n)), "_time": [0] * n, "_diff": [1] * n}), new_upper=1
-    )
-    df = spark.read.format("persistshard").load(location)
+    df = spark.read.format("persistshard").load(_shard_of(tmp_path, n))
     spark.conf.set(SWITCH, "true")
     try:
         df.filter("id < 10")._jdf.queryExecution().executedPlan()  # planned, never run
         assert df.count() == n
+        df.filter("id = 3").explain()
+        assert sorted(r.id for r in df.collect()) == list(range(n))
     finally:
         spark.conf.unset(SWITCH)
+
+
+#: Steps over one relation (a DataFrame or a view), each with the rows it must return
+#: (None: returns nothing to check). ``q(condition)`` builds the query over the relation.
+N = 40
+
+
+def _steps(q: Any) -> dict[str, Any]:
+    def explain() -> None:
+        q("id < 10")._jdf.queryExecution().executedPlan()  # pushes, never runs
+
+    def cache() -> list[int]:
+        cached = q("id >= 30").cache()
+        try:
+            return sorted(r.id for r in cached.collect())
+        finally:
+            cached.unpersist()
+
+    return {
+        "explain": (explain, None),
+        "filtered": (lambda: sorted(r.id for r in q("id < 5").collect()), list(range(5))),
+        "count": (lambda: q(None).count(), N),
+        "collect": (lambda: sorted(r.id for r in q(None).collect()), list(range(N))),
+        "cache": (cache, list(range(30, N))),
+        "union": (
+            lambda: sorted(r.id for r in q("id = 1").union(q("id = 2")).collect()),
+            [1, 2],
+        ),
+    }
+
+
+@pytest.mark.parametrize("surface", ["dataframe", "view"])
+def test_every_order_of_explain_collect_count_cache_union_is_exact(
+    spark: Any, tmp_path: Any, surface: str
+) -> None:
+    """Issue 28: with the switch on, every ordered pair of steps over one relation (one
+    DataFrame, or one temporary view) returns exactly its unfiltered truth: no step sees
+    rows dropped for another step's filters."""
+    import itertools
+
+    names = list(_steps(lambda c: None))
+    spark.conf.set(SWITCH, "true")
+    try:
+        for first, second in itertools.permutations(names, 2):
+            df = spark.read.format("persistshard").load(_shard_of(tmp_path, N))
+            if surface == "dataframe":
+
+                def q(cond: str | None, df: Any = df) -> Any:
+                    return df if cond is None else df.filter(cond)
+
+            else:
+                df.createOrReplaceTempView("pushdown_perm")
+
+                def q(cond: str | None) -> Any:
+                    where = f" WHERE {cond}" if cond else ""
+                    return spark.sql(f"SELECT * FROM pushdown_perm{where}")
+
+            steps = _steps(q)
+            for name in (first, second):
+                run, truth = steps[name]
+                got = run()
+                assert got == truth, (surface, first, second, name)
+    finally:
+        spark.conf.unset(SWITCH)
+        spark.catalog.dropTempView("pushdown_perm")
+
+
+# --- the gated stateless pushdown, and the canary that keeps it gated ----------------------
+
+
+def test_the_scoped_pushdown_reader_is_off_on_this_spark() -> None:
+    from persistshard.datasource import reader
+
+    assert reader.SCAN_SCOPED_READ_INFO_SINCE is None
+    assert not reader.spark_scopes_read_info()
+
+
+def test_the_gate_opens_from_its_release_on(monkeypatch: Any) -> None:
+    from persistshard.datasource import reader
+
+    monkeypatch.setattr(reader, "SCAN_SCOPED_READ_INFO_SINCE", (4, 5, 0))
+    assert reader.spark_scopes_read_info((4, 5, 0))
+    assert reader.spark_scopes_read_info((5, 0, 1))
+    assert not reader.spark_scopes_read_info((4, 4, 9))
+
+
+def test_scoped_reader_carries_accepted_filters_in_its_partitions(tmp_path: Any) -> None:
+    """Without Spark: what pushFilters accepts is kept on the reader, planned into every
+    partition, and read() applies only what its partition carries (a partition of another
+    reader's plan applies that reader's filters, not this one's)."""
+    from pyspark.sql.datasource import EqualTo, GreaterThan, StringContains
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    from persistshard.datasource.reader import PersistShardReader, ScopedPushdownReader
+
+    location = _shard_of(tmp_path, 20)
+    schema = StructType([StructField("id", LongType(), True)])
+    pushed = ScopedPushdownReader({"path": location}, schema)
+    refused = StringContains(("id",), "1")  # not a string column: Spark keeps it
+    left = list(pushed.pushFilters([GreaterThan(("id",), 15), refused]))
+    assert left == [refused]
+    parts = pushed.partitions()
+
+    def ids(reader: Any, partitions: Any) -> list[int]:
+        return sorted(
+            i for p in partitions for b in reader.read(p) for i in b.column("id").to_pylist()
+        )
+
+    assert ids(pushed, parts) == [16, 17, 18, 19]
+    plain = PersistShardReader({"path": location}, schema)
+    assert ids(plain, plain.partitions()) == list(range(20))
+    assert ids(plain, parts) == [16, 17, 18, 19]  # the partition decides, not the reader
+    other = ScopedPushdownReader({"path": location}, schema)
+    list(other.pushFilters([EqualTo(("id",), 3)]))
+    assert ids(other, other.partitions()) == [3]
+    assert ids(pushed, pushed.partitions()) == [16, 17, 18, 19]
+
+
+def test_canary_spark_reuses_the_last_pushed_read_across_scans(spark: Any, tmp_path: Any) -> None:
+    """Pins the Spark behaviour that keeps `ScopedPushdownReader` gated off: a data source
+    that prunes by pushed filters returns too few rows for a later scan of the same relation
+    that pushes nothing (SPARK-HAZARDS.md 2). When this fails, the installed Spark keeps read
+    info per scan: set ``reader.SCAN_SCOPED_READ_INFO_SINCE`` to its version (which turns the
+    pruning pushdown on) and turn these assertions around."""
+    import sys
+
+    from pyspark import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    spark.dataSource.register(CanaryScopedSource)
+    n = 50
+    location = _shard_of(tmp_path, n)
+    spark.conf.set(SWITCH, "true")
+    try:
+        fresh = spark.read.format(CanaryScopedSource.name()).load(location)
+        assert fresh.filter("id < 10").count() == 10  # one scan: pruned and exact
+        df = spark.read.format(CanaryScopedSource.name()).load(location)
+        df.filter("id = 3")._jdf.queryExecution().executedPlan()
+        stale = df.count()
+        union = df.filter("id = 1").union(df.filter("id = 2")).collect()
+    finally:
+        spark.conf.unset(SWITCH)
+        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+    assert stale != n and sorted(r.id for r in union) != [1, 2], (
+        "Spark now keeps pushed read info per scan (a later scan saw every row): set "
+        "persistshard.datasource.reader.SCAN_SCOPED_READ_INFO_SINCE to this Spark's version"
+    )
+
+
+def _canary_source() -> Any:
+    from persistshard.datasource import reader
+    from persistshard.datasource.source import PersistShardDataSource
+
+    class CanaryScopedSource(PersistShardDataSource):
+        """The source with the gate forced open (test only)."""
+
+        @classmethod
+        def name(cls) -> str:
+            return "persistshard_scoped_canary"
+
+        def reader(self, schema: Any) -> Any:
+            if reader.planning_with_pushdown():
+                return reader.ScopedPushdownReader(dict(self.options), schema)
+            return reader.PersistShardReader(dict(self.options), schema)
+
+    return CanaryScopedSource
+
+
+CanaryScopedSource = _canary_source()
+
+
+def test_no_module_of_the_package_unpickles_a_file(repo_root: str) -> None:
+    """Issue 28: pushed filters once travelled through pickled files in a shared temporary
+    directory; no module may read a pickle from a file again (``pickle.load``,
+    ``pickle.Unpickler``, or either imported by name)."""
+    import ast
+    import os
+
+    offenders = []
+    for folder, dirs, files in os.walk(repo_root):
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d not in ("tests", "__pycache__")]
+        for name in files:
+            if not name.endswith(".py"):
+                continue
+            path = os.path.join(folder, name)
+            with open(path, encoding="utf-8") as f:
+                tree = ast.parse(f.read(), path)
+            for node in ast.walk(tree):
+                bad = (
+                    isinstance(node, ast.Attribute)
+                    and node.attr in ("load", "Unpickler")
+                    and isinstance(node.value, ast.Name)
+                    and node.value.id in ("pickle", "cPickle", "cloudpickle")
+                ) or (
+                    isinstance(node, ast.ImportFrom)
+                    and node.module in ("pickle", "cPickle", "cloudpickle")
+                    and any(a.name in ("load", "Unpickler") for a in node.names)
+                )
+                if bad:
+                    offenders.append(f"{os.path.relpath(path, repo_root)}:{node.lineno}")
+    assert offenders == []

@@ -1,0 +1,450 @@
+"""Scans outside Spark: a lazy, streamed read of one pinned shard version for Python users.
+
+A `Scan` is what `Shard.scan` (a snapshot) and `Shard.scan_updates` (a change read) return.
+It holds a pinned `ShardState` and a `persistshard.core.read.Query`; nothing is read until it
+is consumed (`to_batches`, `to_arrow_batch_reader`, `to_arrow`, `to_pandas`, `to_polars`,
+`to_duckdb`, or any consumer of the Arrow PyCapsule stream protocol, ``__arrow_c_stream__``:
+DuckDB, Polars, ``pyarrow.table``). Every consumption re-reads the same pinned version, so a
+scan can be consumed many times (DuckDB opens the stream once per query) and always answers
+the same.
+
+What always holds:
+- The answer is the one `Shard.snapshot` / `Shard.updates` give for the same times, restricted
+  to ``filter`` and projected to ``columns``: the reads share `persistshard.core.read`
+  (planning, statistics skipping, consolidation), which the Spark reader uses too.
+- A snapshot without ``with_diff`` repeats each row by its count (a multiset, as Spark's read
+  does); a projected snapshot is the projection of that multiset. With ``with_diff`` (and in
+  change reads) there is one row per distinct *projected* row (per projected row and time),
+  its diffs summed: projection commutes with summing diffs.
+- Filters are exact. A `persistshard.core.filters.Pred` is applied to updates before
+  consolidation and drives chunk skipping, as Spark pushdown does. A pyarrow compute
+  expression is evaluated by Arrow on every update that could pass (before consolidation when
+  it reads only row columns, on the answer when it reads ``_time`` or ``_diff``); the parts
+  of it that `persistshard.core.filters.bind` accepts also skip chunks by their statistics.
+  An expression is read through Arrow's own serialization, and the reading is trusted only when
+  the expression rebuilt from it is `equals` to the original (else no skipping: slower, never
+  wrong).
+
+Memory. `to_batches` plans the read in tasks of about `SCAN_TASK_BYTES` of stored parts,
+split by key range (`persistshard.core.read.plan_read`), and holds one task at a time; a
+snapshot of parts that need no cross-chunk consolidation streams chunk by chunk. What it does
+not bound: a task is never split inside one key value of the first row column (a shard whose
+rows mostly share one first-column value reads as one task), and a ``with_diff`` snapshot or a
+change read projected *without* the first row column is consolidated across tasks, in memory
+the size of its projected answer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from persistshard.core.filters import Pred, bind, conjunction, disjunction
+from persistshard.core.read import Query, Readers, ReadTask, expand_rows, iter_task, plan_read
+from persistshard.core.rows import DIFF, TIME, consolidate, snapshot_of
+from persistshard.core.state import ShardState
+from persistshard.core.validate import update_schema
+
+if TYPE_CHECKING:
+    from persistshard.core.blob import Blob
+
+__all__ = ["SCAN_TASK_BYTES", "Scan", "expression_filter"]
+
+#: Stored bytes of parts per task of a scan (the unit of memory `Scan.to_batches` holds).
+SCAN_TASK_BYTES = 4 << 20
+#: Most tasks a scan is split into.
+SCAN_MAX_TASKS = 1 << 16
+
+
+# --- pyarrow expressions -------------------------------------------------------------------
+
+_Node = tuple[Any, ...]  # ("call", name, args, options) | ("field", name) | ("literal", scalar)
+_LINE = re.compile(r"^(call|field_ref|literal|options|end|nested_field_ref): '(.*)'$")
+_FLIP = {"less": "gt", "less_equal": "ge", "greater": "lt", "greater_equal": "le", "equal": "eq"}
+_OPS = {"less": "lt", "less_equal": "le", "greater": "gt", "greater_equal": "ge", "equal": "eq"}
+
+
+def _parse(expr: pc.Expression) -> tuple[_Node, pa.Table] | None:
+    """The tree of ``expr`` read from Arrow's serialization of it (an IPC file whose schema
+    metadata lists the nodes in prefix order and whose columns hold literals and options)."""
+    try:
+        buffer = expr.__reduce__()[1][0]
+        table = pa.ipc.open_file(buffer).read_all()
+    except (pa.ArrowException, AttributeError, IndexError, TypeError):
+        return None
+    text = table.schema.to_string(show_field_metadata=False, show_schema_metadata=True)
+    _, marker, meta = text.partition("-- schema metadata --\n")
+    if not marker:
+        return None
+    tokens: list[tuple[str, str]] = []
+    for line in meta.splitlines():
+        m = _LINE.match(line)
+        if m is None:
+            return None
+        tokens.append((m.group(1), m.group(2)))
+    pos = 0
+
+    def node() -> _Node:
+        nonlocal pos
+        kind, value = tokens[pos]
+        pos += 1
+        if kind == "field_ref":
+            return ("field", value)
+        if kind == "literal":
+            return ("literal", table.column(int(value))[0])
+        if kind == "nested_field_ref":
+            names = []
+            for _ in range(int(value)):
+                sub, name = tokens[pos]
+                pos += 1
+                if sub != "field_ref":
+                    raise ValueError(sub)
+                names.append(name)
+            return ("nested", tuple(names))
+        if kind != "call":
+            raise ValueError(kind)
+        args: list[_Node] = []
+        options = None
+        while tokens[pos][0] != "end":
+            if tokens[pos][0] == "options":
+                options = table.column(int(tokens[pos][1]))[0]
+                pos += 1
+            else:
+                args.append(node())
+        pos += 1
+        return ("call", value, tuple(args), options)
+
+    try:
+        tree = node()
+    except (ValueError, IndexError, KeyError, pa.ArrowException):
+        return None
+    return (tree, table) if pos == len(tokens) else None
+
+
+def _rebuild(node: _Node) -> pc.Expression | None:
+    """The expression ``node`` describes (None when its options are not ones we rebuild)."""
+    kind = node[0]
+    if kind == "field":
+        return pc.field(node[1])
+    if kind == "nested":
+        return pc.field(node[1])
+    if kind == "literal":
+        return pc.scalar(node[1])
+    _, name, args, options = node
+    built = [_rebuild(a) for a in args]
+    if any(b is None for b in built):
+        return None
+    opts: Any = None
+    if options is not None:
+        o = options.as_py()
+        kind_name = o.get("_type_name")
+        if name in ("is_null",) and kind_name == b"NullOptions":
+            opts = pc.NullOptions(nan_is_null=o["nan_is_null"])
+        elif name == "is_in" and kind_name == b"SetLookupOptions":
+            value_set = options["value_set"]
+            skip_nulls = {0: False, 1: True}.get(o["null_matching_behavior"])
+            if skip_nulls is None:
+                return None  # EMIT_NULL and INCONCLUSIVE have no Python spelling
+            opts = pc.SetLookupOptions(value_set.values, skip_nulls=skip_nulls)
+        else:
+            return None
+    return pc.Expression._call(name, list(built), opts)
+
+
+def _columns_of(node: _Node) -> set[str] | None:
+    """Top-level columns ``node`` reads (None: a nested reference)."""
+    if node[0] == "field":
+        return {node[1]}
+    if node[0] == "nested":
+        return None
+    if node[0] == "literal":
+        return set()
+    out: set[str] = set()
+    for a in node[2]:
+        cols = _columns_of(a)
+        if cols is None:
+            return None
+        out |= cols
+    return out
+
+
+def _to_pred(node: _Node, schema: pa.Schema) -> tuple[Pred | None, bool]:
+    """(a `Pred` true on every row ``node`` is true on, whether it is true on no other row).
+
+    None: no such predicate narrower than "every row". Only and/or, comparisons of a column
+    with a literal, null tests and ``is_in`` without nulls translate; `bind` decides whether
+    a leaf can be exact on its column's type."""
+    if node[0] != "call":
+        return None, False
+    _, name, args, options = node
+    if name in ("and_kleene", "and", "or_kleene", "or"):
+        parts = [_to_pred(a, schema) for a in args]
+        if name.startswith("and"):
+            kept = [p for p, _ in parts if p is not None]
+            exact = all(p is not None and e for p, e in parts)
+            return conjunction(kept), exact
+        if any(p is None for p, _ in parts):
+            return None, False
+        return disjunction([p for p, _ in parts]), all(e for _, e in parts)
+    if name in _OPS and len(args) == 2:
+        (ka, a), (kb, b) = args[0][:2], args[1][:2]
+        if ka == "field" and kb == "literal":
+            pred = bind(_OPS[name], a, b.as_py(), schema)
+        elif ka == "literal" and kb == "field":
+            pred = bind(_FLIP[name], b, a.as_py(), schema)
+        else:
+            return None, False
+        return pred, pred is not None
+    if name in ("is_null", "is_valid") and len(args) == 1 and args[0][0] == "field":
+        if name == "is_null" and (options is None or options.as_py()["nan_is_null"]):
+            return None, False
+        pred = bind("is_null" if name == "is_null" else "is_not_null", args[0][1], None, schema)
+        return pred, pred is not None
+    if name == "invert" and len(args) == 1 and args[0][0] == "call":
+        _, inner, inner_args, inner_options = args[0]
+        if len(inner_args) != 1 or inner_args[0][0] != "field":
+            return None, False
+        if inner == "is_valid":
+            pred = bind("is_null", inner_args[0][1], None, schema)
+        elif inner == "is_null" and not inner_options.as_py()["nan_is_null"]:
+            pred = bind("is_not_null", inner_args[0][1], None, schema)
+        else:
+            return None, False
+        return pred, pred is not None
+    if name == "is_in" and len(args) == 1 and args[0][0] == "field" and options is not None:
+        values = options.as_py()["value_set"]
+        if any(v is None for v in values):
+            return None, False
+        pred = bind("in", args[0][1], tuple(values), schema)
+        return pred, pred is not None
+    return None, False
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpressionFilter:
+    """How a scan applies a pyarrow compute expression (see `expression_filter`)."""
+
+    expression: pc.Expression
+    columns: frozenset[str] | None  # the top-level columns it reads; None: unknown
+    skip: Pred | None  # true on every row the expression is true on (chunk skipping)
+    exact: bool  # ``skip`` is true on exactly those rows: the expression need not run
+
+
+def expression_filter(expr: pc.Expression, schema: pa.Schema) -> ExpressionFilter:
+    """What ``expr`` reads and which `Pred` it implies over the stored ``schema``."""
+    parsed = _parse(expr)
+    if parsed is None:
+        return ExpressionFilter(expr, None, None, False)
+    tree, _ = parsed
+    try:
+        rebuilt = _rebuild(tree)
+    except (pa.ArrowException, KeyError, TypeError, ValueError):
+        rebuilt = None  # options we do not know how to rebuild: no skipping
+    if rebuilt is None or not rebuilt.equals(expr):
+        return ExpressionFilter(expr, None, None, False)
+    cols = _columns_of(tree)
+    skip, exact = _to_pred(tree, schema)
+    return ExpressionFilter(expr, None if cols is None else frozenset(cols), skip, exact)
+
+
+# --- the scan ------------------------------------------------------------------------------
+
+
+class Scan:
+    """A lazy read of a pinned shard version (module docstring). Build with `Shard.scan` or
+    `Shard.scan_updates`. A snapshot at a time below 0 (nothing sealed yet) or an empty
+    range of updates reads nothing."""
+
+    def __init__(
+        self,
+        blob: Blob,
+        location: str,
+        state: ShardState,
+        query: Query,
+        *,
+        columns: Sequence[str] | None = None,
+        filter: Pred | pc.Expression | None = None,
+        task_bytes: int | None = None,
+    ) -> None:
+        self._blob = blob
+        self.location = location
+        self._state = state
+        self.query = query
+        self._task_bytes = SCAN_TASK_BYTES if task_bytes is None else task_bytes
+        if isinstance(columns, str):
+            raise TypeError(f"columns must be a list of names, not the string {columns!r}")
+        stored = update_schema(state.schema if state.schema is not None else pa.schema([]))
+        self._stored = stored
+        row_names = stored.names[:-2]
+        if columns is not None:
+            unknown = [c for c in columns if c not in row_names]
+            if unknown or len(set(columns)) != len(columns):
+                raise ValueError(
+                    f"columns {list(columns)} of a scan must be distinct columns of shard "
+                    f"{location} (its columns: {row_names}); {unknown or 'a repeated name'} "
+                    "is not: choose among them"
+                )
+        self._columns = tuple(columns) if columns is not None else None
+        kept = list(self._columns) if self._columns is not None else row_names
+        mode = query.mode
+        with_diff = query.with_diff or mode == "updates"
+        extra = ([TIME] if mode == "updates" else []) + ([DIFF] if with_diff else [])
+        self.schema = pa.schema([stored.field(n) for n in [*kept, *extra]])
+        self._row_filter: Pred | None = None
+        self._expression: ExpressionFilter | None = None
+        self._pushed_expression = False
+        if isinstance(filter, Pred):
+            missing = filter.columns() - set(row_names)
+            if missing:
+                raise ValueError(
+                    f"filter {filter} names columns {sorted(missing)} that shard {location} "
+                    f"does not have (its row columns: {row_names})"
+                )
+            self._row_filter = filter
+        elif isinstance(filter, pc.Expression):
+            ef = expression_filter(filter, stored)
+            self._expression = ef
+            if ef.columns is not None and ef.columns <= set(row_names):
+                self._pushed_expression = True
+                self._row_filter = ef.skip
+            elif ef.columns is not None and not ef.columns <= set(self.schema.names):
+                raise ValueError(
+                    f"filter {filter} reads {sorted(ef.columns - set(self.schema.names))}, "
+                    f"which are neither row columns of shard {location} nor columns of this "
+                    f"scan's answer ({self.schema.names}); filter on those columns"
+                )
+            elif ef.columns is None and self._columns is not None:
+                raise ValueError(
+                    f"filter {filter} of a scan of {location}: the columns it reads could not "
+                    "be told from the expression, so it cannot run before the projection "
+                    f"{list(self._columns)}; scan without columns, or filter with plain "
+                    "column references"
+                )
+        elif filter is not None:
+            raise TypeError(
+                f"filter of a scan of {location} must be a pyarrow.compute.Expression or a "
+                f"persistshard Pred, not {type(filter).__name__}"
+            )
+
+    def __repr__(self) -> str:
+        return f"Scan({self.location}, {self.query}, columns={self.schema.names})"
+
+    # --- planning ---------------------------------------------------------------------
+
+    def tasks(self, readers: Readers | None = None) -> list[ReadTask]:
+        """The read tasks of this scan (footers are read when the read splits or filters;
+        the readers opened are kept in ``readers`` for the tasks to reuse)."""
+        q = self.query
+        if self._state.schema is None or q.max_time < 0 or (q.mode == "updates" and q.lo == q.hi):
+            return []
+        tasks = plan_read(
+            self._blob,
+            self._state,
+            self.query,
+            partition_bytes=self._task_bytes,
+            max_partitions=SCAN_MAX_TASKS,
+            row_filter=self._row_filter,
+            readers=readers,
+        )
+        ef = self._expression
+        pushed = self._pushed_expression and ef is not None and not ef.exact
+        extra: tuple[str, ...] = ()
+        if pushed and ef is not None and ef.columns is not None:
+            extra = tuple(sorted(ef.columns))
+        return [
+            dataclasses.replace(
+                t,
+                columns=self._columns,
+                row_expression=ef.expression if pushed and ef is not None else None,
+                expression_columns=extra,
+            )
+            for t in tasks
+        ]
+
+    def _merges_across_tasks(self, tasks: list[ReadTask]) -> bool:
+        """Whether tasks' answers must be consolidated together: one row per distinct
+        projected row is asked for and the projection drops the column tasks split on."""
+        q = self.query
+        if len(tasks) < 2 or self._columns is None:
+            return False
+        if q.mode == "snapshot" and not q.with_diff:
+            return False
+        split = tasks[0].key_range
+        return split is not None and split.column not in self._columns
+
+    # --- consuming --------------------------------------------------------------------
+
+    def _pieces(self) -> Iterator[pa.Table]:
+        """The answer in consolidated pieces, before the final shaping (rows + ``_diff``
+        for snapshots, + ``_time`` for change reads)."""
+        q = self.query
+        readers: Readers = {}  # each part's footer is parsed once per consumption
+        tasks = self.tasks(readers)
+        if not tasks:
+            return
+        multiset = q.mode == "snapshot" and not q.with_diff
+        if self._merges_across_tasks(tasks):
+            whole = pa.concat_tables(
+                [piece for t in tasks for piece in iter_task(self._blob, t, readers=readers)]
+            )
+            yield snapshot_of(whole) if q.mode == "snapshot" else consolidate(whole)
+            return
+        for task in tasks:
+            yield from iter_task(self._blob, task, as_multiset=multiset, readers=readers)
+
+    def _shape(self, table: pa.Table) -> pa.Table:
+        q = self.query
+        ef = self._expression
+        if ef is not None and not self._pushed_expression and table.num_rows:
+            table = table.filter(ef.expression)
+        if q.mode == "snapshot" and not q.with_diff:
+            table = expand_rows(table, self.location, q.as_of)
+        table = table.select(self.schema.names)
+        if table.schema != self.schema:
+            table = table.cast(self.schema)
+        return table
+
+    def to_batches(self) -> Iterator[pa.RecordBatch]:
+        """The answer as record batches, read task by task (module docstring: Memory)."""
+        for piece in self._pieces():
+            table = self._shape(piece)
+            yield from table.to_batches()
+
+    def to_arrow_batch_reader(self) -> pa.RecordBatchReader:
+        """The answer as a `pyarrow.RecordBatchReader` (streamed like `to_batches`)."""
+        return pa.RecordBatchReader.from_batches(self.schema, self.to_batches())
+
+    def __arrow_c_stream__(self, requested_schema: Any = None) -> Any:
+        """The Arrow PyCapsule stream protocol: a fresh stream of the answer per call."""
+        return self.to_arrow_batch_reader().__arrow_c_stream__(requested_schema)
+
+    def to_arrow(self) -> pa.Table:
+        """The whole answer as one `pyarrow.Table`."""
+        return pa.Table.from_batches(list(self.to_batches()), schema=self.schema)
+
+    def to_pandas(self, **kwargs: Any) -> Any:
+        """The whole answer as a pandas DataFrame (``kwargs`` go to `pyarrow.Table.to_pandas`);
+        needs the ``pandas`` extra."""
+        return self.to_arrow().to_pandas(**kwargs)
+
+    def to_polars(self) -> Any:
+        """The whole answer as a polars DataFrame; needs the ``polars`` extra."""
+        import polars
+
+        return polars.from_arrow(self.to_arrow())
+
+    def to_duckdb(self, con: Any = None, name: str = "scan") -> Any:
+        """Register this scan in DuckDB connection ``con`` (default: a new in-memory one) as
+        the view ``name`` and return its relation. Every query on it streams the pinned
+        version again; needs the ``duckdb`` extra."""
+        if con is None:
+            import duckdb
+
+            con = duckdb.connect()
+        con.register(name, self)
+        return con.table(name)
