@@ -106,6 +106,30 @@ def negative_diff(shard: ps.Shard, tmp_path, spark=None) -> None:
     spark.read.format("persistshard").load(shard.location).collect()
 
 
+def no_shard(shard: ps.Shard, tmp_path) -> None:
+    from persistshard.cli import open_existing
+
+    open_existing(str(tmp_path / "never-written"), {})
+
+
+def invalid_option(shard: ps.Shard, tmp_path) -> None:
+    from persistshard.datasource.options import ReadOptions
+
+    ReadOptions.parse({"path": shard.location, "max_partitions": "0"})
+
+
+def storage_error(shard: ps.Shard, tmp_path) -> None:
+    """A Spark write whose location is a file: the OS error arrives as StorageError."""
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    from persistshard.datasource.source import PersistShardDataSource
+
+    a_file = tmp_path / "a_file"
+    a_file.write_text("not a shard")
+    source = PersistShardDataSource({"path": str(a_file / "t")})
+    source.writer(StructType([StructField("id", LongType())]), False)
+
+
 TRIGGERS: dict[str, Callable[..., None]] = {
     "UpperMismatch": upper_mismatch,
     "SinceViolation": since_violation,
@@ -118,6 +142,9 @@ TRIGGERS: dict[str, Callable[..., None]] = {
     "HoldExpired": hold_expired,
     "WriterAlreadyCommitted": writer_already_committed,
     "NegativeDiff": negative_diff,
+    "NoShard": no_shard,
+    "InvalidOption": invalid_option,
+    "StorageError": storage_error,
 }
 #: What changes the shard by design before the error (so "unchanged" is judged after it).
 CHANGES_FIRST = {"SinceViolation", "HoldExpired", "WriterAlreadyCommitted", "NegativeDiff"}
