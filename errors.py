@@ -245,8 +245,8 @@ def storage_error(error: BaseException, location: str | None, doing: str) -> Sto
     ):
         fix = (
             "the location is not writable by this user (a read-only directory or mount, or "
-            "missing permissions): grant write access, or only read it (a read with no "
-            "reader_id and no streaming hold needs read access only)"
+            "missing permissions): grant write access; reads need read access only, but "
+            "writes, compaction, gc and the holds of streaming reads write to the shard"
         )
     elif name in _CREDENTIAL_ERRORS or "credential" in reason.lower():
         fix = (

@@ -119,15 +119,29 @@ def invalid_option(shard: ps.Shard, tmp_path) -> None:
 
 
 def storage_error(shard: ps.Shard, tmp_path) -> None:
-    """A Spark write whose location is a file: the OS error arrives as StorageError."""
-    from pyspark.sql.types import LongType, StructField, StructType
+    """A streaming read holds since, a commit: on a location that refuses writes (a read-only
+    directory, simulated since the tests may run as root) it is a StorageError."""
+    import errno
+    from unittest import mock
 
-    from persistshard.datasource.source import PersistShardDataSource
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-    a_file = tmp_path / "a_file"
-    a_file.write_text("not a shard")
-    source = PersistShardDataSource({"path": str(a_file / "t")})
-    source.writer(StructType([StructField("id", LongType())]), False)
+    from persistshard.core.blob import FsspecBlob
+    from persistshard.datasource.stream import PersistShardStreamReader
+
+    def refuse(self, key, data):
+        raise PermissionError(errno.EROFS, "Read-only file system", key)
+
+    schema = StructType(
+        [StructField(n, t) for n, t in [("id", LongType()), ("item", StringType())]]
+        + [StructField(n, LongType(), False) for n in ("_time", "_diff")]
+    )
+    with (
+        mock.patch.object(FsspecBlob, "put", refuse),
+        mock.patch.object(FsspecBlob, "put_if_absent", refuse),
+    ):
+        reader = PersistShardStreamReader({"path": shard.location, "changes": "true"}, schema)
+        reader.initialOffset()
 
 
 TRIGGERS: dict[str, Callable[..., None]] = {

@@ -324,7 +324,7 @@ def test_errors_a_user_can_act_on(spark, table, tmp_path):
     df = spark.createDataFrame([(1, "x")], "id BIGINT, item STRING")
     with pytest.raises(Exception) as e:
         df.write.format("persistshard").mode("append").save(str(a_file))
-    assert "StorageError: cannot write the shard at" in str(e.value)
+    assert "InvalidUpdates: cannot write the shard at" in str(e.value)
     assert "NotADirectoryError" in str(e.value)
     with pytest.raises(Exception) as e:
         spark.read.format("persistshard").load(str(tmp_path / "nothing")).collect()
