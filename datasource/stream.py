@@ -110,7 +110,7 @@ class PersistShardStreamReader(DataSourceStreamReader):
                 "compaction passes its position before it reads on)",
                 location=shard.location,
                 cause=cause,
-            ) from e
+            ) from None  # Spark prints the chain: the refused commit's errors would confuse
 
     def _hold_or_renew(self, shard: Shard) -> ReaderHold:
         now = time.monotonic()

@@ -137,3 +137,20 @@ def test_a_bug_is_not_disguised_as_a_storage_error(tmp_path):
     with mock.patch.object(FsspecBlob, "get", lambda self, key: 1 / 0):
         with pytest.raises(ZeroDivisionError):
             main(["inspect", location])
+
+
+def test_compact_on_a_really_read_only_directory(tmp_path, capsys):
+    """The same on a directory the process cannot write (mode bits, or immutable as root)."""
+    from ux_helpers import probe_read_only, read_only
+
+    location = make(tmp_path)
+    probe_read_only(location)
+    before = ps.open_shard(location).state()
+    with read_only(location):
+        assert main(["inspect", location]) == 0  # reading needs read access only
+        capsys.readouterr()
+        assert main(["compact", location]) == 2
+    _, err = capsys.readouterr()
+    assert err.startswith("StorageError: cannot compact the shard at"), err
+    assert "grant write access" in err and "Traceback" not in err
+    assert ps.open_shard(location).state() == before
