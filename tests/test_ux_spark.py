@@ -151,7 +151,7 @@ def test_hold_false_with_a_reader_id_is_refused(spark, tmp_path):
 def test_partition_by_is_refused_by_spark_before_the_source_is_asked(spark, tmp_path):
     """Canary: Spark 4.3 checks partitionBy against the table's partitioning in the JVM,
     before any Python call (a Python table has none), so the message is Spark's own; nothing
-    is written. docs/spark.md says so. If this fails, Spark now asks the source: refuse
+    is written. the README says so. If this fails, Spark now asks the source: refuse
     partitionBy there with our own message."""
     df = spark.createDataFrame([(1, "a")], "id BIGINT, v STRING")
     for name in ("new", "old"):
@@ -165,7 +165,7 @@ def test_partition_by_is_refused_by_spark_before_the_source_is_asked(spark, tmp_
 
 
 def test_what_the_catalog_shows_of_a_table(spark, tmp_path):
-    """Canary for docs/spark.md: DESCRIBE TABLE EXTENDED and SHOW CREATE TABLE of a Python
+    """Canary for the README (What the catalog shows): DESCRIBE TABLE EXTENDED and SHOW CREATE TABLE of a Python
     source's table show neither USING persistshard nor the LOCATION (Spark 4.3 builds them from
     the Python table's properties, which PythonDataSourceV2.getTable leaves empty), but SHOW
     TABLE EXTENDED reads the catalog entry and shows both; DROP TABLE keeps the shard."""
