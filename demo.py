@@ -29,7 +29,7 @@ def _plural(n: int, word: str) -> str:
 
 def _say(text: str) -> None:
     """Print one of the demo's own lines (flushed, so Spark's output never interleaves)."""
-    _say(text, flush=True)
+    print(text, flush=True)
 
 
 #: One plain sentence per term, printed the first time the demo shows the term.

@@ -165,10 +165,11 @@ def test_partition_by_is_refused_by_spark_before_the_source_is_asked(spark, tmp_
 
 
 def test_what_the_catalog_shows_of_a_table(spark, tmp_path):
-    """Canary for the README (What the catalog shows): DESCRIBE TABLE EXTENDED and SHOW CREATE TABLE of a Python
-    source's table show neither USING persistshard nor the LOCATION (Spark 4.3 builds them from
-    the Python table's properties, which PythonDataSourceV2.getTable leaves empty), but SHOW
-    TABLE EXTENDED reads the catalog entry and shows both; DROP TABLE keeps the shard."""
+    """Canary for the README (What the catalog shows): DESCRIBE TABLE EXTENDED and SHOW
+    CREATE TABLE of a Python source's table show neither USING persistshard nor the LOCATION
+    (Spark 4.3 builds them from the Python table's properties, which
+    PythonDataSourceV2.getTable leaves empty), but SHOW TABLE EXTENDED reads the catalog entry
+    and shows both; DROP TABLE keeps the shard."""
     location = str(tmp_path / "t")
     spark.sql(
         f"CREATE TABLE ux_t USING persistshard LOCATION '{location}' "
