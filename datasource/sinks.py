@@ -30,7 +30,7 @@ from persistshard.datasource.writer import (
     sweep_write,
     write_task,
 )
-from persistshard.errors import InvalidUpdates
+from persistshard.errors import InvalidOption, InvalidUpdates
 
 
 class PersistShardWriter(DataSourceArrowWriter):
@@ -55,7 +55,7 @@ class PersistShardWriter(DataSourceArrowWriter):
             from persistshard.core.remap import open_remap
 
             if overwrite:
-                raise InvalidUpdates(
+                raise InvalidOption(
                     "a reclocked write appends; mode('overwrite') takes no remap option",
                     location=shard.location,
                 )
@@ -116,13 +116,13 @@ class PersistShardStreamWriter(DataSourceStreamArrowWriter):
     def __init__(self, options: dict[str, str], schema: StructType, overwrite: bool) -> None:
         self.opts = WriteOptions.parse(options, schema)
         if self.opts.writer_id is None:
-            raise InvalidUpdates(
+            raise InvalidOption(
                 "a streaming write needs option writer_id: a stable name for this writer, "
                 "so that a replayed micro-batch is committed exactly once"
             )
         self.complete = overwrite  # outputMode("complete"): a self-correcting view
         if overwrite and self.opts.remap is not None:
-            raise InvalidUpdates(
+            raise InvalidOption(
                 "outputMode('complete') writes each micro-batch's whole result as the table's "
                 "contents; it takes no remap option (reclocking appends)"
             )

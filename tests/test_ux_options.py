@@ -145,3 +145,19 @@ def test_an_option_error_is_not_invalid_updates():
     assert not issubclass(InvalidOption, InvalidUpdates)
     assert issubclass(InvalidOption, ps.PersistShardError)
     assert ps.InvalidOption is InvalidOption
+
+
+def test_stream_writer_option_errors(tmp_path):
+    """A streaming write without writer_id, or complete mode with remap: option errors."""
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    from persistshard.datasource.sinks import PersistShardStreamWriter
+
+    schema = StructType([StructField("id", LongType())])
+    location = str(tmp_path / "s")
+    with pytest.raises(InvalidOption, match=r"^InvalidOption: a streaming write needs option"):
+        PersistShardStreamWriter({"path": location}, schema, False)
+    with pytest.raises(InvalidOption, match=r"^InvalidOption: outputMode\('complete'\)"):
+        PersistShardStreamWriter(
+            {"path": location, "writer_id": "w", "remap": str(tmp_path / "r")}, schema, True
+        )
