@@ -8,9 +8,13 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from persistshard.demo import GLOSSARY
 
 
+@pytest.mark.spark
+@pytest.mark.slow
 def test_demo_explains_its_terms_once_and_cleans_up(tmp_path):
     env = {**os.environ, "TMPDIR": str(tmp_path), "PYSPARK_PYTHON": sys.executable}
     done = subprocess.run(

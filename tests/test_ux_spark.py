@@ -14,6 +14,8 @@ from ux_helpers import probe_read_only, read_only
 
 import persistshard as ps
 
+pytestmark = pytest.mark.spark
+
 
 @pytest.fixture(scope="module")
 def registered(spark):
