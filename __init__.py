@@ -1,8 +1,9 @@
 """persistshard: versioned, compacting storage of (row, time, diff) updates, for Spark.
 
-``persistshard.compact(spark, location)`` (distributed compaction) and
-``persistshard.overwrite(spark, df, location)`` (distributed self-correcting overwrite) are
-loaded on first use,
+``persistshard.compact(spark, location)`` (distributed compaction),
+``persistshard.overwrite(spark, df, location)`` (distributed self-correcting overwrite) and
+``persistshard.register(spark)`` (the SQL function ``persistshard_history``) are loaded on
+first use,
 so ``import persistshard`` never imports pyspark.
 """
 
@@ -14,12 +15,15 @@ from persistshard.errors import (
     CorruptData,
     HoldExpired,
     Indeterminate,
+    InvalidOption,
     InvalidUpdates,
     NegativeDiff,
+    NoShard,
     NotSealed,
     PersistShardError,
     SinceViolation,
     StateConflict,
+    StorageError,
     StorageUnsupported,
     UpperMismatch,
 )
@@ -30,14 +34,17 @@ __all__ = [
     "CorruptData",
     "HoldExpired",
     "Indeterminate",
+    "InvalidOption",
     "InvalidUpdates",
     "NegativeDiff",
+    "NoShard",
     "NotSealed",
     "PersistShardError",
     "RemapShard",
     "Shard",
     "SinceViolation",
     "StateConflict",
+    "StorageError",
     "StorageUnsupported",
     "UpperMismatch",
     "VerifyReport",
@@ -58,4 +65,8 @@ def __getattr__(name: str) -> Any:
         from persistshard.datasource.overwrite import overwrite
 
         return overwrite
+    if name == "register":  # the SQL function persistshard_history (datasource/udtf.py)
+        from persistshard.datasource.udtf import register
+
+        return register
     raise AttributeError(f"module 'persistshard' has no attribute {name!r}")

@@ -7,14 +7,19 @@
     persistshard gc LOCATION [--apply]   what garbage collection would delete (deletes with --apply)
     persistshard holds LOCATION [--expire READER]   reader holds on since (drops one by hand)
     persistshard conformance LOCATION    run the storage and semantics conformance suite there
+    persistshard --version               the installed version
 
-Every command takes ``--storage-option NAME=VALUE`` (repeatable; passed to fsspec, a value that
+``persistshard --help`` lists the commands, ``persistshard COMMAND --help`` describes one (the
+first line of its ``cmd_*`` docstring is its summary). Every command takes
+``--storage-option NAME=VALUE`` (repeatable; passed to fsspec, a value that
 parses as JSON is passed decoded) and ``--json`` for machine-readable output. ``compact``,
 ``gc``, ``verify`` and ``conformance`` show progress on stderr when it is a terminal (tqdm;
 nothing when it is not). Exit status: 0 when done, 1 when ``verify`` or ``conformance`` found a
-problem, 2 on an error (its message starts with the error class) and on a location that holds
-no shard (every command but ``conformance``, which needs an empty place). Storage option values
-are never printed.
+problem, 2 on an error (its message starts with the error class: `NoShard` on a location that
+holds no shard, for every command but ``conformance``, which needs an empty place;
+`StorageError` when the storage refuses, e.g. ``compact`` on a read-only directory or with
+missing credentials, never a raw OS or botocore traceback). Storage option values are never
+printed.
 """
 
 from __future__ import annotations
@@ -31,11 +36,14 @@ from persistshard.core import layout
 from persistshard.core.blob import Blob, BlobWrapper, open_blob
 from persistshard.core.layout import DEFAULT_RETENTION_SECONDS
 from persistshard.core.shard import Shard
-from persistshard.errors import PersistShardError
+from persistshard.errors import NoShard, PersistShardError, is_storage_error, storage_error
+
+__all__ = ["NoShard", "main"]
 
 
-class NoShard(Exception):
-    """The location holds no shard (no state was ever committed there)."""
+def plural(count: int, singular: str, many: str | None = None) -> str:
+    """``1 part``, ``2 parts``, ``0 parts``: a count with its noun in the right number."""
+    return f"{count} {singular if count == 1 else (many or singular + 's')}"
 
 
 def parse_storage_options(pairs: Sequence[str]) -> dict[str, Any]:
@@ -144,6 +152,8 @@ def _size(n: int) -> str:
 
 
 def cmd_inspect(shard: Shard, args: argparse.Namespace) -> int:
+    """Show the shard: upper, since, columns, batches by level, sizes, unsealed updates,
+    writers, column statistics and reader holds."""
     info = shard.describe()
     from persistshard.core.read import column_statistics
 
@@ -160,15 +170,15 @@ def cmd_inspect(shard: Shard, args: argparse.Namespace) -> int:
     print(f"upper     {info['upper']}   (times below it are final)")
     print(f"since     {info['since']}   (reads are exact at or after it)")
     print(f"columns   {info['schema'] or '(none yet)'}".replace("\n", ", "))
-    print(f"trace     {info['trace_batches']} batches")
+    print(f"trace     {plural(info['trace_batches'], 'batch', 'batches')}")
     for level, s in info["trace_levels"].items():
         print(
-            f"  level {level}: {s['batches']} batches, {s['parts']} parts, "
-            f"{s['rows']} updates, {_size(s['bytes'])}"
+            f"  level {level}: {plural(s['batches'], 'batch', 'batches')}, "
+            f"{plural(s['parts'], 'part')}, {plural(s['rows'], 'update')}, {_size(s['bytes'])}"
         )
     print(
-        f"unsealed  {info['unsealed_batches']} batches, {info['unsealed_rows']} updates, "
-        f"{_size(info['unsealed_bytes'])}"
+        f"unsealed  {plural(info['unsealed_batches'], 'batch', 'batches')}, "
+        f"{plural(info['unsealed_rows'], 'update')}, {_size(info['unsealed_bytes'])}"
     )
     for writer, batch in info["writers"].items():
         print(f"writer    {writer}: last committed batch {batch}")
@@ -177,7 +187,7 @@ def cmd_inspect(shard: Shard, args: argparse.Namespace) -> int:
     for name, c in info["column_statistics"].items():
         bounds = f"{c['min']} .. {c['max']}" if c["min"] is not None else "no bounds"
         print(
-            f"  {name}: {bounds}, {c['null_count']} nulls, bounds in "
+            f"  {name}: {bounds}, {plural(c['null_count'], 'null')}, bounds in "
             f"{c['chunks_with_bounds']}/{c['chunks']} chunks"
         )
     _print_holds(info["holds"])
@@ -193,6 +203,8 @@ def _print_holds(holds: dict[str, dict[str, Any]]) -> None:
 
 
 def cmd_holds(shard: Shard, args: argparse.Namespace) -> int:
+    """List the reader holds on since (who keeps history from being compacted, and until
+    when); --expire READER drops one by hand."""
     if args.expire:
         if args.expire not in shard.state().holds:
             print(f"no hold named {args.expire!r} at {shard.location}", file=sys.stderr)
@@ -209,6 +221,7 @@ def cmd_holds(shard: Shard, args: argparse.Namespace) -> int:
 
 
 def cmd_history(shard: Shard, args: argparse.Namespace) -> int:
+    """List the state versions still in the log: when, what kind of commit, what it did."""
     history = shard.history()
     if args.json:
         print(json.dumps(history, indent=2))
@@ -237,6 +250,7 @@ def _stored_bytes(shard: Shard) -> int:
 
 
 def cmd_verify(shard: Shard, args: argparse.Namespace) -> int:
+    """Check every checksum and invariant of the current state (exit 1 if any fails)."""
     counted, progress = _with_progress(shard, "verify", _stored_bytes(shard))
     try:
         report = counted.verify()
@@ -246,16 +260,18 @@ def cmd_verify(shard: Shard, args: argparse.Namespace) -> int:
         print(json.dumps(_plain(report) | {"ok": report.ok}, indent=2))
     else:
         print(
-            f"version {report.version}: {report.parts_checked} parts, "
+            f"version {report.version}: {plural(report.parts_checked, 'part')}, "
             f"{_size(report.bytes_checked)} checked"
         )
         for problem in report.problems:
             print(f"PROBLEM {problem}")
-        print("ok" if report.ok else f"{len(report.problems)} problems")
+        print("ok" if report.ok else plural(len(report.problems), "problem"))
     return 0 if report.ok else 1
 
 
 def cmd_compact(shard: Shard, args: argparse.Namespace) -> int:
+    """Compact the shard in this process: merge batches (physical) and forward times below
+    since (logical); needs write access."""
     counted, progress = _with_progress(shard, "compact (bytes read and written)", None)
     try:
         report = counted.compact()
@@ -266,14 +282,16 @@ def cmd_compact(shard: Shard, args: argparse.Namespace) -> int:
         print(json.dumps(plain, indent=2, default=str))
         return 0
     print(
-        f"{report.committed} merges committed, {report.conflicts} lost to concurrent changes; "
-        f"batches {report.batches_before} -> {report.batches_after}; levels "
+        f"{plural(report.committed, 'merge')} committed, {report.conflicts} lost to concurrent "
+        f"changes; batches {report.batches_before} -> {report.batches_after}; levels "
         f"{report.levels_before} -> {report.levels_after}"
     )
     return 0
 
 
 def cmd_gc(shard: Shard, args: argparse.Namespace) -> int:
+    """Show what garbage collection would delete (unreferenced parts, old log entries,
+    temporary files); --apply deletes it."""
     report = shard.gc(dry_run=True, retention_seconds=args.retention_seconds)
     if args.apply:
         plain = _plain(report)
@@ -290,13 +308,17 @@ def cmd_gc(shard: Shard, args: argparse.Namespace) -> int:
         return 0
     verb = "deleted" if args.apply else "would delete"
     print(
-        f"{verb}: {len(report.parts)} unreferenced parts, "
-        f"{len(report.orphaned_parts)} orphaned parts, "
-        f"{len(report.rollups)} rollups, {report.consensus_versions} log "
-        f"entries, {len(report.temporary)} temporary files ({_size(report.bytes)})"
+        f"{verb}: {plural(len(report.parts), 'unreferenced part')}, "
+        f"{plural(len(report.orphaned_parts), 'orphaned part')}, "
+        f"{plural(len(report.rollups), 'rollup')}, "
+        f"{plural(report.consensus_versions, 'log entry', 'log entries')}, "
+        f"{plural(len(report.temporary), 'temporary file')} ({_size(report.bytes)})"
     )
     if report.young_parts:
-        print(f"kept {report.young_parts} unreferenced parts younger than the retention floor")
+        print(
+            f"kept {plural(report.young_parts, 'unreferenced part')} younger than the "
+            "retention floor"
+        )
     if not args.apply:
         print("dry run: nothing deleted; pass --apply to delete")
     return 0
@@ -326,6 +348,8 @@ class _Collector:
 
 
 def cmd_conformance(args: argparse.Namespace, options: dict[str, Any]) -> int:
+    """Run the storage and shard-semantics conformance suite at an empty location (exit 1 if
+    a test fails): does this storage keep persistshard's contract?"""
     import contextlib
     import io
     import os
@@ -378,17 +402,52 @@ def open_existing(location: str, options: dict[str, Any]) -> Shard:
     shard = Shard(location, **options)
     if shard.consensus.head() is None:
         raise NoShard(
-            f"NoShard: no shard at {shard.location}: no state was ever committed there (a mistyped "
+            f"no shard at {shard.location}: no state was ever committed there (a mistyped "
             "path, or the wrong --storage-option?)"
         )
     return shard
 
 
+#: What each command does to the storage, for a `StorageError` message.
+DOING = {
+    "inspect": "read the shard",
+    "history": "read the shard's log",
+    "verify": "verify the shard",
+    "compact": "compact the shard",
+    "gc": "collect the shard's garbage",
+    "holds": "change the shard's holds",
+    "conformance": "run the conformance suite",
+}
+
+
+def _summary(command: Any) -> str:
+    """The first sentence of a command's docstring: its one-line help."""
+    doc = " ".join((command.__doc__ or "").split())
+    return doc.split(". ")[0].rstrip(".")
+
+
+def _version() -> str:
+    from persistshard import __version__
+
+    return f"persistshard {__version__}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="persistshard", description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(
+        prog="persistshard",
+        description="persistshard: look at, check and maintain a shard without Spark.",
+        epilog="Run 'persistshard COMMAND --help' for a command's options. Exit status: 0 done, "
+        "1 a problem found (verify, conformance), 2 an error (NoShard, StorageError, ...).",
+    )
+    parser.add_argument("--version", action="version", version=_version())
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in [*COMMANDS, "conformance"]:
-        p = sub.add_parser(name)
+        command = COMMANDS.get(name, cmd_conformance)
+        p = sub.add_parser(
+            name,
+            help=_summary(command),
+            description=" ".join((command.__doc__ or "").split()),
+        )
         p.add_argument("location", help="the shard: a local path or any fsspec URL")
         p.add_argument("--json", action="store_true", help="machine-readable output")
         if name == "holds":
@@ -418,8 +477,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "conformance":
             return cmd_conformance(args, options)
         return COMMANDS[args.command](open_existing(args.location, options), args)
-    except (PersistShardError, NoShard) as e:
+    except PersistShardError as e:
         print(str(e), file=sys.stderr)
+        return 2
+    except Exception as e:  # the storage's own errors: said as StorageError, no traceback
+        if not is_storage_error(e):
+            raise
+        doing = DOING.get(args.command, f"run {args.command}")
+        print(str(storage_error(e, args.location, doing)), file=sys.stderr)
         return 2
 
 

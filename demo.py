@@ -3,15 +3,20 @@ ingests a partitioned stream into two outputs exactly once (reclocking).
 
     python -m persistshard.demo [DIRECTORY]
 
-Everything goes to local files under DIRECTORY (a fresh temporary directory by default), and
-every step prints what it does and what it saw.
+Everything goes to local files under DIRECTORY (a fresh temporary directory by default, removed
+at the end, also when the demo fails; a DIRECTORY given is kept), and every step prints what it
+does and what it saw. The first time it prints one of persistshard's terms (upper, sealed,
+since, into-time) it explains it in one plain sentence (`GLOSSARY`).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -27,6 +32,42 @@ def _say(text: str) -> None:
     print(text, flush=True)
 
 
+#: One plain sentence per term, printed the first time the demo shows the term.
+GLOSSARY = {
+    "upper": "The upper is the shard's write frontier: every update at a time below it is "
+    "final, and the next write starts exactly at it.",
+    "sealed": "A time is sealed once the upper has moved past it: its updates can no longer "
+    "change, so it can be read as a snapshot.",
+    "since": "The since is the read frontier: snapshots at any time at or after it are exact, "
+    "while history before it may have been merged into it by compaction.",
+    "into-time": "An into-time is a time of the output shards that a remap binding ties to a "
+    "source frontier (an offset per source partition): the records below that frontier are "
+    "written at that into-time or earlier.",
+}
+_explained: set[str] = set()
+
+
+def _explain(*terms: str) -> None:
+    """Print the `GLOSSARY` sentence of each term not explained yet."""
+    for term in terms:
+        if term not in _explained:
+            _explained.add(term)
+            _say(f"   ({term}) {GLOSSARY[term]}")
+
+
+@contextmanager
+def _workspace(given: str | None) -> Iterator[str]:
+    """The demo's directory: ``given`` (kept), or a fresh temporary one, removed afterwards."""
+    if given is not None:
+        yield given
+        return
+    root = tempfile.mkdtemp(prefix="persistshard-demo-")
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def _show(title: str, df: DataFrame) -> None:
     rows = df.orderBy(*df.columns).collect()  # run the job before printing anything
     lines = [f"\n== {title} ({_plural(len(rows), 'row')})"]
@@ -36,11 +77,18 @@ def _show(title: str, df: DataFrame) -> None:
 
 def main(argv: list[str]) -> int:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    with _workspace(argv[0] if argv else None) as root:
+        code = _run(root)
+    if not argv:
+        _say(f"\n(removed the demo's temporary directory {root})")
+    return code
+
+
+def _run(root: str) -> int:
     from pyspark.sql import SparkSession
 
     import persistshard as ps
 
-    root = argv[0] if argv else tempfile.mkdtemp(prefix="persistshard-demo-")
     orders = os.path.join(root, "orders")
     spark = (
         SparkSession.builder.master("local[2]")
@@ -61,7 +109,11 @@ def main(argv: list[str]) -> int:
         df = spark.createDataFrame(rows, "id BIGINT, item STRING, qty BIGINT")
         df.write.format("persistshard").mode("append").save(orders)
         upper = ps.open_shard(orders).upper
-        _say(f"\nappend ({note}): {_plural(len(rows), 'row')} -> upper {upper}")
+        _say(
+            f"\nappend ({note}): {_plural(len(rows), 'row')} -> upper {upper} "
+            f"(time {upper - 1} is sealed)"
+        )
+        _explain("upper", "sealed")
 
     append([(1, "apple", 3), (2, "pear", 1), (3, "plum", 7)], "time 0")
     append([(4, "fig", 2)], "time 1")
@@ -122,6 +174,7 @@ def main(argv: list[str]) -> int:
             f"{reached}; its change read from 3 stays exact: "
             f"{_plural(shard.updates(3, shard.upper).num_rows, 'update')}"
         )
+        _explain("since")
         with shard.listen(as_of=2, timeout=0.5) as changes:
             for updates, frontier in changes:
                 _say(f"   listen from 2: {_plural(updates.num_rows, 'row')} up to {frontier}")
@@ -226,15 +279,16 @@ def ingest(spark: SparkSession, root: str) -> None:
 
     produce({0: 5, 1: 4})
     run("earliest")
-    print(f"\ningest: {len(ps.open_remap(remap).bindings())} micro-batches, one binding each:")
+    _say(f"\ningest: {len(ps.open_remap(remap).bindings())} micro-batches, one binding each:")
+    _explain("into-time")
     for t, frontier in ps.open_remap(remap).bindings():
-        print(f"   into-time {t}: {frontier}")
+        _say(f"   into-time {t}: {frontier}")
     produce({0: 2, 1: 3})
     shutil.rmtree(checkpoint)
     resume = ps.resume_offsets(outputs["even"], remap=remap)
-    print(f"checkpoint deleted; more records arrive; restart from resume_offsets: {resume}")
+    _say(f"checkpoint deleted; more records arrive; restart from resume_offsets: {resume}")
     run(resume)
-    print("and once more from the very beginning (every record replayed):")
+    _say("and once more from the very beginning (every record replayed):")
     shutil.rmtree(checkpoint)
     run("earliest")
     for name, location in outputs.items():
@@ -243,14 +297,12 @@ def ingest(spark: SparkSession, root: str) -> None:
             r["value"] for r in shard.snapshot().to_pylist() for _ in range(r["_diff"])
         )
         twice = sorted(v for v, c in counts.items() if c > 1)
-        print(
+        _say(
             f"   output {name}: {sum(counts.values())} records, upper {shard.upper}, "
             f"{'none' if not twice else twice} written twice"
         )
     frontier = ps.open_remap(remap).source_upper_at(ps.open_shard(outputs["odd"]).upper)
-    print(
-        f"   both outputs at into-time {ps.open_shard(outputs['odd']).upper - 1} cover {frontier}"
-    )
+    _say(f"   both outputs at into-time {ps.open_shard(outputs['odd']).upper - 1} cover {frontier}")
 
     # A streaming aggregation kept as a table: complete mode writes each micro-batch's result
     # as the table's contents, committing only the groups that changed.
@@ -277,12 +329,12 @@ def ingest(spark: SparkSession, root: str) -> None:
     produce({1: 2})
     count_clicks()
     shard = ps.open_shard(view)
-    print(f"\nclicks per partition (complete mode), two micro-batches -> upper {shard.upper}:")
+    _say(f"\nclicks per partition (complete mode), two micro-batches -> upper {shard.upper}:")
     for r in sorted(shard.snapshot().to_pylist(), key=lambda r: r["partition"]):
-        print(f"   partition {r['partition']}: {r['count']} clicks")
-    print("   changed by the second micro-batch (partition 0 did not change):")
+        _say(f"   partition {r['partition']}: {r['count']} clicks")
+    _say("   changed by the second micro-batch (partition 0 did not change):")
     for r in sorted(shard.updates(first, shard.upper).to_pylist(), key=lambda r: r["_diff"]):
-        print(f"   partition {r['partition']}: {r['count']} clicks, diff {r['_diff']:+d}")
+        _say(f"   partition {r['partition']}: {r['count']} clicks, diff {r['_diff']:+d}")
 
 
 if __name__ == "__main__":

@@ -145,16 +145,139 @@ class StateConflict(PersistShardError):
     """
 
 
+class NoShard(PersistShardError):
+    """The location holds no shard: no state was ever committed there. Check the path and the
+    storage options, or write to the location first (a first write creates the shard)."""
+
+
+class InvalidOption(PersistShardError):
+    """An option (Spark read/write option, table OPTIONS, CLI flag) is unknown, malformed or
+    out of range, or two options contradict each other; nothing was read or written. The
+    message names the option, the value given and what it accepts."""
+
+
+class StorageError(PersistShardError):
+    """The storage refused an operation: a read-only directory, a missing permission, missing
+    or wrong credentials, an unreachable endpoint. Determinate unless the message says the
+    operation may have landed: nothing was changed. The message names the location, what was
+    being done, the storage's own reason and the fix; ``__cause__`` keeps the original error.
+    """
+
+    def __init__(
+        self, message: str, *, location: str | None = None, cause: BaseException | None = None
+    ) -> None:
+        self.cause = cause
+        super().__init__(message, location=location)
+
+
+#: Exception class names (botocore, s3fs, gcsfs, adlfs) that mean "your credentials or
+#: permissions", matched by name so that this module imports no storage library.
+_CREDENTIAL_ERRORS = frozenset(
+    {
+        "NoCredentialsError",
+        "PartialCredentialsError",
+        "CredentialRetrievalError",
+        "NoAuthTokenError",
+        "ClientAuthenticationError",
+        "InvalidAccessKeyId",
+        "SignatureDoesNotMatch",
+        "ExpiredToken",
+        "AccessDenied",
+    }
+)
+#: Exception modules whose errors are storage errors (checked by prefix).
+_STORAGE_MODULES = ("botocore", "aiobotocore", "s3fs", "gcsfs", "adlfs", "azure", "google")
+
+
+def is_storage_error(error: BaseException) -> bool:
+    """Whether ``error`` came from the storage (an OS error, or a storage library's own)."""
+    if isinstance(error, PersistShardError):
+        return False
+    if isinstance(error, OSError):
+        return True
+    module = type(error).__module__ or ""
+    return module.startswith(_STORAGE_MODULES) or type(error).__name__ in _CREDENTIAL_ERRORS
+
+
+def storage_cause(error: BaseException) -> BaseException | None:
+    """The storage error at the root of ``error`` (itself, or one it was raised from or while
+    handling), if any: a refused write surfaces as `Indeterminate` from a commit, with the
+    `PermissionError` as its cause."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if is_storage_error(current):
+            return current
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def is_access_error(error: BaseException) -> bool:
+    """Whether a storage error means "not allowed": no write permission, a read-only file
+    system, missing or refused credentials (so retrying the same way cannot help)."""
+    import errno as errno_codes
+
+    if isinstance(error, PermissionError):
+        return True
+    if getattr(error, "errno", None) in (errno_codes.EACCES, errno_codes.EPERM, errno_codes.EROFS):
+        return True
+    text = str(error).lower()
+    return type(error).__name__ in _CREDENTIAL_ERRORS or "access denied" in text
+
+
+def storage_error(error: BaseException, location: str | None, doing: str) -> StorageError:
+    """A `StorageError` for ``error`` (raised by the storage while ``doing`` something at
+    ``location``): the storage's reason, then what to do about it. Secrets never appear: the
+    message holds the error's class, its errno text and the file it names, nothing else of
+    the caller's options."""
+    import errno as errno_codes
+
+    name = type(error).__name__
+    code = getattr(error, "errno", None)
+    reason = (getattr(error, "strerror", None) or str(error) or name).strip()
+    filename = getattr(error, "filename", None)
+    text = f"cannot {doing} at {location}: {name}: {reason}" + (
+        f" ({filename})" if filename else ""
+    )
+    if code in (errno_codes.EACCES, errno_codes.EPERM, errno_codes.EROFS) or isinstance(
+        error, PermissionError
+    ):
+        fix = (
+            "the location is not writable by this user (a read-only directory or mount, or "
+            "missing permissions): grant write access; reads need read access only, but "
+            "writes, compaction, gc and the holds of streaming reads write to the shard"
+        )
+    elif name in _CREDENTIAL_ERRORS or "credential" in reason.lower():
+        fix = (
+            "the storage refused the credentials or found none: pass them as storage options "
+            "(Spark: option storage.<name>; CLI: --storage-option NAME=VALUE) or through the "
+            "storage's own configuration (environment variables, config files)"
+        )
+    elif code == errno_codes.ENOSPC:
+        fix = "the device is full: free space and run it again"
+    elif code in (errno_codes.ENOTDIR, errno_codes.EISDIR, errno_codes.EEXIST):
+        fix = "the location (or a directory above it) is a file: name a directory"
+    else:
+        fix = "check that the storage is reachable and the location is right, then retry"
+    out = StorageError(f"{text}; {fix}", cause=error)
+    out.location = location  # named in the text already
+    return out
+
+
 __all__ = [
     "CorruptData",
     "HoldExpired",
     "Indeterminate",
+    "InvalidOption",
     "InvalidUpdates",
     "NegativeDiff",
+    "NoShard",
     "NotSealed",
     "PersistShardError",
     "SinceViolation",
     "StateConflict",
+    "StorageError",
     "StorageUnsupported",
     "UpperMismatch",
     "WriterAlreadyCommitted",

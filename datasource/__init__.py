@@ -9,4 +9,5 @@
 - `stream`: streaming reads of a shard's changes.
 - `compact`: `persistshard.compact(spark, location)`, merges spread over Spark tasks.
 - `ddl`: parsing the `columns` option of `CREATE TABLE`; `types`: Spark <-> Arrow types.
+- `udtf`: SQL table functions (`persistshard_history(location)`), `register(spark)`.
 """

@@ -4,7 +4,7 @@ Used for the ``columns`` option of ``CREATE TABLE ... USING persistshard``. It r
 worker, where Spark's own parser (which needs the JVM) is not available. It accepts Spark's
 type names and aliases, ``DECIMAL(p, s)``, ``ARRAY<T>``, ``MAP<K, V>``, ``STRUCT<a: T, b T>``,
 backquoted names, ``NOT NULL`` and ``COMMENT '...'``; anything else is refused with
-`InvalidUpdates` naming the position.
+`InvalidOption` naming the position.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from persistshard.errors import InvalidUpdates
+from persistshard.errors import InvalidOption
 
 _SIMPLE: dict[str, DataType] = {
     "BIGINT": LongType(),
@@ -75,8 +75,8 @@ class _Parser:
             pos = m.end()
         self.i = 0
 
-    def error(self, pos: int, why: str) -> InvalidUpdates:
-        return InvalidUpdates(f"cannot parse columns {self.text!r} at position {pos}: {why}")
+    def error(self, pos: int, why: str) -> InvalidOption:
+        return InvalidOption(f"cannot parse columns {self.text!r} at position {pos}: {why}")
 
     def fail(self, pos: int, why: str) -> NoReturn:
         raise self.error(pos, why)
@@ -169,7 +169,7 @@ class _Parser:
 
 
 def parse_columns(text: str) -> StructType:
-    """The StructType of a DDL column list, or `InvalidUpdates` saying where it fails."""
+    """The StructType of a DDL column list, or `InvalidOption` saying where it fails."""
     parser = _Parser(text)
     fields = []
     while parser.peek() is not None:
@@ -180,5 +180,5 @@ def parse_columns(text: str) -> StructType:
         elif parser.peek() is not None:
             parser.fail(parser.tokens[parser.i][1], f"expected ',', got {parser.peek()!r}")
     if not fields:
-        raise InvalidUpdates(f"the columns option {text!r} names no columns")
+        raise InvalidOption(f"the columns option {text!r} names no columns")
     return StructType(fields)

@@ -1,8 +1,11 @@
 """Options of the `persistshard` Spark format: parsing, validation, and finding the location.
 
 Spark hands options over as lower-cased keys with string values. Every option is parsed here,
-once, into typed values; an unknown or malformed option is refused with `InvalidUpdates`
-naming it and listing the known ones, before anything is read or written.
+once, into typed values; an unknown, empty, malformed or out-of-range option is refused with
+`InvalidOption` naming it, the value given and what it accepts (and, for an unknown one, the
+known ones), before anything is read or written. No value is silently replaced by a default:
+an option that is given is either used as given or refused (``as_of = ''`` is not "latest",
+``max_partitions = 0`` is not "64").
 
 Where the shard is (in order): the ``path`` option (``.load(path)`` / ``.save(path)`` /
 ``WITH ('path' = ...)``), the ``location`` option (a ``CREATE TABLE`` passes it to
@@ -41,20 +44,28 @@ partitions, never into the shard, the catalog or a message: `StorageOptions` hid
 from ``repr``. Spark refuses storage that is not shared between processes (`check_shared`):
 each Python worker has its own ``memory://``, so a write there would vanish.
 
-Raw OS errors on the driver (a location that is a file, permissions) become `InvalidUpdates`
-naming the location (`storage_errors`).
+Raw storage errors on the driver (a location that is a file, a read-only directory, missing
+credentials) become `StorageError` naming the location, the cause and the fix
+(`storage_errors`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from persistshard.errors import InvalidUpdates, StorageUnsupported
+from persistshard.errors import (
+    InvalidOption,
+    InvalidUpdates,
+    StorageUnsupported,
+    is_storage_error,
+    storage_error,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
@@ -102,6 +113,7 @@ READ_OPTIONS = frozenset(
         "reader_id",
         "reader_lease_seconds",
         "where",  # explicit pruning (datasource/reader.py, core/filters.py parse_where)
+        "hold",  # streaming reads: false reads without a hold (datasource/stream.py)
     }
 )
 #: What CREATE TABLE hands ``schema()`` besides the user's OPTIONS (Spark's table properties;
@@ -145,7 +157,7 @@ def storage_options(options: Mapping[str, Any]) -> StorageOptions:
         if key.lower().startswith(STORAGE_PREFIX):
             name = key[len(STORAGE_PREFIX) :]
             if not name:
-                raise InvalidUpdates("option 'storage.' names no storage option")
+                raise InvalidOption("option 'storage.' names no storage option")
             out[name] = _decode(value)
     return out
 
@@ -177,7 +189,8 @@ def check_shared(location: str) -> None:
 
 def check_known(options: Mapping[str, str], allowed: frozenset[str], what: str) -> None:
     """Refuse options this operation does not know (Spark's own ``__``-keys and
-    ``storage.<name>`` options pass)."""
+    ``storage.<name>`` options pass), and persistshard options given an empty value (an empty
+    value never means "the default": leave the option out for that)."""
     unknown = sorted(
         k
         for k in options
@@ -186,36 +199,63 @@ def check_known(options: Mapping[str, str], allowed: frozenset[str], what: str) 
         and not k.lower().startswith(STORAGE_PREFIX)
     )
     if unknown:
-        raise InvalidUpdates(
+        raise InvalidOption(
             f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} for a "
             f"persistshard {what}; known options: {', '.join(sorted(allowed))}"
         )
+    for key, value in options.items():
+        if key.lower() in VALUED_OPTIONS and value is not None and str(value).strip() == "":
+            raise InvalidOption(
+                f"option {key} is empty ({value!r}); give it a value, or leave the option out "
+                "for its default"
+            )
 
 
 @contextmanager
 def storage_errors(location: str | None, doing: str) -> Iterator[None]:
-    """Turn a raw Python OS error (a location that is a file, missing permissions, ...) into
-    `InvalidUpdates` naming the location and what was being done; nothing was changed."""
+    """Turn a raw storage error (an `OSError`: a location that is a file, a read-only
+    directory; a storage library's own: missing credentials, access denied) into
+    `StorageError` naming the location, what was being done, the cause and the fix
+    (`persistshard.errors.storage_error`); nothing was changed."""
     try:
         yield
-    except OSError as e:
-        reason = e.strerror or str(e) or type(e).__name__
-        raise InvalidUpdates(
-            f"cannot {doing} at {location}: {type(e).__name__}: {reason}"
-            + (f" ({e.filename})" if e.filename else "")
-        ) from e
+    except Exception as e:
+        if not is_storage_error(e):
+            raise
+        raise storage_error(e, location, doing) from e
 
 
-def _int(options: Mapping[str, str], key: str) -> int | None:
+#: Options whose value is a persistshard value: refused when given empty (`check_known`).
+VALUED_OPTIONS = WRITE_OPTIONS | READ_OPTIONS
+
+#: The largest time or count an option may hold (times are signed 64-bit in Spark and Arrow).
+MAX_INT64 = (1 << 63) - 1
+
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+
+
+def _int(options: Mapping[str, str], key: str, minimum: int = 0) -> int | None:
+    """Option ``key`` as an integer of at least ``minimum``; None when it is absent. An empty
+    value, a non-integer (``1.5``, ``1e3``, ``10_000``, ``ten``) or a value out of range is
+    refused with `InvalidOption`, never replaced by the default."""
     value = options.get(key)
-    if value is None or str(value).strip() == "":
+    if value is None:
         return None
-    try:
-        number = int(str(value).strip())
-    except ValueError:
-        raise InvalidUpdates(f"option {key} must be an integer, got {value!r}") from None
-    if number < 0:
-        raise InvalidUpdates(f"option {key} must not be negative, got {number}")
+    text = str(value).strip()
+    if text == "":
+        raise InvalidOption(
+            f"option {key} is empty ({value!r}); give an integer, or leave the option out for "
+            "its default"
+        )
+    if not _INTEGER.fullmatch(text):
+        raise InvalidOption(f"option {key} must be an integer, got {value!r}")
+    number = int(text)
+    if number < minimum:
+        if minimum == 0:
+            raise InvalidOption(f"option {key} must not be negative, got {number}")
+        raise InvalidOption(f"option {key} must be at least {minimum}, got {number}")
+    if number > MAX_INT64:
+        raise InvalidOption(f"option {key} must be at most {MAX_INT64} (64-bit), got {number}")
     return number
 
 
@@ -228,7 +268,20 @@ def _bool(options: Mapping[str, str], key: str, default: bool) -> bool:
         return True
     if text in ("false", "0", "no"):
         return False
-    raise InvalidUpdates(f"option {key} must be true or false, got {value!r}")
+    raise InvalidOption(f"option {key} must be true or false, got {value!r}")
+
+
+def _name(options: Mapping[str, str], key: str) -> str | None:
+    """A string option (a column name, an id, a location): None when absent, refused when
+    given blank (`check_known` refuses it first for the parsers that call it)."""
+    value = options.get(key)
+    if value is None:
+        return None
+    if str(value).strip() == "":
+        raise InvalidOption(
+            f"option {key} is empty ({value!r}); give it a value, or leave the option out"
+        )
+    return str(value)
 
 
 def find_location(options: Mapping[str, str], schema: Any = None) -> str | None:
@@ -397,30 +450,38 @@ class WriteOptions:
     @staticmethod
     def parse(options: Mapping[str, str], schema: Any = None) -> WriteOptions:
         check_known(options, WRITE_OPTIONS | COMMON_OPTIONS | TABLE_OPTIONS, "write")
-        remap = options.get("remap") or None
+        remap = _name(options, "remap")
         reclock_only = ("source_partition_column", "source_offset_column", "source_frontier")
         if remap is None and any(options.get(k) for k in reclock_only):
             given = ", ".join(k for k in reclock_only if options.get(k))
-            raise InvalidUpdates(f"option {given} needs option remap (the remap shard)")
+            raise InvalidOption(f"option {given} needs option remap (the remap shard)")
         frontier: tuple[tuple[str, int], ...] = ()
         if options.get("source_frontier"):
             frontier = _frontier(str(options["source_frontier"]))
+        upper = _int(options, "upper", minimum=1)
+        expected_upper = _int(options, "expected_upper")
+        if upper is not None and expected_upper is not None and upper <= expected_upper:
+            raise InvalidOption(
+                f"option upper ({upper}) must be above option expected_upper "
+                f"({expected_upper}): a write moves the upper forward"
+            )
         location = write_location(options, schema)
         check_shared(location)
+        memory_budget = _int(options, "memory_budget", minimum=1)
         return WriteOptions(
             location=location,
-            time_column=options.get("time_column") or None,
-            diff_column=options.get("diff_column") or None,
-            upper=_int(options, "upper"),
-            expected_upper=_int(options, "expected_upper"),
-            writer_id=options.get("writer_id") or None,
+            time_column=_name(options, "time_column"),
+            diff_column=_name(options, "diff_column"),
+            upper=upper,
+            expected_upper=expected_upper,
+            writer_id=_name(options, "writer_id"),
             compact=_bool(options, "compact", True),
-            memory_budget=_int(options, "memory_budget") or (256 << 20),
+            memory_budget=memory_budget if memory_budget is not None else (256 << 20),
             storage_options=storage_options(options),
             merge_schema=_bool(options, "merge_schema", False),
             remap=remap,
-            source_partition_column=options.get("source_partition_column") or "partition",
-            source_offset_column=options.get("source_offset_column") or "offset",
+            source_partition_column=_name(options, "source_partition_column") or "partition",
+            source_offset_column=_name(options, "source_offset_column") or "offset",
             source_frontier=frontier,
         )
 
@@ -434,8 +495,11 @@ def _frontier(text: str) -> tuple[tuple[str, int], ...]:
     try:
         parsed = json.loads(text)
     except json.JSONDecodeError as e:
-        raise InvalidUpdates(f"option source_frontier is not JSON: {e}") from None
-    return tuple(sorted(check_frontier(parsed).items()))
+        raise InvalidOption(f"option source_frontier is not JSON: {e}") from None
+    try:
+        return tuple(sorted(check_frontier(parsed).items()))
+    except InvalidUpdates as e:
+        raise InvalidOption(f"option source_frontier: {e.detail}") from None
 
 
 @dataclass(frozen=True)
@@ -458,6 +522,8 @@ class ReadOptions:
     storage_options: StorageOptions = field(default_factory=StorageOptions)
     #: The ``where`` option's text (checked by the reader: `persistshard.core.filters`).
     where: str | None = None
+    #: A streaming read holds the shard's since (a commit: needs write access) unless false.
+    hold: bool = True
 
     @property
     def reads_updates(self) -> bool:
@@ -468,6 +534,15 @@ class ReadOptions:
         check_known(options, READ_OPTIONS | COMMON_OPTIONS | TABLE_OPTIONS, "read")
         location = require_location(options, schema)
         check_shared(location)
+        partition_bytes = _int(options, "partition_bytes", minimum=1)
+        max_partitions = _int(options, "max_partitions", minimum=1)
+        min_partitions = _int(options, "min_partitions", minimum=1)
+        if max_partitions is not None and min_partitions is not None:
+            if min_partitions > max_partitions:
+                raise InvalidOption(
+                    f"option min_partitions ({min_partitions}) is above option max_partitions "
+                    f"({max_partitions})"
+                )
         parsed = ReadOptions(
             location=location,
             as_of=_int(options, "as_of"),
@@ -475,18 +550,25 @@ class ReadOptions:
             changes=_bool(options, "changes", False),
             updates_from=_int(options, "updates_from"),
             updates_to=_int(options, "updates_to"),
-            partition_bytes=_int(options, "partition_bytes") or (24 << 20),
-            max_partitions=_int(options, "max_partitions") or 64,
-            min_partitions=_int(options, "min_partitions") or (os.cpu_count() or 1),
-            reader_id=options.get("reader_id") or None,
-            reader_lease_seconds=_int(options, "reader_lease_seconds"),
+            partition_bytes=partition_bytes if partition_bytes is not None else (24 << 20),
+            max_partitions=max_partitions if max_partitions is not None else 64,
+            min_partitions=min_partitions if min_partitions is not None else (os.cpu_count() or 1),
+            reader_id=_name(options, "reader_id"),
+            reader_lease_seconds=_int(options, "reader_lease_seconds", minimum=1),
             storage_options=storage_options(options),
             where=options.get("where"),
+            hold=_bool(options, "hold", True),
         )
         if parsed.reads_updates and parsed.as_of is not None:
-            raise InvalidUpdates("as_of cannot be combined with updates_from / updates_to")
+            raise InvalidOption("as_of cannot be combined with updates_from / updates_to")
         if parsed.changes and parsed.with_diff:
-            raise InvalidUpdates("with_diff is implied by changes")
+            raise InvalidOption("with_diff is implied by changes")
         if parsed.reads_updates and parsed.with_diff:
-            raise InvalidUpdates("with_diff is implied by updates_from / updates_to")
+            raise InvalidOption("with_diff is implied by updates_from / updates_to")
+        lo, hi = parsed.updates_from, parsed.updates_to
+        if lo is not None and hi is not None and lo > hi:
+            raise InvalidOption(
+                f"option updates_from ({lo}) is above option updates_to ({hi}): the updates "
+                "read are those at times in [updates_from, updates_to)"
+            )
         return parsed

@@ -30,7 +30,7 @@ from persistshard.datasource.writer import (
     sweep_write,
     write_task,
 )
-from persistshard.errors import InvalidUpdates
+from persistshard.errors import InvalidOption, InvalidUpdates
 
 
 class PersistShardWriter(DataSourceArrowWriter):
@@ -55,7 +55,7 @@ class PersistShardWriter(DataSourceArrowWriter):
             from persistshard.core.remap import open_remap
 
             if overwrite:
-                raise InvalidUpdates(
+                raise InvalidOption(
                     "a reclocked write appends; mode('overwrite') takes no remap option",
                     location=shard.location,
                 )
@@ -116,13 +116,13 @@ class PersistShardStreamWriter(DataSourceStreamArrowWriter):
     def __init__(self, options: dict[str, str], schema: StructType, overwrite: bool) -> None:
         self.opts = WriteOptions.parse(options, schema)
         if self.opts.writer_id is None:
-            raise InvalidUpdates(
+            raise InvalidOption(
                 "a streaming write needs option writer_id: a stable name for this writer, "
                 "so that a replayed micro-batch is committed exactly once"
             )
         self.complete = overwrite  # outputMode("complete"): a self-correcting view
         if overwrite and self.opts.remap is not None:
-            raise InvalidUpdates(
+            raise InvalidOption(
                 "outputMode('complete') writes each micro-batch's whole result as the table's "
                 "contents; it takes no remap option (reclocking appends)"
             )
@@ -143,7 +143,13 @@ class PersistShardStreamWriter(DataSourceStreamArrowWriter):
 
             bindings = open_remap(self.reclock.remap, **self.opts.storage_options).pinned()
             return reclock.reclock_task(d, self.reclock, iterator, bindings)
-        out = write_task(d, iterator, d.lower)
+        try:
+            out = write_task(d, iterator, d.lower)
+        except InvalidUpdates as e:
+            if BELOW_LOWER not in e.detail:
+                raise
+            writer = self.opts.writer_id or ""
+            raise restarted_without_checkpoint(e, shard, writer, batch_id) from None
         return StreamTaskWritten(
             out.sealed, out.unsealed, out.max_time, out.rows_in, d.lower, d.write_id
         )
@@ -191,6 +197,38 @@ class PersistShardStreamWriter(DataSourceStreamArrowWriter):
         for m in messages:
             if m is not None:
                 sweep_write(shard, m.write_id, keep)
+
+
+#: The text of core.validate's refusal of a time below the write's lower (the shard's upper).
+BELOW_LOWER = "is below the write's lower"
+
+
+def restarted_without_checkpoint(
+    error: InvalidUpdates, shard: Any, writer_id: str, batch_id: int
+) -> InvalidUpdates:
+    """The refusal of a micro-batch whose times the shard already holds, saying why that
+    happens to a stream and what to do: its rows are updates at times below the shard's upper,
+    which only a replay of already written updates produces once the checkpoint that said
+    where the stream was is gone (Spark then numbers micro-batches from 0 again and the source
+    starts over). Nothing was written."""
+    state = shard.state()
+    last = state.writers.get(writer_id)
+    before = (
+        f"writer {writer_id!r} already committed micro-batches up to {last}"
+        if last is not None
+        else f"the shard already holds every time below {state.upper}"
+    )
+    return InvalidUpdates(
+        f"{error.detail}. Micro-batch {batch_id} of the streaming write {writer_id!r} replays "
+        f"updates the shard already holds ({before}): the query was restarted without its "
+        "checkpoint (deleted, or a new checkpointLocation), so Spark numbers micro-batches "
+        "from 0 again and the source starts over. Nothing was written. To go on: restore the "
+        "checkpoint; or start the source after what the shard holds (a persistshard source: "
+        f".option('updates_from', {state.upper}); Kafka: reclock with option remap and start at "
+        "persistshard.resume_offsets(...)); reclocked writes (option remap) drop such replays "
+        "instead of refusing them",
+        location=shard.location,
+    )
 
 
 def _safe_id(text: str) -> str:

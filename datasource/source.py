@@ -44,7 +44,7 @@ from persistshard.datasource.options import (
     table_metadata,
 )
 from persistshard.datasource.types import spark_schema_of
-from persistshard.errors import InvalidUpdates
+from persistshard.errors import InvalidUpdates, NoShard
 
 STREAM_MARK = "persistshard.stream"
 
@@ -90,9 +90,10 @@ class PersistShardDataSource(DataSource):
                         "e.g. OPTIONS (columns 'id BIGINT, name STRING'), or write to the "
                         "location first",
                     )
-                raise InvalidUpdates(
-                    f"no shard at {shard.location}: nothing was ever written there; write "
-                    "to it first (df.write.format('persistshard').save(path))",
+                raise NoShard(
+                    f"no shard at {shard.location}: nothing was ever written there (a "
+                    "mistyped path, or the wrong storage options?); write to it first "
+                    "(df.write.format('persistshard').save(path))",
                 )
             from persistshard.core.validate import user_schema
             from persistshard.datasource.ddl import parse_columns

@@ -14,6 +14,12 @@ new offsets. A query restarted with the same ``reader_id`` while its hold is sti
 the hold over and reads its changes exactly; one whose hold ran out may find its offset
 compacted away, and then fails with `SinceViolation` rather than emit inexact changes. A
 ``reader_id`` must not be shared by two running queries.
+
+A hold is a commit to the shard, so it needs write access to the location. On a location this
+process may only read, the stream fails with `StorageError` saying so (never with the
+`HoldExpired` and `Indeterminate` the refused commit raises inside); ``.option("hold",
+"false")`` reads without a hold: nothing is written, and the stream fails with
+`SinceViolation` if compaction passes its position before it reads on.
 """
 
 from __future__ import annotations
@@ -41,7 +47,14 @@ from persistshard.datasource.reader import (
     with_snapshot_time,
 )
 from persistshard.datasource.types import arrow_schema_of, conform
-from persistshard.errors import HoldExpired, InvalidUpdates
+from persistshard.errors import (
+    HoldExpired,
+    Indeterminate,
+    InvalidOption,
+    StorageError,
+    is_access_error,
+    storage_cause,
+)
 
 INITIAL = -1
 
@@ -52,14 +65,19 @@ class PersistShardStreamReader(DataSourceStreamReader):
     def __init__(self, options: dict[str, str], schema: StructType) -> None:
         self.opts = ReadOptions.parse(options, schema)
         if self.opts.as_of is not None or self.opts.updates_to is not None:
-            raise InvalidUpdates("a streaming read takes no as_of or updates_to")
+            raise InvalidOption("a streaming read takes no as_of or updates_to")
         self.schema = schema
         target = arrow_schema_of(schema)
         if TIME not in target.names or DIFF not in target.names:
-            raise InvalidUpdates(
+            raise InvalidOption(
                 "a streaming read emits rows with _time and _diff, but Spark does not tell a "
                 "source that a read is a stream: add .option('changes', True) (the snapshot, "
                 "then every later update) or .option('updates_from', T) (every update from T)"
+            )
+        if not self.opts.hold and self.opts.reader_id is not None:
+            raise InvalidOption(
+                f"option hold is false, but option reader_id ({self.opts.reader_id!r}) names a "
+                "hold: leave one of them out"
             )
         self.reader_id = self.opts.reader_id or f"stream-{new_id()}"
         self.lease_seconds = float(self.opts.reader_lease_seconds or DEFAULT_LEASE_SECONDS)
@@ -70,9 +88,31 @@ class PersistShardStreamReader(DataSourceStreamReader):
         # Executors only read partitions: the hold stays with the driver-side reader.
         return {**self.__dict__, "_hold": None}
 
-    def _holding(self, shard: Shard) -> ReaderHold:
-        """This stream's live hold: taken over (a restart with the same reader id) or
-        registered, and renewed once a third of its lease has passed."""
+    def _holding(self, shard: Shard) -> ReaderHold | None:
+        """This stream's live hold (None with option ``hold`` false): taken over (a restart
+        with the same reader id) or registered, and renewed once a third of its lease has
+        passed. A refusal to write (a read-only location, credentials that may only read) is
+        a `StorageError` that says holds need write access."""
+        if not self.opts.hold:
+            return None
+        try:
+            return self._hold_or_renew(shard)
+        except (Indeterminate, OSError) as e:
+            cause = storage_cause(e)
+            if cause is None or not is_access_error(cause):
+                raise
+            raise StorageError(
+                f"a streaming read holds the shard's since (reader {self.reader_id!r}), and "
+                f"holding is a commit to the shard, but writing at {shard.location} was refused "
+                f"({type(cause).__name__}: {cause}); nothing was committed. Grant this user "
+                "write access to the location, or read without a hold: "
+                ".option('hold', 'false') (the stream then fails with SinceViolation if "
+                "compaction passes its position before it reads on)",
+                location=shard.location,
+                cause=cause,
+            ) from None  # Spark prints the chain: the refused commit's errors would confuse
+
+    def _hold_or_renew(self, shard: Shard) -> ReaderHold:
         now = time.monotonic()
         if self._hold is not None and now - self._renewed < self.lease_seconds / 3:
             return self._hold
@@ -89,7 +129,7 @@ class PersistShardStreamReader(DataSourceStreamReader):
     def initialOffset(self) -> dict[str, int]:
         start = self.opts.updates_from
         hold = self._holding(open_shard(self.opts.location, **self.opts.storage_options))
-        if start is not None and start - 1 > hold.since:
+        if hold is not None and start is not None and start - 1 > hold.since:
             hold.downgrade_since(start - 1)
         return {"upper": INITIAL if start is None else start}
 
@@ -127,7 +167,7 @@ class PersistShardStreamReader(DataSourceStreamReader):
         """Spark has everything below ``end``: hold since at ``end - 1`` from now on."""
         upper = int(end["upper"])
         hold = self._holding(open_shard(self.opts.location, **self.opts.storage_options))
-        if upper - 1 > hold.since:
+        if hold is not None and upper - 1 > hold.since:
             hold.downgrade_since(upper - 1)
 
     def stop(self) -> None:

@@ -42,7 +42,7 @@ def test_verify_fails_on_a_missing_part(tmp_path, capsys):
 def test_compact_then_gc(tmp_path, capsys):
     location = make(tmp_path)
     assert main(["compact", location]) == 0
-    assert "merges committed" in capsys.readouterr().out
+    assert "1 merge committed" in capsys.readouterr().out
     assert main(["gc", location]) == 0
     assert "dry run: nothing deleted" in capsys.readouterr().out
     before = {m.key for m in ps.open_shard(location).blob.list("parts/")}

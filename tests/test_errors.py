@@ -106,6 +106,44 @@ def negative_diff(shard: ps.Shard, tmp_path, spark=None) -> None:
     spark.read.format("persistshard").load(shard.location).collect()
 
 
+def no_shard(shard: ps.Shard, tmp_path) -> None:
+    from persistshard.cli import open_existing
+
+    open_existing(str(tmp_path / "never-written"), {})
+
+
+def invalid_option(shard: ps.Shard, tmp_path) -> None:
+    from persistshard.datasource.options import ReadOptions
+
+    ReadOptions.parse({"path": shard.location, "max_partitions": "0"})
+
+
+def storage_error(shard: ps.Shard, tmp_path) -> None:
+    """A streaming read holds since, a commit: on a location that refuses writes (a read-only
+    directory, simulated since the tests may run as root) it is a StorageError."""
+    import errno
+    from unittest import mock
+
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+    from persistshard.core.blob import FsspecBlob
+    from persistshard.datasource.stream import PersistShardStreamReader
+
+    def refuse(self, key, data):
+        raise PermissionError(errno.EROFS, "Read-only file system", key)
+
+    schema = StructType(
+        [StructField(n, t) for n, t in [("id", LongType()), ("item", StringType())]]
+        + [StructField(n, LongType(), False) for n in ("_time", "_diff")]
+    )
+    with (
+        mock.patch.object(FsspecBlob, "put", refuse),
+        mock.patch.object(FsspecBlob, "put_if_absent", refuse),
+    ):
+        reader = PersistShardStreamReader({"path": shard.location, "changes": "true"}, schema)
+        reader.initialOffset()
+
+
 TRIGGERS: dict[str, Callable[..., None]] = {
     "UpperMismatch": upper_mismatch,
     "SinceViolation": since_violation,
@@ -118,6 +156,9 @@ TRIGGERS: dict[str, Callable[..., None]] = {
     "HoldExpired": hold_expired,
     "WriterAlreadyCommitted": writer_already_committed,
     "NegativeDiff": negative_diff,
+    "NoShard": no_shard,
+    "InvalidOption": invalid_option,
+    "StorageError": storage_error,
 }
 #: What changes the shard by design before the error (so "unchanged" is judged after it).
 CHANGES_FIRST = {"SinceViolation", "HoldExpired", "WriterAlreadyCommitted", "NegativeDiff"}

@@ -38,7 +38,7 @@ def test_storage_options_are_parsed_and_hidden():
     assert "hunter2" not in repr(opts) and "secret" in repr(opts)
     assert "hunter2" not in repr(StorageOptions(secret="hunter2"))
     assert ReadOptions.parse({"path": "/x"}).storage_options == {}
-    with pytest.raises(ps.InvalidUpdates, match=r"^InvalidUpdates: option 'storage\.'"):
+    with pytest.raises(ps.InvalidOption, match=r"^InvalidOption: option 'storage\.'"):
         storage_options({"storage.": "x"})
 
 

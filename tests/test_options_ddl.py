@@ -28,7 +28,7 @@ from pyspark.sql.types import (
 
 from persistshard.datasource.ddl import parse_columns
 from persistshard.datasource.options import ReadOptions, WriteOptions
-from persistshard.errors import InvalidUpdates, StorageUnsupported
+from persistshard.errors import InvalidOption, StorageUnsupported
 
 SIMPLE = [
     LongType(),
@@ -110,7 +110,7 @@ def test_synonyms_comments_and_quoting():
     ],
 )
 def test_bad_ddl_says_where(text, where):
-    with pytest.raises(InvalidUpdates, match=rf"^InvalidUpdates: cannot parse columns .*{where}"):
+    with pytest.raises(InvalidOption, match=rf"^InvalidOption: cannot parse columns .*{where}"):
         parse_columns(text)
 
 
@@ -118,15 +118,15 @@ def test_read_option_rules():
     base = {"path": "/tmp/x"}
     opts = ReadOptions.parse({**base, "as_of": "3", "storage.anon": "true"})
     assert opts.as_of == 3 and opts.storage_options == {"anon": True}
-    with pytest.raises(InvalidUpdates, match=r"unknown option as_off .*known options: "):
+    with pytest.raises(InvalidOption, match=r"unknown option as_off .*known options: "):
         ReadOptions.parse({**base, "as_off": "3"})
-    with pytest.raises(InvalidUpdates, match="as_of cannot be combined with updates_from"):
+    with pytest.raises(InvalidOption, match="as_of cannot be combined with updates_from"):
         ReadOptions.parse({**base, "as_of": "3", "updates_from": "1"})
-    with pytest.raises(InvalidUpdates, match="with_diff is implied by changes"):
+    with pytest.raises(InvalidOption, match="with_diff is implied by changes"):
         ReadOptions.parse({**base, "changes": "true", "with_diff": "true"})
-    with pytest.raises(InvalidUpdates, match="option as_of must be an integer, got 'x'"):
+    with pytest.raises(InvalidOption, match="option as_of must be an integer, got 'x'"):
         ReadOptions.parse({**base, "as_of": "x"})
-    with pytest.raises(InvalidUpdates, match="option as_of must not be negative"):
+    with pytest.raises(InvalidOption, match="option as_of must not be negative"):
         ReadOptions.parse({**base, "as_of": "-1"})
 
 
@@ -135,7 +135,7 @@ def test_write_option_rules():
     opts = WriteOptions.parse({**base, "merge_schema": "true"})
     assert opts.merge_schema and opts.plain
     assert not WriteOptions.parse({**base, "expected_upper": "4"}).plain
-    with pytest.raises(InvalidUpdates, match="needs option remap"):
+    with pytest.raises(InvalidOption, match="needs option remap"):
         WriteOptions.parse({**base, "source_offset_column": "o"})
     with pytest.raises(StorageUnsupported, match="memory:// lives inside one process"):
         WriteOptions.parse({"path": "memory://x"})

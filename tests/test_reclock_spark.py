@@ -182,7 +182,7 @@ def test_reclocking_options_are_checked(log_source, tmp_path):
         df.write.format("persistshard").mode("append").option("remap", remap).save(
             str(tmp_path / "o")
         )
-    with pytest.raises(Exception, match="InvalidUpdates: option source_offset_column needs"):
+    with pytest.raises(Exception, match="InvalidOption: option source_offset_column needs"):
         df.write.format("persistshard").mode("append").option("source_offset_column", "o").save(
             str(tmp_path / "o")
         )

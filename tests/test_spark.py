@@ -289,7 +289,7 @@ def test_retried_task_leaves_no_orphan_parts(spark, location):
         ([(1, 0)], "id BIGINT, _diff BIGINT", {}, "InvalidUpdates: _diff has 1 zero"),
         ([(1, 0)], "id BIGINT, _time BIGINT", {}, r"InvalidUpdates: _time 0 is below"),
         ([("x",)], "id STRING", {}, r"InvalidUpdates: columns \(id string\) do not match"),
-        ([(1,)], "id BIGINT", {"colour": "red"}, "InvalidUpdates: unknown option colour"),
+        ([(1,)], "id BIGINT", {"colour": "red"}, "InvalidOption: unknown option colour"),
     ],
 )
 def test_failed_write_leaves_shard_unchanged(spark, location, rows, schema, options, message):

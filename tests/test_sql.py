@@ -337,7 +337,7 @@ def test_errors_a_user_can_act_on(spark, table, tmp_path):
     assert "NotADirectoryError" in str(e.value)
     with pytest.raises(Exception) as e:
         spark.read.format("persistshard").load(str(tmp_path / "nothing")).collect()
-    assert "InvalidUpdates: no shard at" in str(e.value)
+    assert "NoShard: no shard at" in str(e.value)
     assert "OPTIONS" not in str(e.value)
     with pytest.raises(Exception) as e:
         spark.read.format("persistshard").option("updates_from", 100).load(loc).collect()

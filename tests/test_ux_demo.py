@@ -1,0 +1,44 @@
+"""The demo a new user runs first (``python -m persistshard.demo``, a README command): it
+explains each of persistshard's terms in one sentence the first time it shows it, and leaves
+no temporary directory behind."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from persistshard.demo import GLOSSARY
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_demo_explains_its_terms_once_and_cleans_up(tmp_path):
+    env = {**os.environ, "TMPDIR": str(tmp_path), "PYSPARK_PYTHON": sys.executable}
+    done = subprocess.run(
+        [sys.executable, "-m", "persistshard.demo"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    for term, sentence in GLOSSARY.items():
+        assert out.count(sentence) == 1, f"{term} explained {out.count(sentence)} times"
+    lines = out.splitlines()
+    first_use = {
+        "upper": next(i for i, line in enumerate(lines) if "-> upper " in line),
+        "since": next(i for i, line in enumerate(lines) if "holds since" in line),
+        "into-time": next(i for i, line in enumerate(lines) if line.startswith("   into-time")),
+    }
+    for term, at in first_use.items():
+        explained = next(i for i, line in enumerate(lines) if GLOSSARY[term] in line)
+        assert abs(explained - at) <= 2, f"{term} explained at line {explained}, used at {at}"
+        first = min(at, explained)
+        assert not any(term in line for line in lines[:first]), f"{term} used before {first}"
+    assert "removed the demo's temporary directory" in out
+    assert not [n for n in os.listdir(tmp_path) if n.startswith("persistshard-demo-")]
