@@ -465,3 +465,13 @@ def test_consolidation_across_tasks_spills(shard: Shard, monkeypatch: pytest.Mon
     whole = shard.updates(0, 4)
     assert projected(changes, ["pad"], ["_time"]) == projected(whole, ["pad"], ["_time"])
     assert len(made) == 2 and all(c.stats["spilled_runs"] > 0 for c in made)
+
+
+def test_expression_reading_is_checked_by_rebuilding() -> None:
+    """Odd column names are read right or not at all (never a wrong `Pred`)."""
+    schema = pa.schema([("it's a 'name'", pa.int64()), ("x\ny", pa.int64())])
+    e = expression_filter(pc.field("it's a 'name'") >= 3, schema)
+    assert e.columns == {"it's a 'name'"} and e.skip == Pred("ge", "it's a 'name'", 3)
+    e = expression_filter(pc.field("x\ny") >= 3, schema)
+    assert e.skip in (None, Pred("ge", "x\ny", 3))
+    assert e.columns in (None, {"x\ny"})
