@@ -475,3 +475,15 @@ def test_expression_reading_is_checked_by_rebuilding() -> None:
     e = expression_filter(pc.field("x\ny") >= 3, schema)
     assert e.skip in (None, Pred("ge", "x\ny", 3))
     assert e.columns in (None, {"x\ny"})
+
+
+def test_projection_leaves_the_key_column_undecoded(shard: Shard) -> None:
+    """Tasks split on the first column, but a snapshot whose chunks lie inside their task's
+    key range (by statistics) does not fetch it unless it is projected or filtered on."""
+    s, blob = counted(shard)
+    fetched = {}
+    for columns in (["v"], ["id", "v"]):
+        blob.fetched = 0
+        s.scan(columns=columns).to_arrow()
+        fetched[len(columns)] = blob.fetched
+    assert fetched[1] < fetched[2], fetched
