@@ -6,7 +6,10 @@ is consumed (`to_batches`, `to_arrow_batch_reader`, `to_arrow`, `to_pandas`, `to
 `to_duckdb`, or any consumer of the Arrow PyCapsule stream protocol, ``__arrow_c_stream__``:
 DuckDB, Polars, ``pyarrow.table``). Every consumption re-reads the same pinned version, so a
 scan can be consumed many times (DuckDB opens the stream once per query) and always answers
-the same.
+the same. What it relies on: the pinned version's parts are still on storage, which gc
+guarantees only for its retention (an hour by default) after a newer version replaced them;
+a scan consumed later than that may meet `CorruptData` naming a collected part (hold the
+shard with `Shard.register_reader` to keep them longer).
 
 What always holds:
 - The answer is the one `Shard.snapshot` / `Shard.updates` give for the same times, restricted
