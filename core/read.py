@@ -435,16 +435,17 @@ def load_updates(blob: Blob, task: ReadTask, readers: Readers | None = None) -> 
     """The stored updates a task reads: its chunks, at the query's times, in its key range and
     passing its row filter; unconsolidated, times not forwarded, in the stored schema."""
     q = task.query
-    read_schema = task.read_schema()
     out_names = task.output_schema().names
 
     def load(s: PartSlice) -> pa.Table:
         reader = _open(blob, s.ref, readers)
         chunks = _wanted_chunks(reader, s.ref, s.chunks, q, task.row_filter)
+        schema = _slice_schema(task, reader, s.ref, chunks)
         table = adapt_part_table(
-            reader.read(_present(reader, read_schema), chunks=chunks), s.ref, read_schema
+            reader.read(_present(reader, schema), chunks=chunks), s.ref, schema
         )
-        return _restrict(table, task, s.ref, reader, chunks).select(out_names)
+        table = _restrict(table, task, s.ref, reader, chunks)
+        return _with_time(table, s.ref).select(out_names)
 
     if not task.slices:
         return task.output_schema().empty_table()
@@ -452,6 +453,38 @@ def load_updates(blob: Blob, task: ReadTask, readers: Readers | None = None) -> 
         return load(task.slices[0])
     with ThreadPoolExecutor(max_workers=min(4, len(task.slices))) as pool:
         return pa.concat_tables(list(pool.map(load, task.slices)))
+
+
+def _slice_schema(
+    task: ReadTask, reader: PartReader, ref: PartRef, chunks: Sequence[int]
+) -> pa.Schema:
+    """The columns to decode for ``chunks`` of one part: `ReadTask.read_schema`, less, in a
+    projected snapshot, ``_time`` when every time of the part is in the query's (no time
+    filter runs) and the key range's column when the chunks' statistics put every row in the
+    range (no range filter runs) and nothing else reads it. `_with_time` restores ``_time``."""
+    schema = task.read_schema()
+    q = task.query
+    if task.columns is None or q.mode != "snapshot":
+        return schema
+    drop = set()
+    if not (ref.max_time > q.max_time or (q.min_time is not None and ref.min_time < q.min_time)):
+        drop.add(TIME)
+    kr = task.key_range
+    if kr is not None and kr.column not in {*task.columns, *task.expression_columns}:
+        filtered = task.row_filter is not None and kr.column in task.row_filter.columns()
+        if not filtered and _chunks_within(reader, chunks, kr):
+            drop.add(kr.column)
+    return pa.schema([f for f in schema if f.name not in drop]) if drop else schema
+
+
+def _with_time(table: pa.Table, ref: PartRef) -> pa.Table:
+    """``table`` with a ``_time`` column: its own, or (left undecoded by `_slice_schema`, whose
+    snapshot answers drop it) the part's time, so every slice of a task has one schema."""
+    if TIME in table.column_names:
+        return table
+    time = ref.rewrite_time if ref.rewrite_time is not None else ref.max_time
+    times = pa.array(np.full(table.num_rows, time, dtype=np.int64))
+    return table.append_column(pa.field(TIME, pa.int64(), nullable=False), times)
 
 
 def _present(reader: PartReader, schema: pa.Schema) -> list[str] | None:
@@ -526,15 +559,15 @@ def iter_task(
     ):
         yield read_task(blob, task, as_multiset=as_multiset, readers=readers)
         return
-    read_schema = task.read_schema()
-    out_names = task.output_schema().names
+    out_names = [n for n in task.output_schema().names if n != TIME]
     for s, reader, wanted in zip(task.slices, opened, chunks, strict=True):
-        batches = reader.iter_batches(_present(reader, read_schema), chunks=wanted)
+        schema = _slice_schema(task, reader, s.ref, wanted)
+        batches = reader.iter_batches(_present(reader, schema), chunks=wanted)
         for index, batch in zip(wanted, batches, strict=True):
-            table = adapt_part_table(pa.Table.from_batches([batch]), s.ref, read_schema)
+            table = adapt_part_table(pa.Table.from_batches([batch]), s.ref, schema)
             table = _restrict(table, task, s.ref, reader, [index]).select(out_names)
             if table.num_rows:
-                yield table.drop_columns([TIME])
+                yield table
 
 
 def read_query(blob: Blob, state: ShardState, q: Query) -> pa.Table:

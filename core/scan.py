@@ -6,7 +6,10 @@ is consumed (`to_batches`, `to_arrow_batch_reader`, `to_arrow`, `to_pandas`, `to
 `to_duckdb`, or any consumer of the Arrow PyCapsule stream protocol, ``__arrow_c_stream__``:
 DuckDB, Polars, ``pyarrow.table``). Every consumption re-reads the same pinned version, so a
 scan can be consumed many times (DuckDB opens the stream once per query) and always answers
-the same.
+the same. What it relies on: the pinned version's parts are still on storage, which gc
+guarantees only for its retention (an hour by default) after a newer version replaced them;
+a scan consumed later than that may meet `CorruptData` naming a collected part (hold the
+shard with `Shard.register_reader` to keep them longer).
 
 What always holds:
 - The answer is the one `Shard.snapshot` / `Shard.updates` give for the same times, restricted
@@ -29,9 +32,11 @@ Memory. `to_batches` plans the read in tasks of about `SCAN_TASK_BYTES` of store
 split by key range (`persistshard.core.read.plan_read`), and holds one task at a time; a
 snapshot of parts that need no cross-chunk consolidation streams chunk by chunk. What it does
 not bound: a task is never split inside one key value of the first row column (a shard whose
-rows mostly share one first-column value reads as one task), and a ``with_diff`` snapshot or a
-change read projected *without* the first row column is consolidated across tasks, in memory
-the size of its projected answer.
+rows mostly share one first-column value reads as one task). A ``with_diff`` snapshot or a
+change read projected *without* the first row column must consolidate across tasks: their
+answers go through a `persistshard.core.correction.Correction` with a budget of
+`SCAN_MERGE_BUDGET`, which spills sorted runs to local files beyond it and merges them back
+a bounded slice at a time.
 """
 
 from __future__ import annotations
@@ -44,9 +49,18 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from persistshard.core.correction import Correction
 from persistshard.core.filters import Pred, bind, conjunction, disjunction
-from persistshard.core.read import Query, Readers, ReadTask, expand_rows, iter_task, plan_read
-from persistshard.core.rows import DIFF, TIME, consolidate, snapshot_of
+from persistshard.core.read import (
+    Query,
+    Readers,
+    ReadTask,
+    expand_rows,
+    iter_task,
+    plan_read,
+    with_snapshot_time,
+)
+from persistshard.core.rows import DIFF, TIME
 from persistshard.core.state import ShardState
 from persistshard.core.validate import update_schema
 
@@ -57,6 +71,9 @@ __all__ = ["SCAN_TASK_BYTES", "Scan", "expression_filter"]
 
 #: Stored bytes of parts per task of a scan (the unit of memory `Scan.to_batches` holds).
 SCAN_TASK_BYTES = 4 << 20
+#: In-memory bytes of the buffer that consolidates tasks' answers together (a ``with_diff`` or
+#: change scan projected without the first row column); it spills sorted runs beyond that.
+SCAN_MERGE_BUDGET = 64 << 20
 #: Most tasks a scan is split into.
 SCAN_MAX_TASKS = 1 << 16
 
@@ -389,21 +406,42 @@ class Scan:
             return
         multiset = q.mode == "snapshot" and not q.with_diff
         if self._merges_across_tasks(tasks):
-            whole = pa.concat_tables(
-                [piece for t in tasks for piece in iter_task(self._blob, t, readers=readers)]
-            )
-            yield snapshot_of(whole) if q.mode == "snapshot" else consolidate(whole)
+            yield from self._merged(tasks, readers)
             return
         for task in tasks:
             yield from iter_task(self._blob, task, as_multiset=multiset, readers=readers)
 
+    def _merged(self, tasks: list[ReadTask], readers: Readers) -> Iterator[pa.Table]:
+        """The tasks' answers consolidated together, through a `Correction` of
+        `SCAN_MERGE_BUDGET` bytes that spills sorted runs to local files beyond it (a
+        snapshot's pieces enter at time 0). Sorted by (time, row)."""
+        q = self.query
+        schema = tasks[0].output_schema()
+        buffer = Correction(schema, budget_bytes=SCAN_MERGE_BUDGET)
+        try:
+            for task in tasks:
+                for piece in iter_task(self._blob, task, readers=readers):
+                    if q.mode == "snapshot":
+                        piece = with_snapshot_time(piece, Query("snapshot", as_of=0))
+                    buffer.insert(piece.select(schema.names))
+            upper = 1 if q.mode == "snapshot" else q.hi
+            for batch in buffer.updates_before(upper):
+                table = pa.Table.from_batches([batch])
+                yield table.drop_columns([TIME]) if q.mode == "snapshot" else table
+        finally:
+            buffer.close()
+
     def _shape(self, table: pa.Table) -> pa.Table:
+        """A piece of the answer as the user sees it: rows repeated by their counts (a
+        snapshot without ``with_diff``), an expression that could not run before
+        consolidation applied to the answer's columns (after the repeat, so it never sees an
+        unconsolidated ``_diff``), the answer's columns in the order asked."""
         q = self.query
         ef = self._expression
-        if ef is not None and not self._pushed_expression and table.num_rows:
-            table = table.filter(ef.expression)
         if q.mode == "snapshot" and not q.with_diff:
             table = expand_rows(table, self.location, q.as_of)
+        if ef is not None and not self._pushed_expression and table.num_rows:
+            table = table.filter(ef.expression)
         table = table.select(self.schema.names)
         if table.schema != self.schema:
             table = table.cast(self.schema)
