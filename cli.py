@@ -7,13 +7,15 @@
     persistshard gc LOCATION [--apply]   what garbage collection would delete (deletes with --apply)
     persistshard holds LOCATION [--expire READER]   reader holds on since (drops one by hand)
     persistshard conformance LOCATION    run the storage and semantics conformance suite there
+    persistshard repair LOCATION [--apply]   drop unreadable newest log entries (dry run default)
 
 Every command takes ``--storage-option NAME=VALUE`` (repeatable; passed to fsspec, a value that
 parses as JSON is passed decoded) and ``--json`` for machine-readable output. ``compact``,
 ``gc``, ``verify`` and ``conformance`` show progress on stderr when it is a terminal (tqdm;
 nothing when it is not). Exit status: 0 when done, 1 when ``verify`` or ``conformance`` found a
-problem, 2 on an error (its message starts with the error class) and on a location that holds
-no shard (every command but ``conformance``, which needs an empty place). Storage option values
+problem or a ``repair`` dry run found something to repair, 2 on an error (its message starts
+with the error class) and on a location that holds no shard (every command but
+``conformance``, which needs an empty place). Storage option values
 are never printed.
 """
 
@@ -31,7 +33,7 @@ from persistshard.core import layout
 from persistshard.core.blob import Blob, BlobWrapper, open_blob
 from persistshard.core.layout import DEFAULT_RETENTION_SECONDS
 from persistshard.core.shard import Shard
-from persistshard.errors import PersistShardError
+from persistshard.errors import CorruptData, PersistShardError
 
 
 class NoShard(Exception):
@@ -363,6 +365,42 @@ def cmd_conformance(args: argparse.Namespace, options: dict[str, Any]) -> int:
     return int(pytest.main(pytest_args, plugins=[collector]))
 
 
+def cmd_repair(args: argparse.Namespace, options: dict[str, Any]) -> int:
+    """Dry run: which newest entries are unreadable and what restoring drops; ``--apply``:
+    drop them (`persistshard.core.repair`). Exit 0 when the shard reads afterwards (or needed
+    nothing), 1 on a dry run that found something to repair."""
+    from persistshard.core.repair import repair
+
+    shard = Shard(args.location, **options)
+    report = repair(shard.machine, apply=args.apply)
+    if report.newest_version == 0:
+        raise NoShard(
+            f"NoShard: no shard at {shard.location}: no consensus entry is stored there (a "
+            "mistyped path, or the wrong --storage-option?)"
+        )
+    if report.applied:
+        shard.state()  # reads again: the restored head must load
+    if args.json:
+        print(json.dumps(_plain(report) | {"needed": report.needed}, indent=2))
+    else:
+        print(f"shard     {report.location}")
+        print(f"newest    version {report.newest_version}")
+        if not report.needed:
+            print("ok        every newest entry is readable; nothing to repair")
+            return 0
+        verb = "dropped" if report.applied else "would drop"
+        for d in report.dropped:
+            print(f"{verb:<9} version {d.version} ({d.file}, {d.size} bytes): {d.problem}")
+        print(
+            f"{'restored' if report.applied else 'restores'}  version {report.valid_version} "
+            f"(upper {report.valid_upper}); the dropped commits were never readable, so no "
+            "reader saw them; their parts are orphans that gc removes"
+        )
+        if not report.applied:
+            print("dry run: nothing changed; pass --apply to restore")
+    return 0 if report.applied or not report.needed else 1
+
+
 COMMANDS = {
     "inspect": cmd_inspect,
     "history": cmd_history,
@@ -376,7 +414,13 @@ COMMANDS = {
 def open_existing(location: str, options: dict[str, Any]) -> Shard:
     """The shard at ``location``, or `NoShard` when nothing was ever committed there."""
     shard = Shard(location, **options)
-    if shard.consensus.head() is None:
+    try:
+        head = shard.consensus.head()
+    except CorruptData as e:
+        from persistshard.core.machine import repair_hint
+
+        raise repair_hint(e, shard.location) from e
+    if head is None:
         raise NoShard(
             f"NoShard: no shard at {shard.location}: no state was ever committed there (a mistyped "
             "path, or the wrong --storage-option?)"
@@ -387,7 +431,7 @@ def open_existing(location: str, options: dict[str, Any]) -> Shard:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="persistshard", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in [*COMMANDS, "conformance"]:
+    for name in [*COMMANDS, "conformance", "repair"]:
         p = sub.add_parser(name)
         p.add_argument("location", help="the shard: a local path or any fsspec URL")
         p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -400,6 +444,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             metavar="NAME=VALUE",
             help="an fsspec storage option (repeatable; JSON values are decoded)",
         )
+        if name == "repair":
+            p.add_argument(
+                "--apply",
+                action="store_true",
+                help="drop the unreadable newest entries (default: dry run)",
+            )
         if name == "gc":
             p.add_argument("--apply", action="store_true", help="delete (default: dry run)")
             p.add_argument(
@@ -417,6 +467,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "conformance":
             return cmd_conformance(args, options)
+        if args.command == "repair":
+            return cmd_repair(args, options)
         return COMMANDS[args.command](open_existing(args.location, options), args)
     except (PersistShardError, NoShard) as e:
         print(str(e), file=sys.stderr)
