@@ -93,15 +93,15 @@ class _Model:
             self.fds[fd] = (path, inode)
         elif kind == "write":
             _, fd, data = op
-            inode = self.fds[fd][1]
-            assert inode is not None
-            self.content[inode] += data
+            written = self.fds[fd][1]
+            assert written is not None
+            self.content[written] += data
         elif kind == "fsync":
-            path, inode = self.fds[op[1]]
-            if inode is None:
+            path, synced = self.fds[op[1]]
+            if synced is None:
                 self.durable[path] = dict(self.entries.get(path, {}))
             else:
-                self.synced[inode] = self.content[inode]
+                self.synced[synced] = self.content[synced]
         elif kind == "close":
             self.fds.pop(op[1], None)
         elif kind in ("link", "replace"):
@@ -247,12 +247,12 @@ class PageCacheRecorder:
             for name in names:
                 with open(os.path.join(d, name), "rb") as f:
                     self._files[os.path.join(d, name)] = f.read()
-        saved = blob_module.os
-        blob_module.os = _RecordingOs(self.journal)  # type: ignore[assignment]
+        saved = getattr(blob_module, "os")  # noqa: B009 - the module's import, not an export
+        setattr(blob_module, "os", _RecordingOs(self.journal))  # noqa: B010
         try:
             yield self
         finally:
-            blob_module.os = saved
+            setattr(blob_module, "os", saved)  # noqa: B010
 
     @property
     def steps(self) -> int:
