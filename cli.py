@@ -8,6 +8,7 @@
     persistshard holds LOCATION [--expire READER]   reader holds on since (drops one by hand)
     persistshard conformance LOCATION    run the storage and semantics conformance suite there
     persistshard --version               the installed version
+    persistshard repair LOCATION [--apply]   drop unreadable newest log entries (dry run default)
 
 ``persistshard --help`` lists the commands, ``persistshard COMMAND --help`` describes one (the
 first line of its ``cmd_*`` docstring is its summary). Every command takes
@@ -15,11 +16,11 @@ first line of its ``cmd_*`` docstring is its summary). Every command takes
 parses as JSON is passed decoded) and ``--json`` for machine-readable output. ``compact``,
 ``gc``, ``verify`` and ``conformance`` show progress on stderr when it is a terminal (tqdm;
 nothing when it is not). Exit status: 0 when done, 1 when ``verify`` or ``conformance`` found a
-problem, 2 on an error (its message starts with the error class: `NoShard` on a location that
-holds no shard, for every command but ``conformance``, which needs an empty place;
-`StorageError` when the storage refuses, e.g. ``compact`` on a read-only directory or with
-missing credentials, never a raw OS or botocore traceback). Storage option values are never
-printed.
+problem or a ``repair`` dry run found something to repair, 2 on an error (its message starts
+with the error class: `NoShard` on a location that holds no shard, for every command but
+``conformance``, which needs an empty place; `StorageError` when the storage refuses, e.g.
+``compact`` on a read-only directory or with missing credentials, never a raw OS or botocore
+traceback). Storage option values are never printed.
 """
 
 from __future__ import annotations
@@ -36,7 +37,13 @@ from persistshard.core import layout
 from persistshard.core.blob import Blob, BlobWrapper, open_blob
 from persistshard.core.layout import DEFAULT_RETENTION_SECONDS
 from persistshard.core.shard import Shard
-from persistshard.errors import NoShard, PersistShardError, is_storage_error, storage_error
+from persistshard.errors import (
+    CorruptData,
+    NoShard,
+    PersistShardError,
+    is_storage_error,
+    storage_error,
+)
 
 __all__ = ["NoShard", "main"]
 
@@ -387,6 +394,42 @@ def cmd_conformance(args: argparse.Namespace, options: dict[str, Any]) -> int:
     return int(pytest.main(pytest_args, plugins=[collector]))
 
 
+def cmd_repair(args: argparse.Namespace, options: dict[str, Any]) -> int:
+    """Dry run: which newest entries are unreadable and what restoring drops; ``--apply``:
+    drop them (`persistshard.core.repair`). Exit 0 when the shard reads afterwards (or needed
+    nothing), 1 on a dry run that found something to repair."""
+    from persistshard.core.repair import repair
+
+    shard = Shard(args.location, **options)
+    report = repair(shard.machine, apply=args.apply)
+    if report.newest_version == 0:
+        raise NoShard(
+            f"NoShard: no shard at {shard.location}: no consensus entry is stored there (a "
+            "mistyped path, or the wrong --storage-option?)"
+        )
+    if report.applied:
+        shard.state()  # reads again: the restored head must load
+    if args.json:
+        print(json.dumps(_plain(report) | {"needed": report.needed}, indent=2))
+    else:
+        print(f"shard     {report.location}")
+        print(f"newest    version {report.newest_version}")
+        if not report.needed:
+            print("ok        every newest entry is readable; nothing to repair")
+            return 0
+        verb = "dropped" if report.applied else "would drop"
+        for d in report.dropped:
+            print(f"{verb:<9} version {d.version} ({d.file}, {d.size} bytes): {d.problem}")
+        print(
+            f"{'restored' if report.applied else 'restores'}  version {report.valid_version} "
+            f"(upper {report.valid_upper}); the dropped commits were never readable, so no "
+            "reader saw them; their parts are orphans that gc removes"
+        )
+        if not report.applied:
+            print("dry run: nothing changed; pass --apply to restore")
+    return 0 if report.applied or not report.needed else 1
+
+
 COMMANDS = {
     "inspect": cmd_inspect,
     "history": cmd_history,
@@ -400,7 +443,13 @@ COMMANDS = {
 def open_existing(location: str, options: dict[str, Any]) -> Shard:
     """The shard at ``location``, or `NoShard` when nothing was ever committed there."""
     shard = Shard(location, **options)
-    if shard.consensus.head() is None:
+    try:
+        head = shard.consensus.head()
+    except CorruptData as e:
+        from persistshard.core.machine import repair_hint
+
+        raise repair_hint(e, shard.location) from e
+    if head is None:
         raise NoShard(
             f"no shard at {shard.location}: no state was ever committed there (a mistyped "
             "path, or the wrong --storage-option?)"
@@ -417,6 +466,7 @@ DOING = {
     "gc": "collect the shard's garbage",
     "holds": "change the shard's holds",
     "conformance": "run the conformance suite",
+    "repair": "repair the shard's log",
 }
 
 
@@ -441,8 +491,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in [*COMMANDS, "conformance"]:
-        command = COMMANDS.get(name, cmd_conformance)
+    extra = {"conformance": cmd_conformance, "repair": cmd_repair}
+    for name in [*COMMANDS, *extra]:
+        command = COMMANDS.get(name) or extra[name]
         p = sub.add_parser(
             name,
             help=_summary(command),
@@ -459,6 +510,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             metavar="NAME=VALUE",
             help="an fsspec storage option (repeatable; JSON values are decoded)",
         )
+        if name == "repair":
+            p.add_argument(
+                "--apply",
+                action="store_true",
+                help="drop the unreadable newest entries (default: dry run)",
+            )
         if name == "gc":
             p.add_argument("--apply", action="store_true", help="delete (default: dry run)")
             p.add_argument(
@@ -476,6 +533,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "conformance":
             return cmd_conformance(args, options)
+        if args.command == "repair":
+            return cmd_repair(args, options)
         return COMMANDS[args.command](open_existing(args.location, options), args)
     except PersistShardError as e:
         print(str(e), file=sys.stderr)

@@ -94,6 +94,14 @@ REGISTRY: tuple[Benchmark, ...] = (
         rounds={"quick": 30, "full": 60},
     ),
     Benchmark(
+        name="commit",
+        module="benchmarks.commit_bench",
+        summary="1-row commit latency on local disk, every put synced vs syncing switched off",
+        sizes={"quick": {"commits": 50}, "full": {"commits": 200}},
+        headings=("commit latency",),
+        rounds={"quick": 5, "full": 7},
+    ),
+    Benchmark(
         name="upsert",
         module="benchmarks.upsert_bench",
         summary="micro-batches upserting 0.1%/1%/10% of a table's keys vs appending the changed "

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 
+from persistshard.conformance.crash import check_page_cache, check_process_cuts
 from persistshard.conformance.model import make_shard_machine
 from persistshard.conformance.storage import BlobContract, ConsensusContract, Store
 from persistshard.core.blob import open_blob
@@ -46,6 +47,28 @@ class TestBlob(BlobContract):
 
 class TestConsensus(ConsensusContract):
     pass
+
+
+class TestCrash:
+    """Crash consistency on this store (`persistshard.conformance.crash`): the process dies
+    before every store call of an append and of a gc (of replaced parts), and on each image
+    every acknowledged commit is there, the shard verifies and takes a new commit. On local
+    files, also a power cut after every os call of an append and of an overwrite, through
+    the page-cache model (only fsynced bytes and directory entries survive)."""
+
+    @pytest.mark.parametrize("name", ["append", "gc-short"])
+    def test_process_dies_before_every_store_call(self, name: str) -> None:
+        assert check_process_cuts(_fresh, name, OPTIONS) > 1
+
+    @pytest.mark.parametrize("name", ["append", "overwrite"])
+    def test_power_cut_on_local_files(self, name: str) -> None:
+        import fsspec
+        from fsspec.implementations.local import LocalFileSystem
+
+        fs, root = fsspec.core.url_to_fs(_fresh(), **OPTIONS)
+        if not isinstance(fs, LocalFileSystem):
+            pytest.skip("the page-cache model intercepts local file calls; this store is not local")
+        assert check_page_cache(root, name) > 1
 
 
 if BASE:

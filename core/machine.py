@@ -61,6 +61,21 @@ MAX_STATE_READS = 16
 BACKOFF_SECONDS = 0.01
 
 
+def repair_hint(error: CorruptData, location: str) -> CorruptData:
+    """``error`` (met reading the log or a rollup), saying what to run: `persistshard.core.repair`
+    restores the last valid version when the newest entries are torn, and refuses (changing
+    nothing) when the damage is older."""
+    if "persistshard repair" in error.detail:
+        return error
+    out = CorruptData(
+        f"{error.detail}; run `persistshard repair {location}` to see whether restoring the "
+        "last valid version fixes it (a dry run; `--apply` restores it)",
+        location=error.location or location,
+    )
+    out.file, out.chunk = error.file, error.chunk
+    return out
+
+
 class StateMachine:
     """The versioned state of the shard at ``location``, kept in ``consensus`` (entries) and
     ``blob`` (rollups). See the module docstring for what it guarantees."""
@@ -80,11 +95,17 @@ class StateMachine:
         return self._state
 
     def state(self) -> ShardState:
-        """The newest state version (re-reads the consensus head).
+        """The newest state version (re-reads the consensus head). A damaged log or rollup
+        is `CorruptData` that names ``persistshard repair`` (`repair_hint`)."""
+        try:
+            return self._read_state()
+        except CorruptData as e:
+            raise repair_hint(e, self.location) from e
 
-        A read that finds the log truncated behind it (a gap, or a rollup gc removed) while
-        the head moved on is started again from the new head; the same failure at an
-        unchanged head is `CorruptData`."""
+    def _read_state(self) -> ShardState:
+        """The newest state. A read that finds the log truncated behind it (a gap, or a
+        rollup gc removed) while the head moved on is started again from the new head; the
+        same failure at an unchanged head is `CorruptData`."""
         for _ in range(MAX_STATE_READS):
             head = self.consensus.head()
             try:
@@ -151,10 +172,16 @@ class StateMachine:
 
     def entries(self, from_version: int = 1) -> list[tuple[int, Entry]]:
         """The decoded log entries at or after ``from_version``, oldest first."""
-        return [
-            (e.version, Entry.decode(e.data, self.consensus.entry_name(e.version), self.location))
-            for e in self.consensus.scan(from_version)
-        ]
+        try:
+            return [
+                (
+                    e.version,
+                    Entry.decode(e.data, self.consensus.entry_name(e.version), self.location),
+                )
+                for e in self.consensus.scan(from_version)
+            ]
+        except CorruptData as e:
+            raise repair_hint(e, self.location) from e
 
     def find_commit(self, commit_id: str, after: int) -> ShardState | None:
         """The newest state if ``commit_id`` landed at a version > ``after``, else None.

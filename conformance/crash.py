@@ -1,0 +1,540 @@
+"""Crash consistency: cut an operation at every store step, reopen, check nothing acknowledged
+was lost and the shard still reads and verifies.
+
+Two ways to cut, one check (`check_image`):
+
+- `PageCacheRecorder` (local files): the real `persistshard.core.blob.FsspecBlob` code runs on
+  a real directory while every os-level call of `persistshard.core.blob` (``open``,
+  ``write``, ``fsync``, ``close``, ``link``, ``replace``, ``unlink``, ``mkdir``) is also
+  replayed into a model of the page cache: file bytes are durable only once their descriptor
+  was fsynced, a directory entry (created, linked, renamed or removed) only once its
+  directory was fsynced. `PageCacheRecorder.image` builds what a power cut after any step
+  leaves on disk, in three flavours (`CUT_MODES`): ``lost`` (every unsynced entry and byte is
+  gone), ``empty`` (every name reached the disk but unsynced files are 0 bytes, the ext4
+  delayed-allocation outcome) and ``mixed`` (each directory, by a seeded coin, keeps its
+  unsynced names or loses them; unsynced files torn to half). Intercepting the os calls, rather
+  than modelling a store at the `Blob` interface, is what makes the harness test the code
+  that runs in production: a put that forgets a sync, or syncs in the wrong order, loses data
+  in the model exactly as it would on a machine.
+- `CutBlob` (any store, such as S3, where a successful call is durable): the operation's
+  process dies before its k-th store call (a `Cut` is raised, which no code catches); what the
+  store holds then is the image. This checks the *order* of writes on every store: parts
+  before the state that names them, the state before the hints, deletes only after the state
+  that drops them.
+
+`check_image` opens the image as a shard and checks: every commit acknowledged before the cut
+is there (the version, and the contents at its upper, which must equal the contents recorded
+when the operation returned), the state is one that some operation produced (old or new,
+never a mix), ``verify`` passes, and the shard accepts a new append.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import shutil
+import types
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import pyarrow as pa
+
+from persistshard.core import blob as blob_module
+from persistshard.core import layout
+from persistshard.core.blob import Blob, BlobMeta, BlobWrapper, open_blob
+from persistshard.core.remap import open_remap
+from persistshard.core.shard import Shard, open_shard
+
+#: The crash flavours of `PageCacheRecorder.image` (module docstring).
+CUT_MODES = ("lost", "empty", "mixed")
+
+_DIR = -1  # a directory entry that names a directory, not a file inode
+
+
+class _Model:
+    """The page cache and the disk under it, rebuilt by replaying recorded os calls."""
+
+    def __init__(self, root: str, files: dict[str, bytes], dirs: list[str]) -> None:
+        self.root = root
+        self.content: dict[int, bytes] = {}
+        self.synced: dict[int, bytes | None] = {}
+        self.entries: dict[str, dict[str, int]] = {}  # dir -> name -> inode or _DIR
+        self.durable: dict[str, dict[str, int]] = {}
+        self.fds: dict[int, tuple[str, int | None]] = {}  # fd -> (path, inode; None for a dir)
+        self._next = 0
+        for d in dirs:
+            self.entries.setdefault(d, {})
+            if d != root:
+                self.entries.setdefault(os.path.dirname(d), {})[os.path.basename(d)] = _DIR
+        for path, data in files.items():
+            inode = self._inode(data)
+            self.synced[inode] = data
+            self.entries.setdefault(os.path.dirname(path), {})[os.path.basename(path)] = inode
+        self.durable = {d: dict(e) for d, e in self.entries.items()}
+
+    def _inode(self, data: bytes = b"") -> int:
+        self._next += 1
+        self.content[self._next] = data
+        self.synced[self._next] = None
+        return self._next
+
+    def _lookup(self, path: str) -> int:
+        return self.entries[os.path.dirname(path)][os.path.basename(path)]
+
+    def apply(self, op: tuple[Any, ...]) -> None:
+        kind = op[0]
+        if kind == "open":
+            _, fd, path, created, is_dir = op
+            if is_dir:
+                self.fds[fd] = (path, None)
+                return
+            if created:
+                inode = self._inode()
+                self.entries.setdefault(os.path.dirname(path), {})[os.path.basename(path)] = inode
+            else:
+                inode = self._lookup(path)
+            self.fds[fd] = (path, inode)
+        elif kind == "write":
+            _, fd, data = op
+            written = self.fds[fd][1]
+            assert written is not None
+            self.content[written] += data
+        elif kind == "fsync":
+            path, synced = self.fds[op[1]]
+            if synced is None:
+                self.durable[path] = dict(self.entries.get(path, {}))
+            else:
+                self.synced[synced] = self.content[synced]
+        elif kind == "close":
+            self.fds.pop(op[1], None)
+        elif kind in ("link", "replace"):
+            _, src, dst = op
+            inode = self._lookup(src)
+            self.entries.setdefault(os.path.dirname(dst), {})[os.path.basename(dst)] = inode
+            if kind == "replace":
+                del self.entries[os.path.dirname(src)][os.path.basename(src)]
+        elif kind == "unlink":
+            self.entries[os.path.dirname(op[1])].pop(os.path.basename(op[1]), None)
+        elif kind == "mkdir":
+            self.entries.setdefault(op[1], {})
+            self.entries.setdefault(os.path.dirname(op[1]), {})[os.path.basename(op[1])] = _DIR
+
+    def disk(self, mode: str, seed: int) -> dict[str, bytes]:
+        """``{path: bytes}`` of every file a power cut now leaves (see `CUT_MODES`)."""
+        rng = random.Random(seed)
+        out: dict[str, bytes] = {}
+
+        def walk(d: str) -> None:
+            if mode == "lost":
+                names = self.durable.get(d, {})
+            elif mode == "empty":
+                names = self.entries.get(d, {})
+            else:
+                keep = rng.random() < 0.5
+                names = self.entries.get(d, {}) if keep else self.durable.get(d, {})
+            for name, inode in sorted(names.items()):
+                path = os.path.join(d, name)
+                if inode == _DIR:
+                    walk(path)
+                    continue
+                data = self.synced[inode]
+                if data is None:
+                    unsynced = self.content[inode]
+                    data = b"" if mode != "mixed" else unsynced[: len(unsynced) // 2]
+                out[path] = data
+
+        walk(self.root)
+        return out
+
+
+class _RecordingOs(types.SimpleNamespace):
+    """Stands in for the ``os`` module inside `persistshard.core.blob`: every call goes to
+    the real ``os``; the ones that change files are also appended to ``journal``."""
+
+    def __init__(self, journal: list[tuple[Any, ...]]) -> None:
+        super().__init__()
+        self._journal = journal
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(os, name)
+
+    def open(self, path: str, flags: int, mode: int = 0o777) -> int:
+        existed = os.path.exists(path)
+        fd = os.open(path, flags, mode)
+        is_dir = os.path.isdir(path)
+        self._journal.append(("open", fd, os.path.abspath(path), not existed, is_dir))
+        return fd
+
+    def write(self, fd: int, data: Any) -> int:
+        n = os.write(fd, data)
+        self._journal.append(("write", fd, bytes(data[:n])))
+        return n
+
+    def fsync(self, fd: int) -> None:
+        os.fsync(fd)
+        self._journal.append(("fsync", fd))
+
+    def close(self, fd: int) -> None:
+        os.close(fd)
+        self._journal.append(("close", fd))
+
+    def link(self, src: str, dst: str) -> None:
+        os.link(src, dst)
+        self._journal.append(("link", os.path.abspath(src), os.path.abspath(dst)))
+
+    def replace(self, src: str, dst: str) -> None:
+        os.replace(src, dst)
+        self._journal.append(("replace", os.path.abspath(src), os.path.abspath(dst)))
+
+    def unlink(self, path: str) -> None:
+        os.unlink(path)
+        self._journal.append(("unlink", os.path.abspath(path)))
+
+    def mkdir(self, path: str, mode: int = 0o777) -> None:
+        os.mkdir(path, mode)
+        self._journal.append(("mkdir", os.path.abspath(path)))
+
+
+@dataclass
+class Acknowledged:
+    """What an operation had made durable when it returned: the journal length then, the
+    state version, the upper and the contents at ``upper - 1`` (sorted rows)."""
+
+    step: int
+    version: int
+    upper: int
+    rows: list[tuple[Any, ...]]
+
+
+def contents(shard: Any) -> tuple[int, int, list[tuple[Any, ...]]]:
+    """(version, upper, sorted rows with diffs at ``upper - 1``) of a shard now."""
+    state = shard.state()
+    if state.upper == 0:
+        return state.version, 0, []
+    table = shard.snapshot(state.upper - 1)
+    return state.version, state.upper, sorted(tuple(r.values()) for r in table.to_pylist())
+
+
+@dataclass
+class CrashRun:
+    """The record of one run: the journal (`PageCacheRecorder`) or the store-call count
+    (`CutBlob`), and what each operation acknowledged, in order."""
+
+    steps: int = 0
+    acknowledged: list[Acknowledged] = field(default_factory=list)
+
+    def ack(self, shard: Any, step: int) -> None:
+        version, upper, rows = contents(shard)
+        self.acknowledged.append(Acknowledged(step, version, upper, rows))
+
+
+class PageCacheRecorder:
+    """Records the os calls of local puts and deletes under ``root`` (see the module
+    docstring); `image` writes what a power cut after any step leaves.
+
+    The tree under ``root`` when recording starts is taken as durable (set it up first, then
+    record). Only `persistshard.core.blob`'s calls are seen: reads need no model.
+    """
+
+    def __init__(self, root: str) -> None:
+        self.root = os.path.abspath(root)
+        self.journal: list[tuple[Any, ...]] = []
+        self._files: dict[str, bytes] = {}
+        self._dirs: list[str] = []
+
+    @contextmanager
+    def recording(self) -> Iterator[PageCacheRecorder]:
+        os.makedirs(self.root, exist_ok=True)
+        for d, _, names in os.walk(self.root):
+            self._dirs.append(d)
+            for name in names:
+                with open(os.path.join(d, name), "rb") as f:
+                    self._files[os.path.join(d, name)] = f.read()
+        saved = getattr(blob_module, "os")  # noqa: B009 - the module's import, not an export
+        setattr(blob_module, "os", _RecordingOs(self.journal))  # noqa: B010
+        try:
+            yield self
+        finally:
+            setattr(blob_module, "os", saved)  # noqa: B010
+
+    @property
+    def steps(self) -> int:
+        return len(self.journal)
+
+    def disk(self, step: int, mode: str) -> dict[str, bytes]:
+        """``{path relative to root: bytes}``: what is on disk after a power cut following
+        the first ``step`` recorded calls, in flavour ``mode`` (`CUT_MODES`)."""
+        model = _Model(self.root, self._files, self._dirs)
+        for op in self.journal[:step]:
+            model.apply(op)
+        return {
+            os.path.relpath(path, self.root): data
+            for path, data in model.disk(mode, seed=step).items()
+        }
+
+    def image(self, step: int, mode: str, target: str) -> None:
+        """Write `disk` into ``target`` (emptied first), which stands for ``root``."""
+        write_image(self.disk(step, mode), target)
+
+
+def write_image(files: dict[str, bytes], target: str) -> None:
+    """Write ``{relative path: bytes}`` under ``target`` (emptied first)."""
+    shutil.rmtree(target, ignore_errors=True)
+    os.makedirs(target)
+    for rel, data in files.items():
+        dest = os.path.join(target, rel)
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        with open(dest, "wb") as f:
+            f.write(data)
+
+
+class Cut(BaseException):
+    """The process "died" at a store call (a BaseException: no retry loop catches it)."""
+
+
+class CutBlob(BlobWrapper):
+    """A blob that counts its mutating calls (put, put-if-absent, delete) and raises `Cut`
+    instead of making call number ``cut_at`` (0-based; None: never)."""
+
+    def __init__(self, inner: Blob, cut_at: int | None = None) -> None:
+        super().__init__(inner)
+        self.cut_at = cut_at
+        self.calls = 0
+
+    def _step(self) -> None:
+        if self.cut_at is not None and self.calls >= self.cut_at:
+            raise Cut(f"cut before store call {self.calls}")
+        self.calls += 1
+
+    def put(self, key: str, data: bytes) -> None:
+        self._step()
+        self.inner.put(key, data)
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        self._step()
+        return self.inner.put_if_absent(key, data)
+
+    def delete(self, key: str) -> None:
+        self._step()
+        self.inner.delete(key)
+
+    def list(self, prefix: str = "") -> list[BlobMeta]:
+        return self.inner.list(prefix)
+
+
+def check_image(open_image: Callable[[], Any], run: CrashRun, step: int, label: str) -> None:
+    """Open the image left by a cut after ``step`` steps and check it (module docstring).
+    Raises ``AssertionError`` naming ``label`` (operation, step, mode) on the first problem."""
+    shard = open_image()
+    version, upper, rows = contents(shard)
+    acked = [a for a in run.acknowledged if a.step <= step]
+    where = f"{label}, cut after step {step} of {run.steps}"
+    if acked:
+        last = acked[-1]
+        assert version >= last.version, (
+            f"{where}: acknowledged version {last.version} lost (image is at {version})"
+        )
+        assert upper >= last.upper, f"{where}: acknowledged upper {last.upper} lost ({upper})"
+        if last.upper:
+            table = shard.snapshot(last.upper - 1)
+            got = sorted(tuple(r.values()) for r in table.to_pylist())
+            assert got == last.rows, f"{where}: contents at {last.upper - 1} differ"
+    known = {(a.upper, tuple(a.rows)) for a in run.acknowledged}
+    known.add((0, ()))
+    assert (upper, tuple(rows)) in known, (
+        f"{where}: the image's state (upper {upper}) is none an operation produced"
+    )
+    report = shard.verify()
+    assert report.ok, f"{where}: verify found {report.problems}"
+    shard.seal(upper + 1)
+    assert shard.upper == upper + 1, f"{where}: the shard does not take a new commit"
+
+
+# --- the operations, and the two drivers -------------------------------------------------------
+
+
+def _rows(ids: list[int], value: str = "v") -> pa.Table:
+    return pa.table({"id": pa.array(ids, pa.int64()), "v": [f"{value}{i}" for i in ids]})
+
+
+def _appends(shard: Shard, n: int, start: int = 0) -> None:
+    for i in range(start, start + n):
+        shard.append(_rows([i]))
+
+
+def _overwrite(shard: Shard, ids: list[int]) -> None:
+    """What the Spark overwrite does on the driver and in its tasks, in one process."""
+    state = shard.state()
+    write_id = layout.new_id()
+    table = _rows(ids, "w").append_column("_time", pa.array([state.upper] * len(ids), pa.int64()))
+    table = table.append_column("_diff", pa.array([1] * len(ids), pa.int64()))
+    staged = shard.write_updates(
+        table,
+        lower=state.upper,
+        new_upper=state.upper + 1,
+        write_id=f"{write_id}s",
+        schema=state.schema,
+    )
+    delta = shard.self_correct(staged, time=state.upper, write_id=write_id, state=state)
+    shard.commit_written(
+        delta,
+        expected_upper=state.upper,
+        new_upper=state.upper + 1,
+        schema=state.schema,
+        commit_id=write_id,
+        label="overwrite",
+    )
+
+
+def _reclock(shard: Shard, remap_location: str, offset: int) -> None:
+    """Mint a binding on the remap shard, then append records at their reclocked times."""
+    remap = open_remap(remap_location)
+    into = remap.mint({"p:0": offset + 2})
+    times = remap.reclock(pa.array(["p:0", "p:0"]), pa.array([offset, offset + 1], pa.int64()))
+    table = _rows([offset, offset + 1]).append_column("_time", times)
+    table = table.append_column("_diff", pa.array([1, 1], pa.int64()))
+    upper = shard.upper
+    shard.compare_and_append(table, upper, max(into, upper) + 1)
+
+
+#: The operations cut, by name: (setup, operations). ``check_process_cuts`` skips "reclock"
+#: (its remap shard lives next to the location, outside a fresh sub-location).
+# (setup, operations): the setup is taken as durable; each operation is acknowledged when it
+# returns. Setups of 14 versions make the recorded commits cross the rollup at version 16.
+Step = Callable[[Shard, str], object]
+Scenario = tuple[Step, list[Step]]
+
+
+def _appends_then_compact(n: int) -> Step:
+    def setup(shard: Shard, remap: str) -> None:
+        _appends(shard, n)
+        shard.compact()
+
+    return setup
+
+
+def _gc_everything(shard: Shard, remap: str) -> None:
+    """gc with retention 0 an hour from now: every superseded version and object goes."""
+    shard.gc(dry_run=False, retention_seconds=0, now_ms=layout.now_ms() + 3_600_000)
+
+
+SCENARIOS: dict[str, Scenario] = {
+    "append": (
+        lambda s, r: _appends(s, 14),
+        [lambda s, r: s.append(_rows([100])), lambda s, r: s.append(_rows([101]))],
+    ),
+    "compaction": (
+        lambda s, r: _appends(s, 14),
+        [lambda s, r: s.compact()],
+    ),
+    "overwrite": (
+        lambda s, r: _appends(s, 6),
+        [lambda s, r: _overwrite(s, [2, 3, 50])],
+    ),
+    "upsert": (
+        lambda s, r: _appends(s, 6),
+        [lambda s, r: s.upsert(_rows([1, 60], "u"), "id")],
+    ),
+    "reclock": (
+        lambda s, r: _reclock(s, r, 0),
+        [lambda s, r: _reclock(s, r, 10)],
+    ),
+    "gc": (
+        _appends_then_compact(17),
+        [_gc_everything],
+    ),
+    # gc without a rollup to truncate to: deletes the parts compaction replaced (a short
+    # setup, for the conformance suite on slow stores)
+    "gc-short": (
+        _appends_then_compact(3),
+        [_gc_everything],
+    ),
+}
+
+
+def _digest(files: dict[str, bytes], acked: int) -> str:
+    """Identifies an image and how many acknowledgements it is checked against."""
+    h = hashlib.sha256(str(acked).encode())
+    for rel, data in sorted(files.items()):
+        h.update(rel.encode() + b"\0" + hashlib.sha256(data).digest())
+    return h.hexdigest()
+
+
+def check_page_cache(root: str, name: str) -> int:
+    """Run scenario ``name`` on local files under ``root`` (a new directory) with the
+    page-cache model recording, then check the image of a power cut after every step in
+    every flavour (identical images once). Returns how many distinct images were checked."""
+    setup, operations = SCENARIOS[name]
+    shard_at, remap_at = os.path.join(root, "s"), os.path.join(root, "remap")
+    setup(open_shard(shard_at), remap_at)
+    recorder = PageCacheRecorder(root)
+    run = CrashRun()
+    with recorder.recording():
+        shard = open_shard(shard_at)
+        run.ack(shard, 0)
+        for op in operations:
+            op(shard, remap_at)
+            run.ack(shard, recorder.steps)
+    run.steps = recorder.steps
+    image = root.rstrip("/") + "-image"
+    seen: set[str] = set()
+    saved = blob_module.SYNC_LOCAL
+    blob_module.SYNC_LOCAL = False  # the images are thrown away: checking them need not sync
+    try:
+        for step in range(run.steps + 1):
+            acked = sum(a.step <= step for a in run.acknowledged)
+            for mode in CUT_MODES:
+                files = recorder.disk(step, mode)
+                key = _digest(files, acked)
+                if key in seen:
+                    continue
+                seen.add(key)
+                write_image(files, image)
+                label = f"{name} ({mode})"
+                check_image(lambda: open_shard(os.path.join(image, "s")), run, step, label)
+                if os.path.isdir(os.path.join(image, "remap")):
+                    open_remap(os.path.join(image, "remap")).bindings()
+    finally:
+        blob_module.SYNC_LOCAL = saved
+        shutil.rmtree(image, ignore_errors=True)
+    return len(seen)
+
+
+def _process_run(
+    fresh: Callable[[], str], name: str, cut_at: int | None, options: dict[str, Any]
+) -> tuple[str, CrashRun]:
+    setup, operations = SCENARIOS[name]
+    url = fresh()
+    remap = f"{url}-remap"
+    setup(Shard(url, **options), remap)
+    blob = CutBlob(open_blob(url, **options), cut_at)
+    shard = Shard(url, blob=blob, **options)
+    run = CrashRun()
+    run.ack(shard, 0)
+    try:
+        for op in operations:
+            op(shard, remap)
+            run.ack(shard, blob.calls)
+    except Cut:
+        pass
+    run.steps = blob.calls
+    return url, run
+
+
+def check_process_cuts(
+    fresh: Callable[[], str], name: str, options: dict[str, Any] | None = None
+) -> int:
+    """Run scenario ``name`` once whole, then once per store call k on a fresh location
+    (``fresh()``), the process dying before call k; check each image. Returns the number of
+    cuts checked. Works on any store (what a successful call stored is what it keeps)."""
+    options = dict(options or {})
+    _, full = _process_run(fresh, name, None, options)
+    for cut_at in range(full.steps + 1):
+        url, _ = _process_run(fresh, name, cut_at, options)
+        # Acknowledgements come from the whole run: a cut run stops before its own.
+        check_image(partial(Shard, url, **options), full, cut_at, f"{name} (process cut)")
+    return full.steps + 1
