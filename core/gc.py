@@ -187,6 +187,8 @@ def collect(
     floor = now_ms - retention_ms
     report = GcReport(dry_run=dry_run, retention_seconds=retention_seconds)
     _plan_temporary(machine, floor, report)
+    # Read before the log: every commit up to this state's fence is in the log read next.
+    head_state = machine.state()
     found = _live_versions(machine, now_ms, retention_ms)
     if found is None:
         _delete_temporary(machine, report)
@@ -195,7 +197,6 @@ def collect(
     report.head_version, report.earliest_live_version = head, earliest
     live, dead = _referenced(machine, earliest, rollup_version, rollup_key, entries)
 
-    head_state = machine.state()
     part_sizes: dict[str, int] = {}
     for meta in machine.blob.list(PARTS_PREFIX):
         if meta.key in live:
@@ -235,7 +236,7 @@ def collect(
     report.rollups = sorted(rollup_sizes)
     report.rollup_bytes = sum(rollup_sizes.values())
 
-    if not dry_run and report.orphaned_parts:
+    if not dry_run and _needs_fence(head_state, report.orphaned_parts):
         _fence_orphans(machine, now_ms, retention_ms, report, part_sizes)
     report.parts = sorted(part_sizes)
     report.part_bytes = sum(part_sizes.values())
@@ -251,6 +252,18 @@ def collect(
         report.deleted += 1
     _delete_temporary(machine, report)
     return report
+
+
+def _needs_fence(state: ShardState, orphans: list[str]) -> bool:
+    """Whether deleting ``orphans`` needs a new fence: not when the fence in ``state`` (the
+    state gc read its log up to) already refuses every commit that could adopt them (a gc
+    that resumes after a crash, or a second gc soon after the first)."""
+    for key in orphans:
+        write_id = st.part_write_id(key)
+        until = leases.expiry_ms(state, write_id) if write_id is not None else None
+        if until is None or until > state.lease_fence_ms:
+            return True
+    return False
 
 
 def _fence_orphans(

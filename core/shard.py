@@ -674,6 +674,8 @@ HISTORY_KINDS = (
     "downgrade_since",  # a reader moved its hold forward
     "heartbeat",  # a reader renewed its hold's lease
     "expire_reader",  # a reader's hold was released
+    "renew_lease",  # a long write renewed its lease (core/leases.py)
+    "sweep_leases",  # gc's lease fence before it deleted parts of abandoned writes
 )
 
 
@@ -721,6 +723,10 @@ def _summarize(c: Commit) -> str:
     if c.kind in ("heartbeat", "expire_reader"):
         what = "renews its lease" if c.kind == "heartbeat" else "releases its hold"
         return f"reader {a['reader_id']} {what}"
+    if c.kind == "renew_lease":
+        return f"write {a['write_id']} renews its lease ({a['lease_ms'] / 1000:g} s)"
+    if c.kind == "sweep_leases":
+        return f"gc sweeps the parts of writes whose lease ran out by {a['through_ms']} ms"
     if c.kind == "compact":
         n = len(a["inputs"])
         out = a["output"]
