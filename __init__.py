@@ -11,10 +11,12 @@ from typing import Any
 from persistshard.core.remap import RemapShard, open_remap, resume_frontier, resume_offsets
 from persistshard.core.shard import Shard, VerifyReport, open_shard
 from persistshard.errors import (
+    CommitDeadline,
     CorruptData,
     HoldExpired,
     Indeterminate,
     InvalidUpdates,
+    LeaseExpired,
     NegativeDiff,
     NotSealed,
     PersistShardError,
@@ -27,10 +29,12 @@ from persistshard.errors import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "CommitDeadline",
     "CorruptData",
     "HoldExpired",
     "Indeterminate",
     "InvalidUpdates",
+    "LeaseExpired",
     "NegativeDiff",
     "NotSealed",
     "PersistShardError",

@@ -505,9 +505,7 @@ def _released(leases: dict[str, int], parts: Sequence[PartRef]) -> dict[str, int
     if not leases or not parts:
         return leases
     ids = {part_write_id(p.key) for p in parts}
-    return {
-        lid: e for lid, e in leases.items() if not any(w and lease_covers(lid, w) for w in ids)
-    }
+    return {lid: e for lid, e in leases.items() if not any(w and lease_covers(lid, w) for w in ids)}
 
 
 def _apply_advance_since(state: ShardState, c: Commit, location: str | None) -> ShardState:
