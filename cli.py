@@ -7,6 +7,7 @@
     persistshard gc LOCATION [--apply]   what garbage collection would delete (deletes with --apply)
     persistshard holds LOCATION [--expire READER]   reader holds on since (drops one by hand)
     persistshard conformance LOCATION    run the storage and semantics conformance suite there
+                                         (never inside a shard; removes what it wrote)
 
 Every command takes ``--storage-option NAME=VALUE`` (repeatable; passed to fsspec, a value that
 parses as JSON is passed decoded) and ``--json`` for machine-readable output. ``compact``,
@@ -339,28 +340,39 @@ def cmd_conformance(args: argparse.Namespace, options: dict[str, Any]) -> int:
             file=sys.stderr,
         )
         return 2
+    from persistshard.conformance import cleanup
     from persistshard.conformance.storage import probe_atomic_create
 
-    probe_atomic_create(open_blob(args.location, **options), prefix="conformance-probe/")
+    refusal = cleanup.refuse_inside_shard(args.location, options)
+    if refusal is not None:
+        print(f"persistshard conformance: {refusal}", file=sys.stderr)
+        return 2
+    run = cleanup.new_run()
     os.environ["PERSISTSHARD_CONFORMANCE_LOCATION"] = args.location
     os.environ["PERSISTSHARD_CONFORMANCE_STORAGE_OPTIONS"] = json.dumps(options)
+    os.environ["PERSISTSHARD_CONFORMANCE_RUN"] = run
     here = os.path.join(os.path.dirname(__file__), "conformance", "run_suite.py")
     collector = _Collector()
     pytest_args = [here, "-q", "-p", "no:cacheprovider"]
-    if args.json:
-        with contextlib.redirect_stdout(io.StringIO()):
-            code = int(pytest.main(pytest_args, plugins=[collector]))
-        failed = [o for o in collector.outcomes if o["outcome"] == "failed"]
-        summary = {
-            "location": args.location,
-            "ok": code == 0,
-            "passed": sum(o["outcome"] == "passed" for o in collector.outcomes),
-            "failed": len(failed),
-            "tests": collector.outcomes,
-        }
-        print(json.dumps(summary, indent=2))
-        return code
-    return int(pytest.main(pytest_args, plugins=[collector]))
+    try:
+        probe = f"{cleanup.scratch_name(run)}/"
+        probe_atomic_create(open_blob(args.location, **options), prefix=probe)
+        if args.json:
+            with contextlib.redirect_stdout(io.StringIO()):
+                code = int(pytest.main(pytest_args, plugins=[collector]))
+            failed = [o for o in collector.outcomes if o["outcome"] == "failed"]
+            summary = {
+                "location": args.location,
+                "ok": code == 0,
+                "passed": sum(o["outcome"] == "passed" for o in collector.outcomes),
+                "failed": len(failed),
+                "tests": collector.outcomes,
+            }
+            print(json.dumps(summary, indent=2))
+            return code
+        return int(pytest.main(pytest_args, plugins=[collector]))
+    finally:
+        cleanup.remove_run(args.location, run, options)
 
 
 COMMANDS = {
