@@ -32,7 +32,7 @@ from persistshard.core import layout
 from persistshard.core.blob import Blob, BlobWrapper, open_blob
 from persistshard.core.layout import DEFAULT_RETENTION_SECONDS
 from persistshard.core.shard import Shard
-from persistshard.errors import PersistShardError
+from persistshard.errors import CorruptData, PersistShardError
 
 
 class NoShard(Exception):
@@ -148,7 +148,16 @@ def cmd_inspect(shard: Shard, args: argparse.Namespace) -> int:
     info = shard.describe()
     from persistshard.core.read import column_statistics
 
-    stats = column_statistics(shard.blob, shard.state())
+    state = shard.state()
+    info["leases"] = {w: {"expires_ms": e} for w, e in sorted(state.leases.items())}
+    info["lease_fence_ms"] = state.lease_fence_ms
+    info["problems"] = []
+    try:
+        stats = column_statistics(shard.blob, state)
+    except (CorruptData, OSError) as e:
+        # The metadata is intact; only the parts' statistics cannot be read. Show the rest.
+        stats = {}
+        info["problems"].append(f"column statistics unavailable: {e}")
     info["column_statistics"] = {
         name: {k: v if isinstance(v, (int, type(None))) else str(v) for k, v in s.items()}
         for name, s in stats.items()
@@ -182,6 +191,11 @@ def cmd_inspect(shard: Shard, args: argparse.Namespace) -> int:
             f"{c['chunks_with_bounds']}/{c['chunks']} chunks"
         )
     _print_holds(info["holds"])
+    for write_id, lease in info["leases"].items():
+        left = (lease["expires_ms"] - layout.now_ms()) / 1000
+        print(f"lease     write {write_id}: {left:.0f} s left (renewed while it runs)")
+    for problem in info["problems"]:
+        print(f"damaged   {problem}; run `persistshard verify` for every damaged file")
     return 0
 
 

@@ -36,3 +36,21 @@ def test_conformance_refuses_to_run_inside_a_shard(tmp_path, capsys):
         assert "refusing to run the conformance suite" in err and "is a shard" in err, err
     assert sorted(os.listdir(location)) == before
     assert shard.verify().ok
+
+
+def test_inspect_shows_the_metadata_when_a_part_is_damaged(tmp_path, capsys):
+    location = str(tmp_path / "shard")
+    shard = ps.open_shard(location)
+    shard.append(updates([(1, "a", 0, 1), (2, "b", 0, 1)]))
+    shard.append(updates([(3, "c", 1, 1)]))
+    key = shard.state().trace[0].parts[0].key
+    path = os.path.join(location, key)
+    data = bytearray(open(path, "rb").read())
+    del data[-20:]  # a truncated part: its footer is gone
+    open(path, "wb").write(bytes(data))
+    assert cli(["inspect", location]) == 0
+    out = capsys.readouterr().out
+    assert "upper     2" in out and "damaged" in out and "persistshard verify" in out, out
+    assert cli(["inspect", location, "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["upper"] == 2 and info["trace_batches"] == 2 and info["problems"]
