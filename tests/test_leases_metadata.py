@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+import pyarrow as pa
 import pytest
 from conformance_helpers import updates
 
@@ -135,3 +136,35 @@ def test_a_write_that_gives_up_deletes_its_parts(tmp_path, monkeypatch):
     with pytest.raises(CommitDeadline):
         shard.compare_and_append(updates([(2, "b", 1, 1)]), 1, 2)
     assert {m.key for m in shard.blob.list("parts/")} == keys
+
+
+def test_remap_since_follows_its_outputs_since(tmp_path):
+    """The remap shard's since advances with its outputs' since (never past either output's
+    since nor to an upper), its bindings compact, and resuming and reclocking stay exact."""
+    remap = ps.open_remap(str(tmp_path / "remap"))
+    a = ps.open_shard(str(tmp_path / "a"))
+    b = ps.open_shard(str(tmp_path / "b"))
+    for offset in range(1, 9):
+        t = remap.mint({"p:0": offset * 10})
+        for out in (a, b):
+            out.compare_and_append(updates([(offset, "x", t, 1)]), out.upper, t + 1)
+    assert remap.shard.since == 0
+    a.advance_since(6)
+    b.advance_since(4)
+    assert remap.follow_since([a, b]) == 4
+    before = ps.resume_frontier(remap, [a, b])
+    remap.shard.compact()
+    fresh = ps.open_remap(remap.location)
+    assert fresh.shard.since == 4
+    assert ps.resume_frontier(fresh, [a, b]) == before == {"p:0": 80}
+    # Records bound after since keep their times; older ones reclock to since.
+    got = fresh.reclock(pa.array(["p:0", "p:0", "p:0"]), pa.array([5, 45, 75])).to_pylist()
+    assert got == [4, 4, 7]
+    assert len(fresh.shard.state().trace) < 8  # the bindings below since were compacted
+    # An output at its upper cannot drag the since to it.
+    c = ps.open_shard(str(tmp_path / "c"))
+    c.compare_and_append(updates([(1, "x", 0, 1)]), 0, 8)
+    c.advance_since(8)
+    a.advance_since(8)
+    b.advance_since(8)
+    assert fresh.follow_since([a, b, c]) == 7
