@@ -168,3 +168,36 @@ def test_remap_since_follows_its_outputs_since(tmp_path):
     a.advance_since(8)
     b.advance_since(8)
     assert fresh.follow_since([a, b, c]) == 7
+
+
+def test_spill_directories_of_killed_processes_are_swept(tmp_path):
+    """A process killed mid-write leaves its spill directory; the next process that spills
+    into the same place deletes it, and leaves a live process's directory alone."""
+    import os
+    import subprocess
+    import sys
+
+    from persistshard.core import correction as corr
+
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    dead_pid = int(dead.stdout)
+    stale = tmp_path / f"{corr.SPILL_PREFIX}{dead_pid}-abc"
+    stale.mkdir()
+    (stale / "run-0.arrow").write_bytes(b"x" * 100)
+    live = tmp_path / f"{corr.SPILL_PREFIX}{os.getpid()}-def"
+    live.mkdir()
+    other = tmp_path / "correction-no-pid"
+    other.mkdir()
+    schema = pa.schema([("k", pa.int64()), ("_time", pa.int64()), ("_diff", pa.int64())])
+    c = corr.Correction(schema, budget_bytes=20_000, spill_dir=str(tmp_path))
+    for i in range(20):
+        n = range(i * 1000, i * 1000 + 1000)
+        c.insert(pa.table({"k": list(n), "_time": [i] * 1000, "_diff": [1] * 1000}, schema=schema))
+    assert c.stats["spilled_runs"] > 0
+    assert not stale.exists() and live.exists() and other.exists()
+    c.close()
