@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING
 
@@ -130,12 +129,13 @@ class WriteLease:
     """Keeps the lease of one write alive while a ``with`` block runs.
 
     The write's implicit lease already covers `DEFAULT_WRITE_LEASE_SECONDS` from its id's time;
-    a background thread renews it (``lease_seconds`` from the renewal) once a third of the
-    lease is left, and from then on every third of a lease, until the block ends. Nothing is
-    committed for a write that ends early. The thread uses its own state machine (the
-    caller's is not thread-safe). A renewal that fails is logged and tried again at the next
-    tick; a renewal refused with `LeaseExpired` stops the thread, and the write's commit will be
-    refused too.
+    while the block runs, the process's lease keeper (one daemon thread for every lease of the
+    process, started on first use) renews it (``lease_seconds`` from the renewal) once a third
+    of the lease is left. Entering and leaving the block only registers and unregisters the
+    lease: nothing is committed, and no thread is started or joined, for a write that ends
+    early. Renewals use their own state machine (the caller's is not thread-safe). A renewal
+    that fails is logged and tried again a little later; one refused with `LeaseExpired` stops
+    renewing, and the write's commit will be refused too.
     """
 
     def __init__(
@@ -147,45 +147,40 @@ class WriteLease:
     ) -> None:
         self.write_id = write_id
         self.lease_seconds = DEFAULT_WRITE_LEASE_SECONDS if lease_seconds is None else lease_seconds
-        self._machine = type(machine)(machine.location, machine.blob, machine.consensus)
+        self._source = machine
+        self._machine: StateMachine | None = None
         started = id_time_ms(write_id)
         self.expires_ms = (started if started is not None else layout.now_ms()) + int(
             self.lease_seconds * 1000
         )
         self.renewals = 0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self.lost = False
+        self._retry_at_ms = 0
 
     def renew(self) -> None:
-        """Renew now (the thread calls this; so may a write that wants to be sure)."""
+        """Renew now (the keeper calls this; so may a write that wants to be sure)."""
+        if self._machine is None:
+            m = self._source
+            self._machine = type(m)(m.location, m.blob, m.consensus)
         self.expires_ms = renew(self._machine, self.write_id, self.lease_seconds)
         self.renewals += 1
 
-    def _ticks(self) -> Iterator[float]:
-        """Seconds to sleep before each renewal check."""
-        while True:
-            left_ms = self.expires_ms - layout.now_ms()
-            yield max(0.05, (left_ms - self.lease_seconds * 1000 / 3) / 1000)
+    def due_ms(self) -> int:
+        """When the keeper renews it next: a third of the lease before it runs out."""
+        return max(self.expires_ms - int(self.lease_seconds * 1000 / 3), self._retry_at_ms)
 
-    def _run(self) -> None:
-        for pause in self._ticks():
-            if self._stop.wait(min(pause, self.lease_seconds / 3)):
-                return
-            if self.expires_ms - layout.now_ms() > self.lease_seconds * 1000 / 3:
-                continue
-            try:
-                self.renew()
-            except LeaseExpired as e:
-                log.warning("write %s lost its lease: %s", self.write_id, e)
-                return
-            except Exception as e:  # storage trouble: try again at the next tick
-                log.warning("write %s could not renew its lease: %s", self.write_id, e)
+    def _renew_quietly(self) -> None:
+        try:
+            self.renew()
+        except LeaseExpired as e:
+            log.warning("write %s lost its lease: %s", self.write_id, e)
+            self.lost = True
+        except Exception as e:  # storage trouble: try again a little later
+            log.warning("write %s could not renew its lease: %s", self.write_id, e)
+            self._retry_at_ms = layout.now_ms() + max(50, int(self.lease_seconds * 1000 / 30))
 
     def __enter__(self) -> WriteLease:
-        self._thread = threading.Thread(
-            target=self._run, name=f"persistshard-lease-{self.write_id}", daemon=True
-        )
-        self._thread.start()
+        _KEEPER.add(self)
         return self
 
     def __exit__(
@@ -194,6 +189,55 @@ class WriteLease:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
+        _KEEPER.remove(self)
+
+
+class _Keeper:
+    """The one thread per process that renews every registered `WriteLease` when it is due.
+
+    It sleeps until the earliest due time (at most `MAX_NAP_SECONDS`, so a clock that jumps is
+    noticed); registering a lease wakes it only when that lease is due before its planned
+    wake-up, so a short write costs a set insertion and removal.
+    """
+
+    MAX_NAP_SECONDS = 60.0
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._leases: set[WriteLease] = set()
+        self._thread: threading.Thread | None = None
+        self._wake_ms: int | None = None
+
+    def add(self, lease: WriteLease) -> None:
+        with self._cond:
+            self._leases.add(lease)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="persistshard-lease-keeper", daemon=True
+                )
+                self._thread.start()
+            elif self._wake_ms is None or lease.due_ms() < self._wake_ms:
+                self._cond.notify()
+
+    def remove(self, lease: WriteLease) -> None:
+        with self._cond:
+            self._leases.discard(lease)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                now = layout.now_ms()
+                due = [x for x in self._leases if not x.lost and x.due_ms() <= now]
+                if not due:
+                    waiting = [x.due_ms() for x in self._leases if not x.lost]
+                    nap_ms = min(waiting, default=now + 1000 * self.MAX_NAP_SECONDS) - now
+                    nap = min(self.MAX_NAP_SECONDS, max(0.01, nap_ms / 1000))
+                    self._wake_ms = now + int(nap * 1000)
+                    self._cond.wait(nap)
+                    self._wake_ms = None
+                    continue
+            for lease in due:  # outside the lock: a renewal is a commit
+                lease._renew_quietly()
+
+
+_KEEPER = _Keeper()

@@ -42,8 +42,8 @@ Commit kinds, all in `apply` (their preconditions are classes named ``Assert...`
   (`persistshard.core.leases`). An append or compaction releases the explicit leases of the
   writes whose parts it adds; before any commit lands, the state machine refuses one that adds
   a part of a write whose lease ran out (`LeaseExpired`).
-- Every commit with a time also drops expired explicit leases and prunes writer records
-  (`prune_writers`).
+- Every commit with a time also drops expired explicit leases, and prunes writer records
+  when they are due (`prune_due`, `prune_writers`).
 
 Stored bytes (`Entry.encode`, `encode_rollup`; docs/format.md): one header line
 ``<magic> <version> <length> <crc32c>\n`` then the JSON body, where ``length`` and ``crc32c``
@@ -665,8 +665,19 @@ def _apply_sweep_leases(state: ShardState, c: Commit, location: str | None) -> S
 
 #: Writer records older than this (by the committing clock) are pruned.
 WRITER_RECORD_MS = 7 * 24 * 3600 * 1000
-#: At most this many writer records are kept; the least recently committed go first.
+#: At most this many writer records are kept after a prune; the least recently committed go
+#: first. A prune runs once the records pass this by a quarter (so its cost is amortized over
+#: many commits), and every `PRUNE_EVERY` versions for the records that expired.
 MAX_WRITER_RECORDS = 1000
+PRUNE_EVERY = 64
+
+
+def prune_due(state: ShardState) -> bool:
+    """Whether the commit applied to ``state`` prunes writer records (`prune_writers`)."""
+    if not state.writers:
+        return False
+    over = len(state.writers) > MAX_WRITER_RECORDS + MAX_WRITER_RECORDS // 4
+    return over or state.version % PRUNE_EVERY == 0
 
 
 def prune_writers(state: ShardState, now_ms: int) -> ShardState:
@@ -724,7 +735,7 @@ def apply(state: ShardState, commit: Commit, location: str | None = None) -> Sha
             new = replace(new, holds=new.live_holds(now))
         if any(e <= now for e in new.leases.values()):
             new = replace(new, leases={w: e for w, e in new.leases.items() if e > now})
-        if new.writers:
+        if prune_due(new):
             new = prune_writers(new, now)
     return replace(new, version=state.version + 1, last_commit=commit.id)
 
