@@ -12,11 +12,13 @@ from typing import Any
 from persistshard.core.remap import RemapShard, open_remap, resume_frontier, resume_offsets
 from persistshard.core.shard import Shard, VerifyReport, open_shard
 from persistshard.errors import (
+    CommitDeadline,
     CorruptData,
     HoldExpired,
     Indeterminate,
     InvalidOption,
     InvalidUpdates,
+    LeaseExpired,
     NegativeDiff,
     NoShard,
     NotSealed,
@@ -31,11 +33,13 @@ from persistshard.errors import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "CommitDeadline",
     "CorruptData",
     "HoldExpired",
     "Indeterminate",
     "InvalidOption",
     "InvalidUpdates",
+    "LeaseExpired",
     "NegativeDiff",
     "NoShard",
     "NotSealed",

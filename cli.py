@@ -7,6 +7,7 @@
     persistshard gc LOCATION [--apply]   what garbage collection would delete (deletes with --apply)
     persistshard holds LOCATION [--expire READER]   reader holds on since (drops one by hand)
     persistshard conformance LOCATION    run the storage and semantics conformance suite there
+                                         (never inside a shard; removes what it wrote)
     persistshard --version               the installed version
     persistshard repair LOCATION [--apply]   drop unreadable newest log entries (dry run default)
 
@@ -164,7 +165,16 @@ def cmd_inspect(shard: Shard, args: argparse.Namespace) -> int:
     info = shard.describe()
     from persistshard.core.read import column_statistics
 
-    stats = column_statistics(shard.blob, shard.state())
+    state = shard.state()
+    info["leases"] = {w: {"expires_ms": e} for w, e in sorted(state.leases.items())}
+    info["lease_fence_ms"] = state.lease_fence_ms
+    info["problems"] = []
+    try:
+        stats = column_statistics(shard.blob, state)
+    except (CorruptData, OSError) as e:
+        # The metadata is intact; only the parts' statistics cannot be read. Show the rest.
+        stats = {}
+        info["problems"].append(f"column statistics unavailable: {e}")
     info["column_statistics"] = {
         name: {k: v if isinstance(v, (int, type(None))) else str(v) for k, v in s.items()}
         for name, s in stats.items()
@@ -198,6 +208,11 @@ def cmd_inspect(shard: Shard, args: argparse.Namespace) -> int:
             f"{c['chunks_with_bounds']}/{c['chunks']} chunks"
         )
     _print_holds(info["holds"])
+    for write_id, lease in info["leases"].items():
+        left = (lease["expires_ms"] - layout.now_ms()) / 1000
+        print(f"lease     write {write_id}: {left:.0f} s left (renewed while it runs)")
+    for problem in info["problems"]:
+        print(f"damaged   {problem}; run `persistshard verify` for every damaged file")
     return 0
 
 
@@ -370,28 +385,39 @@ def cmd_conformance(args: argparse.Namespace, options: dict[str, Any]) -> int:
             file=sys.stderr,
         )
         return 2
+    from persistshard.conformance import cleanup
     from persistshard.conformance.storage import probe_atomic_create
 
-    probe_atomic_create(open_blob(args.location, **options), prefix="conformance-probe/")
+    refusal = cleanup.refuse_inside_shard(args.location, options)
+    if refusal is not None:
+        print(f"persistshard conformance: {refusal}", file=sys.stderr)
+        return 2
+    run = cleanup.new_run()
     os.environ["PERSISTSHARD_CONFORMANCE_LOCATION"] = args.location
     os.environ["PERSISTSHARD_CONFORMANCE_STORAGE_OPTIONS"] = json.dumps(options)
+    os.environ["PERSISTSHARD_CONFORMANCE_RUN"] = run
     here = os.path.join(os.path.dirname(__file__), "conformance", "run_suite.py")
     collector = _Collector()
     pytest_args = [here, "-q", "-p", "no:cacheprovider"]
-    if args.json:
-        with contextlib.redirect_stdout(io.StringIO()):
-            code = int(pytest.main(pytest_args, plugins=[collector]))
-        failed = [o for o in collector.outcomes if o["outcome"] == "failed"]
-        summary = {
-            "location": args.location,
-            "ok": code == 0,
-            "passed": sum(o["outcome"] == "passed" for o in collector.outcomes),
-            "failed": len(failed),
-            "tests": collector.outcomes,
-        }
-        print(json.dumps(summary, indent=2))
-        return code
-    return int(pytest.main(pytest_args, plugins=[collector]))
+    try:
+        probe = f"{cleanup.scratch_name(run)}/"
+        probe_atomic_create(open_blob(args.location, **options), prefix=probe)
+        if args.json:
+            with contextlib.redirect_stdout(io.StringIO()):
+                code = int(pytest.main(pytest_args, plugins=[collector]))
+            failed = [o for o in collector.outcomes if o["outcome"] == "failed"]
+            summary = {
+                "location": args.location,
+                "ok": code == 0,
+                "passed": sum(o["outcome"] == "passed" for o in collector.outcomes),
+                "failed": len(failed),
+                "tests": collector.outcomes,
+            }
+            print(json.dumps(summary, indent=2))
+            return code
+        return int(pytest.main(pytest_args, plugins=[collector]))
+    finally:
+        cleanup.remove_run(args.location, run, options)
 
 
 def cmd_repair(args: argparse.Namespace, options: dict[str, Any]) -> int:
@@ -404,7 +430,7 @@ def cmd_repair(args: argparse.Namespace, options: dict[str, Any]) -> int:
     report = repair(shard.machine, apply=args.apply)
     if report.newest_version == 0:
         raise NoShard(
-            f"NoShard: no shard at {shard.location}: no consensus entry is stored there (a "
+            f"no shard at {shard.location}: no consensus entry is stored there (a "
             "mistyped path, or the wrong --storage-option?)"
         )
     if report.applied:

@@ -265,12 +265,42 @@ def storage_error(error: BaseException, location: str | None, doing: str) -> Sto
     return out
 
 
+class LeaseExpired(PersistShardError):
+    """A write or compaction committed after its lease ran out (`persistshard.core.leases`).
+
+    Determinate: nothing was applied. gc may already have deleted the write's parts (it
+    deletes the parts of writes whose lease ran out), so the write must be done again, from
+    its input; the parts it wrote are deleted now or swept by a later gc.
+    """
+
+    def __init__(
+        self, write_id: str, expired_ms: int, at_ms: int, *, location: str | None = None
+    ) -> None:
+        self.write_id = write_id
+        self.expired_ms = expired_ms
+        self.at_ms = at_ms
+        super().__init__(
+            f"the lease of write {write_id} ran out at {expired_ms} ms since the epoch, before "
+            f"its commit at {at_ms}; gc may have deleted its parts, so nothing was applied: "
+            "write again (a write that runs longer than the lease renews it, see "
+            "persistshard.core.leases)",
+            location=location,
+        )
+
+
+class CommitDeadline(PersistShardError):
+    """A commit kept losing compare-and-set races (or kept failing on storage that then read
+    back fine) until its deadline passed. Determinate: nothing was applied."""
+
+
 __all__ = [
+    "CommitDeadline",
     "CorruptData",
     "HoldExpired",
     "Indeterminate",
     "InvalidOption",
     "InvalidUpdates",
+    "LeaseExpired",
     "NegativeDiff",
     "NoShard",
     "NotSealed",

@@ -127,6 +127,14 @@ REGISTRY: tuple[Benchmark, ...] = (
         headings=("ingest",),
         uses_spark=True,
     ),
+    Benchmark(
+        name="writers",
+        module="benchmarks.writers_bench",
+        summary="state bytes and commit time after 10,000 appends from 10,000 writer ids",
+        sizes={"quick": {"appends": 10_000}, "full": {"appends": 10_000}},
+        headings=("bounded metadata",),
+        rounds={"quick": 1, "full": 1},
+    ),
 )
 
 BY_NAME = {b.name: b for b in REGISTRY}

@@ -1,23 +1,25 @@
 """The conformance suite against a location of the user's: ``persistshard conformance URL``.
 
-Each test gets a fresh, empty sub-location under ``$PERSISTSHARD_CONFORMANCE_LOCATION``,
-opened with the storage options in ``$PERSISTSHARD_CONFORMANCE_STORAGE_OPTIONS`` (a JSON
-object; the command line's ``--storage-option`` values); what the tests write there is left
-for inspection. The same classes run in the project's own tests against local files, memory
-and a local S3 server (``tests/test_conformance.py``, ``tests/test_s3.py``).
+Each test gets a fresh, empty sub-location ``conformance-<run>-<uuid>`` under
+``$PERSISTSHARD_CONFORMANCE_LOCATION``, opened with the storage options in
+``$PERSISTSHARD_CONFORMANCE_STORAGE_OPTIONS`` (a JSON object; the command line's
+``--storage-option`` values). ``<run>`` is ``$PERSISTSHARD_CONFORMANCE_RUN``: the command
+deletes every ``conformance-<run>-*`` sub-location when the suite ends
+(`persistshard.conformance.cleanup`). The same classes run in the project's own tests against
+local files, memory and a local S3 server (``tests/test_conformance.py``, ``tests/test_s3.py``).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import uuid
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
 
 from persistshard.conformance.crash import check_page_cache, check_process_cuts
+from persistshard.conformance.cleanup import scratch_name
 from persistshard.conformance.model import make_shard_machine
 from persistshard.conformance.storage import BlobContract, ConsensusContract, Store
 from persistshard.core.blob import open_blob
@@ -31,7 +33,8 @@ OPTIONS: dict[str, Any] = json.loads(
 def _fresh() -> str:
     if not BASE:
         pytest.skip("set PERSISTSHARD_CONFORMANCE_LOCATION (persistshard conformance URL)")
-    return f"{BASE.rstrip('/')}/conformance-{uuid.uuid4().hex}"
+    run = os.environ.get("PERSISTSHARD_CONFORMANCE_RUN", "")
+    return f"{BASE.rstrip('/')}/{scratch_name(run)}"
 
 
 @pytest.fixture

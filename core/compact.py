@@ -46,6 +46,7 @@ import pyarrow.compute as pc
 from persistshard.core import trace
 from persistshard.core.blob import Blob
 from persistshard.core.layout import new_id, part_key
+from persistshard.core.leases import WriteLease
 from persistshard.core.machine import StateMachine
 from persistshard.core.parts import CHUNK_BYTES, PART_TARGET_BYTES, adapt_part_table, open_part
 from persistshard.core.rows import (
@@ -62,7 +63,7 @@ from persistshard.core.rows import (
 from persistshard.core.state import Batch, Commit, PartRef, ShardState
 from persistshard.core.trace import MergePlan
 from persistshard.core.validate import update_schema
-from persistshard.errors import CorruptData, StateConflict
+from persistshard.errors import CorruptData, LeaseExpired, StateConflict
 from persistshard.format import PartReader, PartWriter
 
 # --- results and reports -----------------------------------------------------------------
@@ -544,13 +545,14 @@ def commit_merge(
 ) -> tuple[bool, Batch, ShardState | None]:
     """Commit ``result``, its level chosen against ``state`` (default: the newest); returns
     (committed, output batch, the state after the commit, or None after a lost race). On a
-    lost race (`StateConflict`) the parts the merge wrote are deleted. Other errors propagate
+    lost race (`StateConflict`), or a merge that outlived its lease (`LeaseExpired`), the parts
+    the merge wrote are deleted. Other errors propagate
     and leave the parts for gc (the commit may have landed)."""
     state = state if state is not None else machine.state()
     commit, output = compact_commit(plan, result, state, new_id(), new_id())
     try:
         after = machine.commit(commit)
-    except StateConflict:
+    except (StateConflict, LeaseExpired):
         machine.delete_parts(result.written_keys)
         return False, output, None
     return True, output, after
@@ -606,10 +608,12 @@ def _compact_from(
         plan = trace.next_plan(state, full=full)
         if plan is None:
             break
-        result = run_merge(
-            machine.blob, plan, state.schema, write_id=new_id(), part_bytes=part_bytes
-        )
-        committed, output, after = commit_merge(machine, plan, result, state)
+        write_id = new_id()
+        with WriteLease(machine, write_id):  # a merge longer than the lease renews it
+            result = run_merge(
+                machine.blob, plan, state.schema, write_id=write_id, part_bytes=part_bytes
+            )
+            committed, output, after = commit_merge(machine, plan, result, state)
         report.merges.append(merge_report(plan, result, output, committed))
         report.stats.add(result.stats)
         if not committed:

@@ -53,7 +53,9 @@ is larger than half the budget writes that result (the new ``emitted``) to a fil
 ``size_bytes`` counts the updates held; a merge needs working memory on top (its output,
 about the size of its inputs), and a read of spilled runs with many distinct stale times
 loads their stale part into memory. Spill files are deleted once no chain refers to them, on
-`Correction.close`, and when the object is garbage collected.
+`Correction.close`, and when the object is garbage collected; the spill directories of
+processes that were killed (the pid in the directory's name no longer runs) are deleted by
+the next process that spills there (`sweep_stale_spill_dirs`).
 
 Merging. Chains are merged by concatenating them, sorting with `rows.consolidation_indices`
 (Arrow's sort, fast on input made of sorted runs) and summing equal updates; the streaming
@@ -91,6 +93,50 @@ from persistshard.errors import InvalidUpdates
 
 TIME_END = 1 << 63
 """One past the largest time: buckets cover ``[boundary, TIME_END)``."""
+
+#: Spill directories are named ``<prefix><pid of their process>-<random>``.
+SPILL_PREFIX = "persistshard-correction-"
+
+_swept: set[str] = set()
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether a process with id ``pid`` runs on this host (one we may not signal counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_stale_spill_dirs(parent: str | None = None) -> list[str]:
+    """Delete the spill directories under ``parent`` (default: the system's temporary
+    directory) whose process no longer runs on this host: a process killed mid-write leaves
+    its spill files, nothing else ever deletes them. Runs once per directory per process (on
+    the first spill); returns what it deleted. A directory whose pid is reused by a live
+    process is kept (safe side), and names without a pid are never touched."""
+    parent = parent if parent is not None else tempfile.gettempdir()
+    if parent in _swept:
+        return []
+    _swept.add(parent)
+    deleted: list[str] = []
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return deleted
+    for name in names:
+        if not name.startswith(SPILL_PREFIX):
+            continue
+        pid_text = name[len(SPILL_PREFIX) :].partition("-")[0]
+        if not pid_text.isdigit() or _pid_alive(int(pid_text)):
+            continue
+        path = os.path.join(parent, name)
+        shutil.rmtree(path, ignore_errors=True)
+        deleted.append(path)
+    return deleted
+
 
 STALE_SUBCHAIN_LIMIT = 8
 """Up to this many distinct stale times, reads merge one sub-chain per stale time."""
@@ -825,7 +871,10 @@ class Correction:
     def _write_spill(self, batches: Iterable[pa.RecordBatch]) -> _Chain:
         """Write ``batches`` (sorted, consolidated) to a new spill file; its chain."""
         if self._spill_path is None:
-            self._spill_path = tempfile.mkdtemp(prefix="correction-", dir=self._spill_parent)
+            sweep_stale_spill_dirs(self._spill_parent)
+            self._spill_path = tempfile.mkdtemp(
+                prefix=f"{SPILL_PREFIX}{os.getpid()}-", dir=self._spill_parent
+            )
             self._spill_cleanup = weakref.finalize(
                 self, shutil.rmtree, self._spill_path, ignore_errors=True
             )

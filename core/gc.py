@@ -2,15 +2,22 @@
 
 A state version is *live* while a reader may still be using it: the head, and every version
 that was still the head less than the retention window ago (its successor's commit time,
-``at_ms`` in the log, is after ``now - retention``). Readers holding a version longer than
-the retention window are not protected; writers and compactions whose parts stay
-uncommitted longer than it are not either (the default window, one hour, is meant to be far
-longer than any write). Everything else may go:
+``at_ms`` in the log, is after ``now - retention``). A read that pinned a version (any scan,
+snapshot or Spark job plans on one version) therefore finishes correctly if it ends within
+the retention window after that version stopped being the head; a longer read holds a
+reader hold (`persistshard.core.holds`) or reads again. Writes in flight are protected by their
+leases (`persistshard.core.leases`), not by the window. Everything else may go:
 
-- parts under ``parts/`` that no live version references, written (by the time in their
-  write id, `persistshard.core.layout.part_write_time_ms`) before the retention floor: parts
-  replaced by compaction, and parts of writes that never committed (a Spark task retried, a driver
-  that died). A part without a readable write time is never deleted.
+- parts under ``parts/`` that no live version references:
+  - parts an older retained version references (replaced by compaction, removed by an
+    overwrite), written (by the time in their write id,
+    `persistshard.core.layout.part_write_time_ms`) before the retention floor;
+  - parts no retained version references (*orphans*: writes that never committed, a Spark
+    task retried, a driver that died), once the lease of their write ran out by gc's clock.
+    Before deleting any orphan gc commits its fence (`persistshard.core.leases.fence`), then
+    reads the log again and keeps every orphan a commit adopted meanwhile; after the fence no
+    commit can adopt one (`LeaseExpired`). A part without a readable write time is never
+    deleted.
 - log entries older than the rollup R that the earliest live version is rebuilt from
   (``consensus.truncate(R)``: every live version is rebuilt from R plus later entries).
 - rollups under ``rollups/`` that no log entry at or after R names, written before the floor
@@ -37,7 +44,7 @@ import itertools
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from persistshard.core import layout
+from persistshard.core import layout, leases
 from persistshard.core import state as st
 from persistshard.core.blob import temporary_time_ms
 from persistshard.core.layout import (
@@ -60,7 +67,9 @@ class GcReport:
     ever referenced (uncommitted writes), ``young_parts`` how many unreferenced parts were kept
     because they are newer than the retention floor; ``consensus_below`` is R: log entries
     below it are truncated (``consensus_versions`` of them); ``temporary`` are the leftover
-    ``.tmp-`` files older than the floor.
+    ``.tmp-`` files older than the floor. ``leased_parts`` counts unreferenced parts kept
+    because their write's lease is live; ``fence_version`` is the version of gc's lease fence
+    (0 when it deleted no orphan).
     """
 
     dry_run: bool
@@ -71,6 +80,8 @@ class GcReport:
     part_bytes: int = 0
     orphaned_parts: list[str] = field(default_factory=list)
     young_parts: int = 0
+    leased_parts: int = 0
+    fence_version: int = 0
     rollups: list[str] = field(default_factory=list)
     rollup_bytes: int = 0
     consensus_below: int = 0
@@ -178,6 +189,8 @@ def collect(
     floor = now_ms - retention_ms
     report = GcReport(dry_run=dry_run, retention_seconds=retention_seconds)
     _plan_temporary(machine, floor, report)
+    # Read before the log: every commit up to this state's fence is in the log read next.
+    head_state = machine.state()
     found = _live_versions(machine, now_ms, retention_ms)
     if found is None:
         _delete_temporary(machine, report)
@@ -191,14 +204,20 @@ def collect(
         if meta.key in live:
             continue
         written = part_write_time_ms(meta.key)
-        if written is None or written >= floor:
+        if written is None:
             report.young_parts += 1
             continue
-        part_sizes[meta.key] = meta.size
-        if meta.key not in dead:
+        if meta.key in dead:
+            if written >= floor:
+                report.young_parts += 1
+                continue
+        else:
+            write_id = st.part_write_id(meta.key)
+            if write_id is None or leases.live(head_state, write_id, now_ms):
+                report.leased_parts += 1
+                continue
             report.orphaned_parts.append(meta.key)
-    report.parts = sorted(part_sizes)
-    report.part_bytes = sum(part_sizes.values())
+        part_sizes[meta.key] = meta.size
 
     first = min(entries[0][0], machine.consensus.oldest_stored() or entries[0][0])
     if rollup_version > first:
@@ -219,6 +238,10 @@ def collect(
     report.rollups = sorted(rollup_sizes)
     report.rollup_bytes = sum(rollup_sizes.values())
 
+    if not dry_run and _needs_fence(head_state, report.orphaned_parts):
+        _fence_orphans(machine, now_ms, retention_ms, report, part_sizes)
+    report.parts = sorted(part_sizes)
+    report.part_bytes = sum(part_sizes.values())
     if dry_run:
         return report
     for key in report.parts:
@@ -231,6 +254,41 @@ def collect(
         report.deleted += 1
     _delete_temporary(machine, report)
     return report
+
+
+def _needs_fence(state: ShardState, orphans: list[str]) -> bool:
+    """Whether deleting ``orphans`` needs a new fence: not when the fence in ``state`` (the
+    state gc read its log up to) already refuses every commit that could adopt them (a gc
+    that resumes after a crash, or a second gc soon after the first)."""
+    for key in orphans:
+        write_id = st.part_write_id(key)
+        until = leases.expiry_ms(state, write_id) if write_id is not None else None
+        if until is None or until > state.lease_fence_ms:
+            return True
+    return False
+
+
+def _fence_orphans(
+    machine: StateMachine,
+    now_ms: int,
+    retention_ms: int,
+    report: GcReport,
+    part_sizes: dict[str, int],
+) -> None:
+    """Commit gc's lease fence, then drop from the plan every orphan a commit adopted between
+    gc's first read of the log and the fence (the log is read again, after the fence)."""
+    fenced = leases.fence(machine, now_ms)
+    report.fence_version = fenced.version
+    found = _live_versions(machine, now_ms, retention_ms)
+    assert found is not None  # the fence itself is in the log
+    _, earliest, rollup_version, rollup_key, entries = found
+    live, _ = _referenced(machine, earliest, rollup_version, rollup_key, entries)
+    adopted = [k for k in report.orphaned_parts if k in live]
+    if adopted:
+        # A commit landed before the fence and references them: not orphans after all.
+        report.orphaned_parts = [k for k in report.orphaned_parts if k not in live]
+        for key in adopted:
+            part_sizes.pop(key, None)
 
 
 def _plan_temporary(machine: StateMachine, floor: int, report: GcReport) -> None:

@@ -16,7 +16,16 @@ What always holds:
   looking for the commit's id in the log before anything else: if it landed, its state is
   returned; if not, the commit is tried again. Only when the outcome stays unknown (the
   storage keeps failing) does `Indeterminate` escape; an `OSError` before any attempt, and
-  exhausting the attempts after plain lost races (`StateConflict`), are determinate.
+  giving up after plain lost races (`CommitDeadline`), are determinate.
+- After a lost race the next attempt waits a random pause (full jitter: uniform in
+  ``[0, min(MAX_BACKOFF_SECONDS, RACE_BACKOFF_SECONDS * 2**n))`` after the n-th loss), so
+  writers that collide do not collide again in lockstep; the first retry is immediate. A
+  commit gives up with `CommitDeadline` once ``deadline_seconds`` (`COMMIT_DEADLINE_SECONDS`)
+  have passed since it started, or after ``max_attempts`` attempts.
+- Before each attempt, a commit that adds parts (or renews a lease) is checked against the
+  leases of the state it expects (`persistshard.core.leases.check_commit`): a write whose
+  lease ran out is refused with `LeaseExpired`, so a commit never references a part gc may
+  have deleted.
 - Each attempt stamps the commit with the clock (`persistshard.core.layout.now_ms`): leases of
   reader holds are judged by the time of the commit that sees them, the same on every replay.
 - Every `ROLLUP_EVERY`-th version also writes a rollup (a full copy of the state) before its
@@ -29,30 +38,45 @@ compare-and-set, contiguous retained versions) and immutable blobs.
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Iterable
 from dataclasses import replace
 
-from persistshard.core import layout
+from persistshard.core import layout, leases
 from persistshard.core import state as st
 from persistshard.core.blob import Blob
 from persistshard.core.consensus import Consensus, VersionedData
 from persistshard.core.layout import ROLLUP_EVERY, rollup_key
 from persistshard.core.state import Commit, Entry, ShardState
 from persistshard.errors import (
+    CommitDeadline,
     CorruptData,
     Indeterminate,
     InvalidUpdates,
+    LeaseExpired,
     NotSealed,
     StateConflict,
     UpperMismatch,
 )
 
 #: Errors after which a commit certainly did not land (its parts may be deleted).
-DETERMINATE_REFUSALS = (UpperMismatch, InvalidUpdates, NotSealed, StateConflict)
+DETERMINATE_REFUSALS = (
+    UpperMismatch,
+    InvalidUpdates,
+    NotSealed,
+    StateConflict,
+    LeaseExpired,
+    CommitDeadline,
+)
 
-#: How many compare-and-set attempts one commit makes before giving up.
+#: How many compare-and-set attempts one commit makes at most before giving up.
 MAX_ATTEMPTS = 1000
+#: How long one commit keeps retrying lost races before giving up (`CommitDeadline`).
+COMMIT_DEADLINE_SECONDS = 120.0
+#: The scale of the random pause after a lost race (it doubles per loss, up to the cap).
+RACE_BACKOFF_SECONDS = 0.002
+MAX_BACKOFF_SECONDS = 0.5
 #: How often reading the log back may fail, after an ambiguous attempt, before `Indeterminate`.
 MAX_STORAGE_FAILURES = 8
 #: How many times `StateMachine.state` starts again when the log was truncated under it.
@@ -201,7 +225,13 @@ class StateMachine:
 
     # --- writing ------------------------------------------------------------------------
 
-    def commit(self, commit: Commit, *, max_attempts: int = MAX_ATTEMPTS) -> ShardState:
+    def commit(
+        self,
+        commit: Commit,
+        *,
+        max_attempts: int = MAX_ATTEMPTS,
+        deadline_seconds: float | None = None,
+    ) -> ShardState:
         """Apply ``commit`` with compare-and-set, re-applying it after each lost race; the
         state it produced. Precondition failures propagate (determinate).
 
@@ -212,7 +242,14 @@ class StateMachine:
         ambiguous_after: int | None = None  # the head before the first ambiguous attempt
         unknown: BaseException | None = None
         failures = 0
-        for _ in range(max_attempts):
+        losses = 0
+        started = time.monotonic()
+        deadline = started + (
+            COMMIT_DEADLINE_SECONDS if deadline_seconds is None else deadline_seconds
+        )
+        attempts = 0
+        while attempts < max_attempts:
+            attempts += 1
             try:
                 current = self.state()
                 if ambiguous_after is not None:
@@ -230,6 +267,7 @@ class StateMachine:
                 continue
             now = layout.now_ms()
             stamped = replace(commit, at_ms=now)
+            leases.check_commit(current, stamped, self.location)
             new = st.apply(current, stamped, self.location)
             st.check_transition(current, new, stamped, self.location)  # before any write
             rollup = self._rollup
@@ -248,6 +286,12 @@ class StateMachine:
             if ok:
                 self._state, self._rollup = new, rollup
                 return new
+            losses += 1
+            if time.monotonic() >= deadline:
+                break
+            if losses > 1:
+                cap = min(MAX_BACKOFF_SECONDS, RACE_BACKOFF_SECONDS * 2 ** min(losses, 30))
+                time.sleep(min(random.uniform(0, cap), max(0.0, deadline - time.monotonic())))
         if ambiguous_after is not None:
             raise Indeterminate(
                 f"commit {commit.id}: the storage failed ({type(unknown).__name__}: {unknown}) "
@@ -255,9 +299,11 @@ class StateMachine:
                 "before retrying",
                 location=self.location,
             ) from unknown
-        raise StateConflict(
-            f"commit {commit.id} lost {max_attempts} races in a row to other writers; "
-            "nothing landed",
+        raise CommitDeadline(
+            f"commit {commit.id} ({commit.kind}) lost {losses} compare-and-set races in "
+            f"{time.monotonic() - started:.1f} s to other writers and gave up (deadline "
+            f"{deadline - started:.0f} s, at most {max_attempts} attempts); nothing landed: "
+            "retry later, or write from fewer processes at once",
             location=self.location,
         )
 

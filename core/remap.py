@@ -23,6 +23,7 @@ Arrow arrays, and refuses (`NotSealed`) a record no binding covers: it never gue
 
 Relies on: the remap shard's since not passing the uppers of the outputs it serves (bindings
 below since are merged into one at since, so records covered by them reclock to since).
+`RemapShard.follow_since` advances it with the outputs' since, within that bound.
 """
 
 from __future__ import annotations
@@ -316,6 +317,27 @@ class RemapShard:
     ) -> pa.Array:
         """See `Bindings.reclock` (against the newest bindings)."""
         return self.pinned().reclock(partitions, offsets)
+
+    def follow_since(self, outputs: Sequence[str | Shard], **storage_options: Any) -> int:
+        """Advance the remap shard's since with its outputs' (so its bindings can be
+        compacted, and its history does not grow without bound); the since reached.
+
+        ``outputs`` must be every output shard this remap shard serves. The since moves to
+        the smallest, over them, of the output's since and the output's upper minus one:
+        never past an output's since (reads of an output at or after its since never look at
+        older bindings) nor to the upper of any output (a restart resumes at the frontier
+        bound at ``min(upper) - 1``, `resume_frontier`, which must stay exact). Reader holds
+        on the remap shard hold it back as on any shard.
+        """
+        if not outputs:
+            raise InvalidUpdates("follow_since needs every output shard the remap shard serves")
+        states = [
+            (o if isinstance(o, Shard) else open_shard(o, **storage_options)).state()
+            for o in outputs
+        ]
+        target = min(min(s.since, max(0, s.upper - 1)) for s in states)
+        target = min(target, max(0, self.shard.upper - 1))
+        return self.shard.advance_since(target)
 
     def mint(self, frontier: Mapping[str, int]) -> int:
         """Bind ``frontier`` at the next into-time with one compare-and-append; return it.

@@ -10,6 +10,8 @@ What always holds (for every state version a reader can see):
 - Updates at times ``>= upper`` (unsealed) are durable but invisible until upper passes them.
 - A failed write changes nothing: parts are written before the commit under fresh keys, the
   commit is one compare-and-set, and a refused commit deletes the parts it wrote.
+- A write holds a lease (`persistshard.core.leases`) from its first part to its commit: gc
+  never deletes its parts meanwhile, and a commit after the lease ran out is `LeaseExpired`.
 
 `Shard` is the user-facing facade: it validates input, writes parts and builds commits, and
 hands every state change to its `persistshard.core.machine.StateMachine`, which owns the
@@ -40,6 +42,7 @@ from persistshard.core.filters import Pred
 from persistshard.core.gc import GcReport, collect
 from persistshard.core.holds import DEFAULT_LEASE_SECONDS, ReaderHold
 from persistshard.core.layout import DEFAULT_RETENTION_SECONDS, new_id
+from persistshard.core.leases import WriteLease
 from persistshard.core.listen import Listen
 from persistshard.core.machine import DETERMINATE_REFUSALS, StateMachine
 from persistshard.core.parts import write_parts
@@ -312,24 +315,25 @@ class Shard:
             refuse_foreign_files(self.blob, self.location)
         written = WrittenUpdates()
         schema = current.schema
-        if updates is not None:
-            incoming = user_schema(updates.schema) if schema is None else None
-            write_id = new_id()
-            written = self.write_updates(
-                updates,
-                lower=expected_upper,
+        write_id = new_id()
+        with WriteLease(self.machine, write_id):  # renewed if the write outlives its lease
+            if updates is not None:
+                incoming = user_schema(updates.schema) if schema is None else None
+                written = self.write_updates(
+                    updates,
+                    lower=expected_upper,
+                    new_upper=new_upper,
+                    write_id=write_id,
+                    schema=schema,
+                )
+                schema = schema or incoming
+            return self.commit_written(
+                written,
+                expected_upper=expected_upper,
                 new_upper=new_upper,
-                write_id=write_id,
                 schema=schema,
+                writer=writer,
             )
-            schema = schema or incoming
-        return self.commit_written(
-            written,
-            expected_upper=expected_upper,
-            new_upper=new_upper,
-            schema=schema,
-            writer=writer,
-        )
 
     def append(self, updates: pa.Table, new_upper: int | None = None) -> ShardState:
         """Append at the current upper; ``new_upper`` defaults to one past the largest time
@@ -350,17 +354,22 @@ class Shard:
             schema = current.schema
             incoming = user_schema(updates.schema) if schema is None else schema
             write_id = new_id()
-            written = self.write_updates(
-                updates, lower=expected, new_upper=expected + 1, write_id=write_id, schema=schema
-            )
-            return self.commit_written(
-                written,
-                expected_upper=expected,
-                new_upper=expected + 1,
-                schema=incoming,
-                commit_id=write_id,
-                rebase=True,
-            )
+            with WriteLease(self.machine, write_id):
+                written = self.write_updates(
+                    updates,
+                    lower=expected,
+                    new_upper=expected + 1,
+                    write_id=write_id,
+                    schema=schema,
+                )
+                return self.commit_written(
+                    written,
+                    expected_upper=expected,
+                    new_upper=expected + 1,
+                    schema=incoming,
+                    commit_id=write_id,
+                    rebase=True,
+                )
         if new_upper is None:
             times = updates.column(TIME) if TIME in updates.column_names else None
             biggest = pc.max(times).as_py() if times is not None and len(times) else None
@@ -389,25 +398,26 @@ class Shard:
                 refuse_foreign_files(self.blob, self.location)
             incoming, keys, schema = up.prepare(table, key_columns, state, self.location)
             write_id = new_id()
-            parts = up.delta_parts(
-                self.blob,
-                state,
-                incoming,
-                keys,
-                schema,
-                write_id,
-                location=self.location,
-                stats=stats,
-            )
             try:
-                return self.commit_written(
-                    WrittenUpdates(sealed=parts),
-                    expected_upper=state.upper,
-                    new_upper=state.upper + 1,
-                    schema=up.with_key_columns(schema, keys),
-                    commit_id=write_id,
-                    label="upsert",
-                )
+                with WriteLease(self.machine, write_id):
+                    parts = up.delta_parts(
+                        self.blob,
+                        state,
+                        incoming,
+                        keys,
+                        schema,
+                        write_id,
+                        location=self.location,
+                        stats=stats,
+                    )
+                    return self.commit_written(
+                        WrittenUpdates(sealed=parts),
+                        expected_upper=state.upper,
+                        new_upper=state.upper + 1,
+                        schema=up.with_key_columns(schema, keys),
+                        commit_id=write_id,
+                        label="upsert",
+                    )
             except UpperMismatch:
                 if attempt == retries:
                     raise
@@ -703,6 +713,8 @@ HISTORY_KINDS = (
     "downgrade_since",  # a reader moved its hold forward
     "heartbeat",  # a reader renewed its hold's lease
     "expire_reader",  # a reader's hold was released
+    "renew_lease",  # a long write renewed its lease (core/leases.py)
+    "sweep_leases",  # gc's lease fence before it deleted parts of abandoned writes
 )
 
 
@@ -750,6 +762,10 @@ def _summarize(c: Commit) -> str:
     if c.kind in ("heartbeat", "expire_reader"):
         what = "renews its lease" if c.kind == "heartbeat" else "releases its hold"
         return f"reader {a['reader_id']} {what}"
+    if c.kind == "renew_lease":
+        return f"write {a['write_id']} renews its lease ({a['lease_ms'] / 1000:g} s)"
+    if c.kind == "sweep_leases":
+        return f"gc sweeps the parts of writes whose lease ran out by {a['through_ms']} ms"
     if c.kind == "compact":
         n = len(a["inputs"])
         out = a["output"]

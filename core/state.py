@@ -38,6 +38,12 @@ Commit kinds, all in `apply` (their preconditions are classes named ``Assert...`
   the output covers exactly their interval and keeps levels ordered (`AssertLevelsOrdered`);
   replaces them with one output batch. It may also name unsealed input batches (whose updates
   below the upper the output absorbed) and unsealed outputs (their trimmed remainders).
+- `renew_lease`: extends a write's lease; `sweep_leases`: gc's lease fence
+  (`persistshard.core.leases`). An append or compaction releases the explicit leases of the
+  writes whose parts it adds; before any commit lands, the state machine refuses one that adds
+  a part of a write whose lease ran out (`LeaseExpired`).
+- Every commit with a time also drops expired explicit leases, and prunes writer records
+  when they are due (`prune_due`, `prune_writers`).
 
 Stored bytes (`Entry.encode`, `encode_rollup`; docs/format.md): one header line
 ``<magic> <version> <length> <crc32c>\n`` then the JSON body, where ``length`` and ``crc32c``
@@ -231,6 +237,15 @@ class ShardState:
     writers: dict[str, int] = field(default_factory=dict)
     last_commit: str | None = None
     holds: dict[str, Hold] = field(default_factory=dict)
+    #: Explicit write leases (`persistshard.core.leases`): write id -> expiry (ms since the
+    #: epoch). A write without an entry has the implicit lease its id's time gives it.
+    leases: dict[str, int] = field(default_factory=dict)
+    #: gc deleted the parts of every write whose lease had run out by this time (ms); no
+    #: commit may add a part of such a write afterwards (`persistshard.core.leases`).
+    lease_fence_ms: int = 0
+    #: When each streaming writer in ``writers`` last committed (ms, the committing clock);
+    #: records expire and are pruned (`prune_writers`).
+    writers_seen_ms: dict[str, int] = field(default_factory=dict)
 
     def live_holds(self, now_ms: int) -> dict[str, Hold]:
         """The holds whose lease has not run out at ``now_ms``."""
@@ -311,6 +326,9 @@ class ShardState:
             "writers": dict(self.writers),
             "last_commit": self.last_commit,
             "holds": {r: h.to_json() for r, h in sorted(self.holds.items())},
+            **({"leases": dict(sorted(self.leases.items()))} if self.leases else {}),
+            **({"lease_fence_ms": self.lease_fence_ms} if self.lease_fence_ms else {}),
+            **({"writers_seen_ms": dict(self.writers_seen_ms)} if self.writers_seen_ms else {}),
         }
 
     @staticmethod
@@ -325,6 +343,9 @@ class ShardState:
             writers=dict(d.get("writers", {})),
             last_commit=d.get("last_commit"),
             holds={r: Hold.from_json(h) for r, h in d.get("holds", {}).items()},
+            leases={w: int(e) for w, e in d.get("leases", {}).items()},
+            lease_fence_ms=int(d.get("lease_fence_ms", 0)),
+            writers_seen_ms={w: int(t) for w, t in d.get("writers_seen_ms", {}).items()},
         )
 
 
@@ -499,12 +520,44 @@ def _apply_append(state: ShardState, c: Commit, location: str | None) -> ShardSt
     unsealed = state.unsealed
     if a.get("unsealed") is not None:
         unsealed = (*unsealed, Batch.from_json(a["unsealed"]))
-    writers = dict(state.writers)
+    writers, seen = state.writers, state.writers_seen_ms
     if writer is not None:
-        writers[writer[0]] = writer[1]
+        writers = {**writers, writer[0]: writer[1]}
+        if c.at_ms is not None:
+            seen = {**seen, writer[0]: c.at_ms}
+    added = [*batch.parts, *(Batch.from_json(a["unsealed"]).parts if a.get("unsealed") else ())]
     return replace(
-        state, upper=new_upper, schema=schema, trace=trace, unsealed=unsealed, writers=writers
+        state,
+        upper=new_upper,
+        schema=schema,
+        trace=trace,
+        unsealed=unsealed,
+        writers=writers,
+        writers_seen_ms=seen,
+        leases=_released(state.leases, added),
     )
+
+
+def part_write_id(key: str) -> str | None:
+    """The write id of a part key ``parts/<write id>/<name>``, else None."""
+    head, sep, rest = key.partition("/")
+    write_id, sep2, _ = rest.partition("/")
+    return write_id if head == "parts" and sep and sep2 and write_id else None
+
+
+def lease_covers(lease_id: str, write_id: str) -> bool:
+    """Whether the lease named ``lease_id`` covers parts of ``write_id``: the same id, or an
+    id derived from it (``<lease id>-<suffix>``, as an overwrite names its delta writes)."""
+    return write_id == lease_id or write_id.startswith(lease_id + "-")
+
+
+def _released(leases: dict[str, int], parts: Sequence[PartRef]) -> dict[str, int]:
+    """``leases`` without those covering a write whose parts a commit just added: the write
+    is done, its parts are referenced, and gc judges referenced parts by the state."""
+    if not leases or not parts:
+        return leases
+    ids = {part_write_id(p.key) for p in parts}
+    return {lid: e for lid, e in leases.items() if not any(w and lease_covers(lid, w) for w in ids)}
 
 
 def _apply_advance_since(state: ShardState, c: Commit, location: str | None) -> ShardState:
@@ -640,7 +693,68 @@ def _apply_compact(state: ShardState, c: Commit, location: str | None) -> ShardS
         kept = tuple(b for b in state.unsealed if b.id not in unsealed_inputs)
         outputs = tuple(Batch.from_json(b) for b in c.args.get("unsealed_outputs") or ())
         unsealed = kept + outputs
-    return replace(state, trace=trace, unsealed=unsealed)
+    added = [*output.parts]
+    for b in c.args.get("unsealed_outputs") or ():
+        added.extend(Batch.from_json(b).parts)
+    return replace(state, trace=trace, unsealed=unsealed, leases=_released(state.leases, added))
+
+
+def _apply_renew_lease(state: ShardState, c: Commit, location: str | None) -> ShardState:
+    """Extend the lease of a write in flight to ``now + lease_ms`` (never shortens it); the
+    lease must still be live (checked before the commit, `persistshard.core.leases`)."""
+    write_id, lease = c.args["write_id"], int(c.args["lease_ms"])
+    until = max(state.leases.get(write_id, 0), _now(c) + lease)
+    return replace(state, leases={**state.leases, write_id: until})
+
+
+def _apply_sweep_leases(state: ShardState, c: Commit, location: str | None) -> ShardState:
+    """gc's fence: from now on no commit may add a part of a write whose lease ran out by
+    ``through_ms``, because gc is about to delete such parts."""
+    fence = max(state.lease_fence_ms, int(c.args["through_ms"]))
+    leases = {w: e for w, e in state.leases.items() if e > fence}
+    return replace(state, lease_fence_ms=fence, leases=leases)
+
+
+#: Writer records older than this (by the committing clock) are pruned.
+WRITER_RECORD_MS = 7 * 24 * 3600 * 1000
+#: At most this many writer records are kept after a prune; the least recently committed go
+#: first. A prune runs once the records pass this by a quarter (so its cost is amortized over
+#: many commits), and every `PRUNE_EVERY` versions for the records that expired.
+MAX_WRITER_RECORDS = 1000
+PRUNE_EVERY = 64
+
+
+def prune_due(state: ShardState) -> bool:
+    """Whether the commit applied to ``state`` prunes writer records (`prune_writers`)."""
+    if not state.writers:
+        return False
+    over = len(state.writers) > MAX_WRITER_RECORDS + MAX_WRITER_RECORDS // 4
+    return over or state.version % PRUNE_EVERY == 0
+
+
+def prune_writers(state: ShardState, now_ms: int) -> ShardState:
+    """``state`` without the writer records that expired: last committed more than
+    `WRITER_RECORD_MS` before ``now_ms``, or beyond the `MAX_WRITER_RECORDS` most recent. A
+    record from before commit times were kept is stamped with ``now_ms`` by the first prune
+    (it expires one period later). Pure: replaying the log prunes the same records.
+
+    What it costs: a writer whose record was pruned is no longer recognised, so replaying a
+    batch it committed long ago appends it again (docs/design.md, "Bounded metadata")."""
+    seen = state.writers_seen_ms
+    if len(seen) < len(state.writers):
+        seen = {w: seen.get(w, now_ms) for w in state.writers}
+    floor = now_ms - WRITER_RECORD_MS
+    keep = [w for w, t in seen.items() if t > floor]
+    if len(keep) > MAX_WRITER_RECORDS:
+        keep = sorted(keep, key=lambda w: (seen[w], w))[-MAX_WRITER_RECORDS:]
+    if len(keep) == len(state.writers) and seen is state.writers_seen_ms:
+        return state
+    kept = set(keep)
+    return replace(
+        state,
+        writers={w: b for w, b in state.writers.items() if w in kept},
+        writers_seen_ms={w: t for w, t in seen.items() if w in kept},
+    )
 
 
 _APPLY = {
@@ -651,6 +765,8 @@ _APPLY = {
     "downgrade_since": _apply_downgrade_since,
     "heartbeat": _apply_heartbeat,
     "expire_reader": _apply_expire_reader,
+    "renew_lease": _apply_renew_lease,
+    "sweep_leases": _apply_sweep_leases,
 }
 
 
@@ -665,8 +781,14 @@ def apply(state: ShardState, commit: Commit, location: str | None = None) -> Sha
     except KeyError:
         raise CorruptData(f"unknown commit kind {commit.kind!r}") from None
     new = fn(state, commit, location)
-    if commit.at_ms is not None and any(not h.live_at(commit.at_ms) for h in new.holds.values()):
-        new = replace(new, holds=new.live_holds(commit.at_ms))
+    if commit.at_ms is not None:
+        now = commit.at_ms
+        if any(not h.live_at(now) for h in new.holds.values()):
+            new = replace(new, holds=new.live_holds(now))
+        if any(e <= now for e in new.leases.values()):
+            new = replace(new, leases={w: e for w, e in new.leases.items() if e > now})
+        if prune_due(new):
+            new = prune_writers(new, now)
     return replace(new, version=state.version + 1, last_commit=commit.id)
 
 

@@ -39,6 +39,7 @@ from pyspark.sql.types import StructType
 from persistshard.core.blob import FsspecBlob
 from persistshard.core.correction import Correction
 from persistshard.core.layout import PARTS_PREFIX, new_id
+from persistshard.core.leases import WriteLease
 from persistshard.core.parts import PartSink, write_part
 from persistshard.core.rows import DIFF, TIME, consolidation_indices, row_columns
 from persistshard.core.shard import (
@@ -249,11 +250,13 @@ def write_task(d: BatchDescription, batches: Any, time: int) -> TaskWritten:
     """Step 2: consolidate one task's batches in a Correction buffer and write its parts."""
     _check_case(d)
     with storage_errors(d.location, "write the shard"):
-        return _write_task(d, batches, time)
+        shard = open_shard(d.location, **d.storage_options)
+        # A task still running late in the write's lease renews it (core/leases.py).
+        with WriteLease(shard.machine, d.write_id):
+            return _write_task(d, batches, time, shard)
 
 
-def _write_task(d: BatchDescription, batches: Any, time: int) -> TaskWritten:
-    shard = open_shard(d.location, **d.storage_options)
+def _write_task(d: BatchDescription, batches: Any, time: int, shard: Shard) -> TaskWritten:
     schema = d.target if d.target is not None else (d.shard_schema or d.incoming)
     full = update_schema(schema)
     upper = d.upper if d.upper is not None else MAX_TIME
@@ -413,6 +416,15 @@ def commit_write(
 ) -> None:
     """Step 3: one compare-and-append of every task's parts (see the module docstring)."""
     shard = open_shard(d.location, **d.storage_options)
+    with WriteLease(shard.machine, d.write_id):  # covers the overwrite's "-delta" write too
+        _commit_write(shard, d, messages, writer)
+    if compact:
+        shard.maybe_compact()
+
+
+def _commit_write(
+    shard: Shard, d: BatchDescription, messages: list[Any], writer: tuple[str, int] | None
+) -> None:
     written = WrittenUpdates()
     max_time: int | None = None
     for m in messages:
@@ -458,8 +470,6 @@ def commit_write(
         sweep_write(shard, d.write_id, set(written.keys()))
         if d.overwrite:
             sweep_write(shard, d.write_id + "-delta", set(written.keys()))
-    if compact:
-        shard.maybe_compact()
 
 
 @dataclass

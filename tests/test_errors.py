@@ -101,6 +101,24 @@ def writer_already_committed(shard: ps.Shard, tmp_path) -> None:
     shard.machine.commit(Commit("append", new_id(), args))
 
 
+def lease_expired(shard: ps.Shard, tmp_path) -> None:
+    """A write whose id is older than its lease: its commit is refused."""
+    from persistshard.core import leases
+
+    old_id = f"{new_id()[:12]}"
+    old_id = f"{int(old_id, 16) - int(leases.DEFAULT_WRITE_LEASE_SECONDS * 1000) - 1:012x}"
+    written = shard.write_updates(
+        updates([(3, "c", 2, 1)]), lower=2, new_upper=3, write_id=old_id + "0" * 20, schema=None
+    )
+    shard.commit_written(written, expected_upper=2, new_upper=3, schema=None)
+
+
+def commit_deadline(shard: ps.Shard, tmp_path) -> None:
+    """Every compare-and-set loses (another writer always got there first)."""
+    shard.consensus.compare_and_set = lambda expected, data: False  # type: ignore[method-assign]
+    shard.machine.commit(Commit("advance_since", new_id(), {"since": 1}), deadline_seconds=0.01)
+
+
 def negative_diff(shard: ps.Shard, tmp_path, spark=None) -> None:
     shard.append(updates([(2, "b", 2, -1), (2, "b", 2, -1)]))
     spark.read.format("persistshard").load(shard.location).collect()
@@ -159,6 +177,8 @@ TRIGGERS: dict[str, Callable[..., None]] = {
     "NoShard": no_shard,
     "InvalidOption": invalid_option,
     "StorageError": storage_error,
+    "LeaseExpired": lease_expired,
+    "CommitDeadline": commit_deadline,
 }
 #: What changes the shard by design before the error (so "unchanged" is judged after it).
 CHANGES_FIRST = {"SinceViolation", "HoldExpired", "WriterAlreadyCommitted", "NegativeDiff"}

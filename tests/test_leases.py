@@ -1,0 +1,306 @@
+"""Write leases: gc never deletes the parts of a live write, a write whose lease ran out is
+refused with `LeaseExpired` (never `CorruptData` later), and gc's fence stops a stalled commit.
+
+Every test drives the shard's clock (`persistshard.core.layout.now_ms`) by hand; nothing
+depends on how fast the machine is.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+from conformance_helpers import rows_of, updates
+
+import persistshard as ps
+from persistshard.core import layout, leases
+from persistshard.core.blob import BlobWrapper
+from persistshard.core.consensus import Consensus, MemoryConsensus, VersionedData
+from persistshard.core.layout import new_id
+from persistshard.core.state import Commit
+from persistshard.errors import LeaseExpired
+
+HOUR_MS = 3600 * 1000
+
+
+class Clock:
+    """A settable wall clock for the shard's code (ids, commit times, leases)."""
+
+    def __init__(self) -> None:
+        self.ms = int(time.time() * 1000)
+
+    def now(self) -> int:
+        return self.ms
+
+    def advance(self, ms: int) -> None:
+        self.ms += ms
+
+
+@pytest.fixture
+def clock(monkeypatch) -> Clock:
+    c = Clock()
+    monkeypatch.setattr(layout, "now_ms", c.now)
+    return c
+
+
+def part_files(shard: ps.Shard) -> set[str]:
+    return {m.key for m in shard.blob.list("parts/")}
+
+
+def pending_write(shard: ps.Shard, item: str = "slow") -> tuple[str, ps.shard.WrittenUpdates]:
+    """Parts of a write at the current upper, written but not committed."""
+    write_id = new_id()
+    written = shard.write_updates(
+        updates([(7, item, shard.upper, 1)]),
+        lower=shard.upper,
+        new_upper=shard.upper + 1,
+        write_id=write_id,
+        schema=shard.schema,
+    )
+    return write_id, written
+
+
+def commit(shard: ps.Shard, written: ps.shard.WrittenUpdates, expected: int) -> None:
+    shard.commit_written(written, expected_upper=expected, new_upper=expected + 1, schema=None)
+
+
+def test_write_outliving_retention_with_gc_in_between_is_refused(tmp_path, clock):
+    """A write takes two hours (longer than gc's retention and its implicit lease) and gc runs
+    meanwhile. Before leases, gc deleted its parts and the commit then landed: every later
+    read was CorruptData. Now the commit is refused with LeaseExpired and the shard stays
+    readable and verifiable."""
+    shard = ps.open_shard(str(tmp_path / "s"))
+    shard.append(updates([(1, "a", 0, 1)]))
+    expected = shard.upper
+    write_id, written = pending_write(shard)
+    clock.advance(2 * HOUR_MS)
+    report = shard.gc(dry_run=False, now_ms=clock.ms)
+    assert set(report.orphaned_parts) == set(written.keys())
+    with pytest.raises(LeaseExpired) as info:
+        commit(shard, written, expected)
+    assert str(info.value).startswith("LeaseExpired: ") and write_id in str(info.value)
+    fresh = ps.open_shard(shard.location)
+    assert rows_of(fresh.snapshot()) == {(1, "a"): 1}
+    assert fresh.verify().ok
+    assert part_files(fresh) == fresh.state().part_keys()
+
+
+def test_commit_after_the_lease_ran_out_is_refused_even_without_gc(tmp_path, clock):
+    shard = ps.open_shard(str(tmp_path / "s"))
+    shard.append(updates([(1, "a", 0, 1)]))
+    before = shard.state()
+    _, written = pending_write(shard)
+    clock.advance(HOUR_MS + 1)
+    with pytest.raises(LeaseExpired):
+        commit(shard, written, before.upper)
+    assert ps.open_shard(shard.location).state() == before
+    assert not (set(written.keys()) & part_files(shard))  # a refused commit deletes its parts
+
+
+def test_gc_keeps_parts_of_a_live_write_and_a_renewed_write_commits(tmp_path, clock):
+    shard = ps.open_shard(str(tmp_path / "s"))
+    shard.append(updates([(1, "a", 0, 1)]))
+    expected = shard.upper
+    write_id, written = pending_write(shard)
+    lease = leases.WriteLease(shard.machine, write_id)  # renewed by hand: no thread here
+    for _ in range(4):  # four hours, renewed every 50 minutes, gc every 50 minutes
+        clock.advance(50 * 60 * 1000)
+        lease.renew()
+        report = shard.gc(dry_run=False, now_ms=clock.ms)
+        assert not set(written.keys()) & set(report.parts)
+        assert report.leased_parts == len(written.keys())
+    assert shard.state().leases == {write_id: lease.expires_ms}
+    commit(shard, written, expected)
+    assert rows_of(shard.snapshot()) == {(1, "a"): 1, (7, "slow"): 1}
+    assert shard.state().leases == {}  # the commit released the lease
+    assert shard.verify().ok
+
+
+def test_a_lease_never_comes_back(tmp_path, clock):
+    shard = ps.open_shard(str(tmp_path / "s"))
+    shard.append(updates([(1, "a", 0, 1)]))
+    write_id, _ = pending_write(shard)
+    clock.advance(HOUR_MS + 1)
+    with pytest.raises(LeaseExpired):
+        leases.renew(shard.machine, write_id, 600)
+
+
+class GcBeforeCas(Consensus):
+    """A consensus whose next compare-and-set first lets gc run to completion: the committer
+    stamped and checked its commit, then stalled past its lease while gc swept."""
+
+    def __init__(self, inner: Consensus) -> None:
+        self.inner = inner
+        self.before_cas: list = []
+
+    def head(self) -> VersionedData | None:
+        return self.inner.head()
+
+    def compare_and_set(self, expected: int | None, data: bytes) -> bool:
+        while self.before_cas:
+            self.before_cas.pop(0)()
+        return self.inner.compare_and_set(expected, data)
+
+    def scan(self, from_version: int, limit: int | None = None) -> list[VersionedData]:
+        return self.inner.scan(from_version, limit)
+
+    def truncate(self, below: int) -> int:
+        return self.inner.truncate(below)
+
+
+def test_gc_fence_refuses_a_commit_that_stalled_before_its_compare_and_set(clock):
+    """The write's lease is live when its commit is checked; the committer then stalls for
+    two hours, during which gc deletes the parts. gc's fence makes the stalled
+    compare-and-set lose, and the retry is refused: never a state that names deleted parts."""
+    inner = MemoryConsensus()
+    location = f"memory://leases-{uuid.uuid4().hex}"
+    shard = ps.open_shard(location, consensus=GcBeforeCas(inner))
+    shard.append(updates([(1, "a", 0, 1)]))
+    expected = shard.upper
+    _, written = pending_write(shard)
+    other = ps.open_shard(location, consensus=inner)
+
+    def stall_then_gc() -> None:
+        clock.advance(2 * HOUR_MS)
+        report = other.gc(dry_run=False, now_ms=clock.ms)
+        assert report.fence_version and set(written.keys()) <= set(report.parts)
+
+    shard.consensus.before_cas.append(stall_then_gc)
+    with pytest.raises(LeaseExpired):
+        commit(shard, written, expected)
+    fresh = ps.open_shard(location, consensus=inner)
+    assert rows_of(fresh.snapshot()) == {(1, "a"): 1}
+    assert fresh.verify().ok
+
+
+class CommitAfterListing(BlobWrapper):
+    """Runs ``hook`` right after the first listing of ``parts/`` (gc's plan)."""
+
+    def __init__(self, inner, hook) -> None:
+        super().__init__(inner)
+        self.hook = hook
+
+    def list(self, prefix: str = ""):
+        out = list(self.inner.list(prefix))
+        if prefix == "parts/" and self.hook is not None:
+            hook, self.hook = self.hook, None
+            hook()
+        return out
+
+
+def test_an_orphan_adopted_before_the_fence_is_kept(tmp_path, clock):
+    """gc's clock runs ahead of the writer's: gc plans to delete a write's parts, but the
+    write commits (its own clock says the lease is live) before gc's fence. gc reads the log
+    again after the fence and keeps them."""
+    location = str(tmp_path / "s")
+    shard = ps.open_shard(location)
+    shard.append(updates([(1, "a", 0, 1)]))
+    expected = shard.upper
+    _, written = pending_write(shard)
+    gc_now = clock.ms + 2 * HOUR_MS
+    blob = CommitAfterListing(shard.blob, lambda: commit(shard, written, expected))
+    report = ps.Shard(location, blob=blob).gc(dry_run=False, now_ms=gc_now)
+    assert report.fence_version and not report.orphaned_parts and not report.parts
+    assert set(written.keys()) <= part_files(shard)
+    fresh = ps.open_shard(location)
+    assert rows_of(fresh.snapshot()) == {(1, "a"): 1, (7, "slow"): 1}
+    assert fresh.verify().ok
+
+
+def test_a_dry_run_commits_no_fence(tmp_path, clock):
+    shard = ps.open_shard(str(tmp_path / "s"))
+    shard.append(updates([(1, "a", 0, 1)]))
+    _, written = pending_write(shard)
+    version = shard.state().version
+    report = shard.gc(now_ms=clock.ms + 2 * HOUR_MS)
+    assert set(report.orphaned_parts) == set(written.keys()) and report.fence_version == 0
+    assert shard.state().version == version
+
+
+def test_a_write_that_started_after_the_fence_commits(tmp_path, clock):
+    shard = ps.open_shard(str(tmp_path / "s"))
+    shard.append(updates([(1, "a", 0, 1)]))
+    pending_write(shard)
+    clock.advance(2 * HOUR_MS)
+    assert shard.gc(dry_run=False, now_ms=clock.ms).fence_version
+    shard.append(updates([(2, "b", shard.upper, 1)]))
+    assert rows_of(shard.snapshot()) == {(1, "a"): 1, (2, "b"): 1}
+
+
+def test_a_compaction_that_outlived_its_lease_is_refused_and_cleans_up(tmp_path, clock):
+    shard = ps.open_shard(str(tmp_path / "s"))
+    for t in range(4):
+        shard.append(updates([(t, "x", t, 1)]))
+    before = shard.state()
+    real_merge = ps.core.compact.run_merge
+
+    def slow_merge(*args, **kwargs):
+        out = real_merge(*args, **kwargs)
+        clock.advance(HOUR_MS + 1)  # the merge took longer than the lease; nobody renewed
+        return out
+
+    ps.core.compact.run_merge = slow_merge
+    try:
+        report = shard.compact()
+    finally:
+        ps.core.compact.run_merge = real_merge
+    assert report.merges and not any(m.committed for m in report.merges)
+    assert shard.state().trace == before.trace
+    assert part_files(shard) == before.part_keys()
+
+
+def test_explicit_leases_are_bounded(tmp_path, clock):
+    """Leases of writes that never commit are dropped once they run out; they do not pile
+    up in the state."""
+    shard = ps.open_shard(str(tmp_path / "s"))
+    shard.append(updates([(1, "a", 0, 1)]))
+    for _ in range(5):
+        leases.renew(shard.machine, new_id(), 60)
+    assert len(shard.state().leases) == 5
+    clock.advance(2 * HOUR_MS)
+    shard.append(updates([(2, "b", shard.upper, 1)]))
+    assert shard.state().leases == {}
+
+
+def test_lease_of_an_overwrite_covers_its_delta_writes(tmp_path, clock):
+    shard = ps.open_shard(str(tmp_path / "s"))
+    shard.append(updates([(1, "a", 0, 1)]))
+    base = new_id()
+    leases.renew(shard.machine, base, 3 * 3600)
+    state = shard.state()
+    clock.advance(2 * HOUR_MS)
+    assert leases.live(state, f"{base}-d3", clock.ms)
+    assert not leases.live(state, f"{base}x", clock.ms)  # a different write, same prefix
+
+
+def test_write_lease_thread_renews_a_long_write(tmp_path):
+    """A write whose lease is shorter than the write: the background thread renews it (real
+    clock; the test waits for the renewal, however long that takes)."""
+    shard = ps.open_shard(str(tmp_path / "s"))
+    shard.append(updates([(1, "a", 0, 1)]))
+    with leases.WriteLease(shard.machine, new_id(), lease_seconds=0.3) as lease:
+        while lease.renewals < 2:
+            time.sleep(0.05)
+    assert shard.state().leases[lease.write_id] == lease.expires_ms
+
+
+def test_a_short_write_commits_nothing_extra(tmp_path):
+    shard = ps.open_shard(str(tmp_path / "s"))
+    shard.append(updates([(1, "a", 0, 1)]))
+    version = shard.state().version
+    shard.append(updates([(2, "b", shard.upper, 1)]))
+    assert shard.state().version == version + 1
+    assert [h["kind"] for h in shard.history()][-1] != "renew_lease"
+    kinds = {e.commit.kind for _, e in shard.machine.entries(1)}
+    assert "renew_lease" not in kinds and "sweep_leases" not in kinds
+
+
+def test_renewal_is_a_commit_kind_gc_and_history_understand(tmp_path, clock):
+    shard = ps.open_shard(str(tmp_path / "s"))
+    shard.append(updates([(1, "a", 0, 1)]))
+    shard.machine.commit(Commit("renew_lease", new_id(), {"write_id": new_id(), "lease_ms": 5}))
+    clock.advance(2 * HOUR_MS)
+    shard.gc(dry_run=False, now_ms=clock.ms)
+    assert len(shard.history()) >= 2
+    assert ps.open_shard(shard.location).verify().ok

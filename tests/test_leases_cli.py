@@ -1,0 +1,56 @@
+"""The command line around leases and cleanup: `persistshard conformance` removes what it
+wrote and refuses to run inside a shard; `persistshard inspect` shows the metadata of a shard
+whose part is damaged."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from conformance_helpers import updates
+
+import persistshard as ps
+from persistshard.cli import main as cli
+
+
+def test_conformance_cleans_up_after_itself(tmp_path, capsys):
+    place = tmp_path / "place"
+    (place / "conformance-someone-else").mkdir(parents=True)
+    (place / "notes.txt").write_text("mine")
+    code = cli(["conformance", str(place), "--json"])
+    summary = json.loads(capsys.readouterr().out)
+    assert code == 0 and summary["ok"], summary
+    assert summary["passed"] >= 15
+    # Only what was there before: the suite's sub-locations (30 or so) are gone.
+    assert sorted(os.listdir(place)) == ["conformance-someone-else", "notes.txt"]
+
+
+def test_conformance_refuses_to_run_inside_a_shard(tmp_path, capsys):
+    location = str(tmp_path / "shard")
+    shard = ps.open_shard(location)
+    shard.append(updates([(1, "a", 0, 1)]))
+    before = sorted(os.listdir(location))
+    for where in (location, os.path.join(location, "parts")):
+        assert cli(["conformance", where]) == 2
+        err = capsys.readouterr().err
+        assert "refusing to run the conformance suite" in err and "is a shard" in err, err
+    assert sorted(os.listdir(location)) == before
+    assert shard.verify().ok
+
+
+def test_inspect_shows_the_metadata_when_a_part_is_damaged(tmp_path, capsys):
+    location = str(tmp_path / "shard")
+    shard = ps.open_shard(location)
+    shard.append(updates([(1, "a", 0, 1), (2, "b", 0, 1)]))
+    shard.append(updates([(3, "c", 1, 1)]))
+    key = shard.state().trace[0].parts[0].key
+    path = os.path.join(location, key)
+    data = bytearray(open(path, "rb").read())
+    del data[-20:]  # a truncated part: its footer is gone
+    open(path, "wb").write(bytes(data))
+    assert cli(["inspect", location]) == 0
+    out = capsys.readouterr().out
+    assert "upper     2" in out and "damaged" in out and "persistshard verify" in out, out
+    assert cli(["inspect", location, "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["upper"] == 2 and info["trace_batches"] == 2 and info["problems"]
