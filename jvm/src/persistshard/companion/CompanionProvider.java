@@ -9,6 +9,8 @@ import org.apache.spark.sql.execution.datasources.v2.python.PythonDataSourceV2;
 import org.apache.spark.sql.sources.DataSourceRegister;
 import org.apache.spark.sql.types.StructType;
 import org.apache.spark.sql.util.CaseInsensitiveStringMap;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
 
 /**
  * The JVM companion of the Python data source {@code persistshard} (prototype).
@@ -29,9 +31,10 @@ import org.apache.spark.sql.util.CaseInsensitiveStringMap;
  * </ul>
  *
  * <p>It relies on Spark 4.x classes that are public in bytecode but not a stable API
- * ({@code PythonDataSourceV2}, {@code PythonScanBuilder}, {@code PythonWriteBuilder}); a
- * Spark release that changes their constructors breaks this jar at class-load or first use,
- * never silently.
+ * ({@code PythonDataSourceV2}, {@code PythonTable}, {@code PythonScanBuilder},
+ * {@code PythonWriteBuilder}). {@link #COMPATIBLE} checks their constructors once, by
+ * reflection; if one is missing (another Spark release), {@link #getTable} returns Spark's own
+ * Python table, exactly what the format resolves to without this jar, and logs a warning.
  */
 public final class CompanionProvider implements TableProvider, DataSourceRegister {
 
@@ -46,6 +49,35 @@ public final class CompanionProvider implements TableProvider, DataSourceRegiste
 
   /** The companion's protocol version, the value of {@link #MARKER_KEY}. */
   public static final String MARKER_VALUE = "1";
+
+  private static final Logger LOG = LoggerFactory.getLogger(CompanionProvider.class);
+
+  private static final String PY = "org.apache.spark.sql.execution.datasources.v2.python.";
+
+  /** Whether this Spark has the constructors {@link CompanionTable} calls (checked once). */
+  static final boolean COMPATIBLE = probe();
+
+  private static boolean probe() {
+    try {
+      Class<?> ds = Class.forName(PY + "PythonDataSourceV2");
+      ds.getMethod("setShortName", String.class);
+      Class.forName(PY + "PythonTable").getConstructor(ds, String.class, StructType.class);
+      Class.forName(PY + "PythonScanBuilder")
+          .getConstructor(ds, String.class, StructType.class, CaseInsensitiveStringMap.class);
+      Class.forName(PY + "PythonWriteBuilder")
+          .getConstructor(
+              ds, String.class, org.apache.spark.sql.connector.write.LogicalWriteInfo.class);
+      return true;
+    } catch (ReflectiveOperationException | LinkageError e) {
+      LOG.warn(
+          "persistshard companion: this Spark lacks {} ({}); the format runs as the plain Python"
+              + " source (table OPTIONS do not reach reads and writes; pushdown state is per"
+              + " relation). Remove the companion jar or use a Spark it was built for.",
+          e.getMessage(),
+          e.getClass().getSimpleName());
+      return false;
+    }
+  }
 
   /** Only for inferSchema: it memoizes the Python instance made from the given options. */
   private final PythonDataSourceV2 inference = fresh();
@@ -74,6 +106,9 @@ public final class CompanionProvider implements TableProvider, DataSourceRegiste
 
   @Override
   public Table getTable(StructType schema, Transform[] partitioning, Map<String, String> properties) {
+    if (!COMPATIBLE) {
+      return inference.getTable(schema, partitioning, properties);
+    }
     return new CompanionTable(schema, properties);
   }
 }

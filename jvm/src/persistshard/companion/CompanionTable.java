@@ -29,6 +29,7 @@ import org.apache.spark.sql.util.CaseInsensitiveStringMap;
  * wins for a key in both), keys lower-cased as Spark hands them to Python, plus
  * {@link CompanionProvider#MARKER_KEY}.
  */
+@SuppressWarnings("deprecation") // Table.schema(): PythonTable implements it too
 final class CompanionTable implements SupportsRead, SupportsWrite {
 
   private final StructType schema;
