@@ -1,12 +1,15 @@
 """Build the JVM companion twice and check what it is for, in a Spark session of its own.
 
-Usage: ``python jvm/check.py`` with the Python that has pyspark and persistshard (installed,
-or on ``PYTHONPATH`` so Spark's workers find ``pyspark_persistshard``). Needs ``javac`` (a
-JDK 17+). Exits non-zero on the first failed check; prints one line per check.
+Usage: ``python jvm/check.py [--without]`` with the Python that has pyspark and persistshard
+(installed, or on ``PYTHONPATH`` so Spark's workers find ``pyspark_persistshard``). Needs
+``javac`` (a JDK 17+). Exits non-zero on the first failed check; prints one line per check.
 
 Not a pytest test on purpose (docs/design.md, "JVM companion: decision"): it needs a JDK, which
 the README's machine ("Java 17") need not have, and a test suite must not skip; it also needs
 its own JVM, since ``spark.jars`` only takes effect when a session's JVM starts.
+
+``--without`` runs the same statements without the jar (nothing is built) and prints what
+each one gives instead of failing: the pure-Python results the companion is compared with.
 
 Checks, each against a pure-Python failure that SPARK-HAZARDS.md records on Spark 4.3:
 - the jar is byte-for-byte reproducible (two builds, same bytes);
@@ -35,7 +38,13 @@ def build(out: Path) -> bytes:
     return out.read_bytes()
 
 
+WITHOUT = "--without" in sys.argv[1:]
+
+
 def check(what: str, got: Any, expected: Any) -> None:
+    if WITHOUT:
+        print(f"{'same' if got == expected else 'DIFF'} {what}: {got!r}")
+        return
     if got != expected:
         raise SystemExit(f"FAIL {what}: got {got!r}, expected {expected!r}")
     print(f"ok   {what}")
@@ -44,17 +53,19 @@ def check(what: str, got: Any, expected: Any) -> None:
 def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="persistshard-companion-"))
     jar = work / "a.jar"
-    check("reproducible build", build(jar) == build(work / "b.jar"), True)
+    if not WITHOUT:
+        check("reproducible build", build(jar) == build(work / "b.jar"), True)
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
     import persistshard as ps
 
+    builder = SparkSession.builder.master("local[2]")
+    if not WITHOUT:
+        builder = builder.config("spark.jars", str(jar))
     spark = (
-        SparkSession.builder.master("local[2]")
-        .config("spark.jars", str(jar))
-        .config("spark.ui.enabled", "false")
+        builder.config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.sql.python.filterPushdown.enabled", "true")
