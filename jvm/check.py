@@ -73,8 +73,9 @@ def main() -> None:
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
-    conf = spark._jsparkSession.sessionState().conf()  # type: ignore[attr-defined]
-    lookup = spark._jvm.org.apache.spark.sql.execution.datasources.DataSource  # type: ignore[attr-defined]
+    conf = spark._jsparkSession.sessionState().conf()
+    jvm: Any = spark._jvm
+    lookup = jvm.org.apache.spark.sql.execution.datasources.DataSource
     check(
         "format resolves to the companion",
         lookup.lookupDataSource("persistshard", conf).getName(),
@@ -83,16 +84,20 @@ def main() -> None:
 
     import pyarrow as pa
 
+    def count(sql: str) -> int:
+        row = spark.sql(sql).first()
+        return -1 if row is None else int(row[0])
+
     pinned = str(work / "pinned")
     shard = ps.open_shard(pinned)
     for t in (0, 1):
-        ids = list(range(5 * t, 5 * t + 5))
-        rows = pa.table({"id": ids, "_time": [t] * 5, "_diff": [1] * 5})
+        first = list(range(5 * t, 5 * t + 5))
+        rows = pa.table({"id": first, "_time": [t] * 5, "_diff": [1] * 5})
         shard.append(rows, new_upper=t + 1)
     spark.sql(f"CREATE TABLE pinned USING persistshard LOCATION '{pinned}' OPTIONS (as_of '0')")
     check(
         "table OPTIONS reach reads (as_of '0')",
-        spark.sql("SELECT count(*) FROM pinned").first()[0],
+        count("SELECT count(*) FROM pinned"),
         5,
     )
 
@@ -125,7 +130,7 @@ def main() -> None:
     check("union of two filtered scans", sorted(r.id for r in both), [1, 2])
     df.createOrReplaceTempView("pv")
     spark.sql("SELECT * FROM pv WHERE id = 7")._jdf.queryExecution().executedPlan()
-    check("view: count after a filtered plan", spark.sql("SELECT count(*) FROM pv").first()[0], 100)
+    check("view: count after a filtered plan", count("SELECT count(*) FROM pv"), 100)
     spark.stop()
     print("all checks passed")
 
