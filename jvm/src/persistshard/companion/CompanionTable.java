@@ -1,0 +1,117 @@
+package persistshard.companion;
+
+import java.util.HashMap;
+import java.util.Locale;
+import java.util.Map;
+import java.util.Optional;
+import java.util.Set;
+
+import org.apache.spark.sql.connector.catalog.SupportsRead;
+import org.apache.spark.sql.connector.catalog.SupportsWrite;
+import org.apache.spark.sql.connector.catalog.TableCapability;
+import org.apache.spark.sql.connector.read.ScanBuilder;
+import org.apache.spark.sql.connector.write.LogicalWriteInfo;
+import org.apache.spark.sql.connector.write.WriteBuilder;
+import org.apache.spark.sql.execution.datasources.v2.python.PythonDataSourceV2;
+import org.apache.spark.sql.execution.datasources.v2.python.PythonScanBuilder;
+import org.apache.spark.sql.execution.datasources.v2.python.PythonTable;
+import org.apache.spark.sql.execution.datasources.v2.python.PythonWriteBuilder;
+import org.apache.spark.sql.types.StructType;
+import org.apache.spark.sql.util.CaseInsensitiveStringMap;
+
+/**
+ * A persistshard table as Spark resolved it, with the properties Spark gave the provider.
+ *
+ * <p>Invariants: {@link #properties} never changes after construction; every
+ * {@link #newScanBuilder} and {@link #newWriteBuilder} call builds a new
+ * {@link PythonDataSourceV2}, so nothing one scan or write leaves on it is seen by another.
+ * Options are merged as {@code properties, then statement options} (the statement's value
+ * wins for a key in both), keys lower-cased as Spark hands them to Python, plus
+ * {@link CompanionProvider#MARKER_KEY}.
+ */
+@SuppressWarnings("deprecation") // Table.schema(): PythonTable implements it too
+final class CompanionTable implements SupportsRead, SupportsWrite {
+
+  private final StructType schema;
+  private final Map<String, String> properties;
+
+  CompanionTable(StructType schema, Map<String, String> properties) {
+    this.schema = schema;
+    this.properties = Map.copyOf(properties);
+  }
+
+  @Override
+  public String name() {
+    return CompanionProvider.PYTHON_NAME;
+  }
+
+  @Override
+  public StructType schema() {
+    return schema;
+  }
+
+  @Override
+  public Set<TableCapability> capabilities() {
+    // The Python table's own list: the companion adds no capability.
+    return new PythonTable(CompanionProvider.fresh(), CompanionProvider.PYTHON_NAME, schema)
+        .capabilities();
+  }
+
+  /** The table's properties under the statement's options, plus the companion's marker. */
+  CaseInsensitiveStringMap merged(Map<String, String> statement) {
+    Map<String, String> out = new HashMap<>();
+    properties.forEach((k, v) -> out.put(k.toLowerCase(Locale.ROOT), v));
+    statement.forEach((k, v) -> out.put(k.toLowerCase(Locale.ROOT), v));
+    out.put(CompanionProvider.MARKER_KEY, CompanionProvider.MARKER_VALUE);
+    return new CaseInsensitiveStringMap(out);
+  }
+
+  @Override
+  public ScanBuilder newScanBuilder(CaseInsensitiveStringMap options) {
+    return new PythonScanBuilder(
+        CompanionProvider.fresh(), CompanionProvider.PYTHON_NAME, schema, merged(options));
+  }
+
+  @Override
+  public WriteBuilder newWriteBuilder(LogicalWriteInfo info) {
+    LogicalWriteInfo withProperties = new MergedWriteInfo(info, merged(info.options()));
+    return new PythonWriteBuilder(
+        CompanionProvider.fresh(), CompanionProvider.PYTHON_NAME, withProperties);
+  }
+
+  /** Spark's write info with the merged options; everything else is Spark's. */
+  private static final class MergedWriteInfo implements LogicalWriteInfo {
+    private final LogicalWriteInfo spark;
+    private final CaseInsensitiveStringMap options;
+
+    MergedWriteInfo(LogicalWriteInfo spark, CaseInsensitiveStringMap options) {
+      this.spark = spark;
+      this.options = options;
+    }
+
+    @Override
+    public CaseInsensitiveStringMap options() {
+      return options;
+    }
+
+    @Override
+    public String queryId() {
+      return spark.queryId();
+    }
+
+    @Override
+    public StructType schema() {
+      return spark.schema();
+    }
+
+    @Override
+    public Optional<StructType> rowIdSchema() {
+      return spark.rowIdSchema();
+    }
+
+    @Override
+    public Optional<StructType> metadataSchema() {
+      return spark.metadataSchema();
+    }
+  }
+}
