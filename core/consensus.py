@@ -26,10 +26,12 @@ relies on:
   re-creation of ``v`` needs the original deleted first, which needs a marker above ``v``
   first. So an entry is trusted only if a floor read *after* reading (or creating) it is
   ``<= v``; `head` and `scan` check that, and a compare-and-set that created ``v`` does too.
-- A compare-and-set whose created entry fails that check finds out which case it is in: the
-  successor names the entry it was built on (each entry's header names its predecessor's
-  digest), so a successor naming another entry proves a re-creation (withdrawn, False); no
-  successor leaves the outcome unknown (withdrawn below the floor, `Indeterminate`).
+- A compare-and-set reads the floor before its put-if-absent (an expected version below it
+  is no longer the head: False, nothing written) and after it. A created entry that fails the
+  check is withdrawn (it is below the floor either way) and its successor, if that is
+  trusted, tells which case it was: each entry's header names its predecessor's digest, so a
+  successor naming another entry proves a re-creation (False), one naming this entry proves
+  the commit landed and the log moved on (True); no trusted successor: `Indeterminate`.
 
 Finding the head does not list the log: versions are created one after another and only ever
 deleted from below, so the retained versions are contiguous up to the head. A hint (the last
@@ -37,8 +39,8 @@ head this object saw, else the best-effort ``consensus/HEAD`` object) is probed 
 version is missing; only a missing hint (truncated, or never written) falls back to listing.
 The hint may be stale but never makes the answer wrong: probing always reaches the true head,
 and the floor check rejects a probe that ended on a stale re-creation (probing then starts
-again from the floor). Each head, scan and compare-and-set lists ``consensus/floor/`` (a few
-markers at most) once.
+again from the floor). Each head and scan lists ``consensus/floor/`` (a few markers at most)
+once, each compare-and-set twice.
 ``consensus/HEAD`` is rewritten only at version 1 and every `HINT_EVERY`-th version (a
 rewrite is a rename over an existing file, about half of a local commit's time when done on
 every commit), so a fresh reader probes at most `HINT_EVERY` entries past it. `HINT_EVERY`
@@ -288,7 +290,8 @@ class BlobConsensus(Consensus):
             if prev is None:
                 return False  # truncated (the head moved past it) or never written
             prev_digest = prev[1].digest
-        if base < self._floor_seen:
+        floor = self.floor()  # an OSError here: nothing was written
+        if base < floor:
             return False  # the head is at or above the floor, so above ``base``
         new_version = base + 1
         raw = _wrap(prev_digest, data)
@@ -321,8 +324,10 @@ class BlobConsensus(Consensus):
         original (True: the log moved on from it and truncated it) rather than a stale
         re-creation (withdrawn, False). Raises `Indeterminate` when nothing tells."""
         successor = self._read(version + 1)
+        # The successor tells only if it is the original itself (a floor read after it).
+        trusted = successor is not None and self.floor() <= version + 1
         self.blob.delete(_key(version))  # below the floor: truncated territory either way
-        if successor is None:
+        if successor is None or not trusted:
             raise Indeterminate(
                 f"consensus version {version} was created, but the log was truncated past it "
                 "before the creation could be confirmed; it may have been applied (re-read "
