@@ -40,9 +40,12 @@ from persistshard.core.layout import DEFAULT_RETENTION_SECONDS
 from persistshard.core.shard import Shard
 from persistshard.errors import (
     CorruptData,
+    Indeterminate,
     NoShard,
     PersistShardError,
+    is_access_error,
     is_storage_error,
+    storage_cause,
     storage_error,
 )
 
@@ -562,6 +565,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "repair":
             return cmd_repair(args, options)
         return COMMANDS[args.command](open_existing(args.location, options), args)
+    except Indeterminate as e:
+        # A commit refused for lack of access (a read-only directory, credentials that may only
+        # read) did not land: say what to fix rather than "may have been applied".
+        cause = storage_cause(e)
+        if cause is None or not is_access_error(cause):
+            print(str(e), file=sys.stderr)
+            return 2
+        doing = DOING.get(args.command, f"run {args.command}")
+        print(str(storage_error(cause, args.location, doing)), file=sys.stderr)
+        return 2
     except PersistShardError as e:
         print(str(e), file=sys.stderr)
         return 2

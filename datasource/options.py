@@ -60,10 +60,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from persistshard.errors import (
+    Indeterminate,
     InvalidOption,
     InvalidUpdates,
     StorageUnsupported,
+    is_access_error,
     is_storage_error,
+    storage_cause,
     storage_error,
 )
 
@@ -216,9 +219,16 @@ def storage_errors(location: str | None, doing: str) -> Iterator[None]:
     """Turn a raw storage error (an `OSError`: a location that is a file, a read-only
     directory; a storage library's own: missing credentials, access denied) into
     `StorageError` naming the location, what was being done, the cause and the fix
-    (`persistshard.errors.storage_error`); nothing was changed."""
+    (`persistshard.errors.storage_error`); nothing was changed. An `Indeterminate` commit
+    whose cause is a refused access becomes one too: a refused write did not land."""
     try:
         yield
+    except Indeterminate as e:
+        # A commit the storage refused for lack of access did not land: say what to fix.
+        cause = storage_cause(e)
+        if cause is None or not is_access_error(cause):
+            raise
+        raise storage_error(cause, location, doing) from None
     except Exception as e:
         if not is_storage_error(e):
             raise

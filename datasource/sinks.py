@@ -19,7 +19,7 @@ from pyspark.sql.types import StructType
 from persistshard.core.layout import new_id
 from persistshard.core.shard import open_shard
 from persistshard.datasource import reclock
-from persistshard.datasource.options import WriteOptions, find_location
+from persistshard.datasource.options import WriteOptions, find_location, storage_errors
 from persistshard.datasource.view import commit_complete
 from persistshard.datasource.writer import (
     StreamTaskWritten,
@@ -65,18 +65,20 @@ class PersistShardWriter(DataSourceArrowWriter):
         self.description = describe_write(self.opts, schema, overwrite, shard, evolve=evolve)
 
     def write(self, iterator: Any) -> TaskWritten:
-        if self.reclock is not None:
-            spec, bindings = self.reclock
-            return reclock.reclock_task(self.description, spec, iterator, bindings)
-        return write_task(self.description, iterator, self.description.lower)
+        with storage_errors(self.description.location, "write the shard"):
+            if self.reclock is not None:
+                spec, bindings = self.reclock
+                return reclock.reclock_task(self.description, spec, iterator, bindings)
+            return write_task(self.description, iterator, self.description.lower)
 
     def commit(self, messages: list[Any]) -> None:
-        if self.reclock is not None:
-            reclock.commit_reclocked(
-                self.description, self.reclock[0], messages, compact=self.opts.compact
-            )
-            return
-        commit_write(self.description, messages, compact=self.opts.compact)
+        with storage_errors(self.description.location, "commit the write"):
+            if self.reclock is not None:
+                reclock.commit_reclocked(
+                    self.description, self.reclock[0], messages, compact=self.opts.compact
+                )
+                return
+            commit_write(self.description, messages, compact=self.opts.compact)
 
     def abort(self, messages: list[Any]) -> None:
         shard = open_shard(self.description.location, **self.description.storage_options)

@@ -154,3 +154,20 @@ def test_compact_on_a_really_read_only_directory(tmp_path, capsys):
     assert err.startswith("StorageError: cannot compact the shard at"), err
     assert "grant write access" in err and "Traceback" not in err
     assert ps.open_shard(location).state() == before
+
+
+def test_a_commit_refused_by_a_read_only_directory_is_not_indeterminate(tmp_path, capsys):
+    """Dropping a hold is a commit; refused for lack of access it did not land, so the CLI
+    says StorageError and what to fix, not Indeterminate's "may have been applied"."""
+    from ux_helpers import probe_read_only, read_only
+
+    location = make(tmp_path)
+    ps.open_shard(location).register_reader("dash")
+    probe_read_only(location)
+    before = ps.open_shard(location).state()
+    with read_only(location):
+        assert main(["holds", location, "--expire", "dash"]) == 2
+    _, err = capsys.readouterr()
+    assert err.startswith("StorageError: cannot change the shard's holds at"), err
+    assert "Indeterminate" not in err and "grant write access" in err
+    assert ps.open_shard(location).state() == before

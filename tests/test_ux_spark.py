@@ -189,3 +189,18 @@ def test_what_the_catalog_shows_of_a_table(spark, tmp_path):
     finally:
         spark.sql("DROP TABLE IF EXISTS ux_t")
     assert ps.open_shard(location).upper == 1  # DROP TABLE of an EXTERNAL table keeps it
+
+
+def test_a_batch_write_to_a_read_only_location(spark, tmp_path):
+    """A write whose tasks cannot create parts: StorageError with the cause and the fix."""
+    location = str(tmp_path / "ro")
+    two_commits(location)
+    probe_read_only(location)
+    before = ps.open_shard(location).state()
+    df = spark.createDataFrame([(7,)], "id BIGINT")
+    with read_only(location), pytest.raises(Exception) as e:
+        df.write.format("persistshard").mode("append").save(location)
+    text = str(e.value)
+    assert "StorageError: cannot write the shard at" in text, text[-2000:]
+    assert "grant write access" in text
+    assert ps.open_shard(location).state() == before
