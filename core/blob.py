@@ -110,7 +110,7 @@ SYNC_LOCAL = True
 
 def _sync_dir(directory: str) -> None:
     """Make ``directory``'s entries (names created, linked, renamed or removed in it) durable."""
-    if not SYNC_LOCAL:
+    if not SYNC_LOCAL or os.name == "nt":  # Windows cannot open a directory to sync it
         return
     fd = os.open(directory, os.O_RDONLY)
     try:
@@ -155,7 +155,7 @@ def _publish_local(path: str, data: bytes, publish: Callable[[str, str], None]) 
     directory = os.path.dirname(path)
     created = _make_dirs(directory)
     tmp = os.path.join(directory, temporary_name())
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies
     try:
         try:
             view = memoryview(data)
