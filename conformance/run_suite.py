@@ -3,7 +3,8 @@
 Each test gets a fresh, empty sub-location under ``$PERSISTSHARD_CONFORMANCE_LOCATION``,
 opened with the storage options in ``$PERSISTSHARD_CONFORMANCE_STORAGE_OPTIONS`` (a JSON
 object; the command line's ``--storage-option`` values); what the tests write there is left
-for inspection. The same classes run in the project's own tests against local files, memory
+for inspection. With ``$PERSISTSHARD_CONFORMANCE_CONSENSUS`` (``--consensus URL``) the log
+is kept in that database instead of next to the data. The same classes run in the project's own tests against local files, memory
 and a local S3 server (``tests/test_conformance.py``, ``tests/test_s3.py``).
 """
 
@@ -18,13 +19,20 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from persistshard.conformance.model import make_shard_machine
-from persistshard.conformance.storage import BlobContract, ConsensusContract, Store
+from persistshard.conformance.storage import (
+    BlobContract,
+    ConsensusAt,
+    ConsensusContract,
+    Store,
+)
 from persistshard.core.blob import open_blob
 
 BASE = os.environ.get("PERSISTSHARD_CONFORMANCE_LOCATION", "")
 OPTIONS: dict[str, Any] = json.loads(
     os.environ.get("PERSISTSHARD_CONFORMANCE_STORAGE_OPTIONS") or "{}"
 )
+
+CONSENSUS = os.environ.get("PERSISTSHARD_CONFORMANCE_CONSENSUS", "")
 
 
 def _fresh() -> str:
@@ -37,7 +45,8 @@ def _fresh() -> str:
 def store() -> Store:
     url = _fresh()
     shared = open_blob(url, **OPTIONS).capabilities.shared
-    return Store(url, OPTIONS, shared=shared)
+    factory = ConsensusAt(CONSENSUS) if CONSENSUS else None
+    return Store(url, OPTIONS, consensus_factory=factory, shared=shared)
 
 
 class TestBlob(BlobContract):
@@ -49,7 +58,8 @@ class TestConsensus(ConsensusContract):
 
 
 if BASE:
-    TestShardModel = make_shard_machine(_fresh, OPTIONS).TestCase
+    MODEL_OPTIONS = {**OPTIONS, "consensus": CONSENSUS} if CONSENSUS else OPTIONS
+    TestShardModel = make_shard_machine(_fresh, MODEL_OPTIONS).TestCase
     TestShardModel.settings = settings(
         max_examples=20,
         stateful_step_count=15,
