@@ -9,12 +9,14 @@
     persistshard conformance LOCATION    run the storage and semantics conformance suite there
 
 Every command takes ``--storage-option NAME=VALUE`` (repeatable; passed to fsspec, a value that
-parses as JSON is passed decoded) and ``--json`` for machine-readable output. ``compact``,
+parses as JSON is passed decoded), ``--consensus URL`` (the shard's log in a database:
+``sqlite:///path`` or ``postgresql://...``; default next to the data) and ``--json`` for
+machine-readable output. ``compact``,
 ``gc``, ``verify`` and ``conformance`` show progress on stderr when it is a terminal (tqdm;
 nothing when it is not). Exit status: 0 when done, 1 when ``verify`` or ``conformance`` found a
 problem, 2 on an error (its message starts with the error class) and on a location that holds
 no shard (every command but ``conformance``, which needs an empty place). Storage option values
-are never printed.
+and consensus passwords are never printed.
 """
 
 from __future__ import annotations
@@ -343,6 +345,9 @@ def cmd_conformance(args: argparse.Namespace, options: dict[str, Any]) -> int:
 
     probe_atomic_create(open_blob(args.location, **options), prefix="conformance-probe/")
     os.environ["PERSISTSHARD_CONFORMANCE_LOCATION"] = args.location
+    consensus = options.pop("consensus", None)
+    if consensus:
+        os.environ["PERSISTSHARD_CONFORMANCE_CONSENSUS"] = consensus
     os.environ["PERSISTSHARD_CONFORMANCE_STORAGE_OPTIONS"] = json.dumps(options)
     here = os.path.join(os.path.dirname(__file__), "conformance", "run_suite.py")
     collector = _Collector()
@@ -400,6 +405,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             metavar="NAME=VALUE",
             help="an fsspec storage option (repeatable; JSON values are decoded)",
         )
+        p.add_argument(
+            "--consensus",
+            metavar="URL",
+            help="the shard's consensus database (sqlite:///path or postgresql://...); "
+            "default: the log next to the data",
+        )
         if name == "gc":
             p.add_argument("--apply", action="store_true", help="delete (default: dry run)")
             p.add_argument(
@@ -414,6 +425,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         options = parse_storage_options(args.storage_option)
     except argparse.ArgumentTypeError as e:
         parser.error(str(e))
+    if args.consensus:
+        options["consensus"] = args.consensus
     try:
         if args.command == "conformance":
             return cmd_conformance(args, options)

@@ -1,11 +1,12 @@
 """The conformance suite against a location of the user's: ``persistshard conformance URL``.
 
-Each test gets a fresh, empty sub-location under ``$PERSISTSHARD_CONFORMANCE_LOCATION``,
-opened with the storage options in ``$PERSISTSHARD_CONFORMANCE_STORAGE_OPTIONS`` (a JSON
-object; the command line's ``--storage-option`` values); what the tests write there is left
-for inspection. With ``$PERSISTSHARD_CONFORMANCE_CONSENSUS`` (``--consensus URL``) the log
-is kept in that database instead of next to the data. The same classes run in the project's own tests against local files, memory
-and a local S3 server (``tests/test_conformance.py``, ``tests/test_s3.py``).
+Each test gets a fresh, empty sub-location under ``$PERSISTSHARD_CONFORMANCE_LOCATION``, opened
+with the storage options in ``$PERSISTSHARD_CONFORMANCE_STORAGE_OPTIONS`` (a JSON object; the
+command line's ``--storage-option`` values); what the tests write there is left for inspection.
+With ``$PERSISTSHARD_CONFORMANCE_CONSENSUS`` (``--consensus URL``) the log is kept in that
+database instead of next to the data. The same classes run in the project's own tests against
+local files, memory and a local S3 server (``tests/test_conformance.py``,
+``tests/test_s3.py``).
 """
 
 from __future__ import annotations

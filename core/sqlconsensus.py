@@ -339,7 +339,7 @@ class PostgresConsensus(_SqlConsensus):
 
     def __init__(self, url: str, shard: str) -> None:
         super().__init__(url, shard)
-        scheme, rest = url.split(":", 1)
+        rest = url.split(":", 1)[1]
         self._dsn = "postgresql:" + rest  # libpq knows postgresql:// and postgres:// only
 
     def _connect(self) -> Any:

@@ -41,6 +41,11 @@ partitions, never into the shard, the catalog or a message: `StorageOptions` hid
 from ``repr``. Spark refuses storage that is not shared between processes (`check_shared`):
 each Python worker has its own ``memory://``, so a write there would vanish.
 
+The ``consensus`` option (a database consensus URL, `persistshard.core.sqlconsensus`) joins the
+storage options under the key ``consensus`` and travels with them to every ``open_shard``; a
+SQL table created with it keeps it in its field metadata (`CONSENSUS_KEY`), never with a
+password.
+
 Raw OS errors on the driver (a location that is a file, permissions) become `InvalidUpdates`
 naming the location (`storage_errors`).
 """
@@ -61,6 +66,9 @@ if TYPE_CHECKING:
 
 #: Field metadata key holding the shard location of a SQL table.
 LOCATION_KEY = "persistshard.location"
+#: Field metadata key holding a SQL table's consensus URL (option ``consensus``; never one
+#: with a password), next to its location.
+CONSENSUS_KEY = "persistshard.consensus"
 #: Field metadata key saying which provenance rule the table's metadata was made for
 #: (`CATALOG_VERSION`, or `CATALOG_PARTIAL` when a type's DDL string is not exact).
 CATALOG_KEY = "persistshard.catalog"
@@ -108,7 +116,9 @@ READ_OPTIONS = frozenset(
 TABLE_OPTIONS = frozenset(
     {"columns", "provider", "owner", "external", "is_managed_location", "comment"}
 )
-COMMON_OPTIONS = frozenset({"path", "location", "paths", "checkpointlocation", "queryname"})
+COMMON_OPTIONS = frozenset(
+    {"path", "location", "paths", "checkpointlocation", "queryname", "consensus"}
+)
 ALL_OPTIONS = WRITE_OPTIONS | READ_OPTIONS | TABLE_OPTIONS | COMMON_OPTIONS
 
 
@@ -137,16 +147,50 @@ def _decode(value: Any) -> Any:
         return value
 
 
-def storage_options(options: Mapping[str, Any]) -> StorageOptions:
-    """The ``storage.<name>`` options as fsspec storage options (JSON values decoded)."""
+def storage_options(
+    options: Mapping[str, Any], schema: Any = None, location: str | None = None
+) -> StorageOptions:
+    """The ``storage.<name>`` options as fsspec storage options (JSON values decoded), plus
+    ``consensus`` (the shard's consensus URL, `consensus_url`), which travels with them to
+    every `open_shard` (`persistshard.core.shard.Shard` takes it as its ``consensus``)."""
     out = StorageOptions()
     for key, value in options.items():
         if key.lower().startswith(STORAGE_PREFIX):
             name = key[len(STORAGE_PREFIX) :]
             if not name:
                 raise InvalidUpdates("option 'storage.' names no storage option")
+            if name == "consensus":
+                raise InvalidUpdates(
+                    "option storage.consensus: the consensus is no storage option; pass it as "
+                    "option consensus (a sqlite:/// or postgresql:// URL)"
+                )
             out[name] = _decode(value)
+    url = consensus_url(options, schema, location)
+    if url:
+        out["consensus"] = url
     return out
+
+
+def consensus_url(
+    options: Mapping[str, Any], schema: Any = None, location: str | None = None
+) -> str | None:
+    """The shard's consensus URL: the ``consensus`` option, else the one a SQL table keeps in
+    its field metadata (`CONSENSUS_KEY`) when that metadata names the same ``location`` (a
+    table's columns passed to a write of another shard never lend it their consensus)."""
+    value = options.get("consensus")
+    if value:
+        return str(value)
+    if schema is None or location is None:
+        return None
+    from persistshard.core.shard import _as_location
+
+    for f in getattr(schema, "fields", None) or []:
+        meta = f.metadata or {}
+        if CONSENSUS_KEY in meta and _as_location(str(meta.get(LOCATION_KEY))) == _as_location(
+            location
+        ):
+            return str(meta[CONSENSUS_KEY])
+    return None
 
 
 def check_shared(location: str) -> None:
@@ -272,9 +316,10 @@ def ddl_type(data_type: Any) -> tuple[str, bool]:
     return data_type.simpleString(), True
 
 
-def table_metadata(schema: StructType, location: str) -> StructType:
+def table_metadata(schema: StructType, location: str, consensus: str | None = None) -> StructType:
     """``schema`` as a catalog table's schema: every field carries the location, the
-    provenance marker and its own type under `RAW_TYPE_KEY` (module docstring)."""
+    provenance marker and its own type under `RAW_TYPE_KEY` (module docstring), and the
+    consensus URL when the table has one."""
     from pyspark.sql.types import StructField, StructType
 
     typed = [(f, *ddl_type(f.dataType)) for f in schema.fields]
@@ -282,6 +327,8 @@ def table_metadata(schema: StructType, location: str) -> StructType:
     fields = []
     for f, ddl, exact in typed:
         meta = {**(f.metadata or {}), LOCATION_KEY: location, CATALOG_KEY: version}
+        if consensus:
+            meta[CONSENSUS_KEY] = consensus
         if exact:
             meta[RAW_TYPE_KEY] = ddl
         fields.append(StructField(f.name, f.dataType, f.nullable, meta))
@@ -415,7 +462,7 @@ class WriteOptions:
             writer_id=options.get("writer_id") or None,
             compact=_bool(options, "compact", True),
             memory_budget=_int(options, "memory_budget") or (256 << 20),
-            storage_options=storage_options(options),
+            storage_options=storage_options(options, schema, location),
             merge_schema=_bool(options, "merge_schema", False),
             remap=remap,
             source_partition_column=options.get("source_partition_column") or "partition",
@@ -477,7 +524,7 @@ class ReadOptions:
             min_partitions=_int(options, "min_partitions") or (os.cpu_count() or 1),
             reader_id=options.get("reader_id") or None,
             reader_lease_seconds=_int(options, "reader_lease_seconds"),
-            storage_options=storage_options(options),
+            storage_options=storage_options(options, schema, location),
         )
         if parsed.reads_updates and parsed.as_of is not None:
             raise InvalidUpdates("as_of cannot be combined with updates_from / updates_to")
