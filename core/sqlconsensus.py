@@ -424,7 +424,7 @@ class PostgresConsensus(_SqlConsensus):
                 cur = conn.execute(sql, {"shard": self.shard, "base": base, "data": data})
             except errors as e:
                 raise self._indeterminate(base + 1, e) from e
-        return cur.rowcount == 1
+        return int(cur.rowcount) == 1
 
     def scan(self, from_version: int, limit: int | None = None) -> list[VersionedData]:
         rows = self._run(
@@ -442,7 +442,7 @@ class PostgresConsensus(_SqlConsensus):
             f"AND version < (SELECT head FROM {HEADS} WHERE shard = %(shard)s)",
             {"shard": self.shard, "below": below},
         )
-        return max(0, cur.rowcount)
+        return max(0, int(cur.rowcount))
 
 
 def _create_tables(conn: Any) -> None:
