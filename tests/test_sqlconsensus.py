@@ -6,6 +6,7 @@ URLs whose credentials must not show anywhere."""
 
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import threading
 import uuid
@@ -231,3 +232,35 @@ def test_sqlite_url_forms(tmp_path):
     for bad in ("sqlite://relative.db", "sqlite:///:memory:", "sqlite:///"):
         with pytest.raises(InvalidUpdates):
             open_consensus(bad, "file:///x")
+
+
+def test_cli_takes_consensus(tmp_path, capsys):
+    """``--consensus URL`` on every command; without it the location holds no shard."""
+    from persistshard.cli import main
+
+    location, url = str(tmp_path / "s"), f"sqlite:///{tmp_path}/log.db"
+    shard = open_shard(location, consensus=url)
+    for t in range(3):
+        shard.append(pa.table({"id": [t], "_time": [t], "_diff": [1]}))
+    assert main(["inspect", location, "--consensus", url, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["upper"] == 3
+    assert main(["history", location, "--consensus", url]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 3
+    assert main(["verify", location, "--consensus", url]) == 0
+    assert main(["inspect", location]) == 2
+    assert "NoShard" in capsys.readouterr().err
+
+
+def test_cli_conformance_with_consensus(tmp_path, capsys):
+    """``persistshard conformance LOCATION --consensus URL`` runs the suite with its log in
+    the database and passes."""
+    from persistshard.cli import main
+
+    url = f"sqlite:///{tmp_path}/conformance.db"
+    assert main(["conformance", str(tmp_path / "place"), "--consensus", url, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] and report["passed"] > 0 and report["failed"] == 0
+    import sqlite3
+
+    with sqlite3.connect(f"{tmp_path}/conformance.db") as db:
+        assert db.execute("SELECT count(*) FROM persistshard_heads").fetchone()[0] > 0
