@@ -350,6 +350,12 @@ def cmd_conformance(args: argparse.Namespace, options: dict[str, Any]) -> int:
         os.environ["PERSISTSHARD_CONFORMANCE_CONSENSUS"] = consensus
     os.environ["PERSISTSHARD_CONFORMANCE_STORAGE_OPTIONS"] = json.dumps(options)
     here = os.path.join(os.path.dirname(__file__), "conformance", "run_suite.py")
+    # run_suite reads its location, options and consensus from the environment when imported:
+    # a second run in this process must import it afresh, not reuse the first run's values.
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None)
+        if path and os.path.realpath(path) == os.path.realpath(here):
+            del sys.modules[name]
     collector = _Collector()
     pytest_args = [here, "-q", "-p", "no:cacheprovider"]
     if args.json:
