@@ -83,7 +83,9 @@ def redact_url(url: str) -> str:
     query = "&".join(
         f"{k}=***" for k, _ in urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
     )
-    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+    if netloc == parts.netloc and not query:
+        return url.split("#", 1)[0]  # nothing secret (and sqlite:////abs keeps its slashes)
+    return f"{parts.scheme}://{netloc}{parts.path}{'?' + query if query else ''}"
 
 
 def url_has_password(url: str) -> bool:
@@ -227,7 +229,10 @@ class SqliteConsensus(_SqlConsensus):
         if self._conn is not None and self._pid == os.getpid():
             return self._conn  # type: ignore[no-any-return]
         self._conn = None
-        conn = sqlite3.connect(self.path, timeout=60.0, isolation_level=None)
+        # One connection per object, used under its lock from whichever thread calls.
+        conn = sqlite3.connect(
+            self.path, timeout=60.0, isolation_level=None, check_same_thread=False
+        )
         try:
             mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()
             if mode is None or str(mode[0]).lower() != "wal":
@@ -346,13 +351,7 @@ class PostgresConsensus(_SqlConsensus):
         if self._conn is not None and self._pid == os.getpid() and not self._conn.closed:
             return self._conn
         self._conn = None
-        try:
-            import psycopg
-        except ImportError as e:  # pragma: no cover - depends on the installed extras
-            raise InvalidUpdates(
-                f"consensus {self.redacted} needs psycopg 3: pip install 'persistshard[postgres]'",
-                location=self.shard,
-            ) from e
+        psycopg = self._psycopg()
         kwargs: dict[str, Any] = {"autocommit": True}
         if "connect_timeout" not in self._dsn:
             kwargs["connect_timeout"] = 10
@@ -365,10 +364,18 @@ class PostgresConsensus(_SqlConsensus):
         self._conn, self._pid = conn, os.getpid()
         return conn
 
-    def _errors(self) -> tuple[type[BaseException], ...]:
-        import psycopg
+    def _psycopg(self) -> Any:
+        try:
+            import psycopg
+        except ImportError as e:  # pragma: no cover - depends on the installed extras
+            raise InvalidUpdates(
+                f"consensus {self.redacted} needs psycopg 3: pip install 'persistshard[postgres]'",
+                location=self.shard,
+            ) from e
+        return psycopg
 
-        return (psycopg.Error,)
+    def _errors(self) -> tuple[type[BaseException], ...]:
+        return (self._psycopg().Error,)
 
     def backend_pid(self) -> int:
         """The server process of this object's connection (what ``pg_terminate_backend``

@@ -226,6 +226,14 @@ def test_credentials_never_show(postgres_url, tmp_path):
     assert secret not in str(bad.value)
 
 
+def test_redacted_urls_keep_their_shape():
+    assert redact_url("sqlite:////data/x.db") == "sqlite:////data/x.db"
+    assert redact_url("postgresql://u:pw@h:5/db?sslmode=require") == (
+        "postgresql://u:***@h:5/db?sslmode=***"
+    )
+    assert redact_url("postgresql://u@h/db") == "postgresql://u@h/db"
+
+
 def test_sqlite_url_forms(tmp_path):
     c: Consensus = open_consensus(f"sqlite:///{tmp_path}/a.db", "file:///x")
     assert c.compare_and_set(None, b"1")
@@ -264,3 +272,27 @@ def test_cli_conformance_with_consensus(tmp_path, capsys):
 
     with sqlite3.connect(f"{tmp_path}/conformance.db") as db:
         assert db.execute("SELECT count(*) FROM persistshard_heads").fetchone()[0] > 0
+
+
+def test_one_object_shared_by_threads(db_url, tmp_path):
+    """One consensus object used from several threads (a Spark driver's streams): its one
+    connection is used under its lock, and every version still has one winner."""
+    consensus = open_consensus(db_url, f"file://{tmp_path}/threads")
+    won: list[int] = []
+
+    def append(name: str) -> None:
+        for i in range(5):
+            while True:
+                head = consensus.head()
+                version = head.version if head else 0
+                if consensus.compare_and_set(version or None, f"{name}-{i}".encode()):
+                    won.append(version + 1)
+                    break
+
+    threads = [threading.Thread(target=append, args=(f"t{n}",)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(won) == list(range(1, 21))
+    assert [e.version for e in consensus.scan(1)] == list(range(1, 21))
