@@ -14,14 +14,17 @@
 ``persistshard --help`` lists the commands, ``persistshard COMMAND --help`` describes one (the
 first line of its ``cmd_*`` docstring is its summary). Every command takes
 ``--storage-option NAME=VALUE`` (repeatable; passed to fsspec, a value that
-parses as JSON is passed decoded) and ``--json`` for machine-readable output. ``compact``,
+parses as JSON is passed decoded), ``--consensus URL`` (the shard's log in a database:
+``sqlite:///path`` or ``postgresql://...``; default next to the data) and ``--json`` for
+machine-readable output. ``compact``,
 ``gc``, ``verify`` and ``conformance`` show progress on stderr when it is a terminal (tqdm;
 nothing when it is not). Exit status: 0 when done, 1 when ``verify`` or ``conformance`` found a
 problem or a ``repair`` dry run found something to repair, 2 on an error (its message starts
 with the error class: `NoShard` on a location that holds no shard, for every command but
 ``conformance``, which needs an empty place; `StorageError` when the storage refuses, e.g.
 ``compact`` on a read-only directory or with missing credentials, never a raw OS or botocore
-traceback). Storage option values are never printed.
+traceback). Storage option values
+and consensus passwords are never printed.
 """
 
 from __future__ import annotations
@@ -397,9 +400,18 @@ def cmd_conformance(args: argparse.Namespace, options: dict[str, Any]) -> int:
         return 2
     run = cleanup.new_run()
     os.environ["PERSISTSHARD_CONFORMANCE_LOCATION"] = args.location
+    consensus = options.pop("consensus", None)
+    if consensus:
+        os.environ["PERSISTSHARD_CONFORMANCE_CONSENSUS"] = consensus
     os.environ["PERSISTSHARD_CONFORMANCE_STORAGE_OPTIONS"] = json.dumps(options)
     os.environ["PERSISTSHARD_CONFORMANCE_RUN"] = run
     here = os.path.join(os.path.dirname(__file__), "conformance", "run_suite.py")
+    # run_suite reads its location, options and consensus from the environment when imported:
+    # a second run in this process must import it afresh, not reuse the first run's values.
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None)
+        if path and os.path.realpath(path) == os.path.realpath(here):
+            del sys.modules[name]
     collector = _Collector()
     pytest_args = [here, "-q", "-p", "no:cacheprovider"]
     try:
@@ -545,6 +557,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 action="store_true",
                 help="drop the unreadable newest entries (default: dry run)",
             )
+        p.add_argument(
+            "--consensus",
+            metavar="URL",
+            help="the shard's consensus database (sqlite:///path or postgresql://...); "
+            "default: the log next to the data",
+        )
         if name == "gc":
             p.add_argument("--apply", action="store_true", help="delete (default: dry run)")
             p.add_argument(
@@ -559,6 +577,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         options = parse_storage_options(args.storage_option)
     except argparse.ArgumentTypeError as e:
         parser.error(str(e))
+    if args.consensus:
+        options["consensus"] = args.consensus
     try:
         if args.command == "conformance":
             return cmd_conformance(args, options)

@@ -5,7 +5,8 @@ Each test gets a fresh, empty sub-location ``conformance-<run>-<uuid>`` under
 ``$PERSISTSHARD_CONFORMANCE_STORAGE_OPTIONS`` (a JSON object; the command line's
 ``--storage-option`` values). ``<run>`` is ``$PERSISTSHARD_CONFORMANCE_RUN``: the command
 deletes every ``conformance-<run>-*`` sub-location when the suite ends
-(`persistshard.conformance.cleanup`). The same classes run in the project's own tests against
+(`persistshard.conformance.cleanup`). With ``$PERSISTSHARD_CONFORMANCE_CONSENSUS``
+(``--consensus URL``) the log is kept in that database instead of next to the data. The same classes run in the project's own tests against
 local files, memory and a local S3 server (``tests/test_conformance.py``, ``tests/test_s3.py``).
 """
 
@@ -21,13 +22,20 @@ from hypothesis import HealthCheck, settings
 from persistshard.conformance.cleanup import scratch_name
 from persistshard.conformance.crash import check_page_cache, check_process_cuts
 from persistshard.conformance.model import make_shard_machine
-from persistshard.conformance.storage import BlobContract, ConsensusContract, Store
+from persistshard.conformance.storage import (
+    BlobContract,
+    ConsensusAt,
+    ConsensusContract,
+    Store,
+)
 from persistshard.core.blob import open_blob
 
 BASE = os.environ.get("PERSISTSHARD_CONFORMANCE_LOCATION", "")
 OPTIONS: dict[str, Any] = json.loads(
     os.environ.get("PERSISTSHARD_CONFORMANCE_STORAGE_OPTIONS") or "{}"
 )
+
+CONSENSUS = os.environ.get("PERSISTSHARD_CONFORMANCE_CONSENSUS", "")
 
 
 def _fresh() -> str:
@@ -41,7 +49,8 @@ def _fresh() -> str:
 def store() -> Store:
     url = _fresh()
     shared = open_blob(url, **OPTIONS).capabilities.shared
-    return Store(url, OPTIONS, shared=shared)
+    factory = ConsensusAt(CONSENSUS) if CONSENSUS else None
+    return Store(url, OPTIONS, consensus_factory=factory, shared=shared)
 
 
 class TestBlob(BlobContract):
@@ -75,7 +84,8 @@ class TestCrash:
 
 
 if BASE:
-    TestShardModel = make_shard_machine(_fresh, OPTIONS).TestCase
+    MODEL_OPTIONS = {**OPTIONS, "consensus": CONSENSUS} if CONSENSUS else OPTIONS
+    TestShardModel = make_shard_machine(_fresh, MODEL_OPTIONS).TestCase
     TestShardModel.settings = settings(
         max_examples=20,
         stateful_step_count=15,

@@ -5,7 +5,7 @@ Subclass `BlobContract` / `ConsensusContract` and provide a ``store`` fixture re
 fsspec's abstract tests are reused by each filesystem. The suites only use the interfaces
 (`persistshard.core.blob.Blob`, `persistshard.core.consensus.Consensus`), so any
 implementation runs them: the fsspec blob on local files, memory or S3, `BlobConsensus` over
-any of them, `MemoryConsensus`.
+any of them, `MemoryConsensus`, and the database consensus (`ConsensusAt` a URL).
 
 ``RACERS`` workers contend for one key or one version: processes when the store is shared
 between processes (local files, S3; the store is pickled to them), threads otherwise
@@ -30,6 +30,7 @@ import pytest
 
 from persistshard.core.blob import Blob, open_blob
 from persistshard.core.consensus import BlobConsensus, Consensus
+from persistshard.core.sqlconsensus import open_consensus, redact_url
 from persistshard.errors import Indeterminate, StorageUnsupported
 
 RACERS = 8
@@ -58,6 +59,21 @@ class Store:
 
     def __repr__(self) -> str:  # storage options may hold credentials: names only
         return f"Store({self.url!r}, options={sorted(self.storage_options)}, shared={self.shared})"
+
+
+@dataclass(frozen=True)
+class ConsensusAt:
+    """A consensus factory for a database consensus at ``url`` (`open_consensus`), keyed by
+    the blob's URL: picklable, so racing processes each open their own connection. ``repr``
+    shows the URL without its secrets."""
+
+    url: str
+
+    def __call__(self, blob: Blob) -> Consensus:
+        return open_consensus(self.url, blob.url)
+
+    def __repr__(self) -> str:
+        return f"ConsensusAt({redact_url(self.url)!r})"
 
 
 def one_consensus(consensus: Consensus) -> Callable[[Blob], Consensus]:

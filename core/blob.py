@@ -504,5 +504,7 @@ def foreign_keys(blob: Blob, limit: int = 5) -> builtins.list[str]:
 
 
 def open_blob(url: str, **storage_options: Any) -> Blob:
-    """The default blob store for ``url``: `FsspecBlob`."""
+    """The default blob store for ``url``: `FsspecBlob`. A ``consensus`` key (a shard's
+    consensus URL, which travels with its storage options) is not fsspec's and is left out."""
+    storage_options.pop("consensus", None)
     return FsspecBlob(url, **storage_options)

@@ -57,6 +57,7 @@ from persistshard.core.read import (
 )
 from persistshard.core.rows import DIFF, TIME, consolidate
 from persistshard.core.scan import Scan
+from persistshard.core.sqlconsensus import CONSENSUS_OPTION, open_consensus
 from persistshard.core.state import (
     Batch,
     Commit,
@@ -122,13 +123,19 @@ class Shard:
         self,
         location: str,
         *,
-        consensus: Consensus | None = None,
+        consensus: Consensus | str | None = None,
         blob: Blob | None = None,
         **storage_options: Any,
     ) -> None:
         self.location = _as_location(location)
+        #: What reopens this shard elsewhere (Spark tasks): fsspec's options, plus
+        #: ``consensus`` when the consensus was given as a URL (`open_blob` ignores that key).
         self.storage_options = storage_options
         blob = blob if blob is not None else open_blob(self.location, **storage_options)
+        if isinstance(consensus, str):
+            url = consensus
+            consensus = open_consensus(url, self.location)
+            self.storage_options = {**storage_options, CONSENSUS_OPTION: url}
         consensus = consensus if consensus is not None else BlobConsensus(blob)
         self.machine = StateMachine(self.location, blob, consensus)
 
@@ -774,7 +781,9 @@ def _summarize(c: Commit) -> str:
 
 
 def open_shard(
-    location: str, *, consensus: Consensus | None = None, **storage_options: Any
+    location: str, *, consensus: Consensus | str | None = None, **storage_options: Any
 ) -> Shard:
-    """Open (or create on first write) the shard at ``location``."""
+    """Open (or create on first write) the shard at ``location``. ``consensus``: where its log
+    is, a `Consensus` or a URL (``sqlite:///...``, ``postgresql://...``,
+    `persistshard.core.sqlconsensus`); default the log next to the data (`BlobConsensus`)."""
     return Shard(location, consensus=consensus, **storage_options)

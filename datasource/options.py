@@ -44,6 +44,11 @@ partitions, never into the shard, the catalog or a message: `StorageOptions` hid
 from ``repr``. Spark refuses storage that is not shared between processes (`check_shared`):
 each Python worker has its own ``memory://``, so a write there would vanish.
 
+The ``consensus`` option (a database consensus URL, `persistshard.core.sqlconsensus`) joins the
+storage options under the key ``consensus`` and travels with them to every ``open_shard``; a
+SQL table created with it keeps it in its field metadata (`CONSENSUS_KEY`), never with a
+password.
+
 Raw storage errors on the driver (a location that is a file, a read-only directory, missing
 credentials) become `StorageError` naming the location, the cause and the fix
 (`storage_errors`).
@@ -75,6 +80,9 @@ if TYPE_CHECKING:
 
 #: Field metadata key holding the shard location of a SQL table.
 LOCATION_KEY = "persistshard.location"
+#: Field metadata key holding a SQL table's consensus URL (option ``consensus``; never one
+#: with a password), next to its location.
+CONSENSUS_KEY = "persistshard.consensus"
 #: Field metadata key saying which provenance rule the table's metadata was made for
 #: (`CATALOG_VERSION`, or `CATALOG_PARTIAL` when a type's DDL string is not exact).
 CATALOG_KEY = "persistshard.catalog"
@@ -124,7 +132,9 @@ READ_OPTIONS = frozenset(
 TABLE_OPTIONS = frozenset(
     {"columns", "provider", "owner", "external", "is_managed_location", "comment"}
 )
-COMMON_OPTIONS = frozenset({"path", "location", "paths", "checkpointlocation", "queryname"})
+COMMON_OPTIONS = frozenset(
+    {"path", "location", "paths", "checkpointlocation", "queryname", "consensus"}
+)
 ALL_OPTIONS = WRITE_OPTIONS | READ_OPTIONS | TABLE_OPTIONS | COMMON_OPTIONS
 
 
@@ -153,16 +163,50 @@ def _decode(value: Any) -> Any:
         return value
 
 
-def storage_options(options: Mapping[str, Any]) -> StorageOptions:
-    """The ``storage.<name>`` options as fsspec storage options (JSON values decoded)."""
+def storage_options(
+    options: Mapping[str, Any], schema: Any = None, location: str | None = None
+) -> StorageOptions:
+    """The ``storage.<name>`` options as fsspec storage options (JSON values decoded), plus
+    ``consensus`` (the shard's consensus URL, `consensus_url`), which travels with them to
+    every `open_shard` (`persistshard.core.shard.Shard` takes it as its ``consensus``)."""
     out = StorageOptions()
     for key, value in options.items():
         if key.lower().startswith(STORAGE_PREFIX):
             name = key[len(STORAGE_PREFIX) :]
             if not name:
                 raise InvalidOption("option 'storage.' names no storage option")
+            if name == "consensus":
+                raise InvalidOption(
+                    "option storage.consensus: the consensus is no storage option; pass it as "
+                    "option consensus (a sqlite:/// or postgresql:// URL)"
+                )
             out[name] = _decode(value)
+    url = consensus_url(options, schema, location)
+    if url:
+        out["consensus"] = url
     return out
+
+
+def consensus_url(
+    options: Mapping[str, Any], schema: Any = None, location: str | None = None
+) -> str | None:
+    """The shard's consensus URL: the ``consensus`` option, else the one a SQL table keeps in
+    its field metadata (`CONSENSUS_KEY`) when that metadata names the same ``location`` (a
+    table's columns passed to a write of another shard never lend it their consensus)."""
+    value = options.get("consensus")
+    if value:
+        return str(value)
+    if schema is None or location is None:
+        return None
+    from persistshard.core.shard import _as_location
+
+    for f in getattr(schema, "fields", None) or []:
+        meta = f.metadata or {}
+        if CONSENSUS_KEY in meta and _as_location(str(meta.get(LOCATION_KEY))) == _as_location(
+            location
+        ):
+            return str(meta[CONSENSUS_KEY])
+    return None
 
 
 def check_shared(location: str) -> None:
@@ -336,9 +380,10 @@ def ddl_type(data_type: Any) -> tuple[str, bool]:
     return data_type.simpleString(), True
 
 
-def table_metadata(schema: StructType, location: str) -> StructType:
+def table_metadata(schema: StructType, location: str, consensus: str | None = None) -> StructType:
     """``schema`` as a catalog table's schema: every field carries the location, the
-    provenance marker and its own type under `RAW_TYPE_KEY` (module docstring)."""
+    provenance marker and its own type under `RAW_TYPE_KEY` (module docstring), and the
+    consensus URL when the table has one."""
     from pyspark.sql.types import StructField, StructType
 
     typed = [(f, *ddl_type(f.dataType)) for f in schema.fields]
@@ -346,6 +391,8 @@ def table_metadata(schema: StructType, location: str) -> StructType:
     fields = []
     for f, ddl, exact in typed:
         meta = {**(f.metadata or {}), LOCATION_KEY: location, CATALOG_KEY: version}
+        if consensus:
+            meta[CONSENSUS_KEY] = consensus
         if exact:
             meta[RAW_TYPE_KEY] = ddl
         fields.append(StructField(f.name, f.dataType, f.nullable, meta))
@@ -487,7 +534,7 @@ class WriteOptions:
             writer_id=_name(options, "writer_id"),
             compact=_bool(options, "compact", True),
             memory_budget=memory_budget if memory_budget is not None else (256 << 20),
-            storage_options=storage_options(options),
+            storage_options=storage_options(options, schema, location),
             merge_schema=_bool(options, "merge_schema", False),
             remap=remap,
             source_partition_column=_name(options, "source_partition_column") or "partition",
@@ -565,7 +612,7 @@ class ReadOptions:
             min_partitions=min_partitions if min_partitions is not None else (os.cpu_count() or 1),
             reader_id=_name(options, "reader_id"),
             reader_lease_seconds=_int(options, "reader_lease_seconds", minimum=1),
-            storage_options=storage_options(options),
+            storage_options=storage_options(options, schema, location),
             where=options.get("where"),
             hold=_bool(options, "hold", True),
         )

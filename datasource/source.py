@@ -33,6 +33,7 @@ from pyspark.sql.types import LongType, StructField, StructType
 
 from persistshard.core.rows import DIFF, TIME
 from persistshard.core.shard import open_shard
+from persistshard.core.sqlconsensus import redact_url, url_has_password
 from persistshard.datasource.options import (
     LOCATION_KEY,
     ReadOptions,
@@ -69,12 +70,21 @@ class PersistShardDataSource(DataSource):
         check_shared(location)
         creating = "location" in options or "provider" in options
         secrets = storage_options(options)
-        if creating and secrets:
+        consensus = secrets.get("consensus")
+        if creating and consensus and url_has_password(consensus):
+            raise InvalidUpdates(
+                "a table's OPTIONS are stored in Spark's catalog, so a consensus URL with a "
+                f"password ({redact_url(consensus)}) is refused there; give the password "
+                "through the database's own configuration (PGPASSWORD, ~/.pgpass), or pass "
+                "consensus per statement: WITH ('consensus' = '...')"
+            )
+        fsspec_names = sorted(k for k in secrets if k != "consensus")
+        if creating and fsspec_names:
             # Spark keeps a table's OPTIONS in its catalog: storage options (credentials) must
             # not go there. fsspec's own configuration reaches every statement instead.
             raise InvalidUpdates(
                 f"a table's OPTIONS are stored in Spark's catalog, so storage options "
-                f"({', '.join(sorted(secrets))}) are refused there; configure the storage "
+                f"({', '.join(fsspec_names)}) are refused there; configure the storage "
                 "through fsspec instead (FSSPEC_<PROTOCOL>_<NAME> environment variables or an "
                 "fsspec config file), or pass storage.<name> options per statement"
             )
@@ -117,7 +127,9 @@ class PersistShardDataSource(DataSource):
             # (datasource/options.py); a change table (OPTIONS (changes 'true')) also carries
             # _time and _diff, so SELECT keeps them.
             base = spark_schema_of(stored)
-            return table_metadata(_with_system(base, *names) if names else base, shard.location)
+            return table_metadata(
+                _with_system(base, *names) if names else base, shard.location, consensus
+            )
         base = spark_schema_of(stored)
         return _with_system(base, *names) if names else base
 

@@ -77,3 +77,68 @@ def spark(spark_session):
 def repo_root() -> str:
     """The repository root: the directory the package ``persistshard`` is imported from."""
     return ROOT
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _postgres_bin() -> str:
+    import glob
+
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    if not found:  # never a skip: CI installs it (.ci/run), a missing server fails the run
+        raise RuntimeError(
+            "PostgreSQL is not installed (no /usr/lib/postgresql/*/bin/initdb): "
+            "apt-get install postgresql"
+        )
+    return os.path.dirname(found[-1])
+
+
+@pytest.fixture(scope="session")
+def postgres_url():
+    """A real PostgreSQL server for the session: ``initdb`` in a temporary directory (as the
+    ``postgres`` user when run as root: initdb refuses root), ``pg_ctl start`` on a free port
+    with its socket in that directory, one database; yields its URL, stops it at the end."""
+    import pathlib
+    import pwd
+    import subprocess
+
+    bindir = _postgres_bin()
+    base = pathlib.Path(tempfile.mkdtemp(prefix="persistshard-pg-"))
+    data = base / "data"
+    run_as: list[str] = []
+    if os.geteuid() == 0:
+        user = pwd.getpwnam("postgres")
+        os.chown(base, user.pw_uid, user.pw_gid)
+        run_as = ["runuser", "-u", "postgres", "--"]
+        role = "postgres"
+    else:
+        role = pwd.getpwuid(os.geteuid()).pw_name
+    port = _free_port()
+
+    def run(*args: str) -> None:
+        subprocess.run([*run_as, *args], check=True, capture_output=True, timeout=120)
+
+    run(f"{bindir}/initdb", "-D", str(data), "-A", "trust", "-U", role, "--no-sync")
+    run(
+        f"{bindir}/pg_ctl",
+        "-D",
+        str(data),
+        "-l",
+        str(base / "log"),
+        "-w",
+        "-o",
+        f"-p {port} -k {base} -c listen_addresses=127.0.0.1 -c fsync=off",
+        "start",
+    )
+    try:
+        run(f"{bindir}/createdb", "-h", str(base), "-p", str(port), "-U", role, "persist")
+        yield f"postgresql://{role}@127.0.0.1:{port}/persist"
+    finally:
+        run(f"{bindir}/pg_ctl", "-D", str(data), "-m", "immediate", "-w", "stop")
+        shutil.rmtree(base, ignore_errors=True)
