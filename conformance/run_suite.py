@@ -6,8 +6,9 @@ Each test gets a fresh, empty sub-location ``conformance-<run>-<uuid>`` under
 ``--storage-option`` values). ``<run>`` is ``$PERSISTSHARD_CONFORMANCE_RUN``: the command
 deletes every ``conformance-<run>-*`` sub-location when the suite ends
 (`persistshard.conformance.cleanup`). With ``$PERSISTSHARD_CONFORMANCE_CONSENSUS``
-(``--consensus URL``) the log is kept in that database instead of next to the data. The same classes run in the project's own tests against
-local files, memory and a local S3 server (``tests/test_conformance.py``, ``tests/test_s3.py``).
+(``--consensus URL``) the log is kept in that database instead of next to the data. The
+same classes run in the project's own tests against local files, memory and a local S3
+server (``tests/test_conformance.py``, ``tests/test_s3.py``).
 """
 
 from __future__ import annotations
