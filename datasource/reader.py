@@ -383,8 +383,8 @@ def check_columns(schema: StructType, stored: pa.Schema, location: str) -> list[
     not have yet, which read as nulls; a dropped or renamed column is refused. Any other schema
     (``spark.read.schema("a long, b double")``: Spark hands it to ``reader()`` unchecked) may
     name any subset of the stored columns, in any order, with their stored types: that is
-    column pruning (docs/design.md). An unknown column, another type, or NOT NULL for a
-    nullable column is refused, naming the stored columns."""
+    column pruning (docs/design.md). An unknown column or another type is refused, naming the
+    stored columns; NOT NULL for a nullable column is checked on the rows (`check_not_null`)."""
     wanted = [f for f in schema.fields if f.name not in (TIME, DIFF)]
     if declared_table(schema):
         check_table_columns(schema, stored, location)
@@ -405,12 +405,6 @@ def check_columns(schema: StructType, stored: pa.Schema, location: str) -> list[
                 f"the read schema gives column {f.name} the type {f.dataType.simpleString()}, "
                 f"but the shard stores {have.dataType.simpleString()}; its columns are: "
                 f"{columns}. Use the stored type (cast in Spark afterwards)",
-                location=location,
-            )
-        if have.nullable and not f.nullable:
-            raise InvalidUpdates(
-                f"the read schema declares column {f.name} NOT NULL, but the shard's column "
-                "is nullable; drop NOT NULL from .schema(...)",
                 location=location,
             )
     return [f.name for f in wanted]
@@ -503,8 +497,21 @@ class PersistShardReader(DataSourceReader):
                 table = expand_rows(table, partition.location, q.as_of)
             if TIME in target.names:
                 table = with_snapshot_time(table, q)
+            check_not_null(table, target, partition.location)
             table = conform(table, target)
             yield from table.to_batches(max_chunksize=BATCH_ROWS)
+
+
+def check_not_null(table: pa.Table, target: pa.Schema, location: str) -> None:
+    """A read schema that declares a column NOT NULL (Spark trusts it) gets no null there:
+    a null is refused, naming the column, rather than handed to Spark as a non-null."""
+    for f in target:
+        if not f.nullable and f.name in table.column_names and table.column(f.name).null_count:
+            raise InvalidUpdates(
+                f"column {f.name} holds nulls, but the read schema declares it NOT NULL; drop "
+                "NOT NULL from .schema(...)",
+                location=location,
+            )
 
 
 class ScopedPushdownReader(PersistShardReader):

@@ -4,7 +4,7 @@ Spark 4.3 asks a Python source for no required columns, but ``spark.read.schema(
 ``reader(schema)``: the read then decodes only those columns' segments (plus the filters'
 and ``_time``/``_diff``), returns exactly the projection of the full read (as a multiset; per
 distinct projected row with ``_diff``), and refuses a column the shard does not store, another
-type, or NOT NULL for a nullable column, naming the stored columns.
+type, or NOT NULL for a column that holds nulls, naming the stored columns.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from persistshard.errors import InvalidUpdates
 
 
 def _shard(location: str) -> None:
-    """id, name, value over three times, with retractions and a repeated row."""
+    """id, name (with nulls), value over two times, with retractions and a repeated row."""
     shard = ps.open_shard(location)
     n = 300
     shard.append(
@@ -136,7 +136,7 @@ def test_with_diff_sums_per_distinct_projected_row(tmp_path: Any) -> None:
     [
         (StructField("nope", LongType()), "names column nope, which the shard does not have"),
         (StructField("id", StringType()), "gives column id the type string, but the shard"),
-        (StructField("name", StringType(), False), "declares column name NOT NULL"),
+        (StructField("name", StringType(), False), "column name holds nulls, but the read"),
     ],
 )
 def test_a_schema_the_shard_cannot_serve_is_refused(
