@@ -263,6 +263,11 @@ class BlobConsensus(Consensus):
             found = self._untrusted_head(start)
             floor = self.floor()
             if found is None:
+                if start > floor:
+                    # The hint is above every stored entry: `persistshard repair` dropped the
+                    # newest (unreadable) ones. Look again from the floor, listing.
+                    start = floor
+                    continue
                 if floor == 0:
                     return None  # never written (truncation always leaves the head)
                 start = floor

@@ -552,7 +552,10 @@ def _apply_append(state: ShardState, c: Commit, location: str | None) -> ShardSt
 
 
 def part_write_id(key: str) -> str | None:
-    """The write id of a part key ``parts/<write id>/<name>``, else None."""
+    """The write id of a part key ``parts/<write id>/<name>``, else None (also for a key that
+    is not a string: a damaged commit, which the state checks then refuse)."""
+    if not isinstance(key, str):
+        return None
     head, sep, rest = key.partition("/")
     write_id, sep2, _ = rest.partition("/")
     return write_id if head == "parts" and sep and sep2 and write_id else None

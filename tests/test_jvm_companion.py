@@ -38,11 +38,11 @@ def test_companion_wraps_the_python_source_by_its_registered_name():
 
 def test_companion_marker_option_passes_the_unknown_option_check():
     from persistshard.datasource.options import check_known
-    from persistshard.errors import InvalidUpdates
+    from persistshard.errors import InvalidOption
 
     marker = java_constant("MARKER_KEY")
     check_known({marker: java_constant("MARKER_VALUE")}, frozenset(), "read")
-    with pytest.raises(InvalidUpdates):  # the check is live: a plain unknown key is refused
+    with pytest.raises(InvalidOption):  # the check is live: a plain unknown key is refused
         check_known({marker.lstrip("_"): "1"}, frozenset(), "read")
 
 
