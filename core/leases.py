@@ -35,15 +35,20 @@ from __future__ import annotations
 import logging
 import threading
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from persistshard.core import layout
 from persistshard.core.layout import id_time_ms, new_id
 from persistshard.core.state import Batch, Commit, ShardState, lease_covers, part_write_id
 from persistshard.errors import InvalidUpdates, LeaseExpired
 
-if TYPE_CHECKING:  # the state machine checks leases: it imports this module
-    from persistshard.core.machine import StateMachine
+
+class Committer(Protocol):
+    """What leases need of a state machine (`persistshard.core.machine.StateMachine`, which
+    imports this module to check leases, so it is named by its shape here)."""
+
+    def commit(self, commit: Commit) -> ShardState: ...
+
 
 log = logging.getLogger("persistshard.leases")
 
@@ -110,7 +115,7 @@ def check_commit(state: ShardState, commit: Commit, location: str | None) -> Non
             raise LeaseExpired(write_id, until, now, location=location)
 
 
-def renew(machine: StateMachine, write_id: str, lease_seconds: float) -> int:
+def renew(machine: Committer, write_id: str, lease_seconds: float) -> int:
     """Extend the lease of ``write_id`` to ``now + lease_seconds``; the new expiry (ms).
     `LeaseExpired` if it already ran out (a lease never comes back: gc may have swept)."""
     if not lease_seconds > 0:
@@ -120,7 +125,7 @@ def renew(machine: StateMachine, write_id: str, lease_seconds: float) -> int:
     return state.leases[write_id]
 
 
-def fence(machine: StateMachine, through_ms: int) -> ShardState:
+def fence(machine: Committer, through_ms: int) -> ShardState:
     """gc's fence: commit that every write whose lease ran out by ``through_ms`` is swept."""
     return machine.commit(Commit("sweep_leases", new_id(), {"through_ms": int(through_ms)}))
 
@@ -140,7 +145,7 @@ class WriteLease:
 
     def __init__(
         self,
-        machine: StateMachine,
+        machine: Committer,
         write_id: str,
         *,
         lease_seconds: float | None = None,
@@ -148,7 +153,7 @@ class WriteLease:
         self.write_id = write_id
         self.lease_seconds = DEFAULT_WRITE_LEASE_SECONDS if lease_seconds is None else lease_seconds
         self._source = machine
-        self._machine: StateMachine | None = None
+        self._machine: Committer | None = None
         started = id_time_ms(write_id)
         self.expires_ms = (started if started is not None else layout.now_ms()) + int(
             self.lease_seconds * 1000
@@ -160,7 +165,7 @@ class WriteLease:
     def renew(self) -> None:
         """Renew now (the keeper calls this; so may a write that wants to be sure)."""
         if self._machine is None:
-            m = self._source
+            m: Any = self._source  # a StateMachine: a fresh one of its kind, for this thread
             self._machine = type(m)(m.location, m.blob, m.consensus)
         self.expires_ms = renew(self._machine, self.write_id, self.lease_seconds)
         self.renewals += 1

@@ -264,7 +264,13 @@ def test_crashes_and_replays_commit_each_micro_batch_once(
         assert table_of(shard) == model
         assert shard.state().writers["w"] == batch_id
         assert shard.upper == batch_id + 1
-    shard.gc(dry_run=False, retention_seconds=0)
+    # The crashed writes' parts are kept while their write leases live; once those ran out
+    # (gc's clock past them), gc sweeps every part no version references.
+    from persistshard.core.layout import now_ms
+    from persistshard.core.leases import DEFAULT_WRITE_LEASE_SECONDS
+
+    later = now_ms() + int(DEFAULT_WRITE_LEASE_SECONDS * 1000) + 60_000
+    shard.gc(dry_run=False, retention_seconds=0, now_ms=later)
     assert {m.key for m in shard.blob.list("parts/")} == shard.state().part_keys()
 
 
