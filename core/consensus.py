@@ -59,7 +59,7 @@ from typing import Any
 
 from persistshard.core.blob import Blob
 from persistshard.core.layout import CONSENSUS_PREFIX, ROLLUP_EVERY
-from persistshard.errors import CorruptData, Indeterminate, StorageUnsupported
+from persistshard.errors import CorruptData, Indeterminate, InvalidOption, StorageUnsupported
 
 
 @dataclass(frozen=True)
@@ -444,3 +444,43 @@ class MemoryConsensus(Consensus):
             for v in doomed:
                 del self._entries[v]
             return len(doomed)
+
+
+#: Next to the data of a shard whose log lives elsewhere (a database consensus): the log's
+#: redacted URL. See `mark_log_home`.
+LOG_HOME_KEY = f"{_PREFIX}ELSEWHERE"
+
+
+def mark_log_home(blob: Blob, consensus: Consensus, location: str) -> None:
+    """Before a shard's first version is created on a consensus other than the blob's own,
+    record next to the data where the log is (`LOG_HOME_KEY`), so that opening the location
+    without that consensus is refused (`check_log_home`) instead of starting a second,
+    independent log over the same parts. Idempotent; the blob consensus needs no marker."""
+    if isinstance(consensus, BlobConsensus):
+        return
+    home = getattr(consensus, "redacted", type(consensus).__name__)
+    blob.put(LOG_HOME_KEY, str(home).encode())
+
+
+def check_log_home(blob: Blob, consensus: Consensus, location: str) -> None:
+    """Called when ``consensus`` holds no version of the shard: refuse if the shard's log is
+    somewhere else (`InvalidOption` naming where), so a shard opened with the wrong consensus
+    never looks empty and never takes a first write that forks its history. Costs one get
+    (blob consensus) or one listing (any other) only on an empty log."""
+    if isinstance(consensus, BlobConsensus):
+        home = blob.get(LOG_HOME_KEY)
+        if home is None:
+            return
+        raise InvalidOption(
+            f"the shard keeps its log in a database ({home.decode(errors='replace')}), not "
+            "next to its data: open it with that consensus (Python consensus=URL, Spark "
+            "option consensus, CLI --consensus URL)",
+            location=location,
+        )
+    if any(_ENTRY.match(m.key[len(_PREFIX) :]) for m in blob.list(_PREFIX)):
+        raise InvalidOption(
+            "the shard keeps its log next to its data (the default consensus), not in "
+            f"{getattr(consensus, 'redacted', type(consensus).__name__)}: open it without the "
+            "consensus option",
+            location=location,
+        )

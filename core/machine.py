@@ -46,7 +46,12 @@ from dataclasses import replace
 from persistshard.core import layout, leases
 from persistshard.core import state as st
 from persistshard.core.blob import Blob
-from persistshard.core.consensus import Consensus, VersionedData
+from persistshard.core.consensus import (
+    Consensus,
+    VersionedData,
+    check_log_home,
+    mark_log_home,
+)
 from persistshard.core.layout import ROLLUP_EVERY, rollup_key
 from persistshard.core.state import Commit, Entry, ShardState
 from persistshard.errors import (
@@ -147,6 +152,7 @@ class StateMachine:
     def _state_at(self, head: VersionedData | None) -> ShardState:
         """The state at ``head`` (read just before), from this machine's state or a rollup."""
         if head is None:
+            check_log_home(self.blob, self.consensus, self.location)
             self._state, self._rollup = ShardState(), (0, None)
             return self._state
         if head.version == self._state.version:
@@ -276,6 +282,8 @@ class StateMachine:
                 self.blob.put(key, st.encode_rollup(new))
                 rollup = (new.version, key)
             entry = Entry(stamped, rollup[0], rollup[1], at_ms=now)
+            if current.version == 0:
+                mark_log_home(self.blob, self.consensus, self.location)
             try:
                 ok = self.consensus.compare_and_set(current.version or None, entry.encode())
             except (Indeterminate, OSError) as e:

@@ -16,10 +16,11 @@ import pytest
 from conformance_helpers import rows_of
 from hypothesis import HealthCheck, settings
 
+import persistshard as ps
 from persistshard import Indeterminate
 from persistshard.conformance.model import make_shard_machine
 from persistshard.conformance.storage import RACERS, ConsensusAt, ConsensusContract, Store
-from persistshard.core.consensus import Consensus
+from persistshard.core.consensus import LOG_HOME_KEY, Consensus
 from persistshard.core.shard import Shard, open_shard
 from persistshard.core.sqlconsensus import (
     PostgresConsensus,
@@ -27,7 +28,7 @@ from persistshard.core.sqlconsensus import (
     redact_url,
     url_has_password,
 )
-from persistshard.errors import InvalidUpdates
+from persistshard.errors import InvalidOption, InvalidUpdates
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -110,13 +111,14 @@ def test_head_after_cas_is_never_older_on_other_connections(db_url, tmp_path):
 
 
 def test_shard_on_database_consensus(db_url, tmp_path):
-    """A shard with its log in the database: nothing under consensus/ next to the data, a
-    reopen from its storage options finds the same state, gc truncates in the database."""
+    """A shard with its log in the database: nothing of the log next to the data (only the
+    marker saying where it is, `mark_log_home`), a reopen from its storage options finds the
+    same state, gc truncates in the database."""
     location = f"{tmp_path}/orders"
     shard = open_shard(location, consensus=db_url)
     for i in range(20):  # past the first rollup (version 16), below which gc truncates
         shard.compare_and_append(pa.table({"id": [i], "_time": [i], "_diff": [1]}), i, i + 1)
-    assert shard.blob.list("consensus/") == []
+    assert [m.key for m in shard.blob.list("consensus/")] == [LOG_HOME_KEY]
     assert shard.storage_options == {"consensus": db_url}
     again = Shard(location, **shard.storage_options)
     assert again.upper == 20
@@ -296,3 +298,27 @@ def test_one_object_shared_by_threads(db_url, tmp_path):
         t.join(60)
     assert sorted(won) == list(range(1, 21))
     assert [e.version for e in consensus.scan(1)] == list(range(1, 21))
+
+
+def test_a_shard_opened_with_the_wrong_consensus_is_refused_not_forked(tmp_path):
+    """A shard keeps one log. Opened without its database consensus it must not look empty
+    (a first write there would start a second history over the same parts); opened with a
+    database while its log is next to the data, likewise. Both are refused naming the fix,
+    and nothing is written."""
+    url = f"sqlite:///{tmp_path}/log.db"
+    in_db = str(tmp_path / "in_db")
+    ps.open_shard(in_db, consensus=url).append(pa.table({"id": [1]}))
+    wrong = ps.open_shard(in_db)
+    with pytest.raises(InvalidOption, match=r"keeps its log in a database \(sqlite:///"):
+        wrong.state()
+    with pytest.raises(InvalidOption, match="open it with that consensus"):
+        wrong.append(pa.table({"id": [2]}))
+    assert not any(m.key.endswith(".json") for m in wrong.blob.list("consensus/"))
+    assert ps.open_shard(in_db, consensus=url).snapshot().column("id").to_pylist() == [1]
+
+    beside = str(tmp_path / "beside")
+    ps.open_shard(beside).append(pa.table({"id": [1]}))
+    other_url = f"sqlite:///{tmp_path}/other.db"
+    with pytest.raises(InvalidOption, match="keeps its log next to its data"):
+        ps.open_shard(beside, consensus=other_url).append(pa.table({"id": [2]}))
+    assert ps.open_shard(beside).snapshot().column("id").to_pylist() == [1]

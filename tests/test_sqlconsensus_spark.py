@@ -10,6 +10,7 @@ from collections import Counter
 import pytest
 
 import persistshard as ps
+from persistshard.core.consensus import LOG_HOME_KEY
 from persistshard.datasource.options import CONSENSUS_KEY
 
 pytestmark = pytest.mark.spark
@@ -30,10 +31,11 @@ def test_dataframe_write_and_read_with_sqlite_consensus(spark, tmp_path):
     assert sorted(tuple(r) for r in read.collect()) == [(1, "apple"), (2, "pear"), (3, "fig")]
     assert rows_of(loc, url) == Counter({(1, "apple"): 1, (2, "pear"): 1, (3, "fig"): 1})
     shard = ps.open_shard(loc, consensus=url)
-    assert shard.blob.list("consensus/") == []  # the log is in the database only
+    # The log is in the database only; beside the data, just the marker saying so.
+    assert [m.key for m in shard.blob.list("consensus/")] == [LOG_HOME_KEY]
     assert shard.upper == 2
-    # Without the URL the location has no log: a read says there is no shard.
-    with pytest.raises(Exception, match="no shard"):
+    # Without the URL the read is refused, naming where the log is (never an empty shard).
+    with pytest.raises(Exception, match=r"InvalidOption: the shard keeps its log in a database"):
         spark.read.format("persistshard").load(loc).collect()
 
 
