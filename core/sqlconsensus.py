@@ -43,8 +43,10 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import sqlite3
 import threading
+import time
 import urllib.parse
 from typing import Any
 
@@ -233,24 +235,41 @@ class SqliteConsensus(_SqlConsensus):
         conn = sqlite3.connect(
             self.path, timeout=60.0, isolation_level=None, check_same_thread=False
         )
-        try:
-            mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()
-            if mode is None or str(mode[0]).lower() != "wal":
-                log.warning("consensus %s: SQLite did not switch to WAL mode", self.redacted)
-            conn.execute("PRAGMA synchronous=FULL")
-            conn.execute(
-                f"CREATE TABLE IF NOT EXISTS {ENTRIES} (shard TEXT NOT NULL, "
-                "version INTEGER NOT NULL, data BLOB NOT NULL, PRIMARY KEY (shard, version))"
-            )
-            conn.execute(
-                f"CREATE TABLE IF NOT EXISTS {HEADS} (shard TEXT PRIMARY KEY, "
-                "head INTEGER NOT NULL)"
-            )
-        except BaseException:
-            conn.close()
-            raise
+        # Switching a new file to WAL and creating the tables take locks for which SQLite
+        # does not always wait (it answers "database is locked" at once when several
+        # processes open a new database together): retry those, with backoff, up to the
+        # connection's own timeout.
+        deadline = time.monotonic() + 60.0
+        attempt = 0
+        while True:
+            try:
+                self._set_up(conn)
+                break
+            except sqlite3.OperationalError as e:
+                if "locked" not in str(e) or time.monotonic() >= deadline:
+                    conn.close()
+                    raise
+                attempt += 1
+                time.sleep(min(1.0, 0.01 * 2**attempt) * random.random())
+            except BaseException:
+                conn.close()
+                raise
         self._conn, self._pid = conn, os.getpid()
         return conn
+
+    def _set_up(self, conn: sqlite3.Connection) -> None:
+        """WAL mode, full sync, and the two tables (idempotent)."""
+        mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()
+        if mode is None or str(mode[0]).lower() != "wal":
+            log.warning("consensus %s: SQLite did not switch to WAL mode", self.redacted)
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute(
+            f"CREATE TABLE IF NOT EXISTS {ENTRIES} (shard TEXT NOT NULL, "
+            "version INTEGER NOT NULL, data BLOB NOT NULL, PRIMARY KEY (shard, version))"
+        )
+        conn.execute(
+            f"CREATE TABLE IF NOT EXISTS {HEADS} (shard TEXT PRIMARY KEY, head INTEGER NOT NULL)"
+        )
 
     def head(self) -> VersionedData | None:
         with self._lock:

@@ -85,7 +85,7 @@ def test_complete_mode_keeps_the_aggregation_and_writes_only_changed_groups(log_
 def test_complete_mode_refuses_remap(log_source, tmp_path):
     spark = log_source
     append_records(str(tmp_path / "src"), "t", 0, ["a"])
-    with pytest.raises(Exception, match=r"InvalidUpdates: outputMode\('complete'\)"):
+    with pytest.raises(Exception, match=r"InvalidOption: outputMode\('complete'\)"):
         q = (
             spark.readStream.format("partitioned_log")
             .load(str(tmp_path / "src"))
