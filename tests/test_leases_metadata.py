@@ -105,8 +105,20 @@ class LosingConsensus:
 
 
 def test_lost_races_back_off_with_jitter_then_land(tmp_path, monkeypatch):
+    import threading
+    import time as real_time
+
     pauses: list[float] = []
-    monkeypatch.setattr(machine.time, "sleep", pauses.append)
+    real_sleep = real_time.sleep
+    caller = threading.current_thread()
+
+    def sleep(seconds: float) -> None:  # time.sleep is process-wide: count only this thread's
+        if threading.current_thread() is caller:
+            pauses.append(seconds)
+        else:
+            real_sleep(seconds)  # the lease keeper thread of an earlier test
+
+    monkeypatch.setattr(machine.time, "sleep", sleep)
     shard = ps.open_shard(str(tmp_path / "s"))
     shard.append(updates([(1, "a", 0, 1)]))
     shard.machine.consensus = LosingConsensus(shard.machine.consensus, 12)  # type: ignore[assignment]
