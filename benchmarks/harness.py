@@ -778,7 +778,13 @@ def plot_series(
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return {}
+        # Keep the links to plots drawn earlier: re-rendering the page without the
+        # ``bench`` extra must not drop them.
+        return {
+            s["id"]: f"{link_prefix}/{result['name']}_{s['id']}.png"
+            for s in result["series"]
+            if (img_dir / f"{result['name']}_{s['id']}.png").exists()
+        }
     from matplotlib import ticker
 
     img_dir.mkdir(parents=True, exist_ok=True)

@@ -299,3 +299,19 @@ def test_a_ratio_that_rose_because_its_anchor_ran_faster_is_inconclusive():
     assert "inconclusive" in report and "WORSE" not in report
     [slower] = h.compare(recorded, ours_slower)
     assert slower.worse() and not slower.inconclusive()
+
+
+def test_page_keeps_earlier_plots_when_matplotlib_is_missing(tmp_path, fake_module, monkeypatch):
+    result = h.run_benchmark(bench(), "quick", 3)
+    result["series"] = [
+        {"id": "tput", "title": "t", "x_label": "", "y_label": "", "x": [1], "lines": {}},
+        {"id": "gone", "title": "g", "x_label": "", "y_label": "", "x": [1], "lines": {}},
+    ]
+    (tmp_path / "img").mkdir()
+    (tmp_path / "img" / "fake_tput.png").write_bytes(b"png")
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import raises ImportError
+    page = tmp_path / "benchmarks.md"
+    h.write_page(h.merge(h.empty_record(), [result]), [bench()], page)
+    text = page.read_text()
+    assert "![t](img/fake_tput.png)" in text
+    assert "fake_gone.png" not in text
