@@ -37,10 +37,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from persistshard.core import layout
-from persistshard.core.blob import Blob, BlobWrapper, open_blob
-from persistshard.core.layout import DEFAULT_RETENTION_SECONDS
 from persistshard.core.shard import Shard
+from persistshard.core.storage import layout
+from persistshard.core.storage.blob import Blob, BlobWrapper, open_blob
+from persistshard.core.storage.layout import DEFAULT_RETENTION_SECONDS
 from persistshard.errors import (
     CorruptData,
     Indeterminate,
@@ -169,7 +169,7 @@ def cmd_inspect(shard: Shard, args: argparse.Namespace) -> int:
     """Show the shard: upper, since, columns, batches by level, sizes, unsealed updates,
     writers, column statistics and reader holds."""
     info = shard.describe()
-    from persistshard.core.read import column_statistics
+    from persistshard.core.read.plan import column_statistics
 
     state = shard.state()
     info["leases"] = {w: {"expires_ms": e} for w, e in sorted(state.leases.items())}
@@ -437,9 +437,9 @@ def cmd_conformance(args: argparse.Namespace, options: dict[str, Any]) -> int:
 
 def cmd_repair(args: argparse.Namespace, options: dict[str, Any]) -> int:
     """Dry run: which newest entries are unreadable and what restoring drops; ``--apply``:
-    drop them (`persistshard.core.repair`). Exit 0 when the shard reads afterwards (or needed
-    nothing), 1 on a dry run that found something to repair."""
-    from persistshard.core.repair import repair
+    drop them (`persistshard.core.maintenance.repair`). Exit 0 when the shard reads afterwards (or
+    needed nothing), 1 on a dry run that found something to repair."""
+    from persistshard.core.maintenance.repair import repair
 
     shard = Shard(args.location, **options)
     report = repair(shard.machine, apply=args.apply)
@@ -487,7 +487,7 @@ def open_existing(location: str, options: dict[str, Any]) -> Shard:
     try:
         head = shard.consensus.head()
     except CorruptData as e:
-        from persistshard.core.machine import repair_hint
+        from persistshard.core.statemachine.machine import repair_hint
 
         raise repair_hint(e, shard.location) from e
     if head is None:

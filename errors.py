@@ -266,7 +266,8 @@ def storage_error(error: BaseException, location: str | None, doing: str) -> Sto
 
 
 class LeaseExpired(PersistShardError):
-    """A write or compaction committed after its lease ran out (`persistshard.core.leases`).
+    """A write or compaction committed after its lease ran out
+    (`persistshard.core.statemachine.leases`).
 
     Determinate: nothing was applied. gc may already have deleted the write's parts (it
     deletes the parts of writes whose lease ran out), so the write must be done again, from
@@ -283,7 +284,7 @@ class LeaseExpired(PersistShardError):
             f"the lease of write {write_id} ran out at {expired_ms} ms since the epoch, before "
             f"its commit at {at_ms}; gc may have deleted its parts, so nothing was applied: "
             "write again (a write that runs longer than the lease renews it, see "
-            "persistshard.core.leases)",
+            "persistshard.core.statemachine.leases)",
             location=location,
         )
 

@@ -4,7 +4,7 @@ Each round appends one row ``commits`` times to a shard on local disk (a full co
 part written, the state refreshed, the compare-and-set, a rollup every 16th version) and
 takes the median; once with every put synced (data fsynced before the name is published,
 the directory after: what the shard always does) and once with syncing switched off
-(`persistshard.core.blob.SYNC_LOCAL`, what every put did before; switched off only here).
+(`persistshard.core.storage.blob.SYNC_LOCAL`, what every put did before; switched off only here).
 The two alternate, each round on fresh shards in the same directory. The issue's target is
 absolute: the synced p50 stays under 20 ms; the ratio shows the price of the fsyncs.
 """
@@ -26,7 +26,7 @@ ANCHOR = "unsynced (before)"
 
 def run(commits: int = 50, rounds: int = 5) -> dict[str, Any]:
     import persistshard as ps
-    from persistshard.core import blob as blob_module
+    from persistshard.core.storage import blob as blob_module
 
     with tempfile.TemporaryDirectory(prefix="psbench-commit-") as tmp:
         counter = iter(range(1_000_000))

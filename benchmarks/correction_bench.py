@@ -46,7 +46,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from persistshard.core import rows
-from persistshard.core.correction import Correction
+from persistshard.core.write.correction import Correction
 
 SCHEMA = pa.schema(
     [("k", pa.int64()), ("name", pa.string()), ("_time", pa.int64()), ("_diff", pa.int64())]

@@ -160,7 +160,7 @@ def _memory_main(path: str, rows: int) -> None:
     def touch(batches: Any) -> Any:
         import importlib
 
-        for module in ("persistshard.core.diff", "persistshard.datasource.overwrite"):
+        for module in ("persistshard.core.write.diff", "persistshard.datasource.overwrite"):
             importlib.import_module(module)  # the code an overwrite task loads
 
         yield from batches

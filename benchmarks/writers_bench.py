@@ -3,8 +3,8 @@
 One shard takes ``appends`` small appends, each from its own streaming writer id (a
 compare-and-append that records the writer's batch, as a Spark streaming sink does), each
 followed by the writer's small compaction (`Shard.maybe_compact`). Writer records expire and
-are capped (`persistshard.core.state.prune_writers`), so neither the state nor the commit
-should grow with the number of writers. Measured: the time of each of ``window`` commits
+are capped (`persistshard.core.statemachine.state.prune_writers`), so neither the state nor the
+commit should grow with the number of writers. Measured: the time of each of ``window`` commits
 from the 100th on (the anchor) and of the last ``window`` commits (ours), and the encoded
 state (rollup) bytes at both points. Target: the last commits within 1.2x the 100th.
 """
@@ -35,7 +35,7 @@ def _batch(t: int, writer: int) -> pa.Table:
 
 def run(appends: int = 10_000, window: int = 200, rounds: int = 1) -> dict[str, Any]:
     import persistshard as ps
-    from persistshard.core.state import encode_rollup
+    from persistshard.core.statemachine.state import encode_rollup
 
     start_at = 100
     early: list[float] = []

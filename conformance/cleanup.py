@@ -18,7 +18,7 @@ from typing import Any
 
 import fsspec
 
-from persistshard.core.layout import CONSENSUS_PREFIX, new_id
+from persistshard.core.storage.layout import CONSENSUS_PREFIX, new_id
 
 #: Every sub-location the suite writes starts with this.
 SCRATCH_PREFIX = "conformance-"

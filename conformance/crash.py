@@ -3,8 +3,8 @@ was lost and the shard still reads and verifies.
 
 Two ways to cut, one check (`check_image`):
 
-- `PageCacheRecorder` (local files): the real `persistshard.core.blob.FsspecBlob` code runs on
-  a real directory while every os-level call of `persistshard.core.blob` (``open``,
+- `PageCacheRecorder` (local files): the real `persistshard.core.storage.blob.FsspecBlob` code runs
+  on a real directory while every os-level call of `persistshard.core.storage.blob` (``open``,
   ``write``, ``fsync``, ``close``, ``link``, ``replace``, ``unlink``, ``mkdir``) is also
   replayed into a model of the page cache: file bytes are durable only once their descriptor
   was fsynced, a directory entry (created, linked, renamed or removed) only once its
@@ -43,11 +43,11 @@ from typing import Any
 
 import pyarrow as pa
 
-from persistshard.core import blob as blob_module
-from persistshard.core import layout
-from persistshard.core.blob import Blob, BlobMeta, BlobWrapper, open_blob
 from persistshard.core.remap import open_remap
 from persistshard.core.shard import Shard, open_shard
+from persistshard.core.storage import blob as blob_module
+from persistshard.core.storage import layout
+from persistshard.core.storage.blob import Blob, BlobMeta, BlobWrapper, open_blob
 
 #: The crash flavours of `PageCacheRecorder.image` (module docstring).
 CUT_MODES = ("lost", "empty", "mixed")
@@ -152,7 +152,7 @@ class _Model:
 
 
 class _RecordingOs(types.SimpleNamespace):
-    """Stands in for the ``os`` module inside `persistshard.core.blob`: every call goes to
+    """Stands in for the ``os`` module inside `persistshard.core.storage.blob`: every call goes to
     the real ``os``; the ones that change files are also appended to ``journal``."""
 
     def __init__(self, journal: list[tuple[Any, ...]]) -> None:
@@ -237,7 +237,7 @@ class PageCacheRecorder:
     docstring); `image` writes what a power cut after any step leaves.
 
     The tree under ``root`` when recording starts is taken as durable (set it up first, then
-    record). Only `persistshard.core.blob`'s calls are seen: reads need no model.
+    record). Only `persistshard.core.storage.blob`'s calls are seen: reads need no model.
     """
 
     def __init__(self, root: str) -> None:

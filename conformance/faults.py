@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from persistshard.core.blob import Blob, BlobWrapper
+from persistshard.core.storage.blob import Blob, BlobWrapper
 
 
 class FaultyBlob(BlobWrapper):

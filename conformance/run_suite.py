@@ -29,7 +29,7 @@ from persistshard.conformance.storage import (
     ConsensusContract,
     Store,
 )
-from persistshard.core.blob import open_blob
+from persistshard.core.storage.blob import open_blob
 
 BASE = os.environ.get("PERSISTSHARD_CONFORMANCE_LOCATION", "")
 OPTIONS: dict[str, Any] = json.loads(

@@ -3,7 +3,7 @@
 Subclass `BlobContract` / `ConsensusContract` and provide a ``store`` fixture returning a
 `Store` (a fresh, empty place per test) to run the contract against a backend, the way
 fsspec's abstract tests are reused by each filesystem. The suites only use the interfaces
-(`persistshard.core.blob.Blob`, `persistshard.core.consensus.Consensus`), so any
+(`persistshard.core.storage.blob.Blob`, `persistshard.core.storage.consensus.Consensus`), so any
 implementation runs them: the fsspec blob on local files, memory or S3, `BlobConsensus` over
 any of them, `MemoryConsensus`, and the database consensus (`ConsensusAt` a URL).
 
@@ -28,9 +28,9 @@ from typing import Any
 
 import pytest
 
-from persistshard.core.blob import Blob, open_blob
-from persistshard.core.consensus import BlobConsensus, Consensus
-from persistshard.core.sqlconsensus import open_consensus, redact_url
+from persistshard.core.storage.blob import Blob, open_blob
+from persistshard.core.storage.consensus import BlobConsensus, Consensus
+from persistshard.core.storage.sqlconsensus import open_consensus, redact_url
 from persistshard.errors import Indeterminate, StorageUnsupported
 
 RACERS = 8
@@ -142,7 +142,7 @@ def race(store: Store, target: Callable[..., None], payloads: list[Any], *extra:
 
 
 class BlobContract:
-    """Get, put, put-if-absent, delete and list, as `persistshard.core.blob` promises."""
+    """Get, put, put-if-absent, delete and list, as `persistshard.core.storage.blob` promises."""
 
     @pytest.fixture
     def blob(self, store: Store) -> Blob:
@@ -208,7 +208,8 @@ class BlobContract:
 
 
 class ConsensusContract:
-    """Compare-and-set, head, scan and truncate, as `persistshard.core.consensus` promises."""
+    """Compare-and-set, head, scan and truncate, as `persistshard.core.storage.consensus`
+    promises."""
 
     @pytest.fixture
     def consensus(self, store: Store) -> Consensus:

@@ -2,14 +2,12 @@
 
 Where things live (imports point down this list, and into `persistshard.format`):
 
-- `shard`: `Shard`, the user-facing facade (writes, reads, verify, describe) over the machine.
-- `compact`, `trace`: physical compaction (streaming merges; the Spine-like level rules).
-- `gc`: deleting what no live state version needs (dry run by default, retention floor).
-- `machine`: `StateMachine`, the one owner of the state: refresh, the commit loop, rollups.
-- `state`: `ShardState`, the commit kinds and their preconditions, as pure functions.
-- `correction`: the Correction buffer that consolidates a write task's updates.
-- `parts`: reading and writing part files (the only module that calls `persistshard.format`).
-- `rows`: consolidation and the one row order; `validate`: input checks and schemas.
-- `consensus`: the versioned log with compare-and-set; `blob`: get/put/delete/list storage.
-- `layout`: the storage key layout, ids, the clock and shared defaults.
+- `shard`: `Shard`, the user-facing facade (writes, reads, verify, describe) over the rest;
+  `upsert` and `remap` (reclocking bindings) are built on it.
+- `maintenance`: compaction plans and merges, gc, repair.
+- `read`: read planning, filters, scans for Python engines, listen.
+- `write`: input checks, the Correction buffer, the self-correcting diff.
+- `statemachine`: `ShardState` and its commits (pure), the commit loop, holds and leases.
+- `storage`: blob stores, the consensus log (blob or database), part files, key layout.
+- `rows`: the one row order and consolidation, shared by all of the above.
 """

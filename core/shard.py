@@ -10,14 +10,15 @@ What always holds (for every state version a reader can see):
 - Updates at times ``>= upper`` (unsealed) are durable but invisible until upper passes them.
 - A failed write changes nothing: parts are written before the commit under fresh keys, the
   commit is one compare-and-set, and a refused commit deletes the parts it wrote.
-- A write holds a lease (`persistshard.core.leases`) from its first part to its commit: gc
-  never deletes its parts meanwhile, and a commit after the lease ran out is `LeaseExpired`.
+- A write holds a lease (`persistshard.core.statemachine.leases`) from its first part to its commit:
+  gc never deletes its parts meanwhile, and a commit after the lease ran out is `LeaseExpired`.
 
 `Shard` is the user-facing facade: it validates input, writes parts and builds commits, and
-hands every state change to its `persistshard.core.machine.StateMachine`, which owns the
-commit loop (compare-and-set, retries of the same commit, rollups) and the refresh of the
-state. Compaction (`persistshard.core.compact`) and gc (`persistshard.core.gc`) work on the
-machine too; `Shard.compact` and `Shard.gc` only call them.
+hands every state change to its `persistshard.core.statemachine.machine.StateMachine`, which owns
+the commit loop (compare-and-set, retries of the same commit, rollups) and the refresh of the
+state. Compaction (`persistshard.core.maintenance.compact`) and gc
+(`persistshard.core.maintenance.gc`) work on the machine too; `Shard.compact` and `Shard.gc` only
+call them.
 """
 
 from __future__ import annotations
@@ -32,21 +33,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from persistshard.core import layout
-from persistshard.core import state as st
-from persistshard.core.blob import Blob, open_blob
-from persistshard.core.compact import CompactionReport, compact_shard
-from persistshard.core.compact import maybe_compact as maybe_compact_shard
-from persistshard.core.consensus import BlobConsensus, Consensus
-from persistshard.core.filters import Pred
-from persistshard.core.gc import GcReport, collect
-from persistshard.core.holds import DEFAULT_LEASE_SECONDS, ReaderHold
-from persistshard.core.layout import DEFAULT_RETENTION_SECONDS, new_id
-from persistshard.core.leases import WriteLease
-from persistshard.core.listen import Listen
-from persistshard.core.machine import DETERMINATE_REFUSALS, StateMachine
-from persistshard.core.parts import write_parts
-from persistshard.core.read import (
+from persistshard.core.maintenance.compact import CompactionReport, compact_shard
+from persistshard.core.maintenance.compact import maybe_compact as maybe_compact_shard
+from persistshard.core.maintenance.gc import GcReport, collect
+from persistshard.core.read.filters import Pred
+from persistshard.core.read.listen import Listen
+from persistshard.core.read.plan import (
     Query,
     check_as_of,
     check_updates_range,
@@ -55,17 +47,26 @@ from persistshard.core.read import (
     snapshot_query,
     updates_query,
 )
+from persistshard.core.read.scan import Scan
 from persistshard.core.rows import DIFF, TIME, consolidate
-from persistshard.core.scan import Scan
-from persistshard.core.sqlconsensus import CONSENSUS_OPTION, open_consensus
-from persistshard.core.state import (
+from persistshard.core.statemachine import state as st
+from persistshard.core.statemachine.holds import DEFAULT_LEASE_SECONDS, ReaderHold
+from persistshard.core.statemachine.leases import WriteLease
+from persistshard.core.statemachine.machine import DETERMINATE_REFUSALS, StateMachine
+from persistshard.core.statemachine.state import (
     Batch,
     Commit,
     Entry,
     PartRef,
     ShardState,
 )
-from persistshard.core.validate import normalize_updates, update_schema, user_schema
+from persistshard.core.storage import layout
+from persistshard.core.storage.blob import Blob, open_blob
+from persistshard.core.storage.consensus import BlobConsensus, Consensus
+from persistshard.core.storage.layout import DEFAULT_RETENTION_SECONDS, new_id
+from persistshard.core.storage.parts import write_parts
+from persistshard.core.storage.sqlconsensus import CONSENSUS_OPTION, open_consensus
+from persistshard.core.write.validate import normalize_updates, update_schema, user_schema
 from persistshard.errors import (
     CorruptData,
     InvalidUpdates,
@@ -263,9 +264,9 @@ class Shard:
         ``schema`` is the shard's schema after the commit (wider than the state's when the
         overwrite adds columns: the current rows then have nulls there). ``runs`` groups the
         staged parts into sorted chains (default: each part alone). The difference is a
-        streaming merge of sorted runs within ``memory_budget`` (`persistshard.core.diff`).
+        streaming merge of sorted runs within ``memory_budget`` (`persistshard.core.write.diff`).
         """
-        from persistshard.core.diff import DiffRun, current_runs, diff_parts
+        from persistshard.core.write.diff import DiffRun, current_runs, diff_parts
 
         state = state if state is not None else self.machine.state()
         if staged.unsealed:
@@ -451,7 +452,8 @@ class Shard:
             return current.since
         return self.machine.commit(Commit("advance_since", new_id(), {"since": since})).since
 
-    # --- reader holds (core/holds.py) and listen -----------------------------------------
+    # --- reader holds (core/statemachine/holds.py) and listen
+    # -----------------------------------------
 
     def register_reader(
         self, reader_id: str, *, lease_seconds: float = DEFAULT_LEASE_SECONDS
@@ -481,7 +483,7 @@ class Shard:
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
     ) -> Listen:
         """Iterate ``(updates, frontier)`` from ``as_of`` on, holding since while open; see
-        `persistshard.core.listen.Listen`."""
+        `persistshard.core.read.listen.Listen`."""
         return Listen(
             self, as_of, timeout=timeout, reader_id=reader_id, lease_seconds=lease_seconds
         )
@@ -538,7 +540,7 @@ class Shard:
         pinned now: only ``columns`` (default all), only rows passing ``filter`` (a pyarrow
         compute expression or a `Pred`), each row repeated by its count unless ``with_diff``
         (then rows + ``_diff``). Checks the time now (`SinceViolation`, `NotSealed`); reads
-        nothing until consumed. See `persistshard.core.scan`."""
+        nothing until consumed. See `persistshard.core.read.scan`."""
         state = self.machine.state()
         if as_of is not None or (state.upper > 0 and state.schema is not None):
             at = state.upper - 1 if as_of is None else as_of
@@ -585,7 +587,7 @@ class Shard:
     def verify(self) -> VerifyReport:
         """Check every invariant of the newest state, every checksum of every part and of
         every retained consensus entry."""
-        from persistshard.core.parts import open_part
+        from persistshard.core.storage.parts import open_part
 
         problems: list[str] = []
         state = self.machine.state()
@@ -656,16 +658,17 @@ class Shard:
             },
         }
 
-    # --- maintenance: compaction and garbage collection (core/trace.py, core/gc.py) ---------
+    # --- maintenance: compaction and garbage collection (core/maintenance/trace.py,
+    # core/maintenance/gc.py) ---------
 
     def compact(self, *, full: bool = True, max_merges: int | None = None) -> CompactionReport:
         """Merge trace batches (unsealed updates, same-level pairs, and with ``full`` every
-        batch below since) until the trace is tidy. See `persistshard.core.trace`."""
+        batch below since) until the trace is tidy. See `persistshard.core.maintenance.trace`."""
         return compact_shard(self.machine, full=full, max_merges=max_merges)
 
     def maybe_compact(self, max_merges: int = 1) -> CompactionReport | None:
         """The small compaction a writer may run after its commit; None if nothing was due
-        (`persistshard.core.compact.maybe_compact`)."""
+        (`persistshard.core.maintenance.compact.maybe_compact`)."""
         return maybe_compact_shard(self.machine, max_merges=max_merges)
 
     def gc(
@@ -676,7 +679,7 @@ class Shard:
         now_ms: int | None = None,
     ) -> GcReport:
         """List (and with ``dry_run=False`` delete) parts, rollups and log entries no live
-        version needs. See `persistshard.core.gc`."""
+        version needs. See `persistshard.core.maintenance.gc`."""
         return collect(
             self.machine, dry_run=dry_run, retention_seconds=retention_seconds, now_ms=now_ms
         )
@@ -685,7 +688,7 @@ class Shard:
 def refuse_foreign_files(blob: Blob, location: str) -> None:
     """Refuse to create a shard where files that are not a shard's already are (a mistyped
     location would otherwise mix a shard into someone's data)."""
-    from persistshard.core.blob import foreign_keys
+    from persistshard.core.storage.blob import foreign_keys
 
     found = foreign_keys(blob)
     if found:
@@ -698,7 +701,7 @@ def refuse_foreign_files(blob: Blob, location: str) -> None:
 
 def _full_schema_of(blob: Blob, written: WrittenUpdates) -> pa.Schema:
     """The schema of written parts (read from the first part's footer)."""
-    from persistshard.core.parts import open_part
+    from persistshard.core.storage.parts import open_part
 
     return open_part(blob, written.sealed[0]).schema
 
@@ -720,7 +723,7 @@ HISTORY_KINDS = (
     "downgrade_since",  # a reader moved its hold forward
     "heartbeat",  # a reader renewed its hold's lease
     "expire_reader",  # a reader's hold was released
-    "renew_lease",  # a long write renewed its lease (core/leases.py)
+    "renew_lease",  # a long write renewed its lease (core/statemachine/leases.py)
     "sweep_leases",  # gc's lease fence before it deleted parts of abandoned writes
 )
 
@@ -785,5 +788,6 @@ def open_shard(
 ) -> Shard:
     """Open (or create on first write) the shard at ``location``. ``consensus``: where its log
     is, a `Consensus` or a URL (``sqlite:///...``, ``postgresql://...``,
-    `persistshard.core.sqlconsensus`); default the log next to the data (`BlobConsensus`)."""
+    `persistshard.core.storage.sqlconsensus`); default the log next to the data
+    (`BlobConsensus`)."""
     return Shard(location, consensus=consensus, **storage_options)

@@ -51,11 +51,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from persistshard.core.blob import Blob
-from persistshard.core.correction import Correction
-from persistshard.core.filters import chunk_stats
-from persistshard.core.parts import conform_columns, open_part, write_parts
-from persistshard.core.read import (
+from persistshard.core.read.filters import chunk_stats
+from persistshard.core.read.plan import (
     PartSlice,
     Query,
     ReadTask,
@@ -63,8 +60,16 @@ from persistshard.core.read import (
     relevant_parts,
 )
 from persistshard.core.rows import DIFF, TIME, consolidate, snapshot_of
-from persistshard.core.state import PartRef, ShardState
-from persistshard.core.validate import match_columns, stored_columns, update_schema, user_schema
+from persistshard.core.statemachine.state import PartRef, ShardState
+from persistshard.core.storage.blob import Blob
+from persistshard.core.storage.parts import conform_columns, open_part, write_parts
+from persistshard.core.write.correction import Correction
+from persistshard.core.write.validate import (
+    match_columns,
+    stored_columns,
+    update_schema,
+    user_schema,
+)
 from persistshard.errors import InvalidUpdates
 
 __all__ = [

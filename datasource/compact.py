@@ -1,10 +1,10 @@
 """Distributed compaction: merges planned on the driver, run in Spark tasks, committed on the
 driver (`persistshard.compact(spark, location)`).
 
-Each round plans merges that touch disjoint batches (`persistshard.core.trace.
+Each round plans merges that touch disjoint batches (`persistshard.core.maintenance.trace.
 independent_plans`), ships each plan as JSON to one Spark task, which runs the streaming merge
-(`persistshard.core.compact.run_merge`) against the shard's blob storage and returns a small
-JSON description of the parts it wrote. The driver commits the results oldest first, each as
+(`persistshard.core.maintenance.compact.run_merge`) against the shard's blob storage and returns a
+small JSON description of the parts it wrote. The driver commits the results oldest first, each as
 an ordinary ``compact`` commit: a merge whose inputs changed meanwhile loses with
 `StateConflict` and its parts are deleted. Rounds repeat until nothing is due (merges cascade
 up the levels, so about log N rounds at most), or ``max_rounds``.
@@ -26,11 +26,16 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from persistshard import errors
-from persistshard.core import trace
-from persistshard.core.compact import CompactionReport, MergeResult, commit_merge, merge_report
-from persistshard.core.layout import new_id
+from persistshard.core.maintenance import trace
+from persistshard.core.maintenance.compact import (
+    CompactionReport,
+    MergeResult,
+    commit_merge,
+    merge_report,
+)
 from persistshard.core.shard import Shard
-from persistshard.core.state import schema_from_b64, schema_to_b64
+from persistshard.core.statemachine.state import schema_from_b64, schema_to_b64
+from persistshard.core.storage.layout import new_id
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -38,8 +43,8 @@ if TYPE_CHECKING:
 
 def run_merge_task(payload: str) -> str:
     """Run one merge on an executor: plan JSON in, result JSON (or an error) out."""
-    from persistshard.core.blob import open_blob
-    from persistshard.core.compact import run_merge
+    from persistshard.core.maintenance.compact import run_merge
+    from persistshard.core.storage.blob import open_blob
 
     d = json.loads(payload)
     try:

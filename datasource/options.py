@@ -44,8 +44,8 @@ partitions, never into the shard, the catalog or a message: `StorageOptions` hid
 from ``repr``. Spark refuses storage that is not shared between processes (`check_shared`):
 each Python worker has its own ``memory://``, so a write there would vanish.
 
-The ``consensus`` option (a database consensus URL, `persistshard.core.sqlconsensus`) joins the
-storage options under the key ``consensus`` and travels with them to every ``open_shard``; a
+The ``consensus`` option (a database consensus URL, `persistshard.core.storage.sqlconsensus`) joins
+the storage options under the key ``consensus`` and travels with them to every ``open_shard``; a
 SQL table created with it keeps it in its field metadata (`CONSENSUS_KEY`), never with a
 password.
 
@@ -123,7 +123,7 @@ READ_OPTIONS = frozenset(
         "min_partitions",
         "reader_id",
         "reader_lease_seconds",
-        "where",  # explicit pruning (datasource/reader.py, core/filters.py parse_where)
+        "where",  # explicit pruning (datasource/reader.py, core/read/filters.py parse_where)
         "hold",  # streaming reads: false reads without a hold (datasource/stream.py)
     }
 )
@@ -577,7 +577,7 @@ class ReadOptions:
     reader_id: str | None = None
     reader_lease_seconds: int | None = None
     storage_options: StorageOptions = field(default_factory=StorageOptions)
-    #: The ``where`` option's text (checked by the reader: `persistshard.core.filters`).
+    #: The ``where`` option's text (checked by the reader: `persistshard.core.read.filters`).
     where: str | None = None
     #: A streaming read holds the shard's since (a commit: needs write access) unless false.
     hold: bool = True

@@ -12,11 +12,11 @@ written, as with ``mode("overwrite")``; but no process holds the shard or the Da
    run (a chain of parts) under the write id, and again until its rows run out
    (`stage_task`): an external sort's first phase; the diff's merge is its second.
 3. *Plan* (driver): cut the key space into ranges by the chunk statistics in the footers of
-   the staged and the current parts (`persistshard.core.diff.plan_key_ranges`).
+   the staged and the current parts (`persistshard.core.write.diff.plan_key_ranges`).
 4. *Diff* (one Spark job, a task per key range): each task merges, streaming, the staged
    chains against the pinned state's parts, reading only chunks that meet its range, and
    writes the difference (updates at the overwrite's time) under its own write id
-   (`persistshard.core.diff.diff_parts`, memory within ``memory_budget``).
+   (`persistshard.core.write.diff.diff_parts`, memory within ``memory_budget``).
 5. *Commit* (driver): one compare-and-append of every range's parts at ``expected_upper =
    the pinned upper``, new upper one past it.
 
@@ -39,15 +39,21 @@ import numpy as np
 import pyarrow as pa
 
 from persistshard import errors
-from persistshard.core.blob import open_blob
-from persistshard.core.diff import DiffRun, DiffStats, current_runs, diff_parts, plan_key_ranges
-from persistshard.core.layout import PARTS_PREFIX, release_unused_memory
-from persistshard.core.parts import write_parts
-from persistshard.core.read import KeyRange
+from persistshard.core.read.plan import KeyRange
 from persistshard.core.rows import DIFF, TIME, consolidate
 from persistshard.core.shard import Shard, WrittenUpdates
-from persistshard.core.state import PartRef
-from persistshard.core.validate import normalize_updates
+from persistshard.core.statemachine.state import PartRef
+from persistshard.core.storage.blob import open_blob
+from persistshard.core.storage.layout import PARTS_PREFIX, release_unused_memory
+from persistshard.core.storage.parts import write_parts
+from persistshard.core.write.diff import (
+    DiffRun,
+    DiffStats,
+    current_runs,
+    diff_parts,
+    plan_key_ranges,
+)
+from persistshard.core.write.validate import normalize_updates
 from persistshard.datasource.options import WriteOptions, storage_errors
 from persistshard.datasource.writer import (
     FAULT_PROPERTY,
@@ -159,7 +165,7 @@ def _decode(text: str) -> Any:
 
 def _run_diff(task: _DiffTask) -> tuple[list[PartRef], DiffStats] | dict[str, str]:
     """On an executor: one key range's diff, its parts and stats (or the error, as data)."""
-    from persistshard.core.blob import open_blob
+    from persistshard.core.storage.blob import open_blob
 
     try:
         with storage_errors(task.location, "write the overwrite's difference"):

@@ -1,9 +1,9 @@
-"""Spark batch reads: a translation layer over `persistshard.core.read`.
+"""Spark batch reads: a translation layer over `persistshard.core.read.plan`.
 
 ``partitions()`` runs once per DataFrame on the driver: it reads the shard state once (the
 *pinned* version), turns the options into a core `Query` (which checks the times against since
-and upper) and lets `persistshard.core.read.plan_read` split it into tasks. Each task runs
-`persistshard.core.read.iter_task` (`read_task`'s answer, chunk by chunk when it can) and
+and upper) and lets `persistshard.core.read.plan.plan_read` split it into tasks. Each task runs
+`persistshard.core.read.plan.iter_task` (`read_task`'s answer, chunk by chunk when it can) and
 yields Arrow batches that match Spark's read schema exactly. Read planning, key-range
 splitting, change filtering and statistics-based skipping all live in core; nothing here
 decides which rows a read returns.
@@ -21,7 +21,7 @@ because of pushed state.
 Explicit pruning cannot go stale: the ``where`` option (``.option("where", "id < 10")``,
 ``SELECT * FROM t WITH ('where' = 'id < 10')``) is part of the relation's own options, so
 every scan that could share its read has the same condition. It is parsed and bound by
-`persistshard.core.filters` (`parse_where`, `bind_where`: the grammar is there and in
+`persistshard.core.read.filters` (`parse_where`, `bind_where`: the grammar is there and in
 docs/design.md), and filters exactly: conditions on row columns filter the updates before
 consolidation and skip chunks by their statistics; conditions on ``_time``/``_diff`` (or mixing
 them with row columns) filter the final rows.
@@ -67,8 +67,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from persistshard.core.blob import Blob
-from persistshard.core.filters import (
+from persistshard.core.read.filters import (
     Pred,
     WhereSyntaxError,
     bind,
@@ -77,7 +76,7 @@ from persistshard.core.filters import (
     filter_table,
     parse_where,
 )
-from persistshard.core.read import (
+from persistshard.core.read.plan import (
     Query,
     ReadTask,
     expand_rows,
@@ -90,7 +89,8 @@ from persistshard.core.read import (
 )
 from persistshard.core.rows import DIFF, TIME
 from persistshard.core.shard import Shard, open_shard
-from persistshard.core.state import ShardState
+from persistshard.core.statemachine.state import ShardState
+from persistshard.core.storage.blob import Blob
 from persistshard.datasource.options import LOCATION_KEY, ReadOptions, StorageOptions
 from persistshard.datasource.types import arrow_schema_of, conform, spark_schema_of
 from persistshard.errors import InvalidUpdates
@@ -331,7 +331,7 @@ _COMPARISON_OPS: dict[type[Filter], str] = {
 
 def translate_filter(f: Filter, schema: pa.Schema) -> Pred | None:
     """The core predicate of a Spark filter on a top-level column of ``schema``, or None when
-    it cannot be evaluated exactly (`persistshard.core.filters.bind` decides)."""
+    it cannot be evaluated exactly (`persistshard.core.read.filters.bind` decides)."""
     if isinstance(f, Not):
         child = translate_filter(f.child, schema)
         return Pred("not", children=(child,)) if child is not None else None
@@ -522,7 +522,7 @@ class ScopedPushdownReader(PersistShardReader):
     `partitions` plans with them (with the ``where`` option's) and puts them into every
     partition, and `read` applies only what its partition carries. Accepted filters are not
     returned, so Spark does not evaluate them again: each must be exact
-    (`persistshard.core.filters.bind`).
+    (`persistshard.core.read.filters.bind`).
     """
 
     def __init__(self, options: dict[str, str], schema: StructType) -> None:

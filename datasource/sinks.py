@@ -16,8 +16,8 @@ from typing import Any
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter
 from pyspark.sql.types import StructType
 
-from persistshard.core.layout import new_id
 from persistshard.core.shard import open_shard
+from persistshard.core.storage.layout import new_id
 from persistshard.datasource import reclock
 from persistshard.datasource.options import WriteOptions, find_location, storage_errors
 from persistshard.datasource.view import commit_complete

@@ -33,7 +33,7 @@ from pyspark.sql.types import LongType, StructField, StructType
 
 from persistshard.core.rows import DIFF, TIME
 from persistshard.core.shard import open_shard
-from persistshard.core.sqlconsensus import redact_url, url_has_password
+from persistshard.core.storage.sqlconsensus import redact_url, url_has_password
 from persistshard.datasource.options import (
     LOCATION_KEY,
     ReadOptions,
@@ -105,7 +105,7 @@ class PersistShardDataSource(DataSource):
                     "mistyped path, or the wrong storage options?); write to it first "
                     "(df.write.format('persistshard').save(path))",
                 )
-            from persistshard.core.validate import user_schema
+            from persistshard.core.write.validate import user_schema
             from persistshard.datasource.ddl import parse_columns
             from persistshard.datasource.types import arrow_schema_of
 

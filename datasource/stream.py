@@ -6,9 +6,9 @@ updates at that time (one row per distinct row, its net diff); each later micro-
 consolidated updates in ``[start, end)``. Because times below the upper are final, a
 micro-batch replayed after a restart emits exactly the same rows.
 
-Holds: the stream holds the shard's since (`persistshard.core.holds`) at ``offset - 1`` of the
-last offset Spark committed (the last time it has fully emitted), so the updates it reads next
-stay exact. The hold is named by the option ``reader_id`` (default: one fresh id per query
+Holds: the stream holds the shard's since (`persistshard.core.statemachine.holds`) at ``offset - 1``
+of the last offset Spark committed (the last time it has fully emitted), so the updates it reads
+next stay exact. The hold is named by the option ``reader_id`` (default: one fresh id per query
 run) and leased for ``reader_lease_seconds`` (default 900), renewed while the query asks for
 new offsets. A query restarted with the same ``reader_id`` while its hold is still live takes
 the hold over and reads its changes exactly; one whose hold ran out may find its offset
@@ -32,11 +32,11 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader
 from pyspark.sql.types import StructType
 
-from persistshard.core.holds import DEFAULT_LEASE_SECONDS, ReaderHold
-from persistshard.core.layout import new_id
-from persistshard.core.read import check_as_of, check_updates_range
+from persistshard.core.read.plan import check_as_of, check_updates_range
 from persistshard.core.rows import DIFF, TIME
 from persistshard.core.shard import Shard, open_shard
+from persistshard.core.statemachine.holds import DEFAULT_LEASE_SECONDS, ReaderHold
+from persistshard.core.storage.layout import new_id
 from persistshard.datasource.options import ReadOptions
 from persistshard.datasource.reader import (
     BATCH_ROWS,

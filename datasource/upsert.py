@@ -50,11 +50,11 @@ from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowW
 from pyspark.sql.types import BooleanType, StructType
 
 from persistshard.core import upsert as up
-from persistshard.core.layout import new_id
-from persistshard.core.parts import read_parts, write_parts
 from persistshard.core.rows import DIFF, TIME, consolidate
 from persistshard.core.shard import Shard, WrittenUpdates, open_shard
-from persistshard.core.validate import update_schema
+from persistshard.core.storage.layout import new_id
+from persistshard.core.storage.parts import read_parts, write_parts
+from persistshard.core.write.validate import update_schema
 from persistshard.datasource.options import WriteOptions, storage_errors
 from persistshard.datasource.writer import (
     BatchDescription,

@@ -13,7 +13,7 @@ micro-batch.
    writer at this batch id or later, the micro-batch was committed before (Spark replays a
    batch whose commit it did not see): nothing is written. Otherwise the staged chains are
    merged, streaming and within ``memory_budget``, against the parts of the newest state
-   (`persistshard.core.diff`), the difference is written at ``t = upper``, and one
+   (`persistshard.core.write.diff`), the difference is written at ``t = upper``, and one
    compare-and-append moves the upper to ``t + 1`` and records ``(writer_id, batchId)``.
    If another writer moved the upper in between, the diff is computed again against the
    newer contents (the desired contents do not depend on the shard's time).
@@ -33,9 +33,9 @@ from typing import Any
 
 from pyspark.sql.types import StructType
 
-from persistshard.core.diff import DiffRun, current_runs, diff_parts
-from persistshard.core.layout import new_id
 from persistshard.core.shard import WrittenUpdates, open_shard
+from persistshard.core.storage.layout import new_id
+from persistshard.core.write.diff import DiffRun, current_runs, diff_parts
 from persistshard.datasource.options import WriteOptions, storage_errors
 from persistshard.datasource.writer import describe_write, sweep_write
 from persistshard.errors import UpperMismatch

@@ -15,7 +15,7 @@ The protocol, after Materialize's persist sink:
    refused (`UpperMismatch`, bad input), nothing becomes visible and the write's parts are
    deleted. A *plain* write (no time column, ``upper`` or ``expected_upper``) is committed
    with ``rebase``: if the upper moved since step 1 it lands at the new upper, its parts read
-   at that time (`persistshard.core.state`), instead of failing. Parts of failed task
+   at that time (`persistshard.core.statemachine.state`), instead of failing. Parts of failed task
    attempts (Spark has no per-task abort) carry the write id and are swept at commit and
    abort, and by ``gc`` if the driver died.
 
@@ -36,11 +36,6 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from persistshard.core.blob import FsspecBlob
-from persistshard.core.correction import Correction
-from persistshard.core.layout import PARTS_PREFIX, new_id
-from persistshard.core.leases import WriteLease
-from persistshard.core.parts import PartSink, write_part
 from persistshard.core.rows import DIFF, TIME, consolidation_indices, row_columns
 from persistshard.core.shard import (
     Shard,
@@ -48,8 +43,13 @@ from persistshard.core.shard import (
     open_shard,
     refuse_foreign_files,
 )
-from persistshard.core.state import PartRef
-from persistshard.core.validate import (
+from persistshard.core.statemachine.leases import WriteLease
+from persistshard.core.statemachine.state import PartRef
+from persistshard.core.storage.blob import FsspecBlob
+from persistshard.core.storage.layout import PARTS_PREFIX, new_id
+from persistshard.core.storage.parts import PartSink, write_part
+from persistshard.core.write.correction import Correction
+from persistshard.core.write.validate import (
     evolve_schema,
     match_columns,
     normalize_updates,
@@ -251,7 +251,7 @@ def write_task(d: BatchDescription, batches: Any, time: int) -> TaskWritten:
     _check_case(d)
     with storage_errors(d.location, "write the shard"):
         shard = open_shard(d.location, **d.storage_options)
-        # A task still running late in the write's lease renews it (core/leases.py).
+        # A task still running late in the write's lease renews it (core/statemachine/leases.py).
         with WriteLease(shard.machine, d.write_id):
             return _write_task(d, batches, time, shard)
 

@@ -20,12 +20,12 @@ from hypothesis.stateful import rule
 
 import persistshard as ps
 from persistshard.conformance.model import make_shard_machine
-from persistshard.core import compact as cm
-from persistshard.core import parts as parts_mod
-from persistshard.core import trace
-from persistshard.core.layout import new_id
+from persistshard.core.maintenance import compact as cm
+from persistshard.core.maintenance import trace
 from persistshard.core.rows import advance_times, consolidate, row_columns
-from persistshard.core.validate import user_schema
+from persistshard.core.storage import parts as parts_mod
+from persistshard.core.storage.layout import new_id
+from persistshard.core.write.validate import user_schema
 
 
 @pytest.fixture
@@ -326,7 +326,7 @@ def test_a_merge_that_would_break_level_order_is_refused(shard, monkeypatch):
 
 
 def test_commit_level_is_clamped_to_the_predecessor():
-    from persistshard.core.state import Batch, ShardState
+    from persistshard.core.statemachine.state import Batch, ShardState
 
     def batch(i: int, level: int, rows: int) -> Batch:
         ref = parts_mod.PartRef(f"parts/w/{i}.part", 10, rows, i, i)

@@ -22,12 +22,12 @@ from persistshard.conformance.storage import (
     Store,
     one_consensus,
 )
-from persistshard.core import machine
-from persistshard.core.blob import Blob
-from persistshard.core.consensus import MemoryConsensus
-from persistshard.core.layout import ROLLUP_EVERY
 from persistshard.core.shard import Shard
-from persistshard.core.state import Entry
+from persistshard.core.statemachine import machine
+from persistshard.core.statemachine.state import Entry
+from persistshard.core.storage.blob import Blob
+from persistshard.core.storage.consensus import MemoryConsensus
+from persistshard.core.storage.layout import ROLLUP_EVERY
 
 
 @pytest.fixture(params=["file", "memory"])

@@ -12,8 +12,8 @@ import pytest
 from conformance_helpers import rows_of, updates
 
 import persistshard as ps
-from persistshard.core.consensus import BlobConsensus
-from persistshard.core.layout import ROLLUP_EVERY
+from persistshard.core.storage.consensus import BlobConsensus
+from persistshard.core.storage.layout import ROLLUP_EVERY
 from persistshard.errors import Indeterminate
 
 

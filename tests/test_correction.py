@@ -30,7 +30,7 @@ from hypothesis.stateful import (
 )
 
 from persistshard.core import rows
-from persistshard.core.correction import TIME_END, Correction
+from persistshard.core.write.correction import TIME_END, Correction
 from persistshard.errors import InvalidUpdates
 
 SCHEMA = pa.schema(

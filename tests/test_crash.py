@@ -31,7 +31,7 @@ from persistshard.conformance.crash import (
     check_page_cache,
     check_process_cuts,
 )
-from persistshard.core import blob as blob_module
+from persistshard.core.storage import blob as blob_module
 
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))

@@ -1,4 +1,4 @@
-"""The streaming difference of sorted runs (core/diff.py): exact against snapshot semantics,
+"""The streaming difference of sorted runs (core/write/diff.py): exact against snapshot semantics,
 split by key range, and bounded in memory whatever the table's size. No Spark."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import pyarrow as pa
 import pytest
 
 import persistshard as ps
-from persistshard.core import diff as diff_mod
-from persistshard.core.diff import DiffRun, current_runs, diff_parts, plan_key_ranges
-from persistshard.core.layout import new_id
-from persistshard.core.parts import read_part, write_parts
 from persistshard.core.rows import DIFF, TIME, consolidate
+from persistshard.core.storage.layout import new_id
+from persistshard.core.storage.parts import read_part, write_parts
+from persistshard.core.write import diff as diff_mod
+from persistshard.core.write.diff import DiffRun, current_runs, diff_parts, plan_key_ranges
 
 
 def _updates(ids: list[int], names: list[str], time: int, diffs: list[int]) -> pa.Table:
@@ -171,8 +171,8 @@ MEMORY_SCRIPT = r"""
 import json, sys
 import pyarrow as pa
 import persistshard as ps
-from persistshard.core.diff import DiffRun, DiffStats, current_runs, diff_parts
-from persistshard.core.state import PartRef
+from persistshard.core.write.diff import DiffRun, DiffStats, current_runs, diff_parts
+from persistshard.core.statemachine.state import PartRef
 
 loc, budget = sys.argv[1], int(sys.argv[2])
 staged = [PartRef(**r) for r in json.loads(sys.argv[3])]

@@ -13,8 +13,8 @@ import sys
 
 import pytest
 
-from persistshard.core import blob as blob_module
-from persistshard.core.blob import TMP_PREFIX, open_blob
+from persistshard.core.storage import blob as blob_module
+from persistshard.core.storage.blob import TMP_PREFIX, open_blob
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="reads descriptor paths from /proc/self/fd"

@@ -15,9 +15,9 @@ from fsspec.implementations.memory import MemoryFileSystem
 import persistshard as ps
 from persistshard import errors
 from persistshard.conformance.faults import FaultyBlob
-from persistshard.core.blob import Blob
-from persistshard.core.layout import new_id
-from persistshard.core.state import Commit
+from persistshard.core.statemachine.state import Commit
+from persistshard.core.storage.blob import Blob
+from persistshard.core.storage.layout import new_id
 
 
 class NoAtomicCreate(MemoryFileSystem):
@@ -103,7 +103,7 @@ def writer_already_committed(shard: ps.Shard, tmp_path) -> None:
 
 def lease_expired(shard: ps.Shard, tmp_path) -> None:
     """A write whose id is older than its lease: its commit is refused."""
-    from persistshard.core import leases
+    from persistshard.core.statemachine import leases
 
     old_id = f"{new_id()[:12]}"
     old_id = f"{int(old_id, 16) - int(leases.DEFAULT_WRITE_LEASE_SECONDS * 1000) - 1:012x}"
@@ -144,7 +144,7 @@ def storage_error(shard: ps.Shard, tmp_path) -> None:
 
     from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-    from persistshard.core.blob import FsspecBlob
+    from persistshard.core.storage.blob import FsspecBlob
     from persistshard.datasource.stream import PersistShardStreamReader
 
     def refuse(self, key, data):

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 import persistshard as ps
-from persistshard.core.state import ShardState
+from persistshard.core.statemachine.state import ShardState
 from persistshard.errors import InvalidUpdates, UpperMismatch
 
 
@@ -115,7 +115,7 @@ def test_column_mismatch_lists_missing_extra_and_retyped(tmp_path):
 
 
 def test_state_accepts_only_appended_nullable_columns():
-    from persistshard.core import state as st
+    from persistshard.core.statemachine import state as st
 
     old = pa.schema([pa.field("id", pa.int64())])
     wider = pa.schema([pa.field("id", pa.int64()), pa.field("price", pa.float64())])

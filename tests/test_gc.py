@@ -13,10 +13,10 @@ import pytest
 from conformance_helpers import rows_of, updates
 
 import persistshard as ps
-from persistshard.core import layout
-from persistshard.core.blob import Blob, BlobWrapper
-from persistshard.core.layout import ROLLUP_EVERY, new_id
-from persistshard.core.state import ShardState
+from persistshard.core.statemachine.state import ShardState
+from persistshard.core.storage import layout
+from persistshard.core.storage.blob import Blob, BlobWrapper
+from persistshard.core.storage.layout import ROLLUP_EVERY, new_id
 
 HOUR_MS = 3600 * 1000
 
@@ -154,7 +154,7 @@ def test_orphans_of_failed_writes_and_unknown_files(tmp_path, clock):
 
 
 def test_memory_consensus(tmp_path):
-    from persistshard.core.consensus import MemoryConsensus
+    from persistshard.core.storage.consensus import MemoryConsensus
 
     shard = ps.open_shard(f"memory://gc-{uuid.uuid4().hex}", consensus=MemoryConsensus())
     for t in range(2 * ROLLUP_EVERY + 3):

@@ -11,7 +11,7 @@ import pyarrow as pa
 
 import persistshard as ps
 from persistshard.cli import main as cli
-from persistshard.core.blob import temporary_name, temporary_time_ms
+from persistshard.core.storage.blob import temporary_name, temporary_time_ms
 
 HOUR = 3600
 

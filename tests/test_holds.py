@@ -11,12 +11,12 @@ import pytest
 from conformance_helpers import rows_of, updates
 
 import persistshard as ps
-from persistshard.core import layout
+from persistshard.core.storage import layout
 from persistshard.errors import HoldExpired, InvalidUpdates, SinceViolation
 
 
 class Clock:
-    """The shard's one clock (`persistshard.core.layout.now_ms`), settable by the test."""
+    """The shard's one clock (`persistshard.core.storage.layout.now_ms`), settable by the test."""
 
     def __init__(self) -> None:
         self.ms = int(time.time() * 1000)
@@ -204,7 +204,7 @@ def test_random_holds_never_lose_a_readers_history(tmp_path, clock, seed):
     rng = random.Random(seed)
     shard = ps.open_shard(str(tmp_path / "s"))
     model: list[tuple[tuple[int, str], int, int]] = []  # (row, time, diff)
-    handles: dict[str, ps.core.holds.ReaderHold] = {}
+    handles: dict[str, ps.core.statemachine.holds.ReaderHold] = {}
 
     def expected_snapshot(as_of: int) -> dict:
         counts: Counter = Counter()

@@ -24,8 +24,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from persistshard.core.blob import Blob, BlobMeta, BlobWrapper, FsspecBlob
-from persistshard.core.consensus import BlobConsensus
+from persistshard.core.storage.blob import Blob, BlobMeta, BlobWrapper, FsspecBlob
+from persistshard.core.storage.consensus import BlobConsensus
 from persistshard.errors import Indeterminate
 
 WAIT_SECONDS = 30.0  # a safety net against a scheduler bug, never reached by a passing run

@@ -1,7 +1,7 @@
 """Write leases: gc never deletes the parts of a live write, a write whose lease ran out is
 refused with `LeaseExpired` (never `CorruptData` later), and gc's fence stops a stalled commit.
 
-Every test drives the shard's clock (`persistshard.core.layout.now_ms`) by hand; nothing
+Every test drives the shard's clock (`persistshard.core.storage.layout.now_ms`) by hand; nothing
 depends on how fast the machine is.
 """
 
@@ -14,11 +14,12 @@ import pytest
 from conformance_helpers import rows_of, updates
 
 import persistshard as ps
-from persistshard.core import layout, leases
-from persistshard.core.blob import BlobWrapper
-from persistshard.core.consensus import Consensus, MemoryConsensus, VersionedData
-from persistshard.core.layout import new_id
-from persistshard.core.state import Commit
+from persistshard.core.statemachine import leases
+from persistshard.core.statemachine.state import Commit
+from persistshard.core.storage import layout
+from persistshard.core.storage.blob import BlobWrapper
+from persistshard.core.storage.consensus import Consensus, MemoryConsensus, VersionedData
+from persistshard.core.storage.layout import new_id
 from persistshard.errors import LeaseExpired
 
 HOUR_MS = 3600 * 1000
@@ -233,18 +234,18 @@ def test_a_compaction_that_outlived_its_lease_is_refused_and_cleans_up(tmp_path,
     for t in range(4):
         shard.append(updates([(t, "x", t, 1)]))
     before = shard.state()
-    real_merge = ps.core.compact.run_merge
+    real_merge = ps.core.maintenance.compact.run_merge
 
     def slow_merge(*args, **kwargs):
         out = real_merge(*args, **kwargs)
         clock.advance(HOUR_MS + 1)  # the merge took longer than the lease; nobody renewed
         return out
 
-    ps.core.compact.run_merge = slow_merge
+    ps.core.maintenance.compact.run_merge = slow_merge
     try:
         report = shard.compact()
     finally:
-        ps.core.compact.run_merge = real_merge
+        ps.core.maintenance.compact.run_merge = real_merge
     assert report.merges and not any(m.committed for m in report.merges)
     assert shard.state().trace == before.trace
     assert part_files(shard) == before.part_keys()

@@ -10,10 +10,11 @@ import pytest
 from conformance_helpers import updates
 
 import persistshard as ps
-from persistshard.core import layout, machine
-from persistshard.core import state as st
-from persistshard.core.layout import new_id
-from persistshard.core.state import Commit
+from persistshard.core.statemachine import machine
+from persistshard.core.statemachine import state as st
+from persistshard.core.statemachine.state import Commit
+from persistshard.core.storage import layout
+from persistshard.core.storage.layout import new_id
 from persistshard.errors import CommitDeadline, WriterAlreadyCommitted
 
 DAY_MS = 24 * 3600 * 1000
@@ -192,7 +193,7 @@ def test_spill_directories_of_killed_processes_are_swept(tmp_path):
     import subprocess
     import sys
 
-    from persistshard.core import correction as corr
+    from persistshard.core.write import correction as corr
 
     dead = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"],

@@ -149,8 +149,8 @@ def test_a_read_plans_at_least_the_planning_hosts_cores(tmp_path, monkeypatch):
     import pyarrow as pa
 
     import persistshard as ps
-    from persistshard.core import parts
-    from persistshard.core import read as core_read
+    from persistshard.core.read import plan as core_read
+    from persistshard.core.storage import parts
     from persistshard.datasource.reader import PersistShardReader
 
     monkeypatch.setattr(parts, "CHUNK_BYTES", 4096)

@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 
 import persistshard as ps
-from persistshard.core.layout import PARTS_PREFIX
+from persistshard.core.storage.layout import PARTS_PREFIX
 from persistshard.datasource import overwrite as overwrite_mod
 
 

@@ -18,10 +18,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import persistshard as ps
-from persistshard.core import parts
-from persistshard.core.filters import Pred, bind, chunk_may_match, conjunction, filter_table
-from persistshard.core.read import plan_read, read_task, snapshot_query, updates_query
+from persistshard.core.read.filters import Pred, bind, chunk_may_match, conjunction, filter_table
+from persistshard.core.read.plan import plan_read, read_task, snapshot_query, updates_query
 from persistshard.core.rows import DIFF, TIME
+from persistshard.core.storage import parts
 from persistshard.format import PartReader, encode_part
 
 SCHEMA = pa.schema(
@@ -383,7 +383,7 @@ def test_key_range_tasks_partition_the_rows(tmp_path: Any) -> None:
 def test_streamed_pieces_equal_the_whole_answer(tmp_path: Any, monkeypatch: Any) -> None:
     """`iter_task` streams a snapshot chunk by chunk only when nothing needs consolidating;
     its pieces always add up to `read_task`'s answer (as a multiset when ``as_multiset``)."""
-    from persistshard.core.read import iter_task
+    from persistshard.core.read.plan import iter_task
 
     monkeypatch.setattr(parts, "CHUNK_BYTES", 4096)  # many chunks per part
     shard = ps.open_shard(str(tmp_path / "s"))
@@ -424,7 +424,7 @@ def test_a_read_spreads_over_min_partitions_when_each_gets_a_mebibyte(
 ) -> None:
     """One part far below ``partition_bytes`` still splits into ``min_partitions`` tasks when
     each would get `MIN_TASK_BYTES`; the tasks' answers add up to the whole."""
-    from persistshard.core import read as core_read
+    from persistshard.core.read import plan as core_read
 
     monkeypatch.setattr(parts, "CHUNK_BYTES", 4096)
     monkeypatch.setattr(core_read, "MIN_TASK_BYTES", 20_000)

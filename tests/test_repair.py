@@ -17,7 +17,7 @@ import pytest
 
 import persistshard as ps
 from persistshard.cli import main
-from persistshard.core.repair import repair
+from persistshard.core.maintenance.repair import repair
 
 
 def _shard(tmp_path, appends: int = 3) -> tuple[str, ps.Shard]:

@@ -22,7 +22,7 @@ from persistshard.cli import main as cli
 from persistshard.conformance.model import make_shard_machine
 from persistshard.conformance.s3server import moto_server
 from persistshard.conformance.storage import BlobContract, ConsensusContract, Store
-from persistshard.core.blob import BlobWrapper, open_blob
+from persistshard.core.storage.blob import BlobWrapper, open_blob
 
 BUCKET = "persistshard-test"
 #: The secret key the tests use: it must never appear in a stored object or a message.

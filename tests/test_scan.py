@@ -1,4 +1,4 @@
-"""Scans outside Spark (`persistshard.core.scan`): answers equal to the whole-table reads
+"""Scans outside Spark (`persistshard.core.read.scan`): answers equal to the whole-table reads
 (`Shard.snapshot`, `Shard.updates`) projected and filtered, statistics skipping and
 projection proven by the bytes fetched, streaming proven by the bytes fetched before the first
 batch, and the real consumers (pyarrow, DuckDB, Polars, pandas). No Spark here.
@@ -20,12 +20,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import persistshard as ps
-from persistshard.core import parts
-from persistshard.core import scan as scan_mod
-from persistshard.core.blob import Blob, BlobWrapper, open_blob
-from persistshard.core.filters import Pred, bind
-from persistshard.core.scan import expression_filter
+from persistshard.core.read import scan as scan_mod
+from persistshard.core.read.filters import Pred, bind
+from persistshard.core.read.scan import expression_filter
 from persistshard.core.shard import Shard
+from persistshard.core.storage import parts
+from persistshard.core.storage.blob import Blob, BlobWrapper, open_blob
 
 SCHEMA = pa.schema(
     [

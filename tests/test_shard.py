@@ -14,8 +14,8 @@ from conformance_helpers import rows_of, updates
 from fsspec.implementations.memory import MemoryFileSystem
 
 import persistshard as ps
-from persistshard.core.consensus import MemoryConsensus
-from persistshard.core.layout import ROLLUP_EVERY
+from persistshard.core.storage.consensus import MemoryConsensus
+from persistshard.core.storage.layout import ROLLUP_EVERY
 
 
 @pytest.fixture

@@ -29,9 +29,9 @@ import pytest
 
 from persistshard.conformance.faults import FaultyBlob
 from persistshard.conformance.model import ReferenceShard, snapshot_counter
-from persistshard.core.blob import FsspecBlob
 from persistshard.core.shard import Shard
-from persistshard.core.state import Entry
+from persistshard.core.statemachine.state import Entry
+from persistshard.core.storage.blob import FsspecBlob
 from persistshard.errors import (
     CorruptData,
     Indeterminate,

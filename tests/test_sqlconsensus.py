@@ -1,4 +1,4 @@
-"""The database consensus (`persistshard.core.sqlconsensus`) on SQLite and on a real
+"""The database consensus (`persistshard.core.storage.sqlconsensus`) on SQLite and on a real
 PostgreSQL server (the session's ``postgres_url`` fixture): the consensus contract and the
 shard model from `persistshard.conformance`, racing processes over many versions, a
 connection killed in the middle of a compare-and-set, several shards in one database, and
@@ -20,9 +20,9 @@ import persistshard as ps
 from persistshard import Indeterminate
 from persistshard.conformance.model import make_shard_machine
 from persistshard.conformance.storage import RACERS, ConsensusAt, ConsensusContract, Store
-from persistshard.core.consensus import LOG_HOME_KEY, Consensus
 from persistshard.core.shard import Shard, open_shard
-from persistshard.core.sqlconsensus import (
+from persistshard.core.storage.consensus import LOG_HOME_KEY, Consensus
+from persistshard.core.storage.sqlconsensus import (
     PostgresConsensus,
     open_consensus,
     redact_url,

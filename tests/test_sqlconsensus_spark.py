@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 
 import persistshard as ps
-from persistshard.core.consensus import LOG_HOME_KEY
+from persistshard.core.storage.consensus import LOG_HOME_KEY
 from persistshard.datasource.options import CONSENSUS_KEY
 
 pytestmark = pytest.mark.spark

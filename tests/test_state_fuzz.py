@@ -21,9 +21,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
 import persistshard as ps
-from persistshard.core import state as st
-from persistshard.core.layout import new_id
-from persistshard.core.state import Batch, Entry, PartRef
+from persistshard.core.statemachine import state as st
+from persistshard.core.statemachine.state import Batch, Entry, PartRef
+from persistshard.core.storage.layout import new_id
 from persistshard.errors import CorruptData, InvalidUpdates, PersistShardError
 
 BAD_KEYS = [
@@ -161,7 +161,7 @@ def test_a_key_into_another_shard_is_corrupt_not_its_rows(tmp_path):
 
 def oracle_ok(d: dict[str, Any]) -> bool:
     """An independent reading of the invariants of a state's JSON (module docstring of
-    `persistshard.core.state`): what a decoded state must satisfy."""
+    `persistshard.core.statemachine.state`): what a decoded state must satisfy."""
 
     def count(v: Any) -> bool:
         return type(v) is int and v >= 0

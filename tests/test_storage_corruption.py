@@ -17,8 +17,8 @@ import pytest
 from conformance_helpers import rows_of, updates
 
 import persistshard as ps
-from persistshard.core.layout import ROLLUP_EVERY
-from persistshard.core.state import Entry, decode_rollup, encode_rollup, fold
+from persistshard.core.statemachine.state import Entry, decode_rollup, encode_rollup, fold
+from persistshard.core.storage.layout import ROLLUP_EVERY
 
 #: Positions sampled per file: in the header line of a metadata object, and anywhere.
 HEADER_SAMPLES = 6
@@ -134,13 +134,13 @@ def test_an_inconsistent_log_is_corrupt_not_upper_mismatch(tmp_path):
         shard.append(updates([(t, "a", t, 1)]))
     entries = [Entry.decode(e.data) for e in shard.consensus.scan(1)]
     with pytest.raises(ps.CorruptData, match=r"^CorruptData: replaying the log.*version 3"):
-        fold(ps.core.state.ShardState(), [entries[0].commit, entries[1].commit, entries[1].commit])
+        fold(ps.core.statemachine.state.ShardState(), [entries[0].commit, entries[1].commit, entries[1].commit])
 
 
 def test_a_rollup_breaking_an_invariant_is_corrupt(tmp_path):
     from dataclasses import replace
 
-    state = ps.core.state.ShardState(version=3, upper=2, since=5)
+    state = ps.core.statemachine.state.ShardState(version=3, upper=2, since=5)
     with pytest.raises(ps.CorruptData, match=r"since 5 and upper 2 out of order.*file r1"):
         decode_rollup(encode_rollup(state), "r1")
     good = replace(state, since=1)
@@ -176,8 +176,8 @@ def test_verify_reports_a_damaged_old_log_entry(tmp_path):
 
 
 def test_consensus_implementations_declare_sharing(tmp_path):
-    from persistshard.core.blob import open_blob
-    from persistshard.core.consensus import BlobConsensus, MemoryConsensus
+    from persistshard.core.storage.blob import open_blob
+    from persistshard.core.storage.consensus import BlobConsensus, MemoryConsensus
 
     assert BlobConsensus(open_blob(str(tmp_path))).shared
     assert not BlobConsensus(open_blob("memory://declare/x")).shared
@@ -185,6 +185,6 @@ def test_consensus_implementations_declare_sharing(tmp_path):
     blob = open_blob(str(tmp_path))
     assert blob.capabilities.atomic_create and blob.capabilities.shared
     assert not open_blob("memory://declare/y").capabilities.shared
-    from persistshard.core.blob import Blob, FsspecBlob
+    from persistshard.core.storage.blob import Blob, FsspecBlob
 
     assert type(Blob(str(tmp_path))) is FsspecBlob  # the interface builds the default

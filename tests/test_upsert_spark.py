@@ -266,8 +266,8 @@ def test_crashes_and_replays_commit_each_micro_batch_once(
         assert shard.upper == batch_id + 1
     # The crashed writes' parts are kept while their write leases live; once those ran out
     # (gc's clock past them), gc sweeps every part no version references.
-    from persistshard.core.layout import now_ms
-    from persistshard.core.leases import DEFAULT_WRITE_LEASE_SECONDS
+    from persistshard.core.statemachine.leases import DEFAULT_WRITE_LEASE_SECONDS
+    from persistshard.core.storage.layout import now_ms
 
     later = now_ms() + int(DEFAULT_WRITE_LEASE_SECONDS * 1000) + 60_000
     shard.gc(dry_run=False, retention_seconds=0, now_ms=later)

@@ -14,7 +14,7 @@ import pytest
 import persistshard as ps
 from persistshard import errors
 from persistshard.cli import COMMANDS, cmd_conformance, main, plural
-from persistshard.core.blob import FsspecBlob
+from persistshard.core.storage.blob import FsspecBlob
 
 
 def make(tmp_path, appends: int = 3) -> str:

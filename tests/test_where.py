@@ -1,6 +1,6 @@
 """The ``where`` read option: explicit pruning that cannot go stale (issue 28 item 2).
 
-The grammar (`persistshard.core.filters.parse_where`) and its refusals; exact answers, equal
+The grammar (`persistshard.core.read.filters.parse_where`) and its refusals; exact answers, equal
 to Spark's own filtering of the same condition, over random shards with nulls, for snapshots,
 time travel, ``with_diff`` and change reads; chunks the condition rules out are never read;
 the SQL forms (``WITH ('where' = ...)``, a temporary view's OPTIONS); a bad where fails with
@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 import persistshard as ps
-from persistshard.core.filters import Pred, WhereSyntaxError, bind_where, parse_where
+from persistshard.core.read.filters import Pred, WhereSyntaxError, bind_where, parse_where
 from persistshard.errors import InvalidUpdates
 
 SCHEMA = pa.schema(
@@ -125,8 +125,8 @@ def _rows(reader: Any) -> list[dict[str, Any]]:
 
 
 def test_where_skips_chunks_it_rules_out_and_filters_exactly(tmp_path: Any, monkeypatch) -> None:
-    from persistshard.core import parts
-    from persistshard.core.parts import open_part
+    from persistshard.core.storage import parts
+    from persistshard.core.storage.parts import open_part
 
     monkeypatch.setattr(parts, "CHUNK_BYTES", 4096)
     location = str(tmp_path / "s")

@@ -11,9 +11,9 @@ import pytest
 pytest.importorskip("pyspark")
 
 import persistshard as ps
-from persistshard.core.parts import read_part
 from persistshard.core.rows import consolidate
-from persistshard.core.validate import update_schema
+from persistshard.core.storage.parts import read_part
+from persistshard.core.write.validate import update_schema
 from persistshard.datasource.writer import _write_gathered
 
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string())])

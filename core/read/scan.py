@@ -1,7 +1,7 @@
 """Scans outside Spark: a lazy, streamed read of one pinned shard version for Python users.
 
 A `Scan` is what `Shard.scan` (a snapshot) and `Shard.scan_updates` (a change read) return.
-It holds a pinned `ShardState` and a `persistshard.core.read.Query`; nothing is read until it
+It holds a pinned `ShardState` and a `persistshard.core.read.plan.Query`; nothing is read until it
 is consumed (`to_batches`, `to_arrow_batch_reader`, `to_arrow`, `to_pandas`, `to_polars`,
 `to_duckdb`, or any consumer of the Arrow PyCapsule stream protocol, ``__arrow_c_stream__``:
 DuckDB, Polars, ``pyarrow.table``). Every consumption re-reads the same pinned version, so a
@@ -13,28 +13,28 @@ shard with `Shard.register_reader` to keep them longer).
 
 What always holds:
 - The answer is the one `Shard.snapshot` / `Shard.updates` give for the same times, restricted
-  to ``filter`` and projected to ``columns``: the reads share `persistshard.core.read`
+  to ``filter`` and projected to ``columns``: the reads share `persistshard.core.read.plan`
   (planning, statistics skipping, consolidation), which the Spark reader uses too.
 - A snapshot without ``with_diff`` repeats each row by its count (a multiset, as Spark's read
   does); a projected snapshot is the projection of that multiset. With ``with_diff`` (and in
   change reads) there is one row per distinct *projected* row (per projected row and time),
   its diffs summed: projection commutes with summing diffs.
-- Filters are exact. A `persistshard.core.filters.Pred` is applied to updates before
+- Filters are exact. A `persistshard.core.read.filters.Pred` is applied to updates before
   consolidation and drives chunk skipping, as Spark pushdown does. A pyarrow compute
   expression is evaluated by Arrow on every update that could pass (before consolidation when
   it reads only row columns, on the answer when it reads ``_time`` or ``_diff``); the parts
-  of it that `persistshard.core.filters.bind` accepts also skip chunks by their statistics.
+  of it that `persistshard.core.read.filters.bind` accepts also skip chunks by their statistics.
   An expression is read through Arrow's own serialization, and the reading is trusted only when
   the expression rebuilt from it is `equals` to the original (else no skipping: slower, never
   wrong).
 
 Memory. `to_batches` plans the read in tasks of about `SCAN_TASK_BYTES` of stored parts,
-split by key range (`persistshard.core.read.plan_read`), and holds one task at a time; a
+split by key range (`persistshard.core.read.plan.plan_read`), and holds one task at a time; a
 snapshot of parts that need no cross-chunk consolidation streams chunk by chunk. What it does
 not bound: a task is never split inside one key value of the first row column (a shard whose
 rows mostly share one first-column value reads as one task). A ``with_diff`` snapshot or a
 change read projected *without* the first row column must consolidate across tasks: their
-answers go through a `persistshard.core.correction.Correction` with a budget of
+answers go through a `persistshard.core.write.correction.Correction` with a budget of
 `SCAN_MERGE_BUDGET`, which spills sorted runs to local files beyond it and merges them back
 a bounded slice at a time.
 """
@@ -49,9 +49,8 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from persistshard.core.correction import Correction
-from persistshard.core.filters import Pred, bind, conjunction, disjunction
-from persistshard.core.read import (
+from persistshard.core.read.filters import Pred, bind, conjunction, disjunction
+from persistshard.core.read.plan import (
     Query,
     Readers,
     ReadTask,
@@ -61,11 +60,12 @@ from persistshard.core.read import (
     with_snapshot_time,
 )
 from persistshard.core.rows import DIFF, TIME
-from persistshard.core.state import ShardState
-from persistshard.core.validate import update_schema
+from persistshard.core.statemachine.state import ShardState
+from persistshard.core.write.correction import Correction
+from persistshard.core.write.validate import update_schema
 
 if TYPE_CHECKING:
-    from persistshard.core.blob import Blob
+    from persistshard.core.storage.blob import Blob
 
 __all__ = ["SCAN_TASK_BYTES", "Scan", "expression_filter"]
 

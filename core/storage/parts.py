@@ -18,10 +18,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from persistshard.core.blob import Blob
-from persistshard.core.layout import part_key
 from persistshard.core.rows import TIME, row_columns, sort_table
-from persistshard.core.state import PartRef
+from persistshard.core.statemachine.state import PartRef
+from persistshard.core.storage.blob import Blob
+from persistshard.core.storage.layout import part_key
 from persistshard.errors import CorruptData
 from persistshard.format import PartReader, encode_part
 

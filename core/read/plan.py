@@ -17,13 +17,13 @@ Invariants this module keeps:
   range* over the first row column, using the chunk statistics in the part footers (all
   updates of a row share its first column). Nulls of that column go to the last task. When
   the first column has no usable statistics (floats, nested types) the read is one task.
-- A pushed filter (`persistshard.core.filters`) on row columns is applied to updates before
+- A pushed filter (`persistshard.core.read.filters`) on row columns is applied to updates before
   consolidation. That is exact because every update of a row has the row's values, so a
   row-level predicate keeps all of a row's updates or none. Chunks and parts whose statistics
   show that no row can pass are never fetched or decompressed (only the footer is read).
 
 What it relies on: parts are sorted by (row, time) and consolidated within themselves
-(`persistshard.core.parts`); chunk statistics bound the values they describe
+(`persistshard.core.storage.parts`); chunk statistics bound the values they describe
 (`persistshard.format.stats`); every part a pinned state references stays on storage while the
 read runs (GC keeps what recent versions reference).
 """
@@ -39,12 +39,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from persistshard.core.blob import Blob
-from persistshard.core.filters import Pred, chunk_may_match, chunk_stats, filter_table
-from persistshard.core.parts import adapt_part_table, open_part
+from persistshard.core.read.filters import Pred, chunk_may_match, chunk_stats, filter_table
 from persistshard.core.rows import DIFF, TIME, advance_times, consolidate, snapshot_of
-from persistshard.core.state import PartRef, ShardState
-from persistshard.core.validate import update_schema
+from persistshard.core.statemachine.state import PartRef, ShardState
+from persistshard.core.storage.blob import Blob
+from persistshard.core.storage.parts import adapt_part_table, open_part
+from persistshard.core.write.validate import update_schema
 from persistshard.errors import InvalidUpdates, NegativeDiff, NotSealed, SinceViolation
 from persistshard.format import PartReader
 

@@ -2,7 +2,7 @@
 version (``persistshard repair LOCATION [--apply]``).
 
 When can the newest entries be unreadable? On a store that honours fsync, never from a crash:
-a put syncs the entry's bytes before its name is published (`persistshard.core.blob`), so an
+a put syncs the entry's bytes before its name is published (`persistshard.core.storage.blob`), so an
 entry is either absent or whole. It happens when the storage lied about a sync (a disk
 cache without power-loss protection, a filesystem mounted without barriers), or when the
 disk damaged the bytes: a 0-byte file, a torn (short) file, or bytes whose crc32c fails.
@@ -27,10 +27,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from persistshard.core import state as st
-from persistshard.core.consensus import BlobConsensus
-from persistshard.core.machine import StateMachine
-from persistshard.core.state import Entry, ShardState
+from persistshard.core.statemachine import state as st
+from persistshard.core.statemachine.machine import StateMachine
+from persistshard.core.statemachine.state import Entry, ShardState
+from persistshard.core.storage.consensus import BlobConsensus
 from persistshard.errors import CorruptData, StorageUnsupported
 
 

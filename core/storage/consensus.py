@@ -44,8 +44,8 @@ once, each compare-and-set twice.
 ``consensus/HEAD`` is rewritten only at version 1 and every `HINT_EVERY`-th version (a
 rewrite is a rename over an existing file, about half of a local commit's time when done on
 every commit), so a fresh reader probes at most `HINT_EVERY` entries past it. `HINT_EVERY`
-divides `persistshard.core.layout.ROLLUP_EVERY`, so the hint is never below the newest rollup
-and gc's truncation (which keeps the versions from the newest rollup on) never removes it.
+divides `persistshard.core.storage.layout.ROLLUP_EVERY`, so the hint is never below the newest
+rollup and gc's truncation (which keeps the versions from the newest rollup on) never removes it.
 """
 
 from __future__ import annotations
@@ -57,8 +57,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
-from persistshard.core.blob import Blob
-from persistshard.core.layout import CONSENSUS_PREFIX, ROLLUP_EVERY
+from persistshard.core.storage.blob import Blob
+from persistshard.core.storage.layout import CONSENSUS_PREFIX, ROLLUP_EVERY
 from persistshard.errors import CorruptData, Indeterminate, InvalidOption, StorageUnsupported
 
 

@@ -1,9 +1,10 @@
 """State machine: the one owner of a shard's versioned state (refresh, commit loop, rollups).
 
-A shard's state is the fold of the commits in its consensus log (`persistshard.core.state`).
-`StateMachine` is the only code that reads that log into a state or appends to it; the user
-facing `persistshard.core.shard.Shard`, compaction (`persistshard.core.compact`) and gc
-(`persistshard.core.gc`) all go through it.
+A shard's state is the fold of the commits in its consensus log
+(`persistshard.core.statemachine.state`). `StateMachine` is the only code that reads that log into a
+state or appends to it; the user facing `persistshard.core.shard.Shard`, compaction
+(`persistshard.core.maintenance.compact`) and gc (`persistshard.core.maintenance.gc`) all go through
+it.
 
 What always holds:
 - `StateMachine.state` returns the newest version at the time of the call: it re-reads the head
@@ -23,16 +24,16 @@ What always holds:
   commit gives up with `CommitDeadline` once ``deadline_seconds`` (`COMMIT_DEADLINE_SECONDS`)
   have passed since it started, or after ``max_attempts`` attempts.
 - Before each attempt, a commit that adds parts (or renews a lease) is checked against the
-  leases of the state it expects (`persistshard.core.leases.check_commit`): a write whose
-  lease ran out is refused with `LeaseExpired`, so a commit never references a part gc may
+  leases of the state it expects (`persistshard.core.statemachine.leases.check_commit`): a write
+  whose lease ran out is refused with `LeaseExpired`, so a commit never references a part gc may
   have deleted.
-- Each attempt stamps the commit with the clock (`persistshard.core.layout.now_ms`): leases of
-  reader holds are judged by the time of the commit that sees them, the same on every replay.
+- Each attempt stamps the commit with the clock (`persistshard.core.storage.layout.now_ms`): leases
+  of reader holds are judged by the time of the commit that sees them, the same on every replay.
 - Every `ROLLUP_EVERY`-th version also writes a rollup (a full copy of the state) before its
   entry, and the entry names it, so loading costs one rollup plus fewer than `ROLLUP_EVERY`
   entries, however long the log.
 
-Relies on: the consensus contract (`persistshard.core.consensus`: linearizable
+Relies on: the consensus contract (`persistshard.core.storage.consensus`: linearizable
 compare-and-set, contiguous retained versions) and immutable blobs.
 """
 
@@ -43,17 +44,18 @@ import time
 from collections.abc import Iterable
 from dataclasses import replace
 
-from persistshard.core import layout, leases
-from persistshard.core import state as st
-from persistshard.core.blob import Blob
-from persistshard.core.consensus import (
+from persistshard.core.statemachine import leases
+from persistshard.core.statemachine import state as st
+from persistshard.core.statemachine.state import Commit, Entry, ShardState
+from persistshard.core.storage import layout
+from persistshard.core.storage.blob import Blob
+from persistshard.core.storage.consensus import (
     Consensus,
     VersionedData,
     check_log_home,
     mark_log_home,
 )
-from persistshard.core.layout import ROLLUP_EVERY, rollup_key
-from persistshard.core.state import Commit, Entry, ShardState
+from persistshard.core.storage.layout import ROLLUP_EVERY, rollup_key
 from persistshard.errors import (
     CommitDeadline,
     CorruptData,
@@ -91,9 +93,9 @@ BACKOFF_SECONDS = 0.01
 
 
 def repair_hint(error: CorruptData, location: str) -> CorruptData:
-    """``error`` (met reading the log or a rollup), saying what to run: `persistshard.core.repair`
-    restores the last valid version when the newest entries are torn, and refuses (changing
-    nothing) when the damage is older."""
+    """``error`` (met reading the log or a rollup), saying what to run:
+    `persistshard.core.maintenance.repair` restores the last valid version when the newest entries
+    are torn, and refuses (changing nothing) when the damage is older."""
     if "persistshard repair" in error.detail:
         return error
     out = CorruptData(

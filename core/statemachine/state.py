@@ -2,8 +2,8 @@
 
 A state version is a pure fold of commits: ``state(N) = apply(state(N-1), commit(N))``. The
 consensus log stores each commit (small: it names the parts it adds and removes), and every
-`ROLLUP_EVERY` versions (`persistshard.core.layout`) a full copy of the state (a *rollup*) is
-written as a blob and named by the commit's entry, so loading costs one rollup plus at most
+`ROLLUP_EVERY` versions (`persistshard.core.storage.layout`) a full copy of the state (a *rollup*)
+is written as a blob and named by the commit's entry, so loading costs one rollup plus at most
 `ROLLUP_EVERY` commits, and the bytes written per commit do not grow with history.
 
 Invariants of a `ShardState` (checked by `ShardState.check`):
@@ -39,8 +39,8 @@ Commit kinds, all in `apply` (their preconditions are classes named ``Assert...`
   replaces them with one output batch. It may also name unsealed input batches (whose updates
   below the upper the output absorbed) and unsealed outputs (their trimmed remainders).
 - `renew_lease`: extends a write's lease; `sweep_leases`: gc's lease fence
-  (`persistshard.core.leases`). An append or compaction releases the explicit leases of the
-  writes whose parts it adds; before any commit lands, the state machine refuses one that adds
+  (`persistshard.core.statemachine.leases`). An append or compaction releases the explicit leases of
+  the writes whose parts it adds; before any commit lands, the state machine refuses one that adds
   a part of a write whose lease ran out (`LeaseExpired`).
 - Every commit with a time also drops expired explicit leases, and prunes writer records
   when they are due (`prune_due`, `prune_writers`).
@@ -67,7 +67,7 @@ from typing import Any
 import crc32c
 import pyarrow as pa
 
-from persistshard.core.layout import PARTS_PREFIX, ROLLUPS_PREFIX
+from persistshard.core.storage.layout import PARTS_PREFIX, ROLLUPS_PREFIX
 from persistshard.errors import (
     CorruptData,
     HoldExpired,
@@ -116,7 +116,7 @@ class PartRef:
     ``rewrite_time``, when set, is the time of *every* update of the part, whatever time the
     part's bytes say: a plain append that lost a race is committed at the newer upper without
     rewriting its parts (after persist's ``ts_rewrite``). Then ``min_time == max_time ==
-    rewrite_time``; every reader applies it (`persistshard.core.parts.adapt_part_table`).
+    rewrite_time``; every reader applies it (`persistshard.core.storage.parts.adapt_part_table`).
     """
 
     key: str
@@ -237,11 +237,11 @@ class ShardState:
     writers: dict[str, int] = field(default_factory=dict)
     last_commit: str | None = None
     holds: dict[str, Hold] = field(default_factory=dict)
-    #: Explicit write leases (`persistshard.core.leases`): write id -> expiry (ms since the
-    #: epoch). A write without an entry has the implicit lease its id's time gives it.
+    #: Explicit write leases (`persistshard.core.statemachine.leases`): write id -> expiry (ms
+    #: since the epoch). A write without an entry has the implicit lease its id's time gives it.
     leases: dict[str, int] = field(default_factory=dict)
     #: gc deleted the parts of every write whose lease had run out by this time (ms); no
-    #: commit may add a part of such a write afterwards (`persistshard.core.leases`).
+    #: commit may add a part of such a write afterwards (`persistshard.core.statemachine.leases`).
     lease_fence_ms: int = 0
     #: When each streaming writer in ``writers`` last committed (ms, the committing clock);
     #: records expire and are pruned (`prune_writers`).
@@ -717,7 +717,8 @@ def _apply_compact(state: ShardState, c: Commit, location: str | None) -> ShardS
 
 def _apply_renew_lease(state: ShardState, c: Commit, location: str | None) -> ShardState:
     """Extend the lease of a write in flight to ``now + lease_ms`` (never shortens it); the
-    lease must still be live (checked before the commit, `persistshard.core.leases`)."""
+    lease must still be live (checked before the commit,
+    `persistshard.core.statemachine.leases`)."""
     write_id, lease = c.args["write_id"], int(c.args["lease_ms"])
     until = max(state.leases.get(write_id, 0), _now(c) + lease)
     return replace(state, leases={**state.leases, write_id: until})

@@ -8,7 +8,7 @@ one database serves many shards:
 - ``persistshard_heads (shard, head)``, primary key ``shard``: the shard's current head
   version. The row is created by the first compare-and-set and never deleted.
 
-What always holds (the `persistshard.core.consensus` contract):
+What always holds (the `persistshard.core.storage.consensus` contract):
 - An entry is inserted only in the same transaction that moves ``head`` from ``expected`` to
   ``expected + 1`` (the conditional ``UPDATE ... WHERE head = expected``, or for an empty log
   the ``INSERT`` of the heads row that conflicts with any existing one). So a compare-and-set
@@ -50,7 +50,7 @@ import time
 import urllib.parse
 from typing import Any
 
-from persistshard.core.consensus import Consensus, VersionedData
+from persistshard.core.storage.consensus import Consensus, VersionedData
 from persistshard.errors import Indeterminate, InvalidUpdates
 
 log = logging.getLogger("persistshard.consensus.sql")

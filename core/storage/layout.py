@@ -6,7 +6,7 @@ Everything a shard stores lives under its location, in three prefixes, and nothi
   write id (made by `new_id`) starts with its creation time, so gc can tell an orphan's age.
 - ``rollups/v<version:020d>-<id>.json``: full copies of the state every `ROLLUP_EVERY` versions.
 - ``consensus/v<version:020d>.json`` and ``consensus/HEAD``: the log of state versions kept by
-  `persistshard.core.consensus.BlobConsensus` (another consensus may keep it elsewhere), and
+  `persistshard.core.storage.consensus.BlobConsensus` (another consensus may keep it elsewhere), and
   ``consensus/floor/f<version:020d>``: the truncation floor markers of that log.
 
 Invariant relied on by gc: every key under ``parts/`` and ``rollups/`` embeds an id from

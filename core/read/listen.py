@@ -23,10 +23,10 @@ from typing import Protocol
 
 import pyarrow as pa
 
-from persistshard.core.holds import ReaderHold
-from persistshard.core.layout import new_id
-from persistshard.core.machine import StateMachine
 from persistshard.core.rows import DIFF, TIME
+from persistshard.core.statemachine.holds import ReaderHold
+from persistshard.core.statemachine.machine import StateMachine
+from persistshard.core.storage.layout import new_id
 from persistshard.errors import SinceViolation
 
 

@@ -14,17 +14,17 @@ What always holds:
   and never comes back (register again: the shard may have compacted past it meanwhile).
 - Reader ids are unique among live holds (a second registration is `InvalidUpdates`).
 
-Relies on: the state machine's clock (`persistshard.core.layout.now_ms`) being roughly the same
-on every process that commits; a clock far ahead on one committer can expire a hold early.
+Relies on: the state machine's clock (`persistshard.core.storage.layout.now_ms`) being roughly the
+same on every process that commits; a clock far ahead on one committer can expire a hold early.
 """
 
 from __future__ import annotations
 
 from types import TracebackType
 
-from persistshard.core.layout import new_id
-from persistshard.core.machine import StateMachine
-from persistshard.core.state import Commit, Hold
+from persistshard.core.statemachine.machine import StateMachine
+from persistshard.core.statemachine.state import Commit, Hold
+from persistshard.core.storage.layout import new_id
 from persistshard.errors import HoldExpired, InvalidUpdates
 
 #: The lease of a hold when the reader does not choose one.

@@ -49,10 +49,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from persistshard.core.blob import Blob
-from persistshard.core.layout import new_id, release_unused_memory
-from persistshard.core.parts import CHUNK_BYTES, PartSink, adapt_part_table, open_part
-from persistshard.core.read import KeyRange, in_range
+from persistshard.core.read.plan import KeyRange, in_range
 from persistshard.core.rows import (
     DIFF,
     TIME,
@@ -61,8 +58,11 @@ from persistshard.core.rows import (
     settle_below_bound,
     sort_indices,
 )
-from persistshard.core.state import PartRef, ShardState
-from persistshard.core.validate import update_schema
+from persistshard.core.statemachine.state import PartRef, ShardState
+from persistshard.core.storage.blob import Blob
+from persistshard.core.storage.layout import new_id, release_unused_memory
+from persistshard.core.storage.parts import CHUNK_BYTES, PartSink, adapt_part_table, open_part
+from persistshard.core.write.validate import update_schema
 from persistshard.format import ChunkInfo, PartReader
 
 __all__ = [

@@ -5,17 +5,18 @@ that was still the head less than the retention window ago (its successor's comm
 ``at_ms`` in the log, is after ``now - retention``). A read that pinned a version (any scan,
 snapshot or Spark job plans on one version) therefore finishes correctly if it ends within
 the retention window after that version stopped being the head; a longer read holds a
-reader hold (`persistshard.core.holds`) or reads again. Writes in flight are protected by their
-leases (`persistshard.core.leases`), not by the window. Everything else may go:
+reader hold (`persistshard.core.statemachine.holds`) or reads again. Writes in flight are protected
+by their leases (`persistshard.core.statemachine.leases`), not by the window. Everything else may
+go:
 
 - parts under ``parts/`` that no live version references:
   - parts an older retained version references (replaced by compaction, removed by an
     overwrite), written (by the time in their write id,
-    `persistshard.core.layout.part_write_time_ms`) before the retention floor;
+    `persistshard.core.storage.layout.part_write_time_ms`) before the retention floor;
   - parts no retained version references (*orphans*: writes that never committed, a Spark
     task retried, a driver that died), once the lease of their write ran out by gc's clock.
-    Before deleting any orphan gc commits its fence (`persistshard.core.leases.fence`), then
-    reads the log again and keeps every orphan a commit adopted meanwhile; after the fence no
+    Before deleting any orphan gc commits its fence (`persistshard.core.statemachine.leases.fence`),
+    then reads the log again and keeps every orphan a commit adopted meanwhile; after the fence no
     commit can adopt one (`LeaseExpired`). A part without a readable write time is never
     deleted.
 - log entries older than the rollup R that the earliest live version is rebuilt from
@@ -44,18 +45,19 @@ import itertools
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from persistshard.core import layout, leases
-from persistshard.core import state as st
-from persistshard.core.blob import temporary_time_ms
-from persistshard.core.layout import (
+from persistshard.core.statemachine import leases
+from persistshard.core.statemachine import state as st
+from persistshard.core.statemachine.machine import StateMachine
+from persistshard.core.statemachine.state import Entry, ShardState
+from persistshard.core.storage import layout
+from persistshard.core.storage.blob import temporary_time_ms
+from persistshard.core.storage.layout import (
     DEFAULT_RETENTION_SECONDS,
     PARTS_PREFIX,
     ROLLUPS_PREFIX,
     part_write_time_ms,
     rollup_write_time_ms,
 )
-from persistshard.core.machine import StateMachine
-from persistshard.core.state import Entry, ShardState
 from persistshard.errors import CorruptData
 
 

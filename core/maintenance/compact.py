@@ -1,6 +1,6 @@
 """Compaction execution: streaming k-way merges of sorted runs, and committing their outputs.
 
-`run_merge` executes one `MergePlan` (see `persistshard.core.trace`): it reads the input
+`run_merge` executes one `MergePlan` (see `persistshard.core.maintenance.trace`): it reads the input
 parts chunk by chunk, forwards times below the plan's floor, merges and consolidates them by
 the one row rule (`persistshard.core.rows`), and writes one sorted, consolidated run as parts
 of at most about ``part_bytes`` each, cut only where the row (not just the time) changes. It
@@ -43,12 +43,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from persistshard.core import trace
-from persistshard.core.blob import Blob
-from persistshard.core.layout import new_id, part_key
-from persistshard.core.leases import WriteLease
-from persistshard.core.machine import StateMachine
-from persistshard.core.parts import CHUNK_BYTES, PART_TARGET_BYTES, adapt_part_table, open_part
+from persistshard.core.maintenance import trace
+from persistshard.core.maintenance.trace import MergePlan
 from persistshard.core.rows import (
     DIFF,
     TIME,
@@ -60,9 +56,18 @@ from persistshard.core.rows import (
     settle_below_bound,
     sort_indices,
 )
-from persistshard.core.state import Batch, Commit, PartRef, ShardState
-from persistshard.core.trace import MergePlan
-from persistshard.core.validate import update_schema
+from persistshard.core.statemachine.leases import WriteLease
+from persistshard.core.statemachine.machine import StateMachine
+from persistshard.core.statemachine.state import Batch, Commit, PartRef, ShardState
+from persistshard.core.storage.blob import Blob
+from persistshard.core.storage.layout import new_id, part_key
+from persistshard.core.storage.parts import (
+    CHUNK_BYTES,
+    PART_TARGET_BYTES,
+    adapt_part_table,
+    open_part,
+)
+from persistshard.core.write.validate import update_schema
 from persistshard.errors import CorruptData, LeaseExpired, StateConflict
 from persistshard.format import PartReader, PartWriter
 
@@ -588,7 +593,7 @@ def compact_shard(
     max_conflicts: int = 10,
 ) -> CompactionReport:
     """Plan, run and commit merges one at a time until the trace is tidy (see
-    `persistshard.core.trace`), at most ``max_merges`` of them; gives up after
+    `persistshard.core.maintenance.trace`), at most ``max_merges`` of them; gives up after
     ``max_conflicts`` lost races (other compactors are then doing the work)."""
     return _compact_from(machine, machine.state(), full, max_merges, part_bytes, max_conflicts)
 

@@ -1,8 +1,9 @@
 """Trace compaction planning: which consecutive batches merge, into what level, at what since.
 
-A plan is a pure function of one state version; executing it (`persistshard.core.compact`)
-writes an output batch, and committing it is an ordinary ``compact`` commit that applies only
-if every input is still in the state. This module decides *what* to merge; it reads no data.
+A plan is a pure function of one state version; executing it
+(`persistshard.core.maintenance.compact`) writes an output batch, and committing it is an ordinary
+``compact`` commit that applies only if every input is still in the state. This module decides
+*what* to merge; it reads no data.
 
 The trace is a list of batches over consecutive time intervals, oldest first, each with a
 compaction level. Three kinds of merge, in the order a full compaction tries them:
@@ -61,7 +62,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from persistshard.core.state import Batch, PartRef, ShardState
+from persistshard.core.statemachine.state import Batch, PartRef, ShardState
 
 Reason = Literal["unsealed", "level", "full"]
 

@@ -7,13 +7,13 @@ references the parts, so gc cannot tell them from the leftovers of a write that 
 unreferenced parts of a write only once its lease ran out.
 
 - Every write has an *implicit* lease: `DEFAULT_WRITE_LEASE_SECONDS` from the time in its write
-  id (`persistshard.core.layout.new_id`). Short writes never do anything else.
+  id (`persistshard.core.storage.layout.new_id`). Short writes never do anything else.
 - A write that may outlive it holds an *explicit* lease in the shard state (``leases``: write
   id -> expiry), renewed by `renew_lease` commits (`WriteLease` renews from a background
   thread). An explicit lease named ``w`` also covers the writes ``w-<suffix>`` (the delta
   writes of an overwrite). A write's lease expires at the later of the two.
-- gc (`persistshard.core.gc`) deletes an unreferenced part only when its write's lease ran out
-  by gc's clock, and before deleting anything it commits a *fence* (`sweep_leases`,
+- gc (`persistshard.core.maintenance.gc`) deletes an unreferenced part only when its write's lease
+  ran out by gc's clock, and before deleting anything it commits a *fence* (`sweep_leases`,
   ``lease_fence_ms`` = gc's clock).
 
 What always holds: a commit never lands that adds a part gc may have deleted. Before every
@@ -37,15 +37,21 @@ import threading
 from types import TracebackType
 from typing import Any, Protocol
 
-from persistshard.core import layout
-from persistshard.core.layout import id_time_ms, new_id
-from persistshard.core.state import Batch, Commit, ShardState, lease_covers, part_write_id
+from persistshard.core.statemachine.state import (
+    Batch,
+    Commit,
+    ShardState,
+    lease_covers,
+    part_write_id,
+)
+from persistshard.core.storage import layout
+from persistshard.core.storage.layout import id_time_ms, new_id
 from persistshard.errors import InvalidUpdates, LeaseExpired
 
 
 class Committer(Protocol):
-    """What leases need of a state machine (`persistshard.core.machine.StateMachine`, which
-    imports this module to check leases, so it is named by its shape here)."""
+    """What leases need of a state machine (`persistshard.core.statemachine.machine.StateMachine`,
+    which imports this module to check leases, so it is named by its shape here)."""
 
     def commit(self, commit: Commit) -> ShardState: ...
 

@@ -1,0 +1,10 @@
+"""persistshard.core.read: answering reads from one pinned state version.
+
+- `plan`: which parts and chunks a read needs, how it splits into tasks, and how each task
+  turns stored updates into an answer (Spark and the Python API share it).
+- `filters`: exact row predicates and statistics-based chunk skipping.
+- `scan`: lazy, streamed, projected and filtered reads for Python engines.
+- `listen`: a subscription to a shard's changes, holding since while it runs.
+
+Invariant: a read sees exactly one state version, never a mix.
+"""

@@ -1,0 +1,15 @@
+"""persistshard.core.storage: where bytes and versions live, and nothing about what they mean.
+
+Owns the two stores a shard sits on and the shape of its keys:
+
+- `blob`: get/put/delete/list over any fsspec URL (fsync on local files, the only
+  durability rule), plus the in-memory store for tests.
+- `consensus`: the versioned log with compare-and-set at its head, kept next to the data
+  (blob consensus with floor markers); `sqlconsensus`: the same contract in SQLite or
+  PostgreSQL, chosen by a ``consensus=`` URL.
+- `parts`: part files in and out (the only module of `core` that calls `persistshard.format`).
+- `layout`: the key layout under a location, ids, the clock and shared defaults.
+
+Invariant: nothing here reads or interprets a shard's state; a store is correct by its own
+contract (conformance suite), whatever the layers above put in it.
+"""
