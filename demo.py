@@ -75,30 +75,28 @@ def _show(title: str, df: DataFrame) -> None:
     _say("\n".join(lines))
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], spark: SparkSession | None = None) -> int:
+    """Run the demo in ``argv[0]`` (kept) or a temporary directory (removed), on ``spark`` when
+    given (left running: the caller owns it) or on a local session it starts and stops."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     with _workspace(argv[0] if argv else None) as root:
-        code = _run(root)
+        code = _run(root, spark)
     if not argv:
         _say(f"\n(removed the demo's temporary directory {root})")
     return code
 
 
-def _run(root: str) -> int:
+def _run(root: str, given: SparkSession | None = None) -> int:
     from pyspark.sql import SparkSession
 
     import persistshard as ps
 
     orders = os.path.join(root, "orders")
-    spark = (
+    spark = given or (
         SparkSession.builder.master("local[2]")
         .appName("persistshard demo")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
-        # Filter pushdown: the reader applies WHERE filters itself and skips chunks whose
-        # column statistics rule them out. Off by default in Spark; without it Spark reads
-        # every row and filters afterwards (same answers, more work).
-        .config("spark.sql.python.filterPushdown.enabled", "true")
         .config("spark.ui.showConsoleProgress", "false")
         .getOrCreate()
     )
@@ -148,8 +146,14 @@ def _run(root: str) -> int:
     spark.sql("INSERT INTO orders VALUES (6, 'lime', 4)")
     _say("\nSQL: CREATE TABLE orders ... LOCATION; INSERT INTO orders VALUES (6, 'lime', 4)")
     _show(
-        "SQL: SELECT item, qty FROM orders WHERE qty > 3 (the filter is pushed to the reader)",
+        "SQL: SELECT item, qty FROM orders WHERE qty > 3",
         spark.sql("SELECT item, qty FROM orders WHERE qty > 3"),
+    )
+    # The `where` option is applied by the reader itself: chunks whose column statistics
+    # rule it out are never decoded (Spark's own WHERE filters the rows it is handed).
+    _show(
+        "SQL: SELECT * FROM orders WITH ('where' = 'id >= 4') (chunks pruned by the reader)",
+        spark.sql("SELECT * FROM orders WITH ('where' = 'id >= 4')"),
     )
     _show(
         "SQL: SELECT * FROM orders WITH ('as_of' = '1')",
@@ -192,7 +196,8 @@ def _run(root: str) -> int:
     spark.sql("DROP TABLE orders_changes")
     upserts(spark, root)
     ingest(spark, root)
-    spark.stop()
+    if given is None:
+        spark.stop()
     return 0
 
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import base64
 import pickle
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -88,7 +88,7 @@ class _DiffTask:
     """One key range's diff, as shipped to a Spark task."""
 
     location: str
-    storage_options: dict[str, Any]
+    storage_options: dict[str, Any] = field(repr=False)  # may hold credentials
     runs: tuple[DiffRun, ...]
     schema: pa.Schema
     key_range: KeyRange | None

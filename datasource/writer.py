@@ -98,7 +98,7 @@ class BatchDescription:
     diff_column: str | None
     overwrite: bool
     memory_budget: int
-    storage_options: dict[str, Any]
+    storage_options: dict[str, Any] = field(repr=False)  # may hold credentials
     target: pa.Schema | None = None
     sources: tuple[str, ...] = ()
     plain: bool = False

@@ -161,3 +161,18 @@ def test_stream_writer_option_errors(tmp_path):
         PersistShardStreamWriter(
             {"path": location, "writer_id": "w", "remap": str(tmp_path / "r")}, schema, True
         )
+
+
+def test_task_descriptions_never_show_storage_secrets():
+    """What Spark ships to tasks may end in a log or an error (its repr): no secret in it."""
+    import dataclasses
+
+    from persistshard.datasource.overwrite import _DiffTask
+    from persistshard.datasource.writer import BatchDescription
+
+    for cls in (BatchDescription, _DiffTask):
+        values = {
+            f.name: ({"secret": "hunter2"} if f.name == "storage_options" else None)
+            for f in dataclasses.fields(cls)
+        }
+        assert "hunter2" not in repr(cls(**values)), cls.__name__
