@@ -286,6 +286,26 @@ def test_write_lease_thread_renews_a_long_write(tmp_path):
     assert shard.state().leases[lease.write_id] == lease.expires_ms
 
 
+def test_a_lease_that_runs_out_while_renewals_fail_is_lost_and_left_alone(tmp_path, clock):
+    """Storage trouble is retried while the lease lives; once it ran out, renewing stops (a
+    keeper retrying forever would burn a core for the rest of the process)."""
+    shard = ps.open_shard(str(tmp_path / "s"))
+    shard.append(updates([(1, "a", 0, 1)]))
+    lease = leases.WriteLease(shard.machine, new_id(), lease_seconds=60)
+    attempts = []
+
+    def failing_renew() -> None:
+        attempts.append(clock.ms)
+        raise OSError("store down")
+
+    lease.renew = failing_renew  # type: ignore[method-assign]
+    lease._renew_quietly()
+    assert not lease.lost and lease.due_ms() > clock.ms  # retried later, not at once
+    clock.advance(61_000)
+    lease._renew_quietly()
+    assert lease.lost and len(attempts) == 2
+
+
 def test_a_short_write_commits_nothing_extra(tmp_path):
     shard = ps.open_shard(str(tmp_path / "s"))
     shard.append(updates([(1, "a", 0, 1)]))

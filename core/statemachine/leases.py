@@ -145,8 +145,9 @@ class WriteLease:
     of the lease is left. Entering and leaving the block only registers and unregisters the
     lease: nothing is committed, and no thread is started or joined, for a write that ends
     early. Renewals use their own state machine (the caller's is not thread-safe). A renewal
-    that fails is logged and tried again a little later; one refused with `LeaseExpired` stops
-    renewing, and the write's commit will be refused too.
+    that fails is logged and tried again a little later, until the lease has run out; one
+    refused with `LeaseExpired`, or still failing when the lease runs out, stops renewing (the
+    lease is *lost*), and the write's commit will be refused too.
     """
 
     def __init__(
@@ -186,9 +187,17 @@ class WriteLease:
         except LeaseExpired as e:
             log.warning("write %s lost its lease: %s", self.write_id, e)
             self.lost = True
-        except Exception as e:  # storage trouble: try again a little later
+        except Exception as e:  # storage trouble: try again a little later, while it can help
+            now = layout.now_ms()
+            if now >= self.expires_ms:
+                # The lease ran out while the store failed: no renewal can bring it back (gc
+                # may already sweep the write's parts, and its commit will be refused), so stop
+                # rather than retry for the rest of the process.
+                log.warning("write %s lost its lease while renewing failed: %s", self.write_id, e)
+                self.lost = True
+                return
             log.warning("write %s could not renew its lease: %s", self.write_id, e)
-            self._retry_at_ms = layout.now_ms() + max(50, int(self.lease_seconds * 1000 / 30))
+            self._retry_at_ms = now + max(50, int(self.lease_seconds * 1000 / 30))
 
     def __enter__(self) -> WriteLease:
         _KEEPER.add(self)
