@@ -414,6 +414,8 @@ def cmd_conformance(args: argparse.Namespace, options: dict[str, Any]) -> int:
             del sys.modules[name]
     collector = _Collector()
     pytest_args = [here, "-q", "-p", "no:cacheprovider"]
+    if args.select:
+        pytest_args += ["-k", args.select]
     try:
         probe = f"{cleanup.scratch_name(run)}/"
         probe_atomic_create(open_blob(args.location, **options), prefix=probe)
@@ -429,8 +431,12 @@ def cmd_conformance(args: argparse.Namespace, options: dict[str, Any]) -> int:
                 "tests": collector.outcomes,
             }
             print(json.dumps(summary, indent=2))
-            return code
-        return int(pytest.main(pytest_args, plugins=[collector]))
+        else:
+            code = int(pytest.main(pytest_args, plugins=[collector]))
+        if code == 5:  # pytest: nothing ran
+            print(f"persistshard conformance: no check matches {args.select!r}", file=sys.stderr)
+            return 2
+        return code
     finally:
         cleanup.remove_run(args.location, run, options)
 
@@ -551,6 +557,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             metavar="NAME=VALUE",
             help="an fsspec storage option (repeatable; JSON values are decoded)",
         )
+        if name == "conformance":
+            p.add_argument(
+                "-k",
+                "--select",
+                metavar="EXPR",
+                help="run only the checks whose names match (pytest's -k expression, e.g. "
+                "'Consensus and not race'); default: all",
+            )
         if name == "repair":
             p.add_argument(
                 "--apply",

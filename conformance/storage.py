@@ -117,6 +117,18 @@ def _race_cas(store: Store, expected: int | None, payload: bytes, barrier: Any, 
     out.put((payload, consensus.compare_and_set(expected, payload)))
 
 
+def process_context() -> Any:
+    """Fresh processes for racing workers: forked from a server that imported this module
+    once (each spawned worker would import pyarrow and persistshard again, about 3 s of CPU
+    apiece); spawn where there is no forkserver. Never a fork of this process: it may hold
+    threads and open connections."""
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__])
+    return ctx
+
+
 def race(store: Store, target: Callable[..., None], payloads: list[Any], *extra: Any) -> list[Any]:
     """Run ``target`` in len(payloads) racing workers (processes when the store is shared)."""
     workers: list[Any]
@@ -127,7 +139,7 @@ def race(store: Store, target: Callable[..., None], payloads: list[Any], *extra:
             threading.Thread(target=target, args=(store, *extra, p, barrier, out)) for p in payloads
         ]
     else:
-        ctx = mp.get_context("spawn")
+        ctx = process_context()
         barrier = ctx.Barrier(len(payloads))
         out = ctx.Queue()
         workers = [

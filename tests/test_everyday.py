@@ -3,13 +3,13 @@ schema evolution (adding nullable columns) across snapshots, change reads and co
 
 from __future__ import annotations
 
-import multiprocessing
 from collections import Counter
 
 import pyarrow as pa
 import pytest
 
 import persistshard as ps
+from persistshard.conformance.storage import process_context
 from persistshard.core.statemachine.state import ShardState
 from persistshard.errors import InvalidUpdates, UpperMismatch
 
@@ -72,7 +72,7 @@ def test_four_processes_append_plainly_without_failures(tmp_path):
     upper is exactly 100, every row is there once, and verify finds nothing wrong."""
     loc = str(tmp_path / "s")
     ps.open_shard(loc).append(_rows([-1]))
-    ctx = multiprocessing.get_context("spawn")
+    ctx = process_context()
     procs = [ctx.Process(target=_append_many, args=(loc, w, 25)) for w in range(4)]
     for p in procs:
         p.start()

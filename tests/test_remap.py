@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import multiprocessing
 import threading
 
 import numpy as np
@@ -14,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import persistshard as ps
+from persistshard.conformance.storage import process_context
 from persistshard.core.remap import join, offsets_json
 
 
@@ -252,7 +252,7 @@ def _mint_loop(location: str, start: int, count: int, out) -> None:  # pragma: n
 def test_racing_minters_in_processes(remap):
     """Two processes each bind ten frontiers, retrying on UpperMismatch: twenty bindings at
     into-times 0..19, the shared partition strictly increasing by one per binding."""
-    ctx = multiprocessing.get_context("spawn")
+    ctx = process_context()
     out = ctx.Queue()
     procs = [
         ctx.Process(target=_mint_in_process, args=(remap.location, s, 10, out)) for s in (0, 1)

@@ -7,7 +7,6 @@ URLs whose credentials must not show anywhere."""
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import threading
 import uuid
 
@@ -19,7 +18,13 @@ from hypothesis import HealthCheck, settings
 import persistshard as ps
 from persistshard import Indeterminate
 from persistshard.conformance.model import make_shard_machine
-from persistshard.conformance.storage import RACERS, ConsensusAt, ConsensusContract, Store
+from persistshard.conformance.storage import (
+    RACERS,
+    ConsensusAt,
+    ConsensusContract,
+    Store,
+    process_context,
+)
 from persistshard.core.shard import Shard, open_shard
 from persistshard.core.storage.consensus import LOG_HOME_KEY, Consensus
 from persistshard.core.storage.sqlconsensus import (
@@ -68,7 +73,7 @@ def test_racing_processes_every_version_has_one_winner(db_url, tmp_path):
     """RACERS processes append 6 entries each: the log is contiguous, every success is in it
     at its version, no version has two winners, and no process ever saw the head go back."""
     shard = f"file://{tmp_path}/race"
-    ctx = mp.get_context("spawn")
+    ctx = process_context()
     barrier, out = ctx.Barrier(RACERS), ctx.Queue()
     procs = [
         ctx.Process(target=_append_many, args=(db_url, shard, f"w{i}", 6, barrier, out))
@@ -263,13 +268,18 @@ def test_cli_takes_consensus(tmp_path, capsys):
 
 def test_cli_conformance_with_consensus(tmp_path, capsys):
     """``persistshard conformance LOCATION --consensus URL`` runs the suite with its log in
-    the database and passes."""
+    the database and passes (its consensus contract: the whole suite on local files is
+    tests/test_cli_output.py's); ``-k`` selecting nothing is an error, not a pass."""
     from persistshard.cli import main
 
     url = f"sqlite:///{tmp_path}/conformance.db"
-    assert main(["conformance", str(tmp_path / "place"), "--consensus", url, "--json"]) == 0
+    place = str(tmp_path / "place")
+    assert main(["conformance", place, "--consensus", url, "-k", "TestConsensus", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["ok"] and report["passed"] > 0 and report["failed"] == 0
+    assert report["ok"] and report["passed"] > 5 and report["failed"] == 0
+    assert {t["test"].split("::")[0] for t in report["tests"]} == {"TestConsensus"}
+    assert main(["conformance", place, "--consensus", url, "-k", "NoSuchCheck"]) == 2
+    assert "no check matches 'NoSuchCheck'" in capsys.readouterr().err
     import sqlite3
 
     with sqlite3.connect(f"{tmp_path}/conformance.db") as db:
