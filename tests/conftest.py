@@ -62,6 +62,23 @@ def _root_off_sys_path() -> None:
     sys.path[:] = [p for p in sys.path if os.path.realpath(p or os.curdir) != ROOT]
 
 
+@pytest.fixture(autouse=True)
+def _memory_store_left_as_found():
+    """Each test leaves fsspec's ``memory://`` filesystem as it found it. That store is one
+    dict for the whole process, and some of its operations scan every key in it (``rm`` asks
+    ``exists`` of each path it removes), so files left by earlier tests made later ones
+    quadratic: the interleaving test took minutes in the full suite and seconds alone."""
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    keys, dirs = set(MemoryFileSystem.store), set(MemoryFileSystem.pseudo_dirs)
+    yield
+    for key in set(MemoryFileSystem.store) - keys:
+        MemoryFileSystem.store.pop(key, None)
+    MemoryFileSystem.pseudo_dirs[:] = [
+        d for d in MemoryFileSystem.pseudo_dirs if d in dirs or d == ""
+    ]
+
+
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
