@@ -132,7 +132,9 @@ def test_upsert_staging_longer_than_the_lease_commits(tmp_path, clock):
     location = str(tmp_path / "s")
     shard = ps.open_shard(location)
     shard.append(updates([(1, "a", 0, 1), (2, "b", 0, 1)]))
-    _, spec, d = plan_upsert({"path": location, "key_columns": "id"}, SCHEMA, False, streaming=False)
+    _, spec, d = plan_upsert(
+        {"path": location, "key_columns": "id"}, SCHEMA, False, streaming=False
+    )
     meanwhile = Meanwhile(location, clock)
     first = stage_task(d, spec, [pa.record_batch({"id": [1], "item": ["A"]})])
 
@@ -200,9 +202,7 @@ def test_a_staged_task_whose_lease_ran_out_is_refused_not_corrupt(tmp_path, cloc
     assert fresh.upper == before.upper and rows_of(fresh.snapshot()) == {(1, "a"): 1}
 
 
-def test_spark_overwrite_longer_than_the_lease_commits_while_gc_runs(
-    spark, tmp_path, monkeypatch
-):
+def test_spark_overwrite_longer_than_the_lease_commits_while_gc_runs(spark, tmp_path, monkeypatch):
     """A real distributed overwrite (two staging tasks), the write lease shortened to one
     second on the driver (this process), gc running in a thread all along. One task stages
     at once; the other waits until gc has run past twice the lease after the first task's
