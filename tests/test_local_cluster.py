@@ -28,8 +28,8 @@ BUCKET = "persistshard-cluster"
 SECRET = "CLUSTER-SECRET-" + uuid.uuid4().hex
 
 JOB = """
-import json, os, sys
-from collections import Counter
+import json, os, sys, time
+started = time.monotonic()
 os.environ["PYSPARK_PYTHON"] = sys.executable
 from pyspark import TaskContext
 from pyspark.sql import SparkSession
@@ -40,6 +40,7 @@ spark = (SparkSession.builder.master("local-cluster[2,1,1024]")
          .config("spark.executor.memory", "512m")
          .getOrCreate())
 spark.sparkContext.setLogLevel("ERROR")
+session_s = time.monotonic() - started
 opts = {"consensus": consensus, **storage}
 
 def write(df, mode="append"):
@@ -67,6 +68,8 @@ print("RESULT " + json.dumps({
     "executors": executors,
     "worker_pids": sorted({pid for pid, _ in workers}),
     "driver_pid": os.getpid(),
+    "session_s": round(session_s, 1),
+    "total_s": round(time.monotonic() - started, 1),
 }))
 """
 
@@ -121,6 +124,7 @@ def test_local_cluster_writes_and_reads_s3_data_with_postgres_consensus(
     lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, out.stdout[-2000:] + out.stderr[-2000:]
     result = json.loads(lines[-1][len("RESULT ") :])
+    print(f"local-cluster job: session {result['session_s']} s, total {result['total_s']} s")
     assert result["executors"] == 2
     assert result["driver_pid"] not in result["worker_pids"]
     assert result["rows_first"] == 410 and result["late"] == 10
