@@ -107,6 +107,13 @@ def _info_ms(info: dict[str, Any]) -> int | None:
 #: in use; the commit-latency benchmark turns it off to show what durability costs.
 SYNC_LOCAL = True
 
+#: A storage option for benchmarks only: ``unsafe_no_sync=true`` makes that `FsspecBlob`'s
+#: local puts skip every sync (as `SYNC_LOCAL` = False does for a whole process). It travels
+#: with the storage options (Spark: ``storage.unsafe_no_sync``) to every task and commit of a
+#: job, so the Spark benchmark measures syncing on and off in one run (`benchmarks.
+#: spark_sync_bench`). An acknowledged commit made with it can be lost to a power cut.
+NO_SYNC_OPTION = "unsafe_no_sync"
+
 
 def _sync_dir(directory: str) -> None:
     """Make ``directory``'s entries (names created, linked, renamed or removed in it) durable."""
@@ -379,6 +386,8 @@ class FsspecBlob(Blob):
     """
 
     def __init__(self, url: str, **storage_options: Any) -> None:
+        no_sync = storage_options.pop(NO_SYNC_OPTION, False)
+        self._sync = not (no_sync is True or str(no_sync).lower() == "true")
         fs, root = fsspec.core.url_to_fs(url, **storage_options)
         self.fs = fs
         self.url = url
@@ -431,7 +440,7 @@ class FsspecBlob(Blob):
     def put(self, key: str, data: bytes) -> None:
         path = self._path(key)
         if self._local:
-            _publish_local(path, data, os.replace)
+            _publish_local(path, data, os.replace, sync=self._sync)
             return
         self.fs.pipe_file(path, data)
 
@@ -446,7 +455,7 @@ class FsspecBlob(Blob):
         path = self._path(key)
         if self._local:
             try:
-                _publish_local(path, data, os.link)  # link fails if the key exists
+                _publish_local(path, data, os.link, sync=self._sync)  # fails if the key exists
                 return True
             except FileExistsError:
                 return False
