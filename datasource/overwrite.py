@@ -20,12 +20,15 @@ written, as with ``mode("overwrite")``; but no process holds the shard or the Da
 5. *Commit* (driver): one compare-and-append of every range's parts at ``expected_upper =
    the pinned upper``, new upper one past it.
 
-What holds: the shard changes only in step 5, atomically. Whatever fails (a task, the plan,
-a commit refused because another writer moved the upper), the staged parts and every part of
-the diff are deleted before the error is raised; parts of task attempts that died without a
-trace (Spark has no per-task abort) carry the write id and are deleted by the same sweep, or
-by gc if the driver died. A task's failure that is a persistshard error reaches the caller as
-its own class. Assumes every executor reaches the storage under the same location and options.
+The driver holds the write's lease (`persistshard.core.statemachine.leases`) from step 1 to
+step 5; it covers the staged parts and every range's difference, so gc keeps them however
+long the jobs run. What holds: the shard changes only in step 5, atomically. Whatever fails
+(a task, the plan, a commit refused because another writer moved the upper), the staged
+parts and every part of the diff are deleted before the error is raised; parts of task
+attempts that died without a trace (Spark has no per-task abort) carry the write id and are
+deleted by the same sweep, or by gc if the driver died. A task's failure that is a
+persistshard error reaches the caller as its own class. Assumes every executor reaches the
+storage under the same location and options.
 """
 
 from __future__ import annotations

@@ -20,6 +20,11 @@ The protocol, a variant of the write protocol of `persistshard.datasource.writer
    parts of a refused commit are deleted too; parts left by a crashed driver are unreferenced
    and gc removes them.
 
+Leases (`persistshard.core.statemachine.leases`): a staging task renews the write's lease while
+it runs; the commit first checks that the staged writes' leases are live (else `LeaseExpired`:
+gc may have swept staged rows, so nothing is read) and holds them, and the delta's own lease,
+until its commit.
+
 Exactly once. A streaming micro-batch commits with (writer id, batch id); the state records
 it and a replay of that batch id (after a crash between the tasks and the commit, or after
 the commit) is recognised before anything is computed, or by the commit itself if it raced,

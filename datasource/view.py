@@ -23,7 +23,9 @@ exactly ``b``'s output; ``updates(t_a + 1, t_b + 1)`` between two micro-batches 
 the rows that changed (a retraction of the old row, an insertion of the new one); each
 ``(writer_id, batchId)`` is committed at most once (the record is part of the same atomic
 commit as the rows). Staged parts are never referenced by the state and are deleted after
-every commit attempt; parts of a diff whose commit was refused are deleted by
+every commit attempt. The commit holds the staged tasks' leases (after checking them live:
+else `LeaseExpired`, nothing read) and each diff's own, so a long diff is not refused; parts
+of a diff whose commit was refused are deleted by
 `Shard.commit_written`; anything left by a crashed process is unreferenced and gc's.
 """
 

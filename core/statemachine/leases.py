@@ -24,6 +24,13 @@ commit's time and past the state's fence; otherwise the commit is refused with `
 before the fence loses its compare-and-set, re-reads, and is refused; an attempt that landed
 before the fence is in the log gc reads after its fence, so its parts are referenced and kept.
 
+The Spark paths hold leases with `holding` (several `WriteLease` at once, optionally checked
+live first): the drivers of the distributed overwrite and compaction from the mint to the
+commit, upsert staging tasks while they run, the streaming and upsert commits over every
+task's write. A task's write is renewed only while it runs or once the commit holds it, so a
+Spark job whose task ended more than a lease before its commit began is still refused
+(`LeaseExpired`, never missing parts): no driver-side Python process lives while the tasks run.
+
 Relies on: the committing processes' clocks agreeing to well within a lease (a committer
 whose clock runs behind by more than the time left on a lease can still commit after gc's
 clock says the lease ran out: the fence then refuses it only if gc already ran). Leases are
