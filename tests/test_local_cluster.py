@@ -54,16 +54,14 @@ def where(_):
     ctx = TaskContext.get()
     yield (os.getpid(), ctx.partitionId())
 
-data = spark.range(0, 400, 1, 4).selectExpr("id", "cast(id % 7 as string) as item")
-write(data)
-write(spark.range(400, 410, 1, 2).selectExpr("id", "'late' as item"))
+write(spark.range(0, 400, 1, 4).selectExpr("id", "cast(id % 7 as string) as item"))
 first = read()
 write(spark.range(0, 5, 1, 2).selectExpr("id", "cast(id % 7 as string) as item"), "overwrite")
 executors = spark.sparkContext._jsc.sc().getExecutorIds().size()
 workers = spark.sparkContext.parallelize(range(8), 8).mapPartitions(where).collect()
 print("RESULT " + json.dumps({
-    "rows_first": len(first),
-    "late": sum(1 for r in first if r[1] == "late"),
+    "first": len(first),
+    "first_ids": len({r[0] for r in first}),
     "after_overwrite": read(),
     "executors": executors,
     "worker_pids": sorted({pid for pid, _ in workers}),
@@ -101,7 +99,7 @@ def s3_options():
 def test_local_cluster_writes_and_reads_s3_data_with_postgres_consensus(
     tmp_path, s3_options, postgres_url
 ):
-    """Appends from four and two tasks, a read, an overwrite and a read again, run by two
+    """An append from four tasks, a read, an overwrite and a read again, run by two
     executors in their own JVMs and Python workers: every row is there once, the overwrite
     leaves exactly its rows, the log is in PostgreSQL (no entry beside the data), and the
     Python API of this process reads the same shard."""
@@ -118,7 +116,7 @@ def test_local_cluster_writes_and_reads_s3_data_with_postgres_consensus(
         env=env,  # PYTHONPATH names this tree (tests/conftest.py)
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=900,  # about a minute on an idle machine; far more beside busy neighbours
     )
     assert out.returncode == 0, out.stderr[-4000:]
     lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
@@ -127,10 +125,10 @@ def test_local_cluster_writes_and_reads_s3_data_with_postgres_consensus(
     print(f"local-cluster job: session {result['session_s']} s, total {result['total_s']} s")
     assert result["executors"] == 2
     assert result["driver_pid"] not in result["worker_pids"]
-    assert result["rows_first"] == 410 and result["late"] == 10
+    assert result["first"] == result["first_ids"] == 400
     assert result["after_overwrite"] == [[i, str(i % 7)] for i in range(5)]
     shard = ps.open_shard(location, consensus=postgres_url, **s3_options)
-    assert shard.upper == 3
+    assert shard.upper == 2
     assert sorted((r["id"], r["item"]) for r in shard.snapshot().to_pylist()) == [
         (i, str(i % 7)) for i in range(5)
     ]
