@@ -102,6 +102,15 @@ REGISTRY: tuple[Benchmark, ...] = (
         rounds={"quick": 5, "full": 7},
     ),
     Benchmark(
+        name="spark_sync",
+        module="benchmarks.spark_sync_bench",
+        summary="Spark append with every put synced vs syncing switched off, same run",
+        sizes={"quick": {"rows": 200_000}, "full": {"rows": 2_000_000}},
+        headings=("spark append: every put synced",),
+        uses_spark=True,
+        rounds={"quick": 3, "full": 7},
+    ),
+    Benchmark(
         name="upsert",
         module="benchmarks.upsert_bench",
         summary="micro-batches upserting 0.1%/1%/10% of a table's keys vs appending the changed "

@@ -11,7 +11,9 @@ up the levels, so about log N rounds at most), or ``max_rounds``.
 
 What holds: tasks only write new parts under fresh keys (never touch the state), so a failed
 or retried task leaves at most unreferenced parts, which gc removes once they are older than
-its retention floor; all state changes happen on the driver, one compare-and-set each. When a
+its retention floor; all state changes happen on the driver, one compare-and-set each. The
+driver holds each merge's write lease (`persistshard.core.statemachine.leases`) from the plan to
+its commit, so gc keeps a long merge's parts and the merge is not refused for its length. When a
 task fails, the other merges of its round still commit, then the failure is raised on the
 driver as its own class (`CorruptData` names the damaged file): a damaged shard never looks
 compacted. A failure that is not a persistshard error is raised as `PersistShardError` with the
@@ -34,6 +36,7 @@ from persistshard.core.maintenance.compact import (
     merge_report,
 )
 from persistshard.core.shard import Shard
+from persistshard.core.statemachine.leases import holding
 from persistshard.core.statemachine.state import schema_from_b64, schema_to_b64
 from persistshard.core.storage.layout import new_id
 
@@ -90,6 +93,7 @@ def compact(
         if not plans:
             break
         rounds += 1
+        write_ids = [new_id() for _ in plans]
         payloads = [
             json.dumps(
                 {
@@ -97,28 +101,32 @@ def compact(
                     "storage_options": shard.storage_options,
                     "plan": plan.to_json(),
                     "schema": schema_to_b64(state.schema),
-                    "write_id": new_id(),
+                    "write_id": write_id,
                 }
             )
-            for plan in plans
+            for plan, write_id in zip(plans, write_ids, strict=True)
         ]
         sc = spark.sparkContext
-        outcomes = sc.parallelize(payloads, len(payloads)).map(run_merge_task).collect()
         progress = False
         failures: list[errors.PersistShardError] = []
-        for plan, raw in zip(plans, outcomes, strict=True):  # oldest first
-            outcome = json.loads(raw)
-            if "error" in outcome:
-                failures.append(task_error(outcome["error"], shard.location))
-                continue
-            result = MergeResult.from_json(outcome["result"])
-            committed, output, _ = commit_merge(shard.machine, plan, result)
-            report.merges.append(merge_report(plan, result, output, committed))
-            report.stats.add(result.stats)
-            if committed:
-                progress = True
-            else:
-                report.conflicts += 1
+        # The driver holds every merge's lease while the round's tasks run and until its
+        # commit: a merge longer than the lease is kept by gc and still commits. One lease per
+        # merge, since each commit releases the lease of the write whose parts it adds.
+        with holding(shard.machine, write_ids):
+            outcomes = sc.parallelize(payloads, len(payloads)).map(run_merge_task).collect()
+            for plan, raw in zip(plans, outcomes, strict=True):  # oldest first
+                outcome = json.loads(raw)
+                if "error" in outcome:
+                    failures.append(task_error(outcome["error"], shard.location))
+                    continue
+                result = MergeResult.from_json(outcome["result"])
+                committed, output, _ = commit_merge(shard.machine, plan, result)
+                report.merges.append(merge_report(plan, result, output, committed))
+                report.stats.add(result.stats)
+                if committed:
+                    progress = True
+                else:
+                    report.conflicts += 1
         if failures:
             raise failures[0]
         state = shard.state()

@@ -20,12 +20,15 @@ written, as with ``mode("overwrite")``; but no process holds the shard or the Da
 5. *Commit* (driver): one compare-and-append of every range's parts at ``expected_upper =
    the pinned upper``, new upper one past it.
 
-What holds: the shard changes only in step 5, atomically. Whatever fails (a task, the plan,
-a commit refused because another writer moved the upper), the staged parts and every part of
-the diff are deleted before the error is raised; parts of task attempts that died without a
-trace (Spark has no per-task abort) carry the write id and are deleted by the same sweep, or
-by gc if the driver died. A task's failure that is a persistshard error reaches the caller as
-its own class. Assumes every executor reaches the storage under the same location and options.
+The driver holds the write's lease (`persistshard.core.statemachine.leases`) from step 1 to
+step 5; it covers the staged parts and every range's difference, so gc keeps them however
+long the jobs run. What holds: the shard changes only in step 5, atomically. Whatever fails
+(a task, the plan, a commit refused because another writer moved the upper), the staged
+parts and every part of the diff are deleted before the error is raised; parts of task
+attempts that died without a trace (Spark has no per-task abort) carry the write id and are
+deleted by the same sweep, or by gc if the driver died. A task's failure that is a
+persistshard error reaches the caller as its own class. Assumes every executor reaches the
+storage under the same location and options.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from persistshard import errors
 from persistshard.core.read.plan import KeyRange
 from persistshard.core.rows import DIFF, TIME, consolidate
 from persistshard.core.shard import Shard, WrittenUpdates
+from persistshard.core.statemachine.leases import holding
 from persistshard.core.statemachine.state import PartRef
 from persistshard.core.storage.blob import open_blob
 from persistshard.core.storage.layout import PARTS_PREFIX, release_unused_memory
@@ -240,53 +244,57 @@ def overwrite(
 
     delta_ids: list[str] = []
     committed: set[str] = set()
-    try:
-        rows = df.mapInArrow(stage, "message string").collect()
-        staged = [_decode(r["message"]) for r in rows]
-        chains = [DiffRun(tuple(c), 1) for m in staged for c in m if c]
-        current = current_runs(state) if state.schema is not None else []
-        schema = d.target if d.target is not None else d.incoming
-        refs = [p for r in (*chains, *current) for p in r.parts]
-        total = sum(p.size for p in refs)
-        cap = max_ranges or 4 * spark.sparkContext.defaultParallelism
-        count = max(1, min(cap, -(-total // max(1, range_bytes))))
-        ranges = plan_key_ranges(shard.blob, refs, schema, count)
-        tasks = []
-        for i, kr in enumerate(ranges):
-            delta_ids.append(f"{d.write_id}-d{i}")
-            tasks.append(
-                _DiffTask(
-                    shard.location,
-                    dict(shard.storage_options),
-                    (*chains, *current),
-                    schema,
-                    kr,
-                    time,
-                    delta_ids[-1],
-                    memory_budget,
+    # The driver holds the write's lease from the mint to the commit: the staged parts (under
+    # the write id) and every range's difference (under ids derived from it) are kept by gc
+    # however long the two jobs run, and the commit is not refused for being late.
+    with holding(shard.machine, [d.write_id]):
+        try:
+            rows = df.mapInArrow(stage, "message string").collect()
+            staged = [_decode(r["message"]) for r in rows]
+            chains = [DiffRun(tuple(c), 1) for m in staged for c in m if c]
+            current = current_runs(state) if state.schema is not None else []
+            schema = d.target if d.target is not None else d.incoming
+            refs = [p for r in (*chains, *current) for p in r.parts]
+            total = sum(p.size for p in refs)
+            cap = max_ranges or 4 * spark.sparkContext.defaultParallelism
+            count = max(1, min(cap, -(-total // max(1, range_bytes))))
+            ranges = plan_key_ranges(shard.blob, refs, schema, count)
+            tasks = []
+            for i, kr in enumerate(ranges):
+                delta_ids.append(f"{d.write_id}-d{i}")
+                tasks.append(
+                    _DiffTask(
+                        shard.location,
+                        dict(shard.storage_options),
+                        (*chains, *current),
+                        schema,
+                        kr,
+                        time,
+                        delta_ids[-1],
+                        memory_budget,
+                    )
                 )
+            outcomes = spark.sparkContext.parallelize(tasks, len(tasks)).map(_run_diff).collect()
+            written = WrittenUpdates()
+            stats = DiffStats()
+            for outcome in outcomes:
+                if isinstance(outcome, dict):
+                    raise _task_error(outcome, shard.location)
+                parts, task_stats = outcome
+                written.sealed.extend(parts)
+                stats.add(task_stats)
+            shard.commit_written(
+                written,
+                expected_upper=time,
+                new_upper=time + 1,
+                schema=schema,
+                commit_id=d.write_id,
+                label="overwrite",
             )
-        outcomes = spark.sparkContext.parallelize(tasks, len(tasks)).map(_run_diff).collect()
-        written = WrittenUpdates()
-        stats = DiffStats()
-        for outcome in outcomes:
-            if isinstance(outcome, dict):
-                raise _task_error(outcome, shard.location)
-            parts, task_stats = outcome
-            written.sealed.extend(parts)
-            stats.add(task_stats)
-        shard.commit_written(
-            written,
-            expected_upper=time,
-            new_upper=time + 1,
-            schema=schema,
-            commit_id=d.write_id,
-            label="overwrite",
-        )
-        committed = set(written.keys())
-    finally:
-        # Staged parts are never referenced; failed attempts' and refused diffs' parts neither.
-        _sweep(shard, [f"{d.write_id}/", *(f"{i}/" for i in delta_ids)], committed)
+            committed = set(written.keys())
+        finally:
+            # Staged parts are never referenced; failed attempts' and refused diffs' parts neither.
+            _sweep(shard, [f"{d.write_id}/", *(f"{i}/" for i in delta_ids)], committed)
     if compact:
         shard.maybe_compact()
     return OverwriteReport(

@@ -40,6 +40,7 @@ import pyarrow.compute as pc
 
 from persistshard.core.remap import Bindings, Frontier, join, open_remap
 from persistshard.core.rows import TIME
+from persistshard.core.statemachine.leases import holding
 from persistshard.datasource.writer import (
     BatchDescription,
     StreamTaskWritten,
@@ -211,7 +212,9 @@ def commit_reclocked(
 
     shard = open_shard(d.location, **d.storage_options)
     try:
-        return _commit(d, spec, present, shard, compact)
+        # Each task renewed its write's lease while it ran; the driver keeps them to the commit.
+        with holding(shard.machine, [m.write_id for m in present]):
+            return _commit(d, spec, present, shard, compact)
     finally:
         keep = shard.state().part_keys()
         for m in present:

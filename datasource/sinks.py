@@ -17,6 +17,7 @@ from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowW
 from pyspark.sql.types import StructType
 
 from persistshard.core.shard import open_shard
+from persistshard.core.statemachine.leases import holding
 from persistshard.core.storage.layout import new_id
 from persistshard.datasource import reclock
 from persistshard.datasource.options import WriteOptions, find_location, storage_errors
@@ -186,9 +187,15 @@ class PersistShardStreamWriter(DataSourceStreamArrowWriter):
         d = describe_write(self.opts, self.schema, False, shard)
         d = replace(d, lower=lower, write_id=new_id())  # unique: batch ids must never repeat
         try:
-            commit_write(
-                d, present, writer=(self.opts.writer_id or "", batchId), compact=self.opts.compact
-            )
+            # Each task renewed its own write's lease while it ran; from here the driver
+            # keeps them all until the commit (which refuses one that ran out: LeaseExpired).
+            with holding(shard.machine, [m.write_id for m in present]):
+                commit_write(
+                    d,
+                    present,
+                    writer=(self.opts.writer_id or "", batchId),
+                    compact=self.opts.compact,
+                )
         finally:
             for m in present:
                 sweep_write(shard, m.write_id, shard.state().part_keys())

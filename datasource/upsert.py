@@ -20,6 +20,11 @@ The protocol, a variant of the write protocol of `persistshard.datasource.writer
    parts of a refused commit are deleted too; parts left by a crashed driver are unreferenced
    and gc removes them.
 
+Leases (`persistshard.core.statemachine.leases`): a staging task renews the write's lease while
+it runs; the commit first checks that the staged writes' leases are live (else `LeaseExpired`:
+gc may have swept staged rows, so nothing is read) and holds them, and the delta's own lease,
+until its commit.
+
 Exactly once. A streaming micro-batch commits with (writer id, batch id); the state records
 it and a replay of that batch id (after a crash between the tasks and the commit, or after
 the commit) is recognised before anything is computed, or by the commit itself if it raced,
@@ -52,6 +57,7 @@ from pyspark.sql.types import BooleanType, StructType
 from persistshard.core import upsert as up
 from persistshard.core.rows import DIFF, TIME, consolidate
 from persistshard.core.shard import Shard, WrittenUpdates, open_shard
+from persistshard.core.statemachine.leases import WriteLease, holding
 from persistshard.core.storage.layout import new_id
 from persistshard.core.storage.parts import read_parts, write_parts
 from persistshard.core.write.validate import update_schema
@@ -160,28 +166,35 @@ def stage_task(d: BatchDescription, spec: UpsertSpec, batches: Any) -> TaskWritt
     """Step 2: one task's incoming rows, checked and written as staged parts."""
     with storage_errors(d.location, "write the shard"):
         shard = open_shard(d.location, **d.storage_options)
-        target = d.target if d.target is not None else d.incoming
-        pieces = []
-        rows_in = 0
-        for batch in batches:
-            if batch.num_rows == 0:
-                continue
-            rows_in += batch.num_rows
-            table = _as_updates(batch, d, d.lower).drop_columns([TIME])
-            if spec.delete_column is not None:
-                table = table.append_column(
-                    spec.delete_column, pa.Table.from_batches([batch]).column(spec.delete_column)
-                )
-            table = up.upsert_input(table, delete_column=spec.delete_column, location=d.location)
-            up.check_keys(table, spec.keys, d.location)
-            pieces.append(table)
-        if not pieces:
-            return TaskWritten(rows_in=rows_in)
-        incoming = pa.concat_tables(pieces)
-        up.check_unique_keys(incoming, spec.keys, d.location)
-        staged = _at_time(incoming, target, d.lower)
-        parts = write_parts(shard.blob, d.write_id, consolidate(staged))
-        return TaskWritten(sealed=parts, rows_in=rows_in)
+        # A task still staging late in the write's lease renews it (core/statemachine/leases.py).
+        with WriteLease(shard.machine, d.write_id):
+            return _stage(d, spec, batches, shard)
+
+
+def _stage(d: BatchDescription, spec: UpsertSpec, batches: Any, shard: Shard) -> TaskWritten:
+    """The body of `stage_task`, under the write's lease."""
+    target = d.target if d.target is not None else d.incoming
+    pieces = []
+    rows_in = 0
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        rows_in += batch.num_rows
+        table = _as_updates(batch, d, d.lower).drop_columns([TIME])
+        if spec.delete_column is not None:
+            table = table.append_column(
+                spec.delete_column, pa.Table.from_batches([batch]).column(spec.delete_column)
+            )
+        table = up.upsert_input(table, delete_column=spec.delete_column, location=d.location)
+        up.check_keys(table, spec.keys, d.location)
+        pieces.append(table)
+    if not pieces:
+        return TaskWritten(rows_in=rows_in)
+    incoming = pa.concat_tables(pieces)
+    up.check_unique_keys(incoming, spec.keys, d.location)
+    staged = _at_time(incoming, target, d.lower)
+    parts = write_parts(shard.blob, d.write_id, consolidate(staged))
+    return TaskWritten(sealed=parts, rows_in=rows_in)
 
 
 def _at_time(incoming: pa.Table, schema: pa.Schema, time: int) -> pa.Table:
@@ -207,7 +220,10 @@ def commit_upserts(
     with storage_errors(d.location, "write the shard"):
         shard = open_shard(d.location, **d.storage_options)
         try:
-            _apply(shard, d, spec, messages, writer=writer, expected_upper=expected_upper)
+            # The staged rows are read here: their writes' leases must still be live (else
+            # LeaseExpired, not missing files), and are kept so until the commit is done.
+            with holding(shard.machine, staged_ids, check=True, location=shard.location):
+                _apply(shard, d, spec, messages, writer=writer, expected_upper=expected_upper)
         finally:
             for write_id in staged_ids:
                 sweep_write(shard, write_id, set())
@@ -239,19 +255,20 @@ def _apply(
             schema = target  # merge_schema widened the columns
         keys = up.resolve_key_columns(schema, spec.keys, shard.location)
         write_id = new_id()
-        parts = up.delta_parts(
-            shard.blob, state, incoming, keys, schema, write_id, location=shard.location
-        )
         try:
-            shard.commit_written(
-                WrittenUpdates(sealed=parts),
-                expected_upper=state.upper,
-                new_upper=state.upper + 1,
-                schema=up.with_key_columns(schema, keys),
-                commit_id=write_id,
-                writer=writer,
-                label="upsert",
-            )
+            with WriteLease(shard.machine, write_id):  # a delta longer than the lease renews it
+                parts = up.delta_parts(
+                    shard.blob, state, incoming, keys, schema, write_id, location=shard.location
+                )
+                shard.commit_written(
+                    WrittenUpdates(sealed=parts),
+                    expected_upper=state.upper,
+                    new_upper=state.upper + 1,
+                    schema=up.with_key_columns(schema, keys),
+                    commit_id=write_id,
+                    writer=writer,
+                    label="upsert",
+                )
             return
         except UpperMismatch:
             if expected_upper is not None or attempt == COMMIT_RETRIES:

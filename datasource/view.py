@@ -23,7 +23,9 @@ exactly ``b``'s output; ``updates(t_a + 1, t_b + 1)`` between two micro-batches 
 the rows that changed (a retraction of the old row, an insertion of the new one); each
 ``(writer_id, batchId)`` is committed at most once (the record is part of the same atomic
 commit as the rows). Staged parts are never referenced by the state and are deleted after
-every commit attempt; parts of a diff whose commit was refused are deleted by
+every commit attempt. The commit holds the staged tasks' leases (after checking them live:
+else `LeaseExpired`, nothing read) and each diff's own, so a long diff is not refused; parts
+of a diff whose commit was refused are deleted by
 `Shard.commit_written`; anything left by a crashed process is unreferenced and gc's.
 """
 
@@ -34,6 +36,7 @@ from typing import Any
 from pyspark.sql.types import StructType
 
 from persistshard.core.shard import WrittenUpdates, open_shard
+from persistshard.core.statemachine.leases import WriteLease, holding
 from persistshard.core.storage.layout import new_id
 from persistshard.core.write.diff import DiffRun, current_runs, diff_parts
 from persistshard.datasource.options import WriteOptions, storage_errors
@@ -54,7 +57,14 @@ def commit_complete(
     chains = [DiffRun(tuple(m.sealed), 1) for m in present if m.sealed]
     committed = False
     try:
-        with storage_errors(shard.location, "commit the micro-batch"):
+        with (
+            storage_errors(shard.location, "commit the micro-batch"),
+            # The staged chains are read below: their tasks' leases must still be live (else
+            # LeaseExpired, not missing files), and are kept so until the commit is done.
+            holding(
+                shard.machine, [m.write_id for m in present], check=True, location=shard.location
+            ),
+        ):
             last: UpperMismatch | None = None
             for _ in range(MAX_ATTEMPTS):
                 state = shard.state()
@@ -65,24 +75,25 @@ def commit_complete(
                 time = state.upper
                 write_id = new_id()
                 runs = [*chains, *current_runs(state)] if state.schema is not None else chains
-                parts = diff_parts(
-                    shard.blob,
-                    runs,
-                    target,
-                    time=time,
-                    write_id=write_id,
-                    memory_budget=opts.memory_budget,
-                )
                 try:
-                    shard.commit_written(
-                        WrittenUpdates(sealed=parts),
-                        expected_upper=time,
-                        new_upper=time + 1,
-                        schema=target,
-                        commit_id=write_id,
-                        writer=(writer_id, batch_id),
-                        label="overwrite",
-                    )
+                    with WriteLease(shard.machine, write_id):  # a long diff renews its lease
+                        parts = diff_parts(
+                            shard.blob,
+                            runs,
+                            target,
+                            time=time,
+                            write_id=write_id,
+                            memory_budget=opts.memory_budget,
+                        )
+                        shard.commit_written(
+                            WrittenUpdates(sealed=parts),
+                            expected_upper=time,
+                            new_upper=time + 1,
+                            schema=target,
+                            commit_id=write_id,
+                            writer=(writer_id, batch_id),
+                            label="overwrite",
+                        )
                 except UpperMismatch as e:  # another writer moved the upper: diff again
                     last = e
                     continue

@@ -122,3 +122,21 @@ def test_a_shard_commit_syncs_every_object_it_references_first(tmp_path, events)
 def test_sync_switch_is_on(tmp_path):
     """The benchmark's switch is on in every other use."""
     assert blob_module.SYNC_LOCAL is True
+
+
+def test_the_head_hint_and_the_benchmark_option_skip_syncs(tmp_path, events):
+    """``consensus/HEAD`` (a hint) is published without any sync, and so is every put of a
+    blob opened with the benchmark-only ``unsafe_no_sync`` option; a plain blob still syncs."""
+    root = tmp_path / "shard"
+    root.mkdir()
+    open_blob(str(root)).put("consensus/v1.json", b"entry")
+    events.clear()
+    open_blob(str(root)).put_hint("consensus/HEAD", b"1")
+    open_blob(str(root)).put_hint("consensus/HEAD", b"4")  # over the old hint: a replace
+    unsynced = open_blob(str(root), **{blob_module.NO_SYNC_OPTION: "true"})
+    unsynced.put("parts/w1/p.part", b"payload")
+    assert unsynced.put_if_absent("parts/w1/q.part", b"payload")
+    assert [e[0] for e in events] == ["link", "replace", "link", "link"]
+    assert (root / "consensus" / "HEAD").read_bytes() == b"4"
+    open_blob(str(root), **{blob_module.NO_SYNC_OPTION: "false"}).put("parts/w2/p.part", b"x")
+    assert any(e[0] == "fsync" for e in events)

@@ -10,11 +10,20 @@ that moved on and lost its old versions. A writer whose append fails either find
 reading whether it landed (then retries or not) or *crashes*: it walks away and the outcome
 stays unknown until the end.
 
+Listeners (`Shard.listen`) subscribe at a random time at or above since and take a delivery
+whenever the upper has moved past their frontier; their storage calls fail and stall like the
+others' (a failed delivery is asked for again), and some crash (walk away without closing, so
+their hold stays until its lease runs out) or close.
+
 What must hold, checked at the end against the model built from the acknowledged appends
 (each at the time its commit returned) plus the unknown ones that the final shard shows:
 - every acknowledged append is in the shard exactly once, at its time; an unknown one at most
   once; nothing else is;
 - every snapshot a reader took during the run equals the model's snapshot at that time;
+- every listener saw each update exactly once and in order: its frontiers rise from
+  ``as_of + 1``, each delivery holds only updates in ``[previous frontier, frontier)`` (the
+  first: the snapshot at ``as_of``), an acknowledged append at its own time, and the sum of
+  its deliveries up to each frontier ``f`` is the model's snapshot at ``f - 1``;
 - errors are the typed ones of the error table, never `CorruptData`; the shard verifies.
 """
 
@@ -23,12 +32,14 @@ from __future__ import annotations
 import random
 import uuid
 from collections import Counter
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pytest
 
 from persistshard.conformance.faults import FaultyBlob
 from persistshard.conformance.model import ReferenceShard, snapshot_counter
+from persistshard.core.read.listen import Listen
 from persistshard.core.shard import Shard
 from persistshard.core.statemachine.state import Entry
 from persistshard.core.storage.blob import FsspecBlob
@@ -45,6 +56,23 @@ from persistshard.errors import (
 Row = tuple[int, str]
 WRITERS = 3
 STEPS = 120
+#: Open listeners at most at once.
+LISTENERS = 2
+
+
+@dataclass
+class Listener:
+    """One subscription and what it delivered: ``(frontier, [(row, time, diff)])`` each."""
+
+    listen: Listen
+    as_of: int
+    deliveries: list[tuple[int, list[tuple[Row, int, int]]]] = field(default_factory=list)
+    busy: bool = False
+    open: bool = True
+
+    @property
+    def waiting_past(self) -> int:
+        return self.deliveries[-1][0] if self.deliveries else self.as_of
 
 
 class Simulation:
@@ -55,6 +83,7 @@ class Simulation:
         self.acked: dict[int, int | None] = {}
         self.unknown: set[int] = set()
         self.reads: list[tuple[int, Counter[Row]]] = []
+        self.listeners: list[Listener] = []
         self.next_id = 0
         self.in_stall = False
         self.handles = [self.handle(seed * 100 + i) for i in range(WRITERS + 3)]
@@ -87,7 +116,7 @@ class Simulation:
 
     def step(self, stalled: bool = False) -> None:
         action = self.rng.choice(
-            ["append"] * 6 + ["compact", "truncate", "gc", "since"] + ["read"] * 4
+            ["append"] * 6 + ["compact", "truncate", "gc", "since"] + ["read"] * 4 + ["listen"] * 6
         )
         shard, _ = self.rng.choice(self.handles)
         try:
@@ -164,6 +193,49 @@ class Simulation:
             except NotSealed as e:
                 raise AssertionError(f"snapshot at {as_of} below the upper {upper}") from e
 
+    def listen(self, shard: Shard) -> None:
+        """Subscribe (up to `LISTENERS` open), or let an open listener take its next delivery
+        if the upper moved past its frontier, or (rarely) close or crash one."""
+        ready = [x for x in self.listeners if x.open and not x.busy]
+        if not ready or (len(ready) < LISTENERS and self.rng.random() < 0.25):
+            upper, since = shard.upper, shard.since
+            if upper > since:
+                as_of = self.rng.randrange(since, upper)
+                try:
+                    listen = shard.listen(as_of, timeout=0)
+                except SinceViolation:
+                    return  # since moved on between reading it and registering
+                self.listeners.append(Listener(listen, as_of))
+            return
+        x = self.rng.choice(ready)
+        roll = self.rng.random()
+        if roll < 0.02:
+            x.open = False  # crashes: walks away holding since until its lease runs out
+            return
+        if roll < 0.05:
+            x.open = False
+            x.listen.close()
+            return
+        if self.quiet().upper <= x.waiting_past:
+            return  # nothing new: a real listener would wait
+        x.busy = True  # a stall inside this delivery lets others act, not this listener
+        try:
+            for attempt in range(5):  # a listener retries a failed delivery a few times
+                try:
+                    table, frontier = next(x.listen)
+                    break
+                except (OSError, Indeterminate):
+                    if attempt == 4:
+                        return
+        except StopIteration as e:
+            raise AssertionError(
+                f"listener at {x.as_of} is at frontier {x.listen.frontier} but delivered only "
+                f"up to {x.waiting_past}: a delivery was lost"
+            ) from e
+        finally:
+            x.busy = False
+        x.deliveries.append((frontier, updates_of(table)))
+
     def run(self, steps: int) -> None:
         for _ in range(steps):
             self.step()
@@ -194,7 +266,32 @@ class Simulation:
             extra = seen - want
             assert not (want - seen), (as_of, want - seen)
             assert all(d == 1 and r[0] not in known and rows[r[0]] for r, d in extra.items())
+        for x in self.listeners:
+            self.check_listener(x, model, known, rows)
         assert final.verify().ok
+
+    def check_listener(
+        self, x: Listener, model: ReferenceShard, known: dict[int, int], rows: Counter[int]
+    ) -> None:
+        """Exactly once, in order, equal to the model at every frontier (module docstring)."""
+        total: Counter[Row] = Counter()
+        lower = x.as_of
+        for i, (frontier, updates) in enumerate(x.deliveries):
+            assert frontier == x.as_of + 1 if i == 0 else frontier > lower, (x.as_of, frontier)
+            for row, t, diff in updates:
+                if i == 0:
+                    assert t == x.as_of, (x.as_of, row, t)
+                else:
+                    assert lower <= t < frontier, (x.as_of, lower, frontier, row, t)
+                    if row[0] in known:
+                        assert t == known[row[0]], (row, t, known[row[0]])
+                total[row] += diff
+            assert all(d == 1 for d in total.values()), f"listener {x.as_of}: a row twice"
+            want = model.snapshot(frontier - 1)
+            extra = total - want
+            assert not (want - total), (x.as_of, frontier, want - total)
+            assert all(r[0] not in known and rows[r[0]] for r in extra), (x.as_of, extra)
+            lower = frontier
 
 
 def to_table(updates: list[tuple[Row, int, int]]) -> pa.Table:
@@ -219,6 +316,7 @@ def test_seeded_simulation_matches_the_model(seed):
         sim.run(STEPS)
         assert len(sim.acked) > 20 and len(sim.reads) > 3
         assert sum(b.stalls for _, b in sim.handles) > 5
+        assert sum(len(x.deliveries) for x in sim.listeners) > 5
         sim.check()
     except CorruptData as e:  # never: a slow or failing writer must not damage the shard
         raise AssertionError(f"seed {seed}: {e}") from e

@@ -11,12 +11,16 @@ What always holds:
 - While the listener is open it holds since at ``frontier - 1`` (the last time it has fully
   delivered), so every later read it makes is exact. Closing it (or leaving its ``with``
   block) releases the hold; a listener that dies lets its lease run out.
+- A delivery is never lost to a failure after its updates were read: moving the hold is
+  best effort (a failed move keeps since lower until the next delivery moves it), and a
+  failure before the read leaves the frontier where it was, so the next call reads again.
 - Waiting polls the shard's upper with exponential backoff and renews the lease while it waits;
   ``timeout`` (seconds, None for ever) ends the iteration when nothing new arrives in time.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from types import TracebackType
 from typing import Protocol
@@ -27,7 +31,9 @@ from persistshard.core.rows import DIFF, TIME
 from persistshard.core.statemachine.holds import ReaderHold
 from persistshard.core.statemachine.machine import StateMachine
 from persistshard.core.storage.layout import new_id
-from persistshard.errors import SinceViolation
+from persistshard.errors import HoldExpired, Indeterminate, SinceViolation
+
+log = logging.getLogger("persistshard.listen")
 
 
 class Readable(Protocol):
@@ -88,8 +94,15 @@ class Listen:
             return table, self.frontier
         table = self.shard.updates(self.frontier, upper)
         self.frontier = upper
-        self.hold.downgrade_since(upper - 1)
-        self._renewed = time.monotonic()
+        try:
+            self.hold.downgrade_since(upper - 1)
+            self._renewed = time.monotonic()
+        except (OSError, Indeterminate, HoldExpired) as e:
+            # The updates are read and the frontier has moved: deliver them (raising here
+            # would lose them). The hold stays where it was, which only keeps since lower
+            # (the next delivery moves it); a hold that expired shows as SinceViolation on
+            # the next read if since has passed the frontier meanwhile.
+            log.warning("listener could not move its hold to %d: %s", upper - 1, e)
         return table, upper
 
     def _wait_past(self, time_: int) -> int | None:

@@ -24,6 +24,13 @@ commit's time and past the state's fence; otherwise the commit is refused with `
 before the fence loses its compare-and-set, re-reads, and is refused; an attempt that landed
 before the fence is in the log gc reads after its fence, so its parts are referenced and kept.
 
+The Spark paths hold leases with `holding` (several `WriteLease` at once, optionally checked
+live first): the drivers of the distributed overwrite and compaction from the mint to the
+commit, upsert staging tasks while they run, the streaming and upsert commits over every
+task's write. A task's write is renewed only while it runs or once the commit holds it, so a
+Spark job whose task ended more than a lease before its commit began is still refused
+(`LeaseExpired`, never missing parts): no driver-side Python process lives while the tasks run.
+
 Relies on: the committing processes' clocks agreeing to well within a lease (a committer
 whose clock runs behind by more than the time left on a lease can still commit after gc's
 clock says the lease ran out: the fence then refuses it only if gc already ran). Leases are
@@ -32,8 +39,10 @@ not checked on replay: the log holds commits that passed the check when they lan
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
+from collections.abc import Iterable, Iterator
 from types import TracebackType
 from typing import Any, Protocol
 
@@ -54,6 +63,8 @@ class Committer(Protocol):
     which imports this module to check leases, so it is named by its shape here)."""
 
     def commit(self, commit: Commit) -> ShardState: ...
+
+    def state(self) -> ShardState: ...
 
 
 log = logging.getLogger("persistshard.leases")
@@ -121,6 +132,51 @@ def check_commit(state: ShardState, commit: Commit, location: str | None) -> Non
             raise LeaseExpired(write_id, until, now, location=location)
 
 
+def require_live(
+    state: ShardState, write_ids: Iterable[str], location: str | None, now_ms: int | None = None
+) -> None:
+    """Raise `LeaseExpired` if the lease of any of ``write_ids`` ran out (or is behind gc's
+    fence) in ``state`` at ``now_ms`` (default: now): gc may have deleted its parts, so
+    whatever would read or commit them must stop here, with a clear error, rather than meet
+    missing files later (`CorruptData`)."""
+    now = layout.now_ms() if now_ms is None else now_ms
+    for write_id in sorted(set(write_ids)):
+        if not live(state, write_id, now):
+            until = expiry_ms(state, write_id)
+            assert until is not None
+            raise LeaseExpired(write_id, until, now, location=location)
+
+
+@contextlib.contextmanager
+def holding(
+    machine: Committer,
+    write_ids: Iterable[str],
+    *,
+    check: bool = False,
+    location: str | None = None,
+) -> Iterator[list[WriteLease]]:
+    """Keep the leases of every one of ``write_ids`` (duplicates and empty ids dropped) alive
+    while the block runs: a `WriteLease` each, renewed by the process's lease keeper.
+
+    With ``check``, first make sure they are all live now (`require_live`, one state read):
+    for a step that is about to read parts other processes wrote under those ids (staged
+    rows, a task's parts) and must not find them swept. Used by the Spark driver around
+    everything it does between minting a write and its commit, and by a commit that gathers
+    the parts of tasks (each task renews its own write's lease only while it runs).
+    """
+    ids = sorted({w for w in write_ids if w})
+    if check and ids:
+        require_live(machine.state(), ids, location)
+    with contextlib.ExitStack() as stack:
+        yield [stack.enter_context(WriteLease(machine, w)) for w in ids]
+
+
+def renew_due() -> int:
+    """Renew, in the calling thread, every registered lease that is due now (what the keeper
+    thread does when it wakes); how many it renewed. For tests that drive the clock by hand."""
+    return _KEEPER.renew_due()
+
+
 def renew(machine: Committer, write_id: str, lease_seconds: float) -> int:
     """Extend the lease of ``write_id`` to ``now + lease_seconds``; the new expiry (ms).
     `LeaseExpired` if it already ran out (a lease never comes back: gc may have swept)."""
@@ -168,14 +224,16 @@ class WriteLease:
         self.renewals = 0
         self.lost = False
         self._retry_at_ms = 0
+        self._lock = threading.Lock()  # one renewal at a time (keeper thread, `renew_due`)
 
     def renew(self) -> None:
         """Renew now (the keeper calls this; so may a write that wants to be sure)."""
-        if self._machine is None:
-            m: Any = self._source  # a StateMachine: a fresh one of its kind, for this thread
-            self._machine = type(m)(m.location, m.blob, m.consensus)
-        self.expires_ms = renew(self._machine, self.write_id, self.lease_seconds)
-        self.renewals += 1
+        with self._lock:
+            if self._machine is None:
+                m: Any = self._source  # a StateMachine: a fresh one of its kind, for this thread
+                self._machine = type(m)(m.location, m.blob, m.consensus)
+            self.expires_ms = renew(self._machine, self.write_id, self.lease_seconds)
+            self.renewals += 1
 
     def due_ms(self) -> int:
         """When the keeper renews it next: a third of the lease before it runs out."""
@@ -242,6 +300,14 @@ class _Keeper:
     def remove(self, lease: WriteLease) -> None:
         with self._cond:
             self._leases.discard(lease)
+
+    def renew_due(self) -> int:
+        with self._cond:
+            now = layout.now_ms()
+            due = [x for x in self._leases if not x.lost and x.due_ms() <= now]
+        for lease in due:
+            lease._renew_quietly()
+        return len(due)
 
     def _run(self) -> None:
         while True:

@@ -107,6 +107,13 @@ def _info_ms(info: dict[str, Any]) -> int | None:
 #: in use; the commit-latency benchmark turns it off to show what durability costs.
 SYNC_LOCAL = True
 
+#: A storage option for benchmarks only: ``unsafe_no_sync=true`` makes that `FsspecBlob`'s
+#: local puts skip every sync (as `SYNC_LOCAL` = False does for a whole process). It travels
+#: with the storage options (Spark: ``storage.unsafe_no_sync``) to every task and commit of a
+#: job, so the Spark benchmark measures syncing on and off in one run (`benchmarks.
+#: spark_sync_bench`). An acknowledged commit made with it can be lost to a power cut.
+NO_SYNC_OPTION = "unsafe_no_sync"
+
 
 def _sync_dir(directory: str) -> None:
     """Make ``directory``'s entries (names created, linked, renamed or removed in it) durable."""
@@ -140,10 +147,16 @@ def _make_dirs(directory: str) -> list[str]:
     return changed[::-1]
 
 
-def _publish_local(path: str, data: bytes, publish: Callable[[str, str], None]) -> None:
+def _publish_local(
+    path: str, data: bytes, publish: Callable[[str, str], None], *, sync: bool = True
+) -> None:
     """Write ``data`` to a temporary sibling of ``path``, then ``publish(tmp, path)`` it
     (``os.replace``: atomic overwrite; ``os.link``: atomic create-if-absent). Readers never
     see a partial file; the temporary file is always removed.
+
+    With ``sync=False`` (a hint, `Blob.put_hint`) nothing is synced: readers of the running
+    system still see all of the file or none, but a crash may lose the name, keep the old
+    file, or leave the name on an empty or torn file.
 
     Durability (what holds when this returns, on a filesystem that honours fsync): the
     file's bytes were synced *before* the name was published (a crash never leaves the name
@@ -161,7 +174,7 @@ def _publish_local(path: str, data: bytes, publish: Callable[[str, str], None]) 
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view) :]
-            if SYNC_LOCAL:
+            if SYNC_LOCAL and sync:
                 os.fsync(fd)
         finally:
             os.close(fd)
@@ -183,7 +196,8 @@ def _publish_local(path: str, data: bytes, publish: Callable[[str, str], None]) 
             os.unlink(tmp)
         except FileNotFoundError:
             pass  # replaced onto the key
-    _sync_dirs([directory, *created])
+    if sync:
+        _sync_dirs([directory, *created])
 
 
 def _sync_dirs(directories: builtins.list[str]) -> None:
@@ -277,6 +291,13 @@ class Blob(ABC):
     def put(self, key: str, data: bytes) -> None:
         """Store ``data`` under ``key`` atomically (readers see all of it or none)."""
 
+    def put_hint(self, key: str, data: bytes) -> None:
+        """Store a *hint* under ``key``: atomic for readers like `put`, but not made durable
+        (local files: no fsync). A crash may lose it, keep an older one, or (local files)
+        leave the key empty or torn, so only for objects every reader tolerates in any of
+        those states (``consensus/HEAD``). By default a plain `put`."""
+        self.put(key, data)
+
     @abstractmethod
     def put_if_absent(self, key: str, data: bytes) -> bool:
         """Create ``key`` with ``data`` unless it exists; True if this call created it.
@@ -329,6 +350,12 @@ class BlobWrapper(Blob):
     def put(self, key: str, data: bytes) -> None:
         self.inner.put(key, data)
 
+    def put_hint(self, key: str, data: bytes) -> None:
+        if type(self).put is not BlobWrapper.put:
+            self.put(key, data)  # a wrapper that intercepts puts sees hints too (counts, cuts)
+        else:
+            self.inner.put_hint(key, data)
+
     def put_if_absent(self, key: str, data: bytes) -> bool:
         return self.inner.put_if_absent(key, data)
 
@@ -359,6 +386,8 @@ class FsspecBlob(Blob):
     """
 
     def __init__(self, url: str, **storage_options: Any) -> None:
+        no_sync = storage_options.pop(NO_SYNC_OPTION, False)
+        self._sync = not (no_sync is True or str(no_sync).lower() == "true")
         fs, root = fsspec.core.url_to_fs(url, **storage_options)
         self.fs = fs
         self.url = url
@@ -411,7 +440,14 @@ class FsspecBlob(Blob):
     def put(self, key: str, data: bytes) -> None:
         path = self._path(key)
         if self._local:
-            _publish_local(path, data, os.replace)
+            _publish_local(path, data, os.replace, sync=self._sync)
+            return
+        self.fs.pipe_file(path, data)
+
+    def put_hint(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        if self._local:
+            _publish_local(path, data, os.replace, sync=False)
             return
         self.fs.pipe_file(path, data)
 
@@ -419,7 +455,7 @@ class FsspecBlob(Blob):
         path = self._path(key)
         if self._local:
             try:
-                _publish_local(path, data, os.link)  # link fails if the key exists
+                _publish_local(path, data, os.link, sync=self._sync)  # fails if the key exists
                 return True
             except FileExistsError:
                 return False

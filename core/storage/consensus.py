@@ -43,7 +43,9 @@ again from the floor). Each head and scan lists ``consensus/floor/`` (a few mark
 once, each compare-and-set twice.
 ``consensus/HEAD`` is rewritten only at version 1 and every `HINT_EVERY`-th version (a
 rewrite is a rename over an existing file, about half of a local commit's time when done on
-every commit), so a fresh reader probes at most `HINT_EVERY` entries past it. `HINT_EVERY`
+every commit), so a fresh reader probes at most `HINT_EVERY` entries past it. It is written
+without syncing (`Blob.put_hint`): after a crash it may be missing, older, empty or torn, and
+any of those only makes a reader probe from lower or list. `HINT_EVERY`
 divides `persistshard.core.storage.layout.ROLLUP_EVERY`, so the hint is never below the newest
 rollup and gc's truncation (which keeps the versions from the newest rollup on) never removes it.
 """
@@ -210,7 +212,9 @@ class BlobConsensus(Consensus):
         if version != 1 and version % HINT_EVERY:
             return
         try:
-            self.blob.put(_HINT, str(version).encode())
+            # Not synced: a lost, stale, empty or torn hint only makes a reader probe from
+            # lower (or list), never answer wrong (tests/test_crash.py loses it on purpose).
+            self.blob.put_hint(_HINT, str(version).encode())
         except OSError:
             pass  # only a hint: readers probe upward from whatever it says
 
