@@ -39,11 +39,13 @@ compare-and-set, contiguous retained versions) and immutable blobs.
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from collections.abc import Iterable
 from dataclasses import replace
 
+from persistshard.core import metrics
 from persistshard.core.statemachine import leases
 from persistshard.core.statemachine import state as st
 from persistshard.core.statemachine.state import Commit, Entry, ShardState
@@ -66,6 +68,8 @@ from persistshard.errors import (
     StateConflict,
     UpperMismatch,
 )
+
+log = logging.getLogger("persistshard.core.statemachine.machine")
 
 #: Errors after which a commit certainly did not land (its parts may be deleted).
 DETERMINATE_REFUSALS = (
@@ -240,6 +244,37 @@ class StateMachine:
         max_attempts: int = MAX_ATTEMPTS,
         deadline_seconds: float | None = None,
     ) -> ShardState:
+        """`_commit` in an operation scope (`persistshard.core.metrics`: the entry records what
+        the operation did), counted and logged: landed (debug), refused (info)."""
+        with metrics.operation(commit.kind):
+            try:
+                new = self._commit(
+                    commit, max_attempts=max_attempts, deadline_seconds=deadline_seconds
+                )
+            except DETERMINATE_REFUSALS as e:
+                metrics.REGISTRY.inc("commit_refusals")
+                log.info("%s: commit %s (%s) refused: %s", self.location, commit.id, commit.kind, e)
+                raise
+        metrics.REGISTRY.inc("commits")
+        op = metrics.current()
+        if op is not None:
+            op.landed()
+        log.debug(
+            "%s: commit %s (%s) landed as version %d",
+            self.location,
+            commit.id,
+            commit.kind,
+            new.version,
+        )
+        return new
+
+    def _commit(
+        self,
+        commit: Commit,
+        *,
+        max_attempts: int = MAX_ATTEMPTS,
+        deadline_seconds: float | None = None,
+    ) -> ShardState:
         """Apply ``commit`` with compare-and-set, re-applying it after each lost race; the
         state it produced. Precondition failures propagate (determinate).
 
@@ -278,6 +313,13 @@ class StateMachine:
             leases.check_commit(current, stamped, self.location)
             new = st.apply(current, stamped, self.location)
             st.check_transition(current, new, stamped, self.location)  # before any write
+            stamped = replace(
+                stamped,
+                args={
+                    **stamped.args,
+                    "metrics": metrics.commit_metrics(current, new, attempts - 1),
+                },
+            )
             rollup = self._rollup
             if new.version % ROLLUP_EVERY == 0:
                 key = rollup_key(new.version)
@@ -292,11 +334,21 @@ class StateMachine:
                 if ambiguous_after is None:
                     ambiguous_after = current.version
                 unknown = e
+                log.info(
+                    "%s: commit %s ambiguous (%s); looking for it", self.location, commit.id, e
+                )
                 continue
             if ok:
                 self._state, self._rollup = new, rollup
                 return new
             losses += 1
+            metrics.REGISTRY.inc("commit_retries")
+            log.info(
+                "%s: commit %s lost a race at version %d; retrying",
+                self.location,
+                commit.id,
+                current.version,
+            )
             if time.monotonic() >= deadline:
                 break
             if losses > 1:
