@@ -33,6 +33,7 @@ import argparse
 import dataclasses
 import datetime as dt
 import json
+import logging
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -51,6 +52,8 @@ from persistshard.errors import (
     storage_cause,
     storage_error,
 )
+
+log = logging.getLogger("persistshard.cli")
 
 __all__ = ["NoShard", "main"]
 

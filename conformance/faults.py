@@ -15,12 +15,15 @@ this caller's commit, as a long GC pause or a slow network would.
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 from collections.abc import Callable
 from typing import Any
 
 from persistshard.core.storage.blob import Blob, BlobWrapper
+
+log = logging.getLogger("persistshard.conformance.faults")
 
 
 class FaultyBlob(BlobWrapper):

@@ -7,6 +7,7 @@ the server listens on loopback only.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import subprocess
@@ -14,6 +15,8 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+
+log = logging.getLogger("persistshard.conformance.s3server")
 
 
 def _free_port() -> int:

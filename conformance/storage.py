@@ -18,6 +18,7 @@ is reported as `StorageUnsupported`, never as a passing store that would lose co
 
 from __future__ import annotations
 
+import logging
 import multiprocessing as mp
 import queue
 import threading
@@ -32,6 +33,8 @@ from persistshard.core.storage.blob import Blob, open_blob
 from persistshard.core.storage.consensus import BlobConsensus, Consensus
 from persistshard.core.storage.sqlconsensus import open_consensus, redact_url
 from persistshard.errors import Indeterminate, StorageUnsupported
+
+log = logging.getLogger("persistshard.conformance.storage")
 
 RACERS = 8
 

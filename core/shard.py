@@ -24,6 +24,7 @@ call them.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -75,6 +76,8 @@ from persistshard.errors import (
     UpperMismatch,
     WriterAlreadyCommitted,
 )
+
+log = logging.getLogger("persistshard.core.shard")
 
 __all__ = ["Shard", "VerifyReport", "WrittenUpdates", "new_id", "open_shard"]
 
@@ -301,6 +304,7 @@ class Shard:
 
     def delete_parts(self, keys: list[str]) -> None:
         """Delete parts that no state references (after a refused commit)."""
+        log.info("%s: deleting %d parts no state references", self.location, len(keys))
         self.machine.delete_parts(keys)
 
     @metrics.operation_method("append")
@@ -635,6 +639,8 @@ class Shard:
                     problems.append(str(e))
                 checked += 1
                 nbytes += size
+        for problem in problems:
+            log.warning("%s: verify: %s", self.location, problem)
         return VerifyReport(state.version, checked, nbytes, problems)
 
     def describe(self) -> dict[str, Any]:

@@ -42,6 +42,7 @@ writing it).
 from __future__ import annotations
 
 import bisect
+import logging
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -71,6 +72,8 @@ from persistshard.core.write.validate import (
     user_schema,
 )
 from persistshard.errors import InvalidUpdates
+
+log = logging.getLogger("persistshard.core.upsert")
 
 __all__ = [
     "KEY_COLUMNS_METADATA",
@@ -472,6 +475,13 @@ def delta_parts(
         if len(schema) > len(state.schema):
             current = conform_columns(current, snapshot_schema)
     delta = upsert_delta(incoming, current, schema, state.upper)
+    log.debug(
+        "upsert of %d rows at %d: %d current rows, %d updates",
+        incoming.num_rows,
+        state.upper,
+        current.num_rows,
+        delta.num_rows,
+    )
     return write_parts(blob, write_id, delta)
 
 

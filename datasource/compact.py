@@ -23,6 +23,7 @@ Assumes the storage is reachable from every executor under the same location and
 from __future__ import annotations
 
 import json
+import logging
 from typing import TYPE_CHECKING, Any
 
 from persistshard import errors
@@ -36,6 +37,8 @@ from persistshard.core.maintenance.compact import (
 from persistshard.core.shard import Shard
 from persistshard.core.statemachine.state import schema_from_b64, schema_to_b64
 from persistshard.core.storage.layout import new_id
+
+log = logging.getLogger("persistshard.datasource.compact")
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -31,6 +31,7 @@ its own class. Assumes every executor reaches the storage under the same locatio
 from __future__ import annotations
 
 import base64
+import logging
 import pickle
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -61,6 +62,8 @@ from persistshard.datasource.writer import (
     check_location,
     describe_write,
 )
+
+log = logging.getLogger("persistshard.datasource.overwrite")
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

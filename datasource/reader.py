@@ -41,6 +41,7 @@ schema (``spark.read.schema("id long, name string")``) reaches ``reader(schema)`
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import sys
 from collections.abc import Iterable, Iterator, Sequence
@@ -94,6 +95,8 @@ from persistshard.core.storage.blob import Blob
 from persistshard.datasource.options import LOCATION_KEY, ReadOptions, StorageOptions
 from persistshard.datasource.types import arrow_schema_of, conform, spark_schema_of
 from persistshard.errors import InvalidUpdates
+
+log = logging.getLogger("persistshard.datasource.reader")
 
 __all__ = [
     "BATCH_ROWS",

@@ -31,6 +31,7 @@ one minter per remap shard at a time (a second one racing it makes the loser's c
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -48,6 +49,8 @@ from persistshard.datasource.writer import (
     write_task,
 )
 from persistshard.errors import InvalidUpdates, NotSealed, UpperMismatch
+
+log = logging.getLogger("persistshard.datasource.reclock")
 
 #: Test hook: called with the name of each crash point of `commit_reclocked` as it passes it
 #: (``"after_remap_commit"``, ``"after_data_commit"``); raising there simulates a crash.

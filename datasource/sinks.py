@@ -9,6 +9,7 @@ import cycle: this module imports both, and neither imports it.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from dataclasses import replace
 from typing import Any
@@ -31,6 +32,8 @@ from persistshard.datasource.writer import (
     write_task,
 )
 from persistshard.errors import InvalidOption, InvalidUpdates
+
+log = logging.getLogger("persistshard.datasource.sinks")
 
 
 class PersistShardWriter(DataSourceArrowWriter):

@@ -21,6 +21,8 @@ The schema it reports:
 
 from __future__ import annotations
 
+import logging
+
 import pyarrow as pa
 from pyspark.sql.datasource import (
     DataSource,
@@ -46,6 +48,8 @@ from persistshard.datasource.options import (
 )
 from persistshard.datasource.types import spark_schema_of
 from persistshard.errors import InvalidUpdates, NoShard
+
+log = logging.getLogger("persistshard.datasource.source")
 
 STREAM_MARK = "persistshard.stream"
 

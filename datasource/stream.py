@@ -24,6 +24,7 @@ process may only read, the stream fails with `StorageError` saying so (never wit
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -55,6 +56,8 @@ from persistshard.errors import (
     is_access_error,
     storage_cause,
 )
+
+log = logging.getLogger("persistshard.datasource.stream")
 
 INITIAL = -1
 

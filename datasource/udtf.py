@@ -24,12 +24,15 @@ Invariants and what they rely on:
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from collections.abc import Iterator
 from typing import Any
 
 from persistshard.core.shard import Shard
 from persistshard.datasource.options import check_shared, storage_errors
 from persistshard.errors import InvalidOption, NoShard
+
+log = logging.getLogger("persistshard.datasource.udtf")
 
 #: The name the history function is registered under.
 HISTORY_FUNCTION = "persistshard_history"

@@ -40,6 +40,7 @@ their keys.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from dataclasses import dataclass, replace
 from typing import Any
@@ -67,6 +68,8 @@ from persistshard.datasource.writer import (
     sweep_write,
 )
 from persistshard.errors import InvalidUpdates, UpperMismatch
+
+log = logging.getLogger("persistshard.datasource.upsert")
 
 #: How often a commit recomputes its delta after another commit came first.
 COMMIT_RETRIES = 3

@@ -24,6 +24,7 @@ Invariant: the shard changes only in step 3, atomically; a failed job leaves it 
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -63,6 +64,8 @@ from persistshard.datasource.options import (
 )
 from persistshard.datasource.types import arrow_schema_of
 from persistshard.errors import InvalidUpdates, UpperMismatch
+
+log = logging.getLogger("persistshard.datasource.writer")
 
 #: Largest time a shard can hold; "no upper given" writes everything as sealed below it.
 MAX_TIME = (1 << 63) - 2

@@ -17,6 +17,7 @@ What always holds:
 
 from __future__ import annotations
 
+import logging
 import time
 from types import TracebackType
 from typing import Protocol
@@ -28,6 +29,8 @@ from persistshard.core.statemachine.holds import ReaderHold
 from persistshard.core.statemachine.machine import StateMachine
 from persistshard.core.storage.layout import new_id
 from persistshard.errors import SinceViolation
+
+log = logging.getLogger("persistshard.core.read.listen")
 
 
 class Readable(Protocol):
@@ -103,6 +106,7 @@ class Listen:
                 return upper
             now = time.monotonic()
             if self.timeout is not None and now - started >= self.timeout:
+                log.debug("listen: upper still %d after %.1f s; timing out", upper, now - started)
                 return None
             if now - self._renewed >= self.hold.lease_seconds / 3:
                 self.hold.heartbeat()

@@ -30,6 +30,7 @@ read runs (GC keeps what recent versions reference).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -47,6 +48,8 @@ from persistshard.core.storage.parts import adapt_part_table, open_part
 from persistshard.core.write.validate import update_schema
 from persistshard.errors import InvalidUpdates, NegativeDiff, NotSealed, SinceViolation
 from persistshard.format import PartReader
+
+log = logging.getLogger("persistshard.core.read.plan")
 
 # --- which times are exact -----------------------------------------------------------------
 
@@ -366,6 +369,13 @@ def plan_read(
                 per_part.setdefault(pi, []).append(ci)
         slices = tuple(PartSlice(refs[pi], tuple(cis)) for pi, cis in sorted(per_part.items()))
         out.append(ReadTask(slices, KeyRange(first.name, lo, hi, last), q, stored, row_filter))
+    log.debug(
+        "read of version %d: %d parts, %d bytes, split %d ways",
+        state.version,
+        len(refs),
+        total,
+        len(out),
+    )
     return out
 
 

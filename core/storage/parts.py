@@ -11,6 +11,7 @@ This is the only module of `core` that talks to `persistshard.format`. Invariant
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -24,6 +25,8 @@ from persistshard.core.storage.blob import Blob
 from persistshard.core.storage.layout import part_key
 from persistshard.errors import CorruptData
 from persistshard.format import PartReader, encode_part
+
+log = logging.getLogger("persistshard.core.storage.parts")
 
 #: A part is cut into several once its uncompressed size passes this.
 PART_TARGET_BYTES = 256 << 20
@@ -44,6 +47,7 @@ def write_part(
     )
     key = part_key(write_id)
     blob.put(key, data)
+    log.debug("wrote part %s: %d rows, %d bytes", key, table.num_rows, len(data))
     return PartRef(
         key=key,
         size=len(data),
