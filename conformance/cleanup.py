@@ -52,6 +52,7 @@ def remove_run(location: str, run: str, storage_options: dict[str, Any]) -> int:
     doomed = [e for e in entries if posixpath.basename(str(e).rstrip("/")).startswith(prefix)]
     for path in doomed:
         fs.rm(str(path), recursive=True)
+    log.info("removed %d scratch locations of run %s", len(doomed), run)
     return len(doomed)
 
 

@@ -336,6 +336,7 @@ def check_image(open_image: Callable[[], Any], run: CrashRun, step: int, label: 
     version, upper, rows = contents(shard)
     acked = [a for a in run.acknowledged if a.step <= step]
     where = f"{label}, cut after step {step} of {run.steps}"
+    log.debug("%s: image at version %d, upper %d", where, version, upper)
     if acked:
         last = acked[-1]
         assert version >= last.version, (

@@ -72,10 +72,12 @@ class FaultyBlob(BlobWrapper):
         fault = self._draw(op)
         if fault == "before":
             self.injected += 1
+            log.debug("injecting a failure before %s", op)
             raise TimeoutError(f"injected failure before {op}")
         result = fn(*args)
         if fault == "after":
             self.injected += 1
+            log.debug("injecting a failure after %s (done)", op)
             raise TimeoutError(f"injected failure after {op} (it was done)")
         return result
 

@@ -138,6 +138,7 @@ def append_records(
         os.link(temp, final)  # fails if another appender took the name
     finally:
         os.unlink(temp)
+    log.debug("appended offsets %d..%d to %s", first, first + n, directory)
     return first, first + n
 
 

@@ -14,7 +14,6 @@ server (``tests/test_conformance.py``, ``tests/test_s3.py``).
 from __future__ import annotations
 
 import json
-import logging
 import os
 from typing import Any
 
@@ -31,8 +30,6 @@ from persistshard.conformance.storage import (
     Store,
 )
 from persistshard.core.storage.blob import open_blob
-
-log = logging.getLogger("persistshard.conformance.run_suite")
 
 BASE = os.environ.get("PERSISTSHARD_CONFORMANCE_LOCATION", "")
 OPTIONS: dict[str, Any] = json.loads(

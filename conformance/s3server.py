@@ -57,6 +57,7 @@ def moto_server(bucket: str, key: str, secret: str, *, start_seconds: float = 60
             aws_secret_access_key=secret,
             region_name="us-east-1",
         ).create_bucket(Bucket=bucket)
+        log.info("moto S3 server at %s (pid %d)", endpoint, proc.pid)
         yield endpoint
     finally:
         proc.terminate()

@@ -99,6 +99,7 @@ def probe_atomic_create(blob: Blob, prefix: str = "") -> None:
             "an exclusive create of a new key reported that the key exists", location=blob.url
         )
     if second or kept != b"first":
+        log.warning("%s: a second exclusive create of %s was accepted", blob.url, key)
         raise StorageUnsupported(
             "the storage accepted a second exclusive create of the same key (it ignores "
             "If-None-Match or has no atomic put-if-absent); two writers could both commit the "

@@ -365,4 +365,5 @@ def commit_metrics(before: ShardState, after: ShardState, retries: int) -> dict[
     if op is not None:
         out["operation"] = op.name
         out.update(sorted(op.extra.items()))
+        out["store_requests"] += op.extra.get("task_store_requests", 0)
     return out

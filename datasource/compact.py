@@ -56,6 +56,7 @@ def run_merge_task(payload: str) -> str:
         result = run_merge(blob, plan, schema_from_b64(d["schema"]), write_id=d["write_id"])
         return json.dumps({"result": result.to_json()})
     except Exception as e:  # raised again on the driver, after the round's other commits
+        log.warning("merge task for %s failed: %s: %s", d.get("location"), type(e).__name__, e)
         detail = e.detail if isinstance(e, errors.PersistShardError) else f"{type(e).__name__}: {e}"
         return json.dumps({"error": {"class": type(e).__name__, "detail": detail}})
 
@@ -121,6 +122,7 @@ def compact(
             if committed:
                 progress = True
             else:
+                log.info("%s: merge of %s lost a race; discarded", shard.location, plan.input_ids)
                 report.conflicts += 1
         if failures:
             raise failures[0]

@@ -9,7 +9,6 @@ backquoted names, ``NOT NULL`` and ``COMMENT '...'``; anything else is refused w
 
 from __future__ import annotations
 
-import logging
 import re
 from typing import NoReturn
 
@@ -35,8 +34,6 @@ from pyspark.sql.types import (
 )
 
 from persistshard.errors import InvalidOption
-
-log = logging.getLogger("persistshard.datasource.ddl")
 
 _SIMPLE: dict[str, DataType] = {
     "BIGINT": LongType(),

@@ -236,6 +236,7 @@ def overwrite(
     d = describe_write(opts, df.schema, True, shard, evolve=merge_schema)
     d = replace(d, lower=state.upper, upper=state.upper + 1)
     time = state.upper
+    log.debug("%s: overwrite at time %d (write %s)", shard.location, time, d.write_id)
 
     def stage(batches: Any) -> Any:
         chains = stage_task(d, batches, memory_budget)

@@ -483,7 +483,15 @@ class PersistShardReader(DataSourceReader):
         columns = check_columns(self.schema, state.schema, shard.location)
         q = check_query(shard, state, self.opts)
         row_filter, result_filter = self.filters(state.schema, columns)
-        return plan_partitions(shard, state, q, self.opts, row_filter, result_filter, columns)
+        parts = plan_partitions(shard, state, q, self.opts, row_filter, result_filter, columns)
+        log.debug(
+            "%s: read of version %d, %s: %d partitions",
+            shard.location,
+            state.version,
+            q,
+            len(parts),
+        )
+        return parts
 
     def read(self, partition: ShardPartition) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
         if not isinstance(partition, ShardPartition):

@@ -272,6 +272,7 @@ def _commit(
         )
     new_upper = max(lower, sealed + 1)
     if new_upper == lower:
+        log.debug("%s: nothing sealable at %d yet; the data commit waits", shard.location, lower)
         return lower
     commit_write(replace(d, lower=lower, upper=new_upper), present, compact=compact)
     _crash_point("after_data_commit")

@@ -84,6 +84,11 @@ class PersistShardWriter(DataSourceArrowWriter):
             commit_write(self.description, messages, compact=self.opts.compact)
 
     def abort(self, messages: list[Any]) -> None:
+        log.info(
+            "%s: write %s aborted; deleting its parts",
+            self.description.location,
+            self.description.write_id,
+        )
         shard = open_shard(self.description.location, **self.description.storage_options)
         sweep_write(shard, self.description.write_id, set())
 
@@ -176,6 +181,12 @@ class PersistShardStreamWriter(DataSourceStreamArrowWriter):
         lowers = {m.lower for m in present}
         state = shard.state()
         if state.writers.get(self.opts.writer_id or "", -1) >= batchId:
+            log.info(
+                "%s: micro-batch %d of writer %s already committed; a replay, dropped",
+                shard.location,
+                batchId,
+                self.opts.writer_id,
+            )
             for m in present:
                 sweep_write(shard, m.write_id, set())
             return

@@ -150,6 +150,7 @@ class PersistShardDataSource(DataSource):
             # pushFilters only where Spark keeps pushed reads per scan, and only inside its
             # pushdown planning worker (reader.py); otherwise Spark evaluates every filter.
             if spark_scopes_read_info() and planning_with_pushdown():
+                log.debug("reader with scoped filter pushdown")
                 return ScopedPushdownReader(options, schema)
             return PersistShardReader(options, schema)
 

@@ -171,6 +171,9 @@ class PersistShardStreamReader(DataSourceStreamReader):
         upper = int(end["upper"])
         hold = self._holding(open_shard(self.opts.location, **self.opts.storage_options))
         if hold is not None and upper - 1 > hold.since:
+            log.debug(
+                "%s: stream read through %d; hold moves to %d", self.opts.location, upper, upper - 1
+            )
             hold.downgrade_since(upper - 1)
 
     def stop(self) -> None:

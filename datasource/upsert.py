@@ -259,6 +259,7 @@ def _apply(
         except UpperMismatch:
             if expected_upper is not None or attempt == COMMIT_RETRIES:
                 raise
+            log.info("%s: upsert lost the upper to another writer; diffing again", shard.location)
 
 
 class UpsertWriter(DataSourceArrowWriter):

@@ -87,6 +87,11 @@ def commit_complete(
                         label="overwrite",
                     )
                 except UpperMismatch as e:  # another writer moved the upper: diff again
+                    log.info(
+                        "%s: complete-mode batch %d lost the upper; diffing again",
+                        shard.location,
+                        batch_id,
+                    )
                     last = e
                     continue
                 committed = True

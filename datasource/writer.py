@@ -37,6 +37,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from persistshard.core import metrics
 from persistshard.core.rows import DIFF, TIME, consolidation_indices, row_columns
 from persistshard.core.shard import (
     Shard,
@@ -79,6 +80,8 @@ class TaskWritten(WriterCommitMessage):
     unsealed: list[PartRef] = field(default_factory=list)
     max_time: int | None = None
     rows_in: int = 0
+    #: Store requests the task made (`persistshard.core.metrics`); the driver's commit adds them.
+    store_requests: int = 0
 
 
 @dataclass(frozen=True)
@@ -235,7 +238,7 @@ def _check_case(d: BatchDescription) -> None:
 def check_location(shard: Shard) -> None:
     """Refuse, on the driver, a location that is an existing file (not a directory or prefix):
     otherwise every task would fail on it with a raw ``NotADirectoryError``."""
-    blob = shard.blob
+    blob = metrics.unwrap_blob(shard.blob)
     if not isinstance(blob, FsspecBlob):
         return  # other stores have no files to mistake for a shard's directory
     try:
@@ -252,11 +255,13 @@ def check_location(shard: Shard) -> None:
 def write_task(d: BatchDescription, batches: Any, time: int) -> TaskWritten:
     """Step 2: consolidate one task's batches in a Correction buffer and write its parts."""
     _check_case(d)
-    with storage_errors(d.location, "write the shard"):
+    with storage_errors(d.location, "write the shard"), metrics.operation("write task") as op:
         shard = open_shard(d.location, **d.storage_options)
         # A task still running late in the write's lease renews it (core/statemachine/leases.py).
         with WriteLease(shard.machine, d.write_id):
-            return _write_task(d, batches, time, shard)
+            written = _write_task(d, batches, time, shard)
+        written.store_requests = op.requests
+        return written
 
 
 def _write_task(d: BatchDescription, batches: Any, time: int, shard: Shard) -> TaskWritten:
@@ -419,8 +424,12 @@ def commit_write(
 ) -> None:
     """Step 3: one compare-and-append of every task's parts (see the module docstring)."""
     shard = open_shard(d.location, **d.storage_options)
-    with WriteLease(shard.machine, d.write_id):  # covers the overwrite's "-delta" write too
+    with WriteLease(shard.machine, d.write_id), metrics.operation("spark write") as op:
+        for m in messages:  # the tasks' reports go into the commit's metrics
+            op.add("rows_in", getattr(m, "rows_in", 0) if m is not None else 0)
+            op.add("task_store_requests", getattr(m, "store_requests", 0) if m is not None else 0)
         _commit_write(shard, d, messages, writer)
+    log.debug("%s: write %s committed from %d task reports", d.location, d.write_id, len(messages))
     if compact:
         shard.maybe_compact()
 
