@@ -662,6 +662,7 @@ def _logging_to_stderr(verbose: int) -> Iterator[None]:
 
 
 def _run(args: argparse.Namespace, options: dict[str, Any]) -> int:
+    log.debug("%s %s (storage options: %s)", args.command, args.location, sorted(options))
     try:
         if args.command == "conformance":
             return cmd_conformance(args, options)

@@ -367,3 +367,35 @@ def commit_metrics(before: ShardState, after: ShardState, retries: int) -> dict[
         out.update(sorted(op.extra.items()))
         out["store_requests"] += op.extra.get("task_store_requests", 0)
     return out
+
+
+# --- Prometheus ---------------------------------------------------------------------------
+
+
+def prometheus_collector() -> Any:
+    """A ``prometheus_client`` collector of `REGISTRY` (needs the ``prometheus`` extra):
+    every counter as ``persistshard_<name>_total`` and the store latencies as one histogram,
+    ``persistshard_store_request_seconds``, labelled by ``operation`` (``blob.get``, ...,
+    ``consensus.compare_and_set``). Each scrape reads one consistent `snapshot`. Register it
+    with ``prometheus_client.REGISTRY.register(persistshard.metrics_collector())``."""
+    from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+    from prometheus_client.registry import Collector
+
+    class PersistShardCollector(Collector):
+        def collect(self) -> Iterator[Any]:
+            snap = snapshot()
+            for name, value in snap["counters"].items():
+                yield CounterMetricFamily(
+                    f"persistshard_{name}", f"persistshard {name.replace('_', ' ')}", value=value
+                )
+            family = HistogramMetricFamily(
+                "persistshard_store_request_seconds",
+                "latency of persistshard's blob and consensus requests",
+                labels=["operation"],
+            )
+            for op, h in snap["latency"].items():
+                buckets = [("+Inf" if b == float("inf") else repr(b), n) for b, n in h["buckets"]]
+                family.add_metric([op], buckets, h["sum_seconds"])
+            yield family
+
+    return PersistShardCollector()

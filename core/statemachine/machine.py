@@ -306,28 +306,28 @@ class StateMachine:
                 failures += 1
                 if failures >= MAX_STORAGE_FAILURES:
                     break
-                time.sleep(min(1.0, BACKOFF_SECONDS * 2**failures))
+                pause = min(1.0, BACKOFF_SECONDS * 2**failures)
+                log.info(
+                    "%s: reading the log back failed (%s); retry in %.2f s", self.location, e, pause
+                )
+                time.sleep(pause)
                 continue
             now = layout.now_ms()
             stamped = replace(commit, at_ms=now)
             leases.check_commit(current, stamped, self.location)
             new = st.apply(current, stamped, self.location)
             st.check_transition(current, new, stamped, self.location)  # before any write
-            stamped = replace(
-                stamped,
-                args={
-                    **stamped.args,
-                    "metrics": metrics.commit_metrics(current, new, attempts - 1),
-                },
-            )
             rollup = self._rollup
             if new.version % ROLLUP_EVERY == 0:
                 key = rollup_key(new.version)
                 self.blob.put(key, st.encode_rollup(new))
                 rollup = (new.version, key)
-            entry = Entry(stamped, rollup[0], rollup[1], at_ms=now)
             if current.version == 0:
                 mark_log_home(self.blob, self.consensus, self.location)
+            # What the operation did, counted up to here (the last request before the entry).
+            done = metrics.commit_metrics(current, new, attempts - 1)
+            stamped = replace(stamped, args={**stamped.args, "metrics": done})
+            entry = Entry(stamped, rollup[0], rollup[1], at_ms=now)
             try:
                 ok = self.consensus.compare_and_set(current.version or None, entry.encode())
             except (Indeterminate, OSError) as e:
