@@ -10,4 +10,8 @@ Where things live (imports point down this list, and into `persistshard.format`)
 - `statemachine`: `ShardState` and its commits (pure), the commit loop, holds and leases.
 - `storage`: blob stores, the consensus log (blob or database), part files, key layout.
 - `rows`: the one row order and consolidation, shared by all of the above.
+- `metrics`: what the shards of this process did (counters, store latency histograms) and
+  what one operation did (store requests, rows, bytes, parts, duration: each commit's entry
+  records it); the blob and consensus of every `Shard` count through it. Modules log through
+  ``logging.getLogger("persistshard.<their import path>")``.
 """

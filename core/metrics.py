@@ -241,7 +241,13 @@ def _done(name: str, started: float, failed: BaseException | None, counts: bool)
 
 class CountingBlob(BlobWrapper):
     """A blob that times and counts every request into `REGISTRY` and the open `Operation`;
-    otherwise exactly its inner blob (same contract, capabilities and errors)."""
+    otherwise exactly its inner blob (same contract, capabilities and errors; other
+    attributes, such as an fsspec blob's ``fs`` and ``root``, are the inner's)."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "inner":  # not set yet (unpickling): never recurse
+            raise AttributeError(name)
+        return getattr(self.inner, name)
 
     def _timed(self, name: str, call: Callable[[], Any]) -> Any:
         started = time.perf_counter()
