@@ -294,14 +294,6 @@ def _metric_columns(m: dict[str, Any] | None) -> str:
     )
 
 
-def _size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n}{unit}" if unit == "B" else f"{n:.1f}{unit}"
-        n /= 1024  # type: ignore[assignment]
-    return f"{n}"
-
-
 def _with_progress(shard: Shard, desc: str, total: float | None, count: str = "bytes") -> Any:
     progress = Progress(desc, total=total, unit="B" if count == "bytes" else "deletes")
     if not progress.active:

@@ -81,7 +81,7 @@ class TaskWritten(WriterCommitMessage):
     max_time: int | None = None
     rows_in: int = 0
     #: Store requests the task made (`persistshard.core.metrics`); the driver's commit adds them.
-    store_requests: int = 0
+    store_requests: int = field(default=0, kw_only=True)
 
 
 @dataclass(frozen=True)
