@@ -63,8 +63,9 @@ __all__ = [
 
 
 def metrics() -> dict[str, Any]:
-    """This process's counters and store latency histograms (`persistshard.core.metrics`)."""
-    from persistshard.core.metrics import snapshot
+    """This process's counters and store latency histograms
+    (`persistshard.core.storage.metrics`)."""
+    from persistshard.core.storage.metrics import snapshot
 
     return snapshot()
 
@@ -72,7 +73,7 @@ def metrics() -> dict[str, Any]:
 def metrics_collector() -> Any:
     """A ``prometheus_client`` collector of `metrics` (needs ``pip install
     'persistshard[prometheus]'``)."""
-    from persistshard.core.metrics import prometheus_collector
+    from persistshard.core.storage.metrics import prometheus_collector
 
     return prometheus_collector()
 

@@ -4,9 +4,10 @@ Each round appends one row ``commits`` times to a fresh shard on local disk and 
 median commit time; once as the shard always runs (every store request timed and counted into
 the process registry and the operation, each commit's metrics computed and stored in its log
 entry, module loggers at their default level), and once with all of that switched off for the
-round (`persistshard.core.metrics`: the counting wrappers, the operation scopes and the entry
-metrics replaced by no-ops; only here). The two alternate, each round on fresh shards in the
-same directory. Target: the ratio is within the run's noise (the spread of the rounds).
+round (`persistshard.core.storage.metrics`: the counting wrappers, the operation scopes and
+the entry metrics replaced by no-ops; only here). The two alternate, each round on fresh
+shards in the same directory. Target: the ratio is within the run's noise (the spread of the
+rounds).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ ANCHOR = "metrics switched off"
 @contextlib.contextmanager
 def _metrics_off() -> Iterator[None]:
     """Replace the metrics hooks the shard and the state machine call with no-ops."""
-    from persistshard.core import metrics
+    from persistshard.core.storage import metrics
 
     saved = {
         name: getattr(metrics, name)

@@ -34,7 +34,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from persistshard.core import metrics
 from persistshard.core.maintenance.compact import CompactionReport, compact_shard
 from persistshard.core.maintenance.compact import maybe_compact as maybe_compact_shard
 from persistshard.core.maintenance.gc import GcReport, collect
@@ -62,7 +61,7 @@ from persistshard.core.statemachine.state import (
     PartRef,
     ShardState,
 )
-from persistshard.core.storage import layout
+from persistshard.core.storage import layout, metrics
 from persistshard.core.storage.blob import Blob, open_blob
 from persistshard.core.storage.consensus import BlobConsensus, Consensus
 from persistshard.core.storage.layout import DEFAULT_RETENTION_SECONDS, new_id

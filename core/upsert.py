@@ -63,6 +63,7 @@ from persistshard.core.read.plan import (
 from persistshard.core.rows import DIFF, TIME, consolidate, snapshot_of
 from persistshard.core.statemachine.state import PartRef, ShardState
 from persistshard.core.storage.blob import Blob
+from persistshard.core.storage.metrics import run_in_context
 from persistshard.core.storage.parts import conform_columns, open_part, write_parts
 from persistshard.core.write.correction import Correction
 from persistshard.core.write.validate import (
@@ -380,7 +381,7 @@ def current_rows(
 
     if len(refs) > 1:
         with ThreadPoolExecutor(max_workers=min(8, len(refs))) as pool:
-            found = list(pool.map(chunks_of, refs))
+            found = list(pool.map(run_in_context(chunks_of), refs))
     else:
         found = [chunks_of(r) for r in refs]
     slices = tuple(s for s in found if s is not None)

@@ -37,7 +37,6 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from persistshard.core import metrics
 from persistshard.core.rows import DIFF, TIME, consolidation_indices, row_columns
 from persistshard.core.shard import (
     Shard,
@@ -47,6 +46,7 @@ from persistshard.core.shard import (
 )
 from persistshard.core.statemachine.leases import WriteLease
 from persistshard.core.statemachine.state import PartRef
+from persistshard.core.storage import metrics
 from persistshard.core.storage.blob import FsspecBlob
 from persistshard.core.storage.layout import PARTS_PREFIX, new_id
 from persistshard.core.storage.parts import PartSink, write_part
@@ -80,7 +80,8 @@ class TaskWritten(WriterCommitMessage):
     unsealed: list[PartRef] = field(default_factory=list)
     max_time: int | None = None
     rows_in: int = 0
-    #: Store requests the task made (`persistshard.core.metrics`); the driver's commit adds them.
+    #: Store requests the task made (`persistshard.core.storage.metrics`); the driver's
+    #: commit adds them to its entry's metrics.
     store_requests: int = field(default=0, kw_only=True)
 
 

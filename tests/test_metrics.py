@@ -15,8 +15,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 import persistshard as ps
 from persistshard.cli import main as cli
-from persistshard.core import metrics
 from persistshard.core.statemachine.state import Entry
+from persistshard.core.storage import metrics
 from persistshard.core.storage.blob import BlobWrapper, open_blob
 from persistshard.core.storage.consensus import Consensus, MemoryConsensus
 

@@ -44,7 +44,6 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from persistshard.core import metrics
 from persistshard.core.maintenance import trace
 from persistshard.core.maintenance.trace import MergePlan
 from persistshard.core.rows import (
@@ -61,6 +60,7 @@ from persistshard.core.rows import (
 from persistshard.core.statemachine.leases import WriteLease
 from persistshard.core.statemachine.machine import StateMachine
 from persistshard.core.statemachine.state import Batch, Commit, PartRef, ShardState
+from persistshard.core.storage import metrics
 from persistshard.core.storage.blob import Blob
 from persistshard.core.storage.layout import new_id, part_key
 from persistshard.core.storage.parts import (

@@ -46,12 +46,11 @@ import logging
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from persistshard.core import metrics
 from persistshard.core.statemachine import leases
 from persistshard.core.statemachine import state as st
 from persistshard.core.statemachine.machine import StateMachine
 from persistshard.core.statemachine.state import Entry, ShardState
-from persistshard.core.storage import layout
+from persistshard.core.storage import layout, metrics
 from persistshard.core.storage.blob import temporary_time_ms
 from persistshard.core.storage.layout import (
     DEFAULT_RETENTION_SECONDS,

@@ -45,11 +45,10 @@ import time
 from collections.abc import Iterable
 from dataclasses import replace
 
-from persistshard.core import metrics
 from persistshard.core.statemachine import leases
 from persistshard.core.statemachine import state as st
 from persistshard.core.statemachine.state import Commit, Entry, ShardState
-from persistshard.core.storage import layout
+from persistshard.core.storage import layout, metrics
 from persistshard.core.storage.blob import Blob
 from persistshard.core.storage.consensus import (
     Consensus,
@@ -244,8 +243,8 @@ class StateMachine:
         max_attempts: int = MAX_ATTEMPTS,
         deadline_seconds: float | None = None,
     ) -> ShardState:
-        """`_commit` in an operation scope (`persistshard.core.metrics`: the entry records what
-        the operation did), counted and logged: landed (debug), refused (info)."""
+        """`_commit` in an operation scope (`persistshard.core.storage.metrics`: the entry
+        records what the operation did), counted and logged: landed (debug), refused (info)."""
         with metrics.operation(commit.kind):
             try:
                 new = self._commit(

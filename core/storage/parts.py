@@ -23,6 +23,7 @@ from persistshard.core.rows import TIME, row_columns, sort_table
 from persistshard.core.statemachine.state import PartRef
 from persistshard.core.storage.blob import Blob
 from persistshard.core.storage.layout import part_key
+from persistshard.core.storage.metrics import run_in_context
 from persistshard.errors import CorruptData
 from persistshard.format import PartReader, encode_part
 
@@ -219,7 +220,12 @@ def read_parts(
     else:
         with ThreadPoolExecutor(max_workers=min(threads, len(wanted))) as pool:
             tables = list(
-                pool.map(lambda r: read_part(blob, r, min_time=min_time, max_time=max_time), wanted)
+                pool.map(
+                    run_in_context(
+                        lambda r: read_part(blob, r, min_time=min_time, max_time=max_time)
+                    ),
+                    wanted,
+                )
             )
     return pa.concat_tables(
         [adapt_part_table(t, r, schema) for t, r in zip(tables, wanted, strict=True)]

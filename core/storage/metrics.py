@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from persistshard.core.statemachine.state import ShardState
     from persistshard.core.storage.consensus import Consensus
 
-log = logging.getLogger("persistshard.core.metrics")
+log = logging.getLogger("persistshard.core.storage.metrics")
 
 #: Upper bounds (seconds) of the latency histogram buckets; the last bucket is +Inf.
 BUCKETS: tuple[float, ...] = (
@@ -205,6 +205,7 @@ def operation(name: str) -> Iterator[Operation]:
 
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 
 def operation_method(name: str) -> Callable[[F], F]:
@@ -221,11 +222,16 @@ def operation_method(name: str) -> Callable[[F], F]:
     return wrap
 
 
-def run_in_context(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` bound to a copy of the caller's context, for a worker thread: requests it makes
-    count into the caller's operation."""
-    ctx = contextvars.copy_context()
-    return functools.partial(ctx.run, fn)
+def run_in_context(fn: Callable[..., T]) -> Callable[..., T]:
+    """``fn`` for worker threads: each call runs in its own copy of the caller's context (a
+    context can be entered by one thread at a time), so the requests it makes count into the
+    caller's operation."""
+    parent = contextvars.copy_context()
+
+    def call(*args: Any, **kwargs: Any) -> T:
+        return parent.copy().run(fn, *args, **kwargs)
+
+    return call
 
 
 def _done(name: str, started: float, failed: BaseException | None, counts: bool) -> None:
