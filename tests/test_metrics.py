@@ -10,7 +10,6 @@ import os
 import threading
 
 import pyarrow as pa
-import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 import persistshard as ps
@@ -367,8 +366,7 @@ def test_prometheus_exposition(tmp_path):
     assert 'persistshard_store_request_seconds_count{operation="consensus.compare_and_set"}' in text
 
 
-@pytest.mark.parametrize("ops", [1])
-def test_nested_operations_record_each_commit_once(tmp_path, ops):
+def test_nested_operations_record_each_commit_once(tmp_path):
     """An operation that commits twice (an append, then a compaction inside the same scope)
     records each commit's own requests: the second entry does not repeat the first's."""
     shard = ps.open_shard(str(tmp_path / "s"))
