@@ -53,11 +53,29 @@ __all__ = [
     "UpperMismatch",
     "VerifyReport",
     "__version__",
+    "metrics",
+    "metrics_collector",
     "open_remap",
     "open_shard",
     "resume_frontier",
     "resume_offsets",
 ]
+
+
+def metrics() -> dict[str, Any]:
+    """This process's counters and store latency histograms
+    (`persistshard.core.storage.metrics`)."""
+    from persistshard.core.storage.metrics import snapshot
+
+    return snapshot()
+
+
+def metrics_collector() -> Any:
+    """A ``prometheus_client`` collector of `metrics` (needs ``pip install
+    'persistshard[prometheus]'``)."""
+    from persistshard.core.storage.metrics import prometheus_collector
+
+    return prometheus_collector()
 
 
 def __getattr__(name: str) -> Any:

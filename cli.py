@@ -30,11 +30,14 @@ and consensus passwords are never printed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime as dt
 import json
+import logging
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from persistshard.core.shard import Shard
@@ -51,6 +54,8 @@ from persistshard.errors import (
     storage_cause,
     storage_error,
 )
+
+log = logging.getLogger("persistshard.cli")
 
 __all__ = ["NoShard", "main"]
 
@@ -249,19 +254,44 @@ def cmd_holds(shard: Shard, args: argparse.Namespace) -> int:
 
 
 def cmd_history(shard: Shard, args: argparse.Namespace) -> int:
-    """List the state versions still in the log: when, what kind of commit, what it did."""
+    """List the state versions still in the log: when, what kind of commit, what it did, and
+    its metrics (rows, bytes and parts added/removed, duration, store requests, retries)."""
     history = shard.history()
     if args.json:
         print(json.dumps(history, indent=2))
         return 0
+    print(HISTORY_HEADER)
     for h in history:
         when = ""
         if h.get("at_ms"):
             when = dt.datetime.fromtimestamp(h["at_ms"] / 1000, dt.timezone.utc).strftime(
                 "%Y-%m-%d %H:%M:%S"
             )
-        print(f"v{h['version']:<6} {when:19}  {h['kind']:<16} {h['summary']}")
+        print(
+            f"v{h['version']:<6} {when:19}  {h['kind']:<16} {_metric_columns(h.get('metrics'))}"
+            f"  {h['summary']}"
+        )
     return 0
+
+
+#: The column titles of ``persistshard history`` (metrics of entries written before metrics
+#: existed show as ``-``).
+HISTORY_HEADER = (
+    f"{'VERSION':<7} {'COMMITTED (UTC)':19}  {'KIND':<16} {'ROWS +/-':>13} {'BYTES +/-':>17} "
+    f"{'PARTS +/-':>9} {'MS':>6} {'REQS':>5} {'RETRY':>5}  SUMMARY"
+)
+
+
+def _metric_columns(m: dict[str, Any] | None) -> str:
+    if not m:
+        return f"{'-':>13} {'-':>17} {'-':>9} {'-':>6} {'-':>5} {'-':>5}"
+    rows = f"+{m['rows_added']}/-{m['rows_removed']}"
+    nbytes = f"+{_size(m['bytes_added'])}/-{_size(m['bytes_removed'])}"
+    parts = f"+{m['parts_added']}/-{m['parts_removed']}"
+    return (
+        f"{rows:>13} {nbytes:>17} {parts:>9} {m['duration_ms']:>6} {m['store_requests']:>5} "
+        f"{m['retries']:>5}"
+    )
 
 
 def _with_progress(shard: Shard, desc: str, total: float | None, count: str = "bytes") -> Any:
@@ -548,6 +578,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         p.add_argument("location", help="the shard: a local path or any fsspec URL")
         p.add_argument("--json", action="store_true", help="machine-readable output")
+        p.add_argument(
+            "-v",
+            "--verbose",
+            action="count",
+            default=0,
+            help="log what the library does to stderr (-v: info, -vv: debug; or set "
+            f"{LOG_ENV}=info|debug)",
+        )
         if name == "holds":
             p.add_argument("--expire", metavar="READER", help="drop this reader's hold")
         p.add_argument(
@@ -593,6 +631,44 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(e))
     if args.consensus:
         options["consensus"] = args.consensus
+    with _logging_to_stderr(args.verbose):
+        return _run(args, options)
+
+
+#: The environment variable that turns the library's log on for the CLI (``debug``, ``info``,
+#: ``warning``), as ``-v`` does.
+LOG_ENV = "PERSISTSHARD_LOG"
+
+
+@contextlib.contextmanager
+def _logging_to_stderr(verbose: int) -> Iterator[None]:
+    """While the command runs, send the ``persistshard`` logger's records at the level asked
+    (``-v`` info, ``-vv`` debug, else `LOG_ENV`) to stderr; without either, nothing (the
+    command reports its own outcome and errors). Log lines carry no credentials: consensus
+    URLs are redacted where they are logged."""
+    level = {0: None, 1: logging.INFO}.get(verbose, logging.DEBUG)
+    if level is None:
+        named = os.environ.get(LOG_ENV, "").strip().upper()
+        level = getattr(logging, named, None) if named else None
+        if not isinstance(level, int):
+            level = logging.CRITICAL + 1  # quiet: also keeps Python's last-resort handler off
+    root = logging.getLogger("persistshard")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    handler.setLevel(level)
+    before = root.level
+    root.addHandler(handler)
+    if level <= logging.CRITICAL and (root.level == logging.NOTSET or root.level > level):
+        root.setLevel(level)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(before)
+
+
+def _run(args: argparse.Namespace, options: dict[str, Any]) -> int:
+    log.debug("%s %s (storage options: %s)", args.command, args.location, sorted(options))
     try:
         if args.command == "conformance":
             return cmd_conformance(args, options)

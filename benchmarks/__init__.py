@@ -111,6 +111,14 @@ REGISTRY: tuple[Benchmark, ...] = (
         rounds={"quick": 3, "full": 7},
     ),
     Benchmark(
+        name="metrics",
+        module="benchmarks.metrics_bench",
+        summary="1-row commit latency with metrics on (as shipped) vs the metrics hooks off",
+        sizes={"quick": {"commits": 50}, "full": {"commits": 200}},
+        headings=("observability",),
+        rounds={"quick": 7, "full": 9},
+    ),
+    Benchmark(
         name="upsert",
         module="benchmarks.upsert_bench",
         summary="micro-batches upserting 0.1%/1%/10% of a table's keys vs appending the changed "

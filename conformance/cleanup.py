@@ -12,6 +12,7 @@ sub-locations would otherwise sit among the shard's own objects.
 
 from __future__ import annotations
 
+import logging
 import posixpath
 import uuid
 from typing import Any
@@ -19,6 +20,8 @@ from typing import Any
 import fsspec
 
 from persistshard.core.storage.layout import CONSENSUS_PREFIX, new_id
+
+log = logging.getLogger("persistshard.conformance.cleanup")
 
 #: Every sub-location the suite writes starts with this.
 SCRATCH_PREFIX = "conformance-"
@@ -49,6 +52,7 @@ def remove_run(location: str, run: str, storage_options: dict[str, Any]) -> int:
     doomed = [e for e in entries if posixpath.basename(str(e).rstrip("/")).startswith(prefix)]
     for path in doomed:
         fs.rm(str(path), recursive=True)
+    log.info("removed %d scratch locations of run %s", len(doomed), run)
     return len(doomed)
 
 

@@ -31,6 +31,7 @@ never a mix), ``verify`` passes, and the shard accepts a new append.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import random
 import shutil
@@ -48,6 +49,8 @@ from persistshard.core.shard import Shard, open_shard
 from persistshard.core.storage import blob as blob_module
 from persistshard.core.storage import layout
 from persistshard.core.storage.blob import Blob, BlobMeta, BlobWrapper, open_blob
+
+log = logging.getLogger("persistshard.conformance.crash")
 
 #: The crash flavours of `PageCacheRecorder.image` (module docstring).
 CUT_MODES = ("lost", "empty", "mixed")
@@ -333,6 +336,7 @@ def check_image(open_image: Callable[[], Any], run: CrashRun, step: int, label: 
     version, upper, rows = contents(shard)
     acked = [a for a in run.acknowledged if a.step <= step]
     where = f"{label}, cut after step {step} of {run.steps}"
+    log.debug("%s: image at version %d, upper %d", where, version, upper)
     if acked:
         last = acked[-1]
         assert version >= last.version, (

@@ -15,12 +15,15 @@ this caller's commit, as a long GC pause or a slow network would.
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 from collections.abc import Callable
 from typing import Any
 
 from persistshard.core.storage.blob import Blob, BlobWrapper
+
+log = logging.getLogger("persistshard.conformance.faults")
 
 
 class FaultyBlob(BlobWrapper):
@@ -69,10 +72,12 @@ class FaultyBlob(BlobWrapper):
         fault = self._draw(op)
         if fault == "before":
             self.injected += 1
+            log.debug("injecting a failure before %s", op)
             raise TimeoutError(f"injected failure before {op}")
         result = fn(*args)
         if fault == "after":
             self.injected += 1
+            log.debug("injecting a failure after %s (done)", op)
             raise TimeoutError(f"injected failure after {op} (it was done)")
         return result
 

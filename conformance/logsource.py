@@ -22,6 +22,7 @@ the loser's rename fails and it raises).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import time
@@ -42,6 +43,8 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from persistshard.errors import InvalidUpdates
+
+log = logging.getLogger("persistshard.conformance.logsource")
 
 SCHEMA_DDL = (
     "topic STRING, partition INT, offset BIGINT, key BINARY, value BINARY, timestamp TIMESTAMP"
@@ -135,6 +138,7 @@ def append_records(
         os.link(temp, final)  # fails if another appender took the name
     finally:
         os.unlink(temp)
+    log.debug("appended offsets %d..%d to %s", first, first + n, directory)
     return first, first + n
 
 

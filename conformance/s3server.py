@@ -7,6 +7,7 @@ the server listens on loopback only.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import subprocess
@@ -14,6 +15,8 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+
+log = logging.getLogger("persistshard.conformance.s3server")
 
 
 def _free_port() -> int:
@@ -54,6 +57,7 @@ def moto_server(bucket: str, key: str, secret: str, *, start_seconds: float = 60
             aws_secret_access_key=secret,
             region_name="us-east-1",
         ).create_bucket(Bucket=bucket)
+        log.info("moto S3 server at %s (pid %d)", endpoint, proc.pid)
         yield endpoint
     finally:
         proc.terminate()

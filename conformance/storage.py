@@ -18,6 +18,7 @@ is reported as `StorageUnsupported`, never as a passing store that would lose co
 
 from __future__ import annotations
 
+import logging
 import multiprocessing as mp
 import queue
 import threading
@@ -32,6 +33,8 @@ from persistshard.core.storage.blob import Blob, open_blob
 from persistshard.core.storage.consensus import BlobConsensus, Consensus
 from persistshard.core.storage.sqlconsensus import open_consensus, redact_url
 from persistshard.errors import Indeterminate, StorageUnsupported
+
+log = logging.getLogger("persistshard.conformance.storage")
 
 RACERS = 8
 
@@ -96,6 +99,7 @@ def probe_atomic_create(blob: Blob, prefix: str = "") -> None:
             "an exclusive create of a new key reported that the key exists", location=blob.url
         )
     if second or kept != b"first":
+        log.warning("%s: a second exclusive create of %s was accepted", blob.url, key)
         raise StorageUnsupported(
             "the storage accepted a second exclusive create of the same key (it ignores "
             "If-None-Match or has no atomic put-if-absent); two writers could both commit the "

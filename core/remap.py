@@ -29,6 +29,7 @@ below since are merged into one at since, so records covered by them reclock to 
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -41,6 +42,8 @@ import pyarrow.compute as pc
 from persistshard.core.rows import DIFF, TIME
 from persistshard.core.shard import Shard, open_shard
 from persistshard.errors import InvalidUpdates, NotSealed, UpperMismatch
+
+log = logging.getLogger("persistshard.core.remap")
 
 PARTITION = "partition"
 OFFSET = "offset"
@@ -402,6 +405,9 @@ class RemapShard:
             ),
         )
         self.shard.compare_and_append(table, upper, upper + 1)
+        log.debug(
+            "%s: bound %s at into-time %d", self.location, {k: merged[k] for k in moved}, upper
+        )
         self.shard.maybe_compact()
         return upper
 

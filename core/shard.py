@@ -24,6 +24,7 @@ call them.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -60,7 +61,7 @@ from persistshard.core.statemachine.state import (
     PartRef,
     ShardState,
 )
-from persistshard.core.storage import layout
+from persistshard.core.storage import layout, metrics
 from persistshard.core.storage.blob import Blob, open_blob
 from persistshard.core.storage.consensus import BlobConsensus, Consensus
 from persistshard.core.storage.layout import DEFAULT_RETENTION_SECONDS, new_id
@@ -74,6 +75,8 @@ from persistshard.errors import (
     UpperMismatch,
     WriterAlreadyCommitted,
 )
+
+log = logging.getLogger("persistshard.core.shard")
 
 __all__ = ["Shard", "VerifyReport", "WrittenUpdates", "new_id", "open_shard"]
 
@@ -137,8 +140,12 @@ class Shard:
             url = consensus
             consensus = open_consensus(url, self.location)
             self.storage_options = {**storage_options, CONSENSUS_OPTION: url}
+        blob = metrics.counting_blob(blob)  # store requests counted per operation
         consensus = consensus if consensus is not None else BlobConsensus(blob)
-        self.machine = StateMachine(self.location, blob, consensus)
+        counts = not (isinstance(consensus, BlobConsensus) and consensus.blob is blob)
+        self.machine = StateMachine(
+            self.location, blob, metrics.count_consensus(consensus, requests=counts)
+        )
 
     @property
     def blob(self) -> Blob:
@@ -194,6 +201,7 @@ class Shard:
             unsealed=write_parts(self.blob, write_id, unsealed),
         )
 
+    @metrics.operation_method("append")
     def commit_written(
         self,
         written: WrittenUpdates,
@@ -295,8 +303,10 @@ class Shard:
 
     def delete_parts(self, keys: list[str]) -> None:
         """Delete parts that no state references (after a refused commit)."""
+        log.info("%s: deleting %d parts no state references", self.location, len(keys))
         self.machine.delete_parts(keys)
 
+    @metrics.operation_method("append")
     def compare_and_append(
         self,
         updates: pa.Table | None,
@@ -343,6 +353,7 @@ class Shard:
                 writer=writer,
             )
 
+    @metrics.operation_method("append")
     def append(self, updates: pa.Table, new_upper: int | None = None) -> ShardState:
         """Append at the current upper; ``new_upper`` defaults to one past the largest time
         (or current upper + 1 when the updates are empty).
@@ -384,6 +395,7 @@ class Shard:
             new_upper = max(expected, biggest) + 1 if biggest is not None else expected + 1
         return self.compare_and_append(updates, expected, new_upper)
 
+    @metrics.operation_method("upsert")
     def upsert(
         self,
         rows: pa.Table,
@@ -431,6 +443,7 @@ class Shard:
                     raise
         raise AssertionError("unreachable")
 
+    @metrics.operation_method("seal")
     def seal(self, new_upper: int) -> ShardState:
         """Move upper to ``new_upper`` without new updates (unsealed ones below it appear)."""
         current = self.machine.state()
@@ -444,6 +457,7 @@ class Shard:
             return current
         return self.compare_and_append(None, current.upper, new_upper)
 
+    @metrics.operation_method("advance_since")
     def advance_since(self, since: int) -> int:
         """Allow compaction of history before ``since``, as far as live reader holds allow:
         since moves to ``min(since, every live hold)`` (never back); returns the since reached."""
@@ -580,6 +594,7 @@ class Shard:
                     "id": entry.commit.id,
                     "at_ms": entry.at_ms,
                     "summary": _summarize(entry.commit),
+                    "metrics": entry.commit.args.get("metrics"),
                 }
             )
         return out
@@ -623,6 +638,8 @@ class Shard:
                     problems.append(str(e))
                 checked += 1
                 nbytes += size
+        for problem in problems:
+            log.warning("%s: verify: %s", self.location, problem)
         return VerifyReport(state.version, checked, nbytes, problems)
 
     def describe(self) -> dict[str, Any]:
@@ -661,16 +678,19 @@ class Shard:
     # --- maintenance: compaction and garbage collection (core/maintenance/trace.py,
     # core/maintenance/gc.py) ---------
 
+    @metrics.operation_method("compact")
     def compact(self, *, full: bool = True, max_merges: int | None = None) -> CompactionReport:
         """Merge trace batches (unsealed updates, same-level pairs, and with ``full`` every
         batch below since) until the trace is tidy. See `persistshard.core.maintenance.trace`."""
         return compact_shard(self.machine, full=full, max_merges=max_merges)
 
+    @metrics.operation_method("compact")
     def maybe_compact(self, max_merges: int = 1) -> CompactionReport | None:
         """The small compaction a writer may run after its commit; None if nothing was due
         (`persistshard.core.maintenance.compact.maybe_compact`)."""
         return maybe_compact_shard(self.machine, max_merges=max_merges)
 
+    @metrics.operation_method("gc")
     def gc(
         self,
         dry_run: bool = True,

@@ -42,6 +42,7 @@ writing it).
 from __future__ import annotations
 
 import bisect
+import logging
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -62,6 +63,7 @@ from persistshard.core.read.plan import (
 from persistshard.core.rows import DIFF, TIME, consolidate, snapshot_of
 from persistshard.core.statemachine.state import PartRef, ShardState
 from persistshard.core.storage.blob import Blob
+from persistshard.core.storage.metrics import run_in_context
 from persistshard.core.storage.parts import conform_columns, open_part, write_parts
 from persistshard.core.write.correction import Correction
 from persistshard.core.write.validate import (
@@ -71,6 +73,8 @@ from persistshard.core.write.validate import (
     user_schema,
 )
 from persistshard.errors import InvalidUpdates
+
+log = logging.getLogger("persistshard.core.upsert")
 
 __all__ = [
     "KEY_COLUMNS_METADATA",
@@ -377,7 +381,7 @@ def current_rows(
 
     if len(refs) > 1:
         with ThreadPoolExecutor(max_workers=min(8, len(refs))) as pool:
-            found = list(pool.map(chunks_of, refs))
+            found = list(pool.map(run_in_context(chunks_of), refs))
     else:
         found = [chunks_of(r) for r in refs]
     slices = tuple(s for s in found if s is not None)
@@ -472,6 +476,13 @@ def delta_parts(
         if len(schema) > len(state.schema):
             current = conform_columns(current, snapshot_schema)
     delta = upsert_delta(incoming, current, schema, state.upper)
+    log.debug(
+        "upsert of %d rows at %d: %d current rows, %d updates",
+        incoming.num_rows,
+        state.upper,
+        current.num_rows,
+        delta.num_rows,
+    )
     return write_parts(blob, write_id, delta)
 
 

@@ -25,6 +25,7 @@ Assumes the storage is reachable from every executor under the same location and
 from __future__ import annotations
 
 import json
+import logging
 from typing import TYPE_CHECKING, Any
 
 from persistshard import errors
@@ -39,6 +40,8 @@ from persistshard.core.shard import Shard
 from persistshard.core.statemachine.leases import holding
 from persistshard.core.statemachine.state import schema_from_b64, schema_to_b64
 from persistshard.core.storage.layout import new_id
+
+log = logging.getLogger("persistshard.datasource.compact")
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -56,6 +59,7 @@ def run_merge_task(payload: str) -> str:
         result = run_merge(blob, plan, schema_from_b64(d["schema"]), write_id=d["write_id"])
         return json.dumps({"result": result.to_json()})
     except Exception as e:  # raised again on the driver, after the round's other commits
+        log.warning("merge task for %s failed: %s: %s", d.get("location"), type(e).__name__, e)
         detail = e.detail if isinstance(e, errors.PersistShardError) else f"{type(e).__name__}: {e}"
         return json.dumps({"error": {"class": type(e).__name__, "detail": detail}})
 
@@ -126,6 +130,9 @@ def compact(
                 if committed:
                     progress = True
                 else:
+                    log.info(
+                        "%s: merge of %s lost a race; discarded", shard.location, plan.input_ids
+                    )
                     report.conflicts += 1
         if failures:
             raise failures[0]

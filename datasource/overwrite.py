@@ -34,6 +34,7 @@ storage under the same location and options.
 from __future__ import annotations
 
 import base64
+import logging
 import pickle
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -65,6 +66,8 @@ from persistshard.datasource.writer import (
     check_location,
     describe_write,
 )
+
+log = logging.getLogger("persistshard.datasource.overwrite")
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -237,6 +240,7 @@ def overwrite(
     d = describe_write(opts, df.schema, True, shard, evolve=merge_schema)
     d = replace(d, lower=state.upper, upper=state.upper + 1)
     time = state.upper
+    log.debug("%s: overwrite at time %d (write %s)", shard.location, time, d.write_id)
 
     def stage(batches: Any) -> Any:
         chains = stage_task(d, batches, memory_budget)

@@ -41,6 +41,7 @@ schema (``spark.read.schema("id long, name string")``) reaches ``reader(schema)`
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import sys
 from collections.abc import Iterable, Iterator, Sequence
@@ -94,6 +95,8 @@ from persistshard.core.storage.blob import Blob
 from persistshard.datasource.options import LOCATION_KEY, ReadOptions, StorageOptions
 from persistshard.datasource.types import arrow_schema_of, conform, spark_schema_of
 from persistshard.errors import InvalidUpdates
+
+log = logging.getLogger("persistshard.datasource.reader")
 
 __all__ = [
     "BATCH_ROWS",
@@ -480,7 +483,15 @@ class PersistShardReader(DataSourceReader):
         columns = check_columns(self.schema, state.schema, shard.location)
         q = check_query(shard, state, self.opts)
         row_filter, result_filter = self.filters(state.schema, columns)
-        return plan_partitions(shard, state, q, self.opts, row_filter, result_filter, columns)
+        parts = plan_partitions(shard, state, q, self.opts, row_filter, result_filter, columns)
+        log.debug(
+            "%s: read of version %d, %s: %d partitions",
+            shard.location,
+            state.version,
+            q,
+            len(parts),
+        )
+        return parts
 
     def read(self, partition: ShardPartition) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
         if not isinstance(partition, ShardPartition):

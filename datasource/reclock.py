@@ -31,6 +31,7 @@ one minter per remap shard at a time (a second one racing it makes the loser's c
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -49,6 +50,8 @@ from persistshard.datasource.writer import (
     write_task,
 )
 from persistshard.errors import InvalidUpdates, NotSealed, UpperMismatch
+
+log = logging.getLogger("persistshard.datasource.reclock")
 
 #: Test hook: called with the name of each crash point of `commit_reclocked` as it passes it
 #: (``"after_remap_commit"``, ``"after_data_commit"``); raising there simulates a crash.
@@ -272,6 +275,7 @@ def _commit(
         )
     new_upper = max(lower, sealed + 1)
     if new_upper == lower:
+        log.debug("%s: nothing sealable at %d yet; the data commit waits", shard.location, lower)
         return lower
     commit_write(replace(d, lower=lower, upper=new_upper), present, compact=compact)
     _crash_point("after_data_commit")

@@ -9,6 +9,7 @@ import cycle: this module imports both, and neither imports it.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from dataclasses import replace
 from typing import Any
@@ -32,6 +33,8 @@ from persistshard.datasource.writer import (
     write_task,
 )
 from persistshard.errors import InvalidOption, InvalidUpdates
+
+log = logging.getLogger("persistshard.datasource.sinks")
 
 
 class PersistShardWriter(DataSourceArrowWriter):
@@ -82,6 +85,11 @@ class PersistShardWriter(DataSourceArrowWriter):
             commit_write(self.description, messages, compact=self.opts.compact)
 
     def abort(self, messages: list[Any]) -> None:
+        log.info(
+            "%s: write %s aborted; deleting its parts",
+            self.description.location,
+            self.description.write_id,
+        )
         shard = open_shard(self.description.location, **self.description.storage_options)
         sweep_write(shard, self.description.write_id, set())
 
@@ -174,6 +182,12 @@ class PersistShardStreamWriter(DataSourceStreamArrowWriter):
         lowers = {m.lower for m in present}
         state = shard.state()
         if state.writers.get(self.opts.writer_id or "", -1) >= batchId:
+            log.info(
+                "%s: micro-batch %d of writer %s already committed; a replay, dropped",
+                shard.location,
+                batchId,
+                self.opts.writer_id,
+            )
             for m in present:
                 sweep_write(shard, m.write_id, set())
             return

@@ -21,6 +21,8 @@ The schema it reports:
 
 from __future__ import annotations
 
+import logging
+
 import pyarrow as pa
 from pyspark.sql.datasource import (
     DataSource,
@@ -46,6 +48,8 @@ from persistshard.datasource.options import (
 )
 from persistshard.datasource.types import spark_schema_of
 from persistshard.errors import InvalidUpdates, NoShard
+
+log = logging.getLogger("persistshard.datasource.source")
 
 STREAM_MARK = "persistshard.stream"
 
@@ -146,6 +150,7 @@ class PersistShardDataSource(DataSource):
             # pushFilters only where Spark keeps pushed reads per scan, and only inside its
             # pushdown planning worker (reader.py); otherwise Spark evaluates every filter.
             if spark_scopes_read_info() and planning_with_pushdown():
+                log.debug("reader with scoped filter pushdown")
                 return ScopedPushdownReader(options, schema)
             return PersistShardReader(options, schema)
 

@@ -24,6 +24,7 @@ process may only read, the stream fails with `StorageError` saying so (never wit
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -55,6 +56,8 @@ from persistshard.errors import (
     is_access_error,
     storage_cause,
 )
+
+log = logging.getLogger("persistshard.datasource.stream")
 
 INITIAL = -1
 
@@ -168,6 +171,9 @@ class PersistShardStreamReader(DataSourceStreamReader):
         upper = int(end["upper"])
         hold = self._holding(open_shard(self.opts.location, **self.opts.storage_options))
         if hold is not None and upper - 1 > hold.since:
+            log.debug(
+                "%s: stream read through %d; hold moves to %d", self.opts.location, upper, upper - 1
+            )
             hold.downgrade_since(upper - 1)
 
     def stop(self) -> None:

@@ -2,8 +2,10 @@
 
 ``SELECT * FROM persistshard_history('/data/orders')`` returns one row per state version still
 in the shard's log, oldest first, with the columns of `HISTORY_SCHEMA`: what
-``persistshard history LOCATION`` prints and `persistshard.Shard.history` returns. It plays the
-part of Delta's ``DESCRIBE HISTORY``, as a Python UDTF (PySpark 4's ``@udtf`` API).
+``persistshard history LOCATION`` prints and `persistshard.Shard.history` returns, with each
+commit's operation metrics as a map (``metrics['rows_added']``, ``metrics['store_requests']``,
+...; NULL for entries written before metrics existed). It plays the part of Delta's
+``DESCRIBE HISTORY``, as a Python UDTF (PySpark 4's ``@udtf`` API).
 
 Registration: Spark 4.3 discovers Python *data sources* by itself (the ``pyspark_persistshard``
 module) but no Python *functions*; `register` registers the function (and the data source) in a
@@ -24,6 +26,7 @@ Invariants and what they rely on:
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,13 +34,15 @@ from persistshard.core.shard import Shard
 from persistshard.datasource.options import check_shared, storage_errors
 from persistshard.errors import InvalidOption, NoShard
 
+log = logging.getLogger("persistshard.datasource.udtf")
+
 #: The name the history function is registered under.
 HISTORY_FUNCTION = "persistshard_history"
 
 #: The rows of `PersistShardHistory`, in Spark DDL.
 HISTORY_SCHEMA = (
     "version BIGINT, committed_at TIMESTAMP, kind STRING, commit STRING, "
-    "commit_id STRING, summary STRING"
+    "commit_id STRING, summary STRING, metrics MAP<STRING, BIGINT>"
 )
 
 
@@ -61,6 +66,7 @@ class PersistShardHistory:
                     f"mistyped path? {HISTORY_FUNCTION} takes a location, not a table name)"
                 )
             history = shard.history()
+        log.debug("%s: %d history entries", shard.location, len(history))
         for h in history:
             at = h.get("at_ms")
             yield (
@@ -70,7 +76,17 @@ class PersistShardHistory:
                 str(h["commit"]),
                 str(h["id"]),
                 str(h["summary"]),
+                _numbers(h.get("metrics")),
             )
+
+
+def _numbers(metrics: dict[str, Any] | None) -> dict[str, int] | None:
+    """The figures of a history entry's ``metrics`` (rows/bytes/parts added and removed,
+    duration_ms, retries, store_requests, ...), or None for an entry written before metrics
+    existed. The operation's name is a string and is left out of the map."""
+    if metrics is None:
+        return None
+    return {k: int(v) for k, v in metrics.items() if isinstance(v, int) and not isinstance(v, bool)}
 
 
 def history_udtf() -> Any:

@@ -45,6 +45,7 @@ their keys.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from dataclasses import dataclass, replace
 from typing import Any
@@ -73,6 +74,8 @@ from persistshard.datasource.writer import (
     sweep_write,
 )
 from persistshard.errors import InvalidUpdates, UpperMismatch
+
+log = logging.getLogger("persistshard.datasource.upsert")
 
 #: How often a commit recomputes its delta after another commit came first.
 COMMIT_RETRIES = 3
@@ -273,6 +276,7 @@ def _apply(
         except UpperMismatch:
             if expected_upper is not None or attempt == COMMIT_RETRIES:
                 raise
+            log.info("%s: upsert lost the upper to another writer; diffing again", shard.location)
 
 
 class UpsertWriter(DataSourceArrowWriter):

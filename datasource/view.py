@@ -31,6 +31,7 @@ of a diff whose commit was refused are deleted by
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from pyspark.sql.types import StructType
@@ -42,6 +43,8 @@ from persistshard.core.write.diff import DiffRun, current_runs, diff_parts
 from persistshard.datasource.options import WriteOptions, storage_errors
 from persistshard.datasource.writer import describe_write, sweep_write
 from persistshard.errors import UpperMismatch
+
+log = logging.getLogger("persistshard.datasource.view")
 
 #: How many times a micro-batch's diff is recomputed after losing the upper to another writer.
 MAX_ATTEMPTS = 8
@@ -95,6 +98,11 @@ def commit_complete(
                             label="overwrite",
                         )
                 except UpperMismatch as e:  # another writer moved the upper: diff again
+                    log.info(
+                        "%s: complete-mode batch %d lost the upper; diffing again",
+                        shard.location,
+                        batch_id,
+                    )
                     last = e
                     continue
                 committed = True

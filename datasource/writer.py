@@ -24,6 +24,7 @@ Invariant: the shard changes only in step 3, atomically; a failed job leaves it 
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,6 +46,7 @@ from persistshard.core.shard import (
 )
 from persistshard.core.statemachine.leases import WriteLease
 from persistshard.core.statemachine.state import PartRef
+from persistshard.core.storage import metrics
 from persistshard.core.storage.blob import FsspecBlob
 from persistshard.core.storage.layout import PARTS_PREFIX, new_id
 from persistshard.core.storage.parts import PartSink, write_part
@@ -64,6 +66,8 @@ from persistshard.datasource.options import (
 from persistshard.datasource.types import arrow_schema_of
 from persistshard.errors import InvalidUpdates, UpperMismatch
 
+log = logging.getLogger("persistshard.datasource.writer")
+
 #: Largest time a shard can hold; "no upper given" writes everything as sealed below it.
 MAX_TIME = (1 << 63) - 2
 
@@ -76,6 +80,9 @@ class TaskWritten(WriterCommitMessage):
     unsealed: list[PartRef] = field(default_factory=list)
     max_time: int | None = None
     rows_in: int = 0
+    #: Store requests the task made (`persistshard.core.storage.metrics`); the driver's
+    #: commit adds them to its entry's metrics.
+    store_requests: int = field(default=0, kw_only=True)
 
 
 @dataclass(frozen=True)
@@ -232,7 +239,7 @@ def _check_case(d: BatchDescription) -> None:
 def check_location(shard: Shard) -> None:
     """Refuse, on the driver, a location that is an existing file (not a directory or prefix):
     otherwise every task would fail on it with a raw ``NotADirectoryError``."""
-    blob = shard.blob
+    blob = metrics.unwrap_blob(shard.blob)
     if not isinstance(blob, FsspecBlob):
         return  # other stores have no files to mistake for a shard's directory
     try:
@@ -249,11 +256,13 @@ def check_location(shard: Shard) -> None:
 def write_task(d: BatchDescription, batches: Any, time: int) -> TaskWritten:
     """Step 2: consolidate one task's batches in a Correction buffer and write its parts."""
     _check_case(d)
-    with storage_errors(d.location, "write the shard"):
+    with storage_errors(d.location, "write the shard"), metrics.operation("write task") as op:
         shard = open_shard(d.location, **d.storage_options)
         # A task still running late in the write's lease renews it (core/statemachine/leases.py).
         with WriteLease(shard.machine, d.write_id):
-            return _write_task(d, batches, time, shard)
+            written = _write_task(d, batches, time, shard)
+        written.store_requests = op.requests
+        return written
 
 
 def _write_task(d: BatchDescription, batches: Any, time: int, shard: Shard) -> TaskWritten:
@@ -416,8 +425,12 @@ def commit_write(
 ) -> None:
     """Step 3: one compare-and-append of every task's parts (see the module docstring)."""
     shard = open_shard(d.location, **d.storage_options)
-    with WriteLease(shard.machine, d.write_id):  # covers the overwrite's "-delta" write too
+    with WriteLease(shard.machine, d.write_id), metrics.operation("spark write") as op:
+        for m in messages:  # the tasks' reports go into the commit's metrics
+            op.add("rows_in", getattr(m, "rows_in", 0) if m is not None else 0)
+            op.add("task_store_requests", getattr(m, "store_requests", 0) if m is not None else 0)
         _commit_write(shard, d, messages, writer)
+    log.debug("%s: write %s committed from %d task reports", d.location, d.write_id, len(messages))
     if compact:
         shard.maybe_compact()
 

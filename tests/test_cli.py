@@ -25,7 +25,7 @@ def test_inspect_history_verify(tmp_path, capsys):
     info = json.loads(capsys.readouterr().out)
     assert (info["upper"], info["since"], info["trace_batches"]) == (4, 3, 4)
     assert main(["history", location]) == 0
-    out = capsys.readouterr().out.splitlines()
+    out = capsys.readouterr().out.splitlines()[1:]  # under the column titles
     assert len(out) == 5 and "advance_since" in out[-1] and "upper 0 -> 1" in out[0]
     assert main(["verify", location]) == 0
     assert capsys.readouterr().out.strip().endswith("ok")

@@ -216,7 +216,12 @@ def test_gc_resumes_after_a_crash_between_any_two_deletions(tmp_path):
         assert rows_of(survivor.snapshot()) == reads[survivor.upper - 1]
         # ...and running gc again finishes the job.
         survivor.gc(dry_run=False, now_ms=now)
-        assert keys(survivor) == want, k
+        # (log entries hold their commit's metrics, a duration among them: sizes may differ)
+        got = keys(survivor)
+        assert set(got) == set(want), k
+        assert {f: n for f, n in got.items() if not f.startswith("consensus/v")} == {
+            f: n for f, n in want.items() if not f.startswith("consensus/v")
+        }, k
         assert survivor.verify().ok
         shutil.rmtree(where)
 

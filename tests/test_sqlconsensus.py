@@ -260,7 +260,7 @@ def test_cli_takes_consensus(tmp_path, capsys):
     assert main(["inspect", location, "--consensus", url, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["upper"] == 3
     assert main(["history", location, "--consensus", url]) == 0
-    assert len(capsys.readouterr().out.splitlines()) == 3
+    assert len(capsys.readouterr().out.splitlines()) == 1 + 3  # the column titles, 3 versions
     assert main(["verify", location, "--consensus", url]) == 0
     assert main(["inspect", location]) == 2
     assert "NoShard" in capsys.readouterr().err

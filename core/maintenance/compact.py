@@ -35,6 +35,7 @@ consolidated, a filter preserves both); a part entirely at or after the upper is
 from __future__ import annotations
 
 import io
+import logging
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -59,6 +60,7 @@ from persistshard.core.rows import (
 from persistshard.core.statemachine.leases import WriteLease
 from persistshard.core.statemachine.machine import StateMachine
 from persistshard.core.statemachine.state import Batch, Commit, PartRef, ShardState
+from persistshard.core.storage import metrics
 from persistshard.core.storage.blob import Blob
 from persistshard.core.storage.layout import new_id, part_key
 from persistshard.core.storage.parts import (
@@ -70,6 +72,8 @@ from persistshard.core.storage.parts import (
 from persistshard.core.write.validate import update_schema
 from persistshard.errors import CorruptData, LeaseExpired, StateConflict
 from persistshard.format import PartReader, PartWriter
+
+log = logging.getLogger("persistshard.core.maintenance.compact")
 
 # --- results and reports -----------------------------------------------------------------
 
@@ -628,7 +632,19 @@ def _compact_from(
         state = after if after is not None else machine.state()
     report.levels_after = trace.levels(state)
     report.batches_after = len(state.trace)
+    metrics.REGISTRY.inc("compactions", report.committed)
+    log.info("%s: compaction %s", machine.location, _describe(report))
     return report
+
+
+def _describe(report: CompactionReport) -> str:
+    """One line: merges committed and lost, batches and levels before and after, bytes."""
+    return (
+        f"committed {report.committed} merges ({report.conflicts} lost races): "
+        f"{report.batches_before} -> {report.batches_after} batches, levels "
+        f"{report.levels_before} -> {report.levels_after}, {report.bytes_read} bytes read, "
+        f"{report.bytes_written} written"
+    )
 
 
 def needs_compaction(state: ShardState) -> bool:

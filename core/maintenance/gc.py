@@ -42,6 +42,7 @@ If the live versions cannot be rebuilt (a rollup or log entry missing), gc raise
 from __future__ import annotations
 
 import itertools
+import logging
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -49,7 +50,7 @@ from persistshard.core.statemachine import leases
 from persistshard.core.statemachine import state as st
 from persistshard.core.statemachine.machine import StateMachine
 from persistshard.core.statemachine.state import Entry, ShardState
-from persistshard.core.storage import layout
+from persistshard.core.storage import layout, metrics
 from persistshard.core.storage.blob import temporary_time_ms
 from persistshard.core.storage.layout import (
     DEFAULT_RETENTION_SECONDS,
@@ -59,6 +60,8 @@ from persistshard.core.storage.layout import (
     rollup_write_time_ms,
 )
 from persistshard.errors import CorruptData
+
+log = logging.getLogger("persistshard.core.maintenance.gc")
 
 
 @dataclass
@@ -196,7 +199,7 @@ def collect(
     found = _live_versions(machine, now_ms, retention_ms)
     if found is None:
         _delete_temporary(machine, report)
-        return report
+        return _summary(machine, report)
     head, earliest, rollup_version, rollup_key, entries = found
     report.head_version, report.earliest_live_version = head, earliest
     live, dead = _referenced(machine, earliest, rollup_version, rollup_key, entries)
@@ -245,7 +248,7 @@ def collect(
     report.parts = sorted(part_sizes)
     report.part_bytes = sum(part_sizes.values())
     if dry_run:
-        return report
+        return _summary(machine, report)
     for key in report.parts:
         machine.blob.delete(key)
         report.deleted += 1
@@ -255,6 +258,31 @@ def collect(
         machine.blob.delete(key)
         report.deleted += 1
     _delete_temporary(machine, report)
+    return _summary(machine, report)
+
+
+def _summary(machine: StateMachine, report: GcReport) -> GcReport:
+    """Count and log (info) what gc did; ``report`` unchanged."""
+    if not report.dry_run:
+        parts = len(report.parts)
+        entries = report.deleted - parts - len(report.rollups) - len(report.temporary)
+        metrics.REGISTRY.inc("gc_runs")
+        metrics.REGISTRY.inc("gc_deleted_parts", parts)
+        metrics.REGISTRY.inc("gc_deleted_entries", max(0, entries))
+    log.info(
+        "%s: gc %s %d parts, %d rollups, %d temporary files (%d bytes) and %d log versions "
+        "below %d; kept %d young and %d leased parts",
+        machine.location,
+        "would delete" if report.dry_run else "deleted",
+        len(report.parts),
+        len(report.rollups),
+        len(report.temporary),
+        report.bytes,
+        report.consensus_versions,
+        report.consensus_below,
+        report.young_parts,
+        report.leased_parts,
+    )
     return report
 
 

@@ -25,6 +25,7 @@ where this cannot delete them, and is refused with `StorageUnsupported`.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 from persistshard.core.statemachine import state as st
@@ -32,6 +33,8 @@ from persistshard.core.statemachine.machine import StateMachine
 from persistshard.core.statemachine.state import Entry, ShardState
 from persistshard.core.storage.consensus import BlobConsensus
 from persistshard.errors import CorruptData, StorageUnsupported
+
+log = logging.getLogger("persistshard.core.maintenance.repair")
 
 
 @dataclass(frozen=True)
@@ -145,6 +148,13 @@ def repair(machine: StateMachine, *, apply: bool = False) -> RepairReport:
     consensus = machine.consensus
     assert isinstance(consensus, BlobConsensus)
     for dropped in report.dropped:  # newest first: the log stays contiguous at every step
+        log.warning(
+            "%s: repair drops version %d (%s): %s",
+            machine.location,
+            dropped.version,
+            dropped.file,
+            dropped.problem,
+        )
         consensus.blob.delete(dropped.file)
     report.applied = True
     return report

@@ -35,6 +35,8 @@ from persistshard.errors import HoldExpired, Indeterminate, SinceViolation
 
 log = logging.getLogger("persistshard.listen")
 
+log = logging.getLogger("persistshard.core.read.listen")
+
 
 class Readable(Protocol):
     """What a listener reads through (a `persistshard.core.shard.Shard`)."""
@@ -116,6 +118,7 @@ class Listen:
                 return upper
             now = time.monotonic()
             if self.timeout is not None and now - started >= self.timeout:
+                log.debug("listen: upper still %d after %.1f s; timing out", upper, now - started)
                 return None
             if now - self._renewed >= self.hold.lease_seconds / 3:
                 self.hold.heartbeat()

@@ -30,6 +30,7 @@ read runs (GC keeps what recent versions reference).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -43,10 +44,13 @@ from persistshard.core.read.filters import Pred, chunk_may_match, chunk_stats, f
 from persistshard.core.rows import DIFF, TIME, advance_times, consolidate, snapshot_of
 from persistshard.core.statemachine.state import PartRef, ShardState
 from persistshard.core.storage.blob import Blob
+from persistshard.core.storage.metrics import run_in_context
 from persistshard.core.storage.parts import adapt_part_table, open_part
 from persistshard.core.write.validate import update_schema
 from persistshard.errors import InvalidUpdates, NegativeDiff, NotSealed, SinceViolation
 from persistshard.format import PartReader
+
+log = logging.getLogger("persistshard.core.read.plan")
 
 # --- which times are exact -----------------------------------------------------------------
 
@@ -254,7 +258,7 @@ def _open_all(
         cached[missing[0].key] = open_part(blob, missing[0])
     elif missing:
         with ThreadPoolExecutor(max_workers=min(8, len(missing))) as pool:
-            opened = pool.map(lambda r: open_part(blob, r), missing)
+            opened = pool.map(run_in_context(lambda r: open_part(blob, r)), missing)
             for ref, reader in zip(missing, opened, strict=True):
                 cached[ref.key] = reader
     return [cached[r.key] for r in refs]
@@ -366,6 +370,13 @@ def plan_read(
                 per_part.setdefault(pi, []).append(ci)
         slices = tuple(PartSlice(refs[pi], tuple(cis)) for pi, cis in sorted(per_part.items()))
         out.append(ReadTask(slices, KeyRange(first.name, lo, hi, last), q, stored, row_filter))
+    log.debug(
+        "read of version %d: %d parts, %d bytes, split %d ways",
+        state.version,
+        len(refs),
+        total,
+        len(out),
+    )
     return out
 
 
@@ -452,7 +463,7 @@ def load_updates(blob: Blob, task: ReadTask, readers: Readers | None = None) -> 
     if len(task.slices) == 1:
         return load(task.slices[0])
     with ThreadPoolExecutor(max_workers=min(4, len(task.slices))) as pool:
-        return pa.concat_tables(list(pool.map(load, task.slices)))
+        return pa.concat_tables(list(pool.map(run_in_context(load), task.slices)))
 
 
 def _slice_schema(

@@ -42,6 +42,7 @@ a bounded slice at a time.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import re
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -63,6 +64,8 @@ from persistshard.core.rows import DIFF, TIME
 from persistshard.core.statemachine.state import ShardState
 from persistshard.core.write.correction import Correction
 from persistshard.core.write.validate import update_schema
+
+log = logging.getLogger("persistshard.core.read.scan")
 
 if TYPE_CHECKING:
     from persistshard.core.storage.blob import Blob
@@ -368,6 +371,7 @@ class Scan:
             row_filter=self._row_filter,
             readers=readers,
         )
+        log.debug("%r: %d read tasks", self, len(tasks))
         ef = self._expression
         pushed = self._pushed_expression and ef is not None and not ef.exact
         extra: tuple[str, ...] = ()

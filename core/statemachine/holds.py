@@ -20,12 +20,15 @@ same on every process that commits; a clock far ahead on one committer can expir
 
 from __future__ import annotations
 
+import logging
 from types import TracebackType
 
 from persistshard.core.statemachine.machine import StateMachine
 from persistshard.core.statemachine.state import Commit, Hold
 from persistshard.core.storage.layout import new_id
 from persistshard.errors import HoldExpired, InvalidUpdates
+
+log = logging.getLogger("persistshard.core.statemachine.holds")
 
 #: The lease of a hold when the reader does not choose one.
 DEFAULT_LEASE_SECONDS = 900.0
@@ -87,6 +90,7 @@ class ReaderHold:
         try:
             state = self.machine.commit(commit)
         except HoldExpired:
+            log.info("reader %s: hold expired (%s)", self.reader_id, kind)
             self._expired = True
             raise
         self._hold = state.holds[self.reader_id]

@@ -67,7 +67,7 @@ class Committer(Protocol):
     def state(self) -> ShardState: ...
 
 
-log = logging.getLogger("persistshard.leases")
+log = logging.getLogger("persistshard.core.statemachine.leases")
 
 #: The implicit lease of every write, from the time in its write id. A write that may take
 #: longer holds a `WriteLease`, which renews it.

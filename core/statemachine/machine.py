@@ -39,6 +39,7 @@ compare-and-set, contiguous retained versions) and immutable blobs.
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from collections.abc import Iterable
@@ -47,7 +48,7 @@ from dataclasses import replace
 from persistshard.core.statemachine import leases
 from persistshard.core.statemachine import state as st
 from persistshard.core.statemachine.state import Commit, Entry, ShardState
-from persistshard.core.storage import layout
+from persistshard.core.storage import layout, metrics
 from persistshard.core.storage.blob import Blob
 from persistshard.core.storage.consensus import (
     Consensus,
@@ -66,6 +67,8 @@ from persistshard.errors import (
     StateConflict,
     UpperMismatch,
 )
+
+log = logging.getLogger("persistshard.core.statemachine.machine")
 
 #: Errors after which a commit certainly did not land (its parts may be deleted).
 DETERMINATE_REFUSALS = (
@@ -240,6 +243,37 @@ class StateMachine:
         max_attempts: int = MAX_ATTEMPTS,
         deadline_seconds: float | None = None,
     ) -> ShardState:
+        """`_commit` in an operation scope (`persistshard.core.storage.metrics`: the entry
+        records what the operation did), counted and logged: landed (debug), refused (info)."""
+        with metrics.operation(commit.kind):
+            try:
+                new = self._commit(
+                    commit, max_attempts=max_attempts, deadline_seconds=deadline_seconds
+                )
+            except DETERMINATE_REFUSALS as e:
+                metrics.REGISTRY.inc("commit_refusals")
+                log.info("%s: commit %s (%s) refused: %s", self.location, commit.id, commit.kind, e)
+                raise
+        metrics.REGISTRY.inc("commits")
+        op = metrics.current()
+        if op is not None:
+            op.landed()
+        log.debug(
+            "%s: commit %s (%s) landed as version %d",
+            self.location,
+            commit.id,
+            commit.kind,
+            new.version,
+        )
+        return new
+
+    def _commit(
+        self,
+        commit: Commit,
+        *,
+        max_attempts: int = MAX_ATTEMPTS,
+        deadline_seconds: float | None = None,
+    ) -> ShardState:
         """Apply ``commit`` with compare-and-set, re-applying it after each lost race; the
         state it produced. Precondition failures propagate (determinate).
 
@@ -271,7 +305,11 @@ class StateMachine:
                 failures += 1
                 if failures >= MAX_STORAGE_FAILURES:
                     break
-                time.sleep(min(1.0, BACKOFF_SECONDS * 2**failures))
+                pause = min(1.0, BACKOFF_SECONDS * 2**failures)
+                log.info(
+                    "%s: reading the log back failed (%s); retry in %.2f s", self.location, e, pause
+                )
+                time.sleep(pause)
                 continue
             now = layout.now_ms()
             stamped = replace(commit, at_ms=now)
@@ -283,20 +321,33 @@ class StateMachine:
                 key = rollup_key(new.version)
                 self.blob.put(key, st.encode_rollup(new))
                 rollup = (new.version, key)
-            entry = Entry(stamped, rollup[0], rollup[1], at_ms=now)
             if current.version == 0:
                 mark_log_home(self.blob, self.consensus, self.location)
+            # What the operation did, counted up to here (the last request before the entry).
+            done = metrics.commit_metrics(current, new, attempts - 1)
+            stamped = replace(stamped, args={**stamped.args, "metrics": done})
+            entry = Entry(stamped, rollup[0], rollup[1], at_ms=now)
             try:
                 ok = self.consensus.compare_and_set(current.version or None, entry.encode())
             except (Indeterminate, OSError) as e:
                 if ambiguous_after is None:
                     ambiguous_after = current.version
                 unknown = e
+                log.info(
+                    "%s: commit %s ambiguous (%s); looking for it", self.location, commit.id, e
+                )
                 continue
             if ok:
                 self._state, self._rollup = new, rollup
                 return new
             losses += 1
+            metrics.REGISTRY.inc("commit_retries")
+            log.info(
+                "%s: commit %s lost a race at version %d; retrying",
+                self.location,
+                commit.id,
+                current.version,
+            )
             if time.monotonic() >= deadline:
                 break
             if losses > 1:

@@ -9,6 +9,9 @@ Owns the two stores a shard sits on and the shape of its keys:
   PostgreSQL, chosen by a ``consensus=`` URL.
 - `parts`: part files in and out (the only module of `core` that calls `persistshard.format`).
 - `layout`: the key layout under a location, ids, the clock and shared defaults.
+- `metrics`: per-process counters and store latency histograms (``persistshard.metrics()``,
+  a Prometheus collector), the counting wrappers every `Shard` puts around its blob and
+  consensus, operation scopes, and what a commit did (stored in its log entry).
 
 Invariant: nothing here reads or interprets a shard's state; a store is correct by its own
 contract (conformance suite), whatever the layers above put in it.

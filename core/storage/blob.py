@@ -30,6 +30,7 @@ Contract (every implementation; tested by `persistshard.conformance`):
 from __future__ import annotations
 
 import builtins
+import logging
 import os
 import posixpath
 import threading
@@ -45,6 +46,8 @@ from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
 from persistshard.errors import StorageUnsupported
+
+log = logging.getLogger("persistshard.core.storage.blob")
 
 #: Protocols whose exclusive create (``open(path, "xb")``) is atomic (S3: with a recent
 #: enough s3fs, see `MIN_S3FS`).
@@ -401,6 +404,7 @@ class FsspecBlob(Blob):
         self._capabilities = Capabilities(
             atomic_create=atomic, shared=not isinstance(fs, MemoryFileSystem)
         )
+        log.debug("blob %s: protocol %s, %s", root, protocol, self._capabilities)
 
     @property
     def capabilities(self) -> Capabilities:
@@ -458,6 +462,7 @@ class FsspecBlob(Blob):
                 _publish_local(path, data, os.link, sync=self._sync)  # fails if the key exists
                 return True
             except FileExistsError:
+                log.debug("put_if_absent %s: exists, not created", key)
                 return False
         if not self.supports_atomic_create:
             extra = ""

@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -62,6 +63,8 @@ from typing import Any
 from persistshard.core.storage.blob import Blob
 from persistshard.core.storage.layout import CONSENSUS_PREFIX, ROLLUP_EVERY
 from persistshard.errors import CorruptData, Indeterminate, InvalidOption, StorageUnsupported
+
+log = logging.getLogger("persistshard.core.storage.consensus")
 
 
 @dataclass(frozen=True)
@@ -318,6 +321,9 @@ class BlobConsensus(Consensus):
         try:
             floor = self.floor()
             if floor > new_version and not self._built_on(new_version, digest):
+                log.warning(
+                    "%s: withdrew a stale re-creation of version %d", self.blob.url, new_version
+                )
                 return False
         except OSError as e:
             raise Indeterminate(
@@ -401,6 +407,7 @@ class BlobConsensus(Consensus):
             m = _FLOOR.match(meta.key[len(_FLOOR_PREFIX) :])
             if m and int(m.group(1)) < current:
                 self.blob.delete(meta.key)
+        log.debug("%s: truncated %d log versions below %d", self.blob.url, deleted, current)
         return deleted
 
 

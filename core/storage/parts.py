@@ -11,6 +11,7 @@ This is the only module of `core` that talks to `persistshard.format`. Invariant
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -22,8 +23,11 @@ from persistshard.core.rows import TIME, row_columns, sort_table
 from persistshard.core.statemachine.state import PartRef
 from persistshard.core.storage.blob import Blob
 from persistshard.core.storage.layout import part_key
+from persistshard.core.storage.metrics import run_in_context
 from persistshard.errors import CorruptData
 from persistshard.format import PartReader, encode_part
+
+log = logging.getLogger("persistshard.core.storage.parts")
 
 #: A part is cut into several once its uncompressed size passes this.
 PART_TARGET_BYTES = 256 << 20
@@ -44,6 +48,7 @@ def write_part(
     )
     key = part_key(write_id)
     blob.put(key, data)
+    log.debug("wrote part %s: %d rows, %d bytes", key, table.num_rows, len(data))
     return PartRef(
         key=key,
         size=len(data),
@@ -215,7 +220,12 @@ def read_parts(
     else:
         with ThreadPoolExecutor(max_workers=min(threads, len(wanted))) as pool:
             tables = list(
-                pool.map(lambda r: read_part(blob, r, min_time=min_time, max_time=max_time), wanted)
+                pool.map(
+                    run_in_context(
+                        lambda r: read_part(blob, r, min_time=min_time, max_time=max_time)
+                    ),
+                    wanted,
+                )
             )
     return pa.concat_tables(
         [adapt_part_table(t, r, schema) for t, r in zip(tables, wanted, strict=True)]

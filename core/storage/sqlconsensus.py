@@ -53,7 +53,7 @@ from typing import Any
 from persistshard.core.storage.consensus import Consensus, VersionedData
 from persistshard.errors import Indeterminate, InvalidUpdates
 
-log = logging.getLogger("persistshard.consensus.sql")
+log = logging.getLogger("persistshard.core.storage.sqlconsensus")
 
 ENTRIES = "persistshard_consensus"
 HEADS = "persistshard_heads"

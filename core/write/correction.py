@@ -75,6 +75,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import logging
 import os
 import shutil
 import tempfile
@@ -90,6 +91,8 @@ import pyarrow.compute as pc
 
 from persistshard.core import rows
 from persistshard.errors import InvalidUpdates
+
+log = logging.getLogger("persistshard.core.write.correction")
 
 TIME_END = 1 << 63
 """One past the largest time: buckets cover ``[boundary, TIME_END)``."""
@@ -135,6 +138,8 @@ def sweep_stale_spill_dirs(parent: str | None = None) -> list[str]:
         path = os.path.join(parent, name)
         shutil.rmtree(path, ignore_errors=True)
         deleted.append(path)
+    if deleted:
+        log.info("deleted %d spill directories of processes that died: %s", len(deleted), deleted)
     return deleted
 
 
@@ -879,6 +884,7 @@ class Correction:
                 self, shutil.rmtree, self._spill_path, ignore_errors=True
             )
         path = os.path.join(self._spill_path, f"run-{next(self._spill_names)}.arrow")
+        log.debug("correction spills a sorted run to %s", path)
         spill = _SpillFile(path)
         segs: list[_Seg] = []
         with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, self._schema) as writer:

@@ -41,6 +41,7 @@ a pinned state, which gc keeps while recent versions reference them.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -64,6 +65,8 @@ from persistshard.core.storage.layout import new_id, release_unused_memory
 from persistshard.core.storage.parts import CHUNK_BYTES, PartSink, adapt_part_table, open_part
 from persistshard.core.write.validate import update_schema
 from persistshard.format import ChunkInfo, PartReader
+
+log = logging.getLogger("persistshard.core.write.diff")
 
 __all__ = [
     "DiffRun",
@@ -439,6 +442,7 @@ def diff_parts(
             if parts:
                 pending.append(DiffRun(tuple(parts), 1))
         stats.passes = max(stats.passes, passes + 1)
+        log.debug("diff of %d runs for write %s: %d passes", len(runs), write_id, passes + 1)
         return _write_merge(blob, pending, schema, key_range, time, write_id, part_bytes, stats)
     finally:
         for key in temporary:
