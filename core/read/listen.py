@@ -33,7 +33,6 @@ from persistshard.core.statemachine.machine import StateMachine
 from persistshard.core.storage.layout import new_id
 from persistshard.errors import HoldExpired, Indeterminate, SinceViolation
 
-
 log = logging.getLogger("persistshard.core.read.listen")
 
 
