@@ -10,6 +10,9 @@ What always holds (for every state version a reader can see):
 - Updates at times ``>= upper`` (unsealed) are durable but invisible until upper passes them.
 - A failed write changes nothing: parts are written before the commit under fresh keys, the
   commit is one compare-and-set, and a refused commit deletes the parts it wrote.
+- An append whose encoded updates are small (at most ``inline_bytes``) carries them in its
+  commit instead of a part file (`persistshard.core.storage.parts`), while the state's inline
+  bytes stay within ``inline_cap``; reads, scans, listen and compaction read them like parts.
 - A write holds a lease (`persistshard.core.statemachine.leases`) from its first part to its commit:
   gc never deletes its parts meanwhile, and a commit after the lease ran out is `LeaseExpired`.
 
@@ -64,11 +67,18 @@ from persistshard.core.storage import layout
 from persistshard.core.storage.blob import Blob, open_blob
 from persistshard.core.storage.consensus import BlobConsensus, Consensus
 from persistshard.core.storage.layout import DEFAULT_RETENTION_SECONDS, new_id
-from persistshard.core.storage.parts import write_parts
+from persistshard.core.statemachine.state import MAX_INLINE_PART_BYTES
+from persistshard.core.storage.parts import (
+    DEFAULT_INLINE_BYTES,
+    DEFAULT_INLINE_CAP,
+    fit_inline,
+    write_parts,
+)
 from persistshard.core.storage.sqlconsensus import CONSENSUS_OPTION, open_consensus
 from persistshard.core.write.validate import normalize_updates, update_schema, user_schema
 from persistshard.errors import (
     CorruptData,
+    InvalidOption,
     InvalidUpdates,
     PersistShardError,
     UpperMismatch,
@@ -100,7 +110,8 @@ class WrittenUpdates:
         self.unsealed.extend(other.unsealed)
 
     def keys(self) -> list[str]:
-        return [p.key for p in (*self.sealed, *self.unsealed)]
+        """The keys of the parts stored as files (what a refused commit deletes)."""
+        return [p.key for p in (*self.sealed, *self.unsealed) if p.inline is None]
 
 
 @dataclass(frozen=True)
@@ -126,9 +137,21 @@ class Shard:
         *,
         consensus: Consensus | str | None = None,
         blob: Blob | None = None,
+        inline_bytes: int = DEFAULT_INLINE_BYTES,
+        inline_cap: int = DEFAULT_INLINE_CAP,
         **storage_options: Any,
     ) -> None:
         self.location = _as_location(location)
+        if inline_bytes < 0 or inline_cap < 0:
+            raise InvalidOption(
+                f"inline_bytes {inline_bytes} and inline_cap {inline_cap} must be >= 0 (Spark "
+                "options inlineBytes, inlineCap; 0 turns inline writes off)",
+                location=self.location,
+            )
+        #: An append's part of at most this many bytes is committed inline (0: never).
+        self.inline_bytes = min(inline_bytes, MAX_INLINE_PART_BYTES)
+        #: A commit never takes the state's inline bytes past this (`parts.fit_inline`).
+        self.inline_cap = inline_cap
         #: What reopens this shard elsewhere (Spark tasks): fsspec's options, plus
         #: ``consensus`` when the consensus was given as a URL (`open_blob` ignores that key).
         self.storage_options = storage_options
@@ -189,9 +212,10 @@ class Shard:
         below = pc.less(table.column(TIME), new_upper)
         sealed = consolidate(table.filter(below))
         unsealed = consolidate(table.filter(pc.invert(below)))
+        small = self.inline_bytes
         return WrittenUpdates(
-            sealed=write_parts(self.blob, write_id, sealed),
-            unsealed=write_parts(self.blob, write_id, unsealed),
+            sealed=write_parts(self.blob, write_id, sealed, inline_max=small),
+            unsealed=write_parts(self.blob, write_id, unsealed, inline_max=small),
         )
 
     def commit_written(
@@ -214,6 +238,10 @@ class Shard:
         failing with `UpperMismatch`; its parts are not rewritten (see `state.append_commit`).
         """
         commit_id = commit_id or new_id()
+        base = self.machine.known()
+        if base.version == 0:
+            base = self.machine.state()
+        written = self.fit_inline(written, base)
         batch = Batch(
             id=f"{commit_id}-t",
             lower=expected_upper,
@@ -232,7 +260,7 @@ class Shard:
             commit_id, expected_upper, new_upper, batch, unsealed, schema, writer, rebase, label
         )
         try:
-            return self.machine.commit(commit)
+            return self.machine.commit(commit, base=base)
         except WriterAlreadyCommitted:
             self.delete_parts(written.keys())
             return self.machine.state()
@@ -242,6 +270,18 @@ class Shard:
             raise
         # Anything else (I/O errors, Indeterminate) may have landed: the parts stay; gc
         # removes them later if no state references them.
+
+    def fit_inline(self, written: WrittenUpdates, state: ShardState) -> WrittenUpdates:
+        """``written`` with its inline parts stored as files where this shard's
+        ``inline_bytes``/``inline_cap`` say so (`persistshard.core.storage.parts.fit_inline`);
+        a Spark driver's setting decides, whatever its write tasks produced."""
+        if not any(p.inline is not None for p in (*written.sealed, *written.unsealed)):
+            return written
+        limit, cap = self.inline_bytes, self.inline_cap
+        sealed = fit_inline(self.blob, written.sealed, state, limit=limit, cap=cap)
+        used = sum(p.size for p in sealed if p.inline is not None)
+        unsealed = fit_inline(self.blob, written.unsealed, state, limit=limit, cap=cap - used)
+        return WrittenUpdates(sealed=sealed, unsealed=unsealed)
 
     def self_correct(
         self,
@@ -316,7 +356,9 @@ class Shard:
                 f"new upper {new_upper} is below the expected upper {expected_upper}",
                 location=self.location,
             )
-        current = self.machine.state()
+        current = self.machine.known()
+        if current.version == 0 or current.upper != expected_upper:
+            current = self.machine.state()  # the known state may be behind: read the newest
         if current.upper != expected_upper:
             raise UpperMismatch(expected_upper, current.upper, location=self.location)
         if current.version == 0:
@@ -352,9 +394,15 @@ class Shard:
         append never fails with `UpperMismatch`; after a lost race its parts are committed at
         the newer upper without being rewritten.
         """
-        current = self.machine.state()
+        plain = TIME not in updates.column_names and new_upper is None
+        # A plain append lands at whatever the upper is at its commit, so it plans on the
+        # state this shard last read or committed (no read: the compare-and-set tells whether
+        # it is still the newest, and the commit is re-applied to the newest if not).
+        current = self.machine.known() if plain else self.machine.state()
+        if current.version == 0:
+            current = self.machine.state()
         expected = current.upper
-        if TIME not in updates.column_names and new_upper is None:
+        if plain:
             n = updates.num_rows
             if DIFF not in updates.column_names:
                 updates = updates.append_column(DIFF, pa.array(np.ones(n, dtype=np.int64)))
@@ -605,7 +653,7 @@ class Shard:
         nbytes = 0
         for b in (*state.trace, *state.unsealed):
             for ref in b.parts:
-                size = self.blob.size(ref.key)
+                size = self.blob.size(ref.key) if ref.inline is None else len(ref.inline)
                 if size is None:
                     problems.append(f"part {ref.key} of batch {b.id} is missing")
                     continue
