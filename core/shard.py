@@ -68,12 +68,8 @@ from persistshard.core.storage.blob import Blob, open_blob
 from persistshard.core.storage.consensus import BlobConsensus, Consensus
 from persistshard.core.storage.layout import DEFAULT_RETENTION_SECONDS, new_id
 from persistshard.core.statemachine.state import MAX_INLINE_PART_BYTES
-from persistshard.core.storage.parts import (
-    DEFAULT_INLINE_BYTES,
-    DEFAULT_INLINE_CAP,
-    fit_inline,
-    write_parts,
-)
+from persistshard.core.storage import parts as part_store
+from persistshard.core.storage.parts import fit_inline, write_parts
 from persistshard.core.storage.sqlconsensus import CONSENSUS_OPTION, open_consensus
 from persistshard.core.write.validate import normalize_updates, update_schema, user_schema
 from persistshard.errors import (
@@ -110,6 +106,11 @@ class WrittenUpdates:
         self.unsealed.extend(other.unsealed)
 
     def keys(self) -> list[str]:
+        """Every part's key (an inline part's names no stored object, but a commit may store
+        it first: `Shard.fit_inline`), e.g. what a sweep of the write must keep."""
+        return [p.key for p in (*self.sealed, *self.unsealed)]
+
+    def stored_keys(self) -> list[str]:
         """The keys of the parts stored as files (what a refused commit deletes)."""
         return [p.key for p in (*self.sealed, *self.unsealed) if p.inline is None]
 
@@ -137,15 +138,19 @@ class Shard:
         *,
         consensus: Consensus | str | None = None,
         blob: Blob | None = None,
-        inline_bytes: int = DEFAULT_INLINE_BYTES,
-        inline_cap: int = DEFAULT_INLINE_CAP,
+        inline_bytes: int | None = None,
+        inline_cap: int | None = None,
         **storage_options: Any,
     ) -> None:
         self.location = _as_location(location)
+        inline_bytes = (
+            part_store.DEFAULT_INLINE_BYTES if inline_bytes is None else int(inline_bytes)
+        )
+        inline_cap = part_store.DEFAULT_INLINE_CAP if inline_cap is None else int(inline_cap)
         if inline_bytes < 0 or inline_cap < 0:
             raise InvalidOption(
                 f"inline_bytes {inline_bytes} and inline_cap {inline_cap} must be >= 0 (Spark "
-                "options inlineBytes, inlineCap; 0 turns inline writes off)",
+                "options inline_bytes, inline_cap; 0 turns inline writes off)",
                 location=self.location,
             )
         #: An append's part of at most this many bytes is committed inline (0: never).
@@ -153,13 +158,23 @@ class Shard:
         #: A commit never takes the state's inline bytes past this (`parts.fit_inline`).
         self.inline_cap = inline_cap
         #: What reopens this shard elsewhere (Spark tasks): fsspec's options, plus
-        #: ``consensus`` when the consensus was given as a URL (`open_blob` ignores that key).
+        #: ``consensus`` when the consensus was given as a URL and the inline settings when
+        #: they are not the defaults (`open_blob` ignores those keys).
         self.storage_options = storage_options
         blob = blob if blob is not None else open_blob(self.location, **storage_options)
         if isinstance(consensus, str):
             url = consensus
             consensus = open_consensus(url, self.location)
             self.storage_options = {**storage_options, CONSENSUS_OPTION: url}
+        if (inline_bytes, inline_cap) != (
+            part_store.DEFAULT_INLINE_BYTES,
+            part_store.DEFAULT_INLINE_CAP,
+        ):
+            self.storage_options = {
+                **self.storage_options,
+                "inline_bytes": inline_bytes,
+                "inline_cap": inline_cap,
+            }
         consensus = consensus if consensus is not None else BlobConsensus(blob)
         self.machine = StateMachine(self.location, blob, consensus)
 
@@ -262,11 +277,11 @@ class Shard:
         try:
             return self.machine.commit(commit, base=base)
         except WriterAlreadyCommitted:
-            self.delete_parts(written.keys())
+            self.delete_parts(written.stored_keys())
             return self.machine.state()
         except DETERMINATE_REFUSALS:
             # Certainly not applied: the parts are garbage now.
-            self.delete_parts(written.keys())
+            self.delete_parts(written.stored_keys())
             raise
         # Anything else (I/O errors, Indeterminate) may have landed: the parts stay; gc
         # removes them later if no state references them.

@@ -62,6 +62,19 @@ def _root_off_sys_path() -> None:
     sys.path[:] = [p for p in sys.path if os.path.realpath(p or os.curdir) != ROOT]
 
 
+@pytest.fixture(autouse=True)
+def _inline_writes_off_unless_marked(request, monkeypatch) -> None:
+    """Shards opened by a test store every part as a file, as before inline writes, unless
+    the test is marked ``inline`` (then the production defaults of
+    `persistshard.core.storage.parts` apply). Most tests count, damage or delete part files
+    of small appends; the inline tests (tests/test_inline.py, the inline crash scenarios)
+    open their shards with inline writes on explicitly or by the mark."""
+    if request.node.get_closest_marker("inline") is None:
+        from persistshard.core.storage import parts
+
+        monkeypatch.setattr(parts, "DEFAULT_INLINE_BYTES", 0)
+
+
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
