@@ -457,8 +457,14 @@ class FsspecBlob(Blob):
         directory = base if prefix.endswith("/") or not prefix else posixpath.dirname(base)
         if not self._local:
             self.fs.invalidate_cache(directory)
+        parent, name = posixpath.split(directory.rstrip("/"))
         try:
-            entries = self.fs.find(directory, detail=True, withdirs=False)
+            if self.protocol in ("s3", "s3a") and "/" in parent.strip("/") + "/" and name:
+                # One ListObjectsV2 with the name as a prefix: a plain find of an empty
+                # "directory" (the usual consensus/floor/) adds a HEAD and a second list.
+                entries = self.fs.find(parent, prefix=name + "/", detail=True, withdirs=False)
+            else:
+                entries = self.fs.find(directory, detail=True, withdirs=False)
         except FileNotFoundError:
             return []
         root = self.root.rstrip("/")
