@@ -57,6 +57,7 @@ from persistshard.core.statemachine.holds import DEFAULT_LEASE_SECONDS, ReaderHo
 from persistshard.core.statemachine.leases import WriteLease
 from persistshard.core.statemachine.machine import DETERMINATE_REFUSALS, StateMachine
 from persistshard.core.statemachine.state import (
+    MAX_INLINE_PART_BYTES,
     Batch,
     Commit,
     Entry,
@@ -64,11 +65,10 @@ from persistshard.core.statemachine.state import (
     ShardState,
 )
 from persistshard.core.storage import layout
+from persistshard.core.storage import parts as part_store
 from persistshard.core.storage.blob import Blob, open_blob
 from persistshard.core.storage.consensus import BlobConsensus, Consensus
 from persistshard.core.storage.layout import DEFAULT_RETENTION_SECONDS, new_id
-from persistshard.core.statemachine.state import MAX_INLINE_PART_BYTES
-from persistshard.core.storage import parts as part_store
 from persistshard.core.storage.parts import fit_inline, write_parts
 from persistshard.core.storage.sqlconsensus import CONSENSUS_OPTION, open_consensus
 from persistshard.core.write.validate import normalize_updates, update_schema, user_schema

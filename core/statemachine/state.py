@@ -201,7 +201,10 @@ class PartRef:
         except (PersistShardError, ValueError, KeyError, TypeError) as e:
             return f"inline part {self.key} does not decode: {e}"
         if reader.num_rows != self.num_rows:
-            return f"inline part {self.key} holds {reader.num_rows} rows, its reference says {self.num_rows}"
+            return (
+                f"inline part {self.key} holds {reader.num_rows} rows, its reference says "
+                f"{self.num_rows}"
+            )
         lows = [c.min_time for c in reader.chunks if c.num_rows and c.min_time is not None]
         highs = [c.max_time for c in reader.chunks if c.num_rows and c.max_time is not None]
         if self.rewrite_time is None and lows and highs:

@@ -41,14 +41,13 @@ The hint may be stale but never makes the answer wrong: probing always reaches t
 and the floor check rejects a probe that ended on a stale re-creation (probing then starts
 again from the floor). Each head and scan lists ``consensus/floor/`` (a few markers at most)
 once, each compare-and-set twice.
-``consensus/HEAD`` is rewritten by a writer only at version 1 and every `HINT_EVERY`-th version
-(the versions that also write a rollup, so a small commit between them costs its three
-requests: floor list, put-if-absent, floor list), and by a reader that had to probe
-`READER_HINT_AFTER` or more entries past it; so a fresh reader probes at most `HINT_EVERY`
-entries past it. The hint need not be durable or current: it only saves probes.
-`HINT_EVERY` divides `persistshard.core.storage.layout.ROLLUP_EVERY`, so a writer's hint is never
-below the newest rollup and gc's truncation (which keeps the versions from the newest rollup
-on) never removes it; a reader's hint that truncation passed is missing and read as none.
+``consensus/HEAD`` is rewritten only at version 1 and every `HINT_EVERY`-th version (the
+versions that also write a rollup, so a small commit between them costs its three requests:
+floor list, put-if-absent, floor list), so a fresh reader probes at most `HINT_EVERY` entries
+past it; readers never write it (a reader needs no write permission). The hint need not be
+durable or current: it only saves probes. `HINT_EVERY` divides
+`persistshard.core.storage.layout.ROLLUP_EVERY`, so the hint is never below the newest rollup and
+gc's truncation (which keeps the versions from the newest rollup on) never removes it.
 """
 
 from __future__ import annotations
@@ -117,8 +116,6 @@ class Consensus(ABC):
 
 #: ``consensus/HEAD`` is written at version 1 and at every multiple of this (see above).
 HINT_EVERY = 16
-#: A reader that probed this many entries past the stored hint rewrites it (see above).
-READER_HINT_AFTER = 4
 assert ROLLUP_EVERY % HINT_EVERY == 0
 
 _ENTRY = re.compile(r"^v(\d{20})\.json$")
@@ -210,9 +207,9 @@ class BlobConsensus(Consensus):
         except (OSError, ValueError):
             return 0
 
-    def _write_hint(self, version: int, *, reader: bool = False) -> None:
+    def _write_hint(self, version: int) -> None:
         self._hint = max(self._hint, version)
-        if not reader and version != 1 and version % HINT_EVERY:
+        if version != 1 and version % HINT_EVERY:
             return
         try:
             self.blob.put(_HINT, str(version).encode())
@@ -263,7 +260,6 @@ class BlobConsensus(Consensus):
         return None
 
     def head(self) -> VersionedData | None:
-        stored_hint = not self._hint  # the hint comes from consensus/HEAD, not this object
         start = self._read_hint()
         for _ in range(MAX_RESTARTS):
             found = self._untrusted_head(start)
@@ -281,8 +277,6 @@ class BlobConsensus(Consensus):
             if found.version >= floor:
                 # Trusted (read before this floor); and no version above it existed and was
                 # truncated before that read, or the floor would be above it.
-                if stored_hint and found.version - start >= READER_HINT_AFTER:
-                    self._write_hint(found.version, reader=True)
                 self._hint = found.version
                 self._seen = (found.version, found.digest)
                 return found

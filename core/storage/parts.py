@@ -21,13 +21,12 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
+import crc32c
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from persistshard.core.rows import TIME, row_columns, sort_table
-import crc32c
-
 from persistshard.core.statemachine.state import MAX_INLINE_PART_BYTES, PartRef, ShardState
 from persistshard.core.storage.blob import Blob
 from persistshard.core.storage.layout import part_key
