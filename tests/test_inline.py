@@ -190,3 +190,25 @@ def s3_options():
 
 def test_defaults_are_a_few_kib():
     assert DEFAULT_INLINE_BYTES == 4 << 10 and DEFAULT_INLINE_CAP >= 8 * DEFAULT_INLINE_BYTES
+
+
+def test_repair_drops_a_torn_inline_entry(shard, capsys):
+    """The bytes of an inline batch live in its log entry: a torn newest entry loses that
+    batch only, and `persistshard repair --apply` restores the version before it."""
+    from persistshard.cli import main
+
+    for i in range(3):
+        shard.append(one_row(i))
+    name = shard.consensus.entry_name(3)
+    path = shard.location[len("file://") :] + "/" + name
+    with open(path, "r+b") as f:
+        f.truncate(40)
+    with pytest.raises(ps.CorruptData, match="persistshard repair"):
+        ps.open_shard(shard.location).snapshot()
+    assert main(["repair", shard.location, "--apply"]) == 0
+    capsys.readouterr()
+    fresh = ps.open_shard(shard.location)
+    assert rows_of(fresh.snapshot()) == {(0, "x0"): 1, (1, "x1"): 1}
+    fresh.append(one_row(5))
+    assert rows_of(fresh.snapshot()) == {(0, "x0"): 1, (1, "x1"): 1, (5, "x5"): 1}
+    assert part_files(fresh) == []
