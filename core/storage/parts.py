@@ -17,6 +17,7 @@ This is the only module of `core` that talks to `persistshard.format`. Invariant
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -38,9 +39,12 @@ PART_TARGET_BYTES = 256 << 20
 #: Uncompressed bytes per chunk inside a part.
 CHUNK_BYTES = 8 << 20
 #: An append whose encoded part is at most this many bytes is inline by default
-#: (``inline_bytes`` of `persistshard.core.shard.Shard`, Spark option ``inlineBytes``).
-DEFAULT_INLINE_BYTES = 4 << 10
-#: By default a state holds at most this many inline bytes (``inline_cap``, ``inlineCap``).
+#: (``inline_bytes`` of `persistshard.core.shard.Shard`, Spark option ``inline_bytes``); the
+#: environment variable ``PERSISTSHARD_INLINE_BYTES`` changes this default for a process and
+#: the Spark workers it starts (the test suite sets 0: most tests count part files).
+DEFAULT_INLINE_BYTES = int(os.environ.get("PERSISTSHARD_INLINE_BYTES", 4 << 10))
+#: By default a state holds at most this many inline bytes (``inline_cap``, also a Spark
+#: option).
 DEFAULT_INLINE_CAP = 64 << 10
 
 
