@@ -119,6 +119,14 @@ REGISTRY: tuple[Benchmark, ...] = (
         rounds={"quick": 7, "full": 9},
     ),
     Benchmark(
+        name="inline",
+        module="benchmarks.inline_bench",
+        summary="object-store requests and latency of a 1-row append on S3 (moto): inline "
+        "writes, blob and SQLite consensus, vs a part file and head reads as before",
+        sizes={"quick": {"commits": 32}, "full": {"commits": 64}},
+        rounds={"quick": 3, "full": 5},
+    ),
+    Benchmark(
         name="upsert",
         module="benchmarks.upsert_bench",
         summary="micro-batches upserting 0.1%/1%/10% of a table's keys vs appending the changed "

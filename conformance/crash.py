@@ -370,6 +370,19 @@ def _appends(shard: Shard, n: int, start: int = 0) -> None:
         shard.append(_rows([i]))
 
 
+def _inline(shard: Shard) -> Shard:
+    """``shard`` with inline small writes on at the production defaults (whatever the caller's
+    defaults are): its 1-row appends carry their rows in the log entry, no part file."""
+    from persistshard.core.storage.parts import DEFAULT_INLINE_CAP
+
+    shard.inline_bytes, shard.inline_cap = 4 << 10, max(DEFAULT_INLINE_CAP, 64 << 10)
+    return shard
+
+
+def _inline_appends(shard: Shard, n: int, start: int = 0) -> None:
+    _appends(_inline(shard), n, start)
+
+
 def _overwrite(shard: Shard, ids: list[int]) -> None:
     """What the Spark overwrite does on the driver and in its tasks, in one process."""
     state = shard.state()
@@ -430,6 +443,20 @@ SCENARIOS: dict[str, Scenario] = {
     "append": (
         lambda s, r: _appends(s, 14),
         [lambda s, r: s.append(_rows([100])), lambda s, r: s.append(_rows([101]))],
+    ),
+    # Inline appends: the rows travel in the log entry (no part file); the recorded ones
+    # cross the rollup at version 16, which carries the inline bytes.
+    "append-inline": (
+        lambda s, r: _inline_appends(s, 14),
+        [
+            lambda s, r: _inline(s).append(_rows([100])),
+            lambda s, r: _inline(s).append(_rows([101])),
+        ],
+    ),
+    # Compaction of inline batches: it moves their rows into a part file.
+    "compaction-inline": (
+        lambda s, r: _inline_appends(s, 6),
+        [lambda s, r: s.compact()],
     ),
     "compaction": (
         lambda s, r: _appends(s, 14),

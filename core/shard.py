@@ -10,6 +10,9 @@ What always holds (for every state version a reader can see):
 - Updates at times ``>= upper`` (unsealed) are durable but invisible until upper passes them.
 - A failed write changes nothing: parts are written before the commit under fresh keys, the
   commit is one compare-and-set, and a refused commit deletes the parts it wrote.
+- An append whose encoded updates are small (at most ``inline_bytes``) carries them in its
+  commit instead of a part file (`persistshard.core.storage.parts`), while the state's inline
+  bytes stay within ``inline_cap``; reads, scans, listen and compaction read them like parts.
 - A write holds a lease (`persistshard.core.statemachine.leases`) from its first part to its commit:
   gc never deletes its parts meanwhile, and a commit after the lease ran out is `LeaseExpired`.
 
@@ -55,6 +58,7 @@ from persistshard.core.statemachine.holds import DEFAULT_LEASE_SECONDS, ReaderHo
 from persistshard.core.statemachine.leases import WriteLease
 from persistshard.core.statemachine.machine import DETERMINATE_REFUSALS, StateMachine
 from persistshard.core.statemachine.state import (
+    MAX_INLINE_PART_BYTES,
     Batch,
     Commit,
     Entry,
@@ -62,14 +66,16 @@ from persistshard.core.statemachine.state import (
     ShardState,
 )
 from persistshard.core.storage import layout, metrics
+from persistshard.core.storage import parts as part_store
 from persistshard.core.storage.blob import Blob, open_blob
 from persistshard.core.storage.consensus import BlobConsensus, Consensus
 from persistshard.core.storage.layout import DEFAULT_RETENTION_SECONDS, new_id
-from persistshard.core.storage.parts import write_parts
+from persistshard.core.storage.parts import fit_inline, write_parts
 from persistshard.core.storage.sqlconsensus import CONSENSUS_OPTION, open_consensus
 from persistshard.core.write.validate import normalize_updates, update_schema, user_schema
 from persistshard.errors import (
     CorruptData,
+    InvalidOption,
     InvalidUpdates,
     PersistShardError,
     UpperMismatch,
@@ -103,7 +109,13 @@ class WrittenUpdates:
         self.unsealed.extend(other.unsealed)
 
     def keys(self) -> list[str]:
+        """Every part's key (an inline part's names no stored object, but a commit may store
+        it first: `Shard.fit_inline`), e.g. what a sweep of the write must keep."""
         return [p.key for p in (*self.sealed, *self.unsealed)]
+
+    def stored_keys(self) -> list[str]:
+        """The keys of the parts stored as files (what a refused commit deletes)."""
+        return [p.key for p in (*self.sealed, *self.unsealed) if p.inline is None]
 
 
 @dataclass(frozen=True)
@@ -129,11 +141,28 @@ class Shard:
         *,
         consensus: Consensus | str | None = None,
         blob: Blob | None = None,
+        inline_bytes: int | None = None,
+        inline_cap: int | None = None,
         **storage_options: Any,
     ) -> None:
         self.location = _as_location(location)
+        inline_bytes = (
+            part_store.DEFAULT_INLINE_BYTES if inline_bytes is None else int(inline_bytes)
+        )
+        inline_cap = part_store.DEFAULT_INLINE_CAP if inline_cap is None else int(inline_cap)
+        if inline_bytes < 0 or inline_cap < 0:
+            raise InvalidOption(
+                f"inline_bytes {inline_bytes} and inline_cap {inline_cap} must be >= 0 (Spark "
+                "options inline_bytes, inline_cap; 0 turns inline writes off)",
+                location=self.location,
+            )
+        #: An append's part of at most this many bytes is committed inline (0: never).
+        self.inline_bytes = min(inline_bytes, MAX_INLINE_PART_BYTES)
+        #: A commit never takes the state's inline bytes past this (`parts.fit_inline`).
+        self.inline_cap = inline_cap
         #: What reopens this shard elsewhere (Spark tasks): fsspec's options, plus
-        #: ``consensus`` when the consensus was given as a URL (`open_blob` ignores that key).
+        #: ``consensus`` when the consensus was given as a URL and the inline settings when
+        #: they are not the defaults (`open_blob` ignores those keys).
         self.storage_options = storage_options
         blob = blob if blob is not None else open_blob(self.location, **storage_options)
         if isinstance(consensus, str):
@@ -141,6 +170,15 @@ class Shard:
             consensus = open_consensus(url, self.location)
             self.storage_options = {**storage_options, CONSENSUS_OPTION: url}
         blob = metrics.counting_blob(blob)  # store requests counted per operation
+        if (inline_bytes, inline_cap) != (
+            part_store.DEFAULT_INLINE_BYTES,
+            part_store.DEFAULT_INLINE_CAP,
+        ):
+            self.storage_options = {
+                **self.storage_options,
+                "inline_bytes": inline_bytes,
+                "inline_cap": inline_cap,
+            }
         consensus = consensus if consensus is not None else BlobConsensus(blob)
         counts = not (isinstance(consensus, BlobConsensus) and consensus.blob is blob)
         self.machine = StateMachine(
@@ -196,9 +234,10 @@ class Shard:
         below = pc.less(table.column(TIME), new_upper)
         sealed = consolidate(table.filter(below))
         unsealed = consolidate(table.filter(pc.invert(below)))
+        small = self.inline_bytes
         return WrittenUpdates(
-            sealed=write_parts(self.blob, write_id, sealed),
-            unsealed=write_parts(self.blob, write_id, unsealed),
+            sealed=write_parts(self.blob, write_id, sealed, inline_max=small),
+            unsealed=write_parts(self.blob, write_id, unsealed, inline_max=small),
         )
 
     @metrics.operation_method("append")
@@ -222,6 +261,10 @@ class Shard:
         failing with `UpperMismatch`; its parts are not rewritten (see `state.append_commit`).
         """
         commit_id = commit_id or new_id()
+        base = self.machine.known()
+        if base.version == 0:
+            base = self.machine.state()
+        written = self.fit_inline(written, base)
         batch = Batch(
             id=f"{commit_id}-t",
             lower=expected_upper,
@@ -240,16 +283,28 @@ class Shard:
             commit_id, expected_upper, new_upper, batch, unsealed, schema, writer, rebase, label
         )
         try:
-            return self.machine.commit(commit)
+            return self.machine.commit(commit, base=base)
         except WriterAlreadyCommitted:
-            self.delete_parts(written.keys())
+            self.delete_parts(written.stored_keys())
             return self.machine.state()
         except DETERMINATE_REFUSALS:
             # Certainly not applied: the parts are garbage now.
-            self.delete_parts(written.keys())
+            self.delete_parts(written.stored_keys())
             raise
         # Anything else (I/O errors, Indeterminate) may have landed: the parts stay; gc
         # removes them later if no state references them.
+
+    def fit_inline(self, written: WrittenUpdates, state: ShardState) -> WrittenUpdates:
+        """``written`` with its inline parts stored as files where this shard's
+        ``inline_bytes``/``inline_cap`` say so (`persistshard.core.storage.parts.fit_inline`);
+        a Spark driver's setting decides, whatever its write tasks produced."""
+        if not any(p.inline is not None for p in (*written.sealed, *written.unsealed)):
+            return written
+        limit, cap = self.inline_bytes, self.inline_cap
+        sealed = fit_inline(self.blob, written.sealed, state, limit=limit, cap=cap)
+        used = sum(p.size for p in sealed if p.inline is not None)
+        unsealed = fit_inline(self.blob, written.unsealed, state, limit=limit, cap=cap - used)
+        return WrittenUpdates(sealed=sealed, unsealed=unsealed)
 
     def self_correct(
         self,
@@ -326,7 +381,9 @@ class Shard:
                 f"new upper {new_upper} is below the expected upper {expected_upper}",
                 location=self.location,
             )
-        current = self.machine.state()
+        current = self.machine.known()
+        if current.version == 0 or current.upper != expected_upper:
+            current = self.machine.state()  # the known state may be behind: read the newest
         if current.upper != expected_upper:
             raise UpperMismatch(expected_upper, current.upper, location=self.location)
         if current.version == 0:
@@ -363,9 +420,15 @@ class Shard:
         append never fails with `UpperMismatch`; after a lost race its parts are committed at
         the newer upper without being rewritten.
         """
-        current = self.machine.state()
+        plain = TIME not in updates.column_names and new_upper is None
+        # A plain append lands at whatever the upper is at its commit, so it plans on the
+        # state this shard last read or committed (no read: the compare-and-set tells whether
+        # it is still the newest, and the commit is re-applied to the newest if not).
+        current = self.machine.known() if plain else self.machine.state()
+        if current.version == 0:
+            current = self.machine.state()
         expected = current.upper
-        if TIME not in updates.column_names and new_upper is None:
+        if plain:
             n = updates.num_rows
             if DIFF not in updates.column_names:
                 updates = updates.append_column(DIFF, pa.array(np.ones(n, dtype=np.int64)))
@@ -620,7 +683,7 @@ class Shard:
         nbytes = 0
         for b in (*state.trace, *state.unsealed):
             for ref in b.parts:
-                size = self.blob.size(ref.key)
+                size = self.blob.size(ref.key) if ref.inline is None else len(ref.inline)
                 if size is None:
                     problems.append(f"part {ref.key} of batch {b.id} is missing")
                     continue

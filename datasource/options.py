@@ -109,6 +109,8 @@ WRITE_OPTIONS = frozenset(
         "delete_column",
         "batch_id",
         "source_frontier",
+        "inline_bytes",  # small writes carried in the commit (core/storage/parts.py)
+        "inline_cap",
     }
 )
 READ_OPTIONS = frozenset(
@@ -184,6 +186,10 @@ def storage_options(
     url = consensus_url(options, schema, location)
     if url:
         out["consensus"] = url
+    for name in ("inline_bytes", "inline_cap"):  # `Shard` takes them; open_blob drops them
+        number = _int(options, name)
+        if number is not None:
+            out[name] = number
     return out
 
 

@@ -387,7 +387,7 @@ def _write_gathered(
                 full.field(diff_index),
                 pa.array(diffs[start : start + rows_per_part], pa.int64()),
             )
-            out.append(write_part(shard.blob, write_id, piece))
+            out.append(write_part(shard.blob, write_id, piece, inline_max=shard.inline_bytes))
         return out
 
     below = times < upper

@@ -295,3 +295,101 @@ def test_hand_corrupted_commits_are_refused_or_land_valid(tmp_path_factory, name
 
 def _attr(name: str) -> str:
     return "num_rows" if name == "rows" else name
+
+
+# --- inline parts: their bytes travel in the commit ------------------------------------------
+
+
+def _flip(data: bytes, at: int) -> bytes:
+    at %= len(data)
+    return data[:at] + bytes([data[at] ^ 0x5A]) + data[at + 1 :]
+
+
+def _inline_part(shard: ps.Shard) -> PartRef:
+    """A live inline part of ``shard``, moved to a fresh key at the upper."""
+    part = a_live_part(shard)
+    assert part.inline is not None
+    upper = shard.upper
+    return replace(part, key=f"parts/{new_id()}/i.part", min_time=upper, max_time=upper)
+
+
+def _rows_wrong(p: PartRef) -> PartRef:
+    return replace(p, num_rows=p.num_rows + 1)
+
+
+INLINE_DAMAGE = [
+    (lambda p: replace(p, inline=_flip(p.inline, 40)), "crc32c"),
+    (lambda p: replace(p, inline_crc=(p.inline_crc + 1) % 2**32), "crc32c"),
+    (lambda p: replace(p, inline=p.inline[:-3]), "bytes"),
+    (lambda p: replace(p, inline_crc=None), "crc32c"),
+    (_rows_wrong, "rows"),
+    (lambda p: replace(p, min_time=p.min_time + 7, max_time=p.max_time + 7), "times"),
+    (lambda p: replace(p, size=st.MAX_INLINE_PART_BYTES + 1), "bytes"),
+]
+
+
+@pytest.mark.inline
+@pytest.mark.parametrize(("damage", "why"), INLINE_DAMAGE)
+def test_a_commit_with_a_damaged_inline_part_is_refused(tmp_path, damage, why):
+    """check_transition checks an inline part's size, crc32c, rows and times before the
+    compare-and-set: `InvalidUpdates`, nothing written."""
+    shard = small_shard(str(tmp_path / "s"))
+    before, state = files(shard), shard.state()
+    part = damage(_inline_part(shard))
+    if why == "times":  # the times checked are the footer's, beyond the batch's interval
+        part = replace(part, min_time=state.upper, max_time=state.upper)
+        part = replace(part, inline=a_live_part(shard).inline)
+        part = replace(part, num_rows=a_live_part(shard).num_rows)
+        why = "holds times"
+    with pytest.raises(InvalidUpdates, match=why):
+        shard.machine.commit(forged_append(shard, part))
+    assert files(shard) == before
+    assert ps.open_shard(shard.location).state() == state
+
+
+@pytest.mark.inline
+@pytest.mark.parametrize("damage", ["flip", "base64", "type"])
+def test_a_stored_damaged_inline_part_is_corrupt_data(tmp_path, damage):
+    """An entry that carries damaged inline bytes (an old or hostile writer; the entry's own
+    checksum matches) reads as `CorruptData`, never as other rows."""
+    shard = small_shard(str(tmp_path / "s"))
+    part = _inline_part(shard)
+    commit = forged_append(shard, part)
+    d = commit.to_json()
+    forged = d["args"]["batch"]["parts"][0]
+    if damage == "flip":
+        forged["inline"] = st.base64.b64encode(_flip(part.inline or b"", 60)).decode()
+    elif damage == "base64":
+        forged["inline"] = "not base64!"
+    else:
+        forged["inline"] = 12345
+    forge_entry(shard, st.Commit.from_json(d))
+    fresh = ps.open_shard(shard.location)
+    with pytest.raises(CorruptData):
+        fresh.snapshot()
+
+
+@pytest.fixture(scope="module")
+def inline_state(tmp_path_factory) -> dict[str, Any]:
+    shard = ps.open_shard(str(tmp_path_factory.mktemp("inline") / "s"), inline_bytes=4096)
+    for t in range(3):
+        shard.append(updates([(t, "x", t, 1)]))
+    state = shard.state()
+    assert all(p.inline is not None for p in state.parts())
+    return state.to_json()
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(where=hs.integers(0, 10**6), xor=hs.integers(1, 255), batch=hs.integers(0, 2))
+def test_flipped_inline_bytes_in_a_rollup_are_corrupt_data(inline_state, where, xor, batch):
+    """Any byte of an inline part changed (its checksum left as it was): the rollup decodes
+    to `CorruptData`, never to a state."""
+    d = json.loads(json.dumps(inline_state))
+    part = d["trace"][batch]["parts"][0]
+    data = bytearray(st.base64.b64decode(part["inline"]))
+    data[where % len(data)] ^= xor
+    part["inline"] = st.base64.b64encode(bytes(data)).decode()
+    with pytest.raises(CorruptData, match="inline part"):
+        st.decode_rollup(st.seal(st.ROLLUP_MAGIC, json.dumps(d).encode()), "rollups/fuzz.json")

@@ -282,8 +282,8 @@ WHOLE_READ_BYTES = 4 << 20
 
 def _open_input(blob: Blob, ref: PartRef) -> PartReader:
     """A reader over input part ``ref``: small parts are fetched whole (see above)."""
-    if ref.size > WHOLE_READ_BYTES:
-        return open_part(blob, ref)
+    if ref.size > WHOLE_READ_BYTES or ref.inline is not None:
+        return open_part(blob, ref)  # an inline part is read from the state's bytes
     data = blob.get(ref.key)
     if data is None:
         raise CorruptData(

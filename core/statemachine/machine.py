@@ -242,6 +242,7 @@ class StateMachine:
         *,
         max_attempts: int = MAX_ATTEMPTS,
         deadline_seconds: float | None = None,
+        base: ShardState | None = None,
     ) -> ShardState:
         """`_commit` in an operation scope (`persistshard.core.storage.metrics`: the entry
         records what the operation did), counted and logged: landed (debug), refused (info)."""
@@ -280,6 +281,10 @@ class StateMachine:
         After an ambiguous attempt, every later attempt first looks for the commit in the log:
         a precondition that fails *because the commit itself landed* must never be reported
         as a refusal (the caller would delete parts the shard now references).
+        ``base``: a state this machine read or committed (a version > 0) that the first attempt
+        builds on instead of re-reading the head; if it is no longer the newest, that attempt's
+        compare-and-set fails and the next one reads the head (a small append then costs one
+        compare-and-set and no read).
         """
         ambiguous_after: int | None = None  # the head before the first ambiguous attempt
         unknown: BaseException | None = None
@@ -293,7 +298,8 @@ class StateMachine:
         while attempts < max_attempts:
             attempts += 1
             try:
-                current = self.state()
+                fresh = attempts == 1 and base is not None and base.version > 0
+                current = base if fresh and base is not None else self.state()
                 if ambiguous_after is not None:
                     landed = self.find_commit(commit.id, ambiguous_after)
                     if landed is not None:

@@ -109,14 +109,28 @@ def _is_count(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
+#: Hard limit on one inline part's bytes (`PartRef.inline`): a state (and every consensus
+#: entry naming it) stays small whatever a writer asks for. Writers inline far less
+#: (`persistshard.core.storage.parts.DEFAULT_INLINE_BYTES`).
+MAX_INLINE_PART_BYTES = 64 << 10
+
+
 @dataclass(frozen=True)
 class PartRef:
-    """A part file of a batch: its key under the shard, size, rows and time range.
+    """A part of a batch: its key under the shard, size, rows and time range.
 
     ``rewrite_time``, when set, is the time of *every* update of the part, whatever time the
     part's bytes say: a plain append that lost a race is committed at the newer upper without
     rewriting its parts (after persist's ``ts_rewrite``). Then ``min_time == max_time ==
     rewrite_time``; every reader applies it (`persistshard.core.storage.parts.adapt_part_table`).
+
+    ``inline``, when set, holds the part's bytes (our part format, the same bytes a part file
+    would hold) inside the state itself: a small append commits them in its log entry instead
+    of writing a file (`persistshard.core.storage.parts`). Then ``key`` is a canonical part key
+    that names no stored object (gc never finds it, so never deletes anything for it),
+    ``size == len(inline) <= MAX_INLINE_PART_BYTES`` and ``inline_crc`` is the bytes' crc32c;
+    `ShardState.check` verifies all three and that the footer agrees with ``num_rows`` and the
+    time range. Stored as base64 in the entry or rollup JSON.
     """
 
     key: str
@@ -125,9 +139,11 @@ class PartRef:
     min_time: int
     max_time: int
     rewrite_time: int | None = None
+    inline: bytes | None = None
+    inline_crc: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        d = {
+        d: dict[str, Any] = {
             "key": self.key,
             "size": self.size,
             "rows": self.num_rows,
@@ -136,17 +152,69 @@ class PartRef:
         }
         if self.rewrite_time is not None:
             d["rewrite_time"] = self.rewrite_time
+        if self.inline is not None:
+            d["inline"] = base64.b64encode(self.inline).decode()
+            d["crc"] = self.inline_crc
         return d
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> PartRef:
+        inline = d.get("inline")
         return PartRef(
-            d["key"], d["size"], d["rows"], d["min_time"], d["max_time"], d.get("rewrite_time")
+            d["key"],
+            d["size"],
+            d["rows"],
+            d["min_time"],
+            d["max_time"],
+            d.get("rewrite_time"),
+            base64.b64decode(inline, validate=True) if inline is not None else None,
+            d.get("crc") if inline is not None else None,
         )
 
     def at_time(self, time: int) -> PartRef:
         """This part with every update read at ``time`` (a rebased plain append)."""
         return replace(self, min_time=time, max_time=time, rewrite_time=time)
+
+    def stored(self) -> PartRef:
+        """This part as a reference to a part file (its inline bytes dropped)."""
+        return replace(self, inline=None, inline_crc=None)
+
+    def inline_problem(self) -> str | None:
+        """Why this inline part's bytes disagree with its reference, or None (also for a part
+        that is not inline). Checks size, crc32c, and the footer's rows and time range."""
+        if self.inline is None:
+            return None
+        data = self.inline
+        if not isinstance(data, bytes):
+            return f"inline part {self.key} holds {type(data).__name__}, not bytes"
+        if len(data) != self.size or len(data) > MAX_INLINE_PART_BYTES:
+            return (
+                f"inline part {self.key} has {len(data)} bytes, its reference says {self.size} "
+                f"(at most {MAX_INLINE_PART_BYTES})"
+            )
+        if not _is_count(self.inline_crc) or crc32c.crc32c(data) != self.inline_crc:
+            return f"inline part {self.key} fails its crc32c check"
+        from persistshard.format import PartReader  # format never imports core
+
+        try:
+            reader = PartReader.from_bytes(self.key, data)
+        except (PersistShardError, ValueError, KeyError, TypeError) as e:
+            return f"inline part {self.key} does not decode: {e}"
+        if reader.num_rows != self.num_rows:
+            return (
+                f"inline part {self.key} holds {reader.num_rows} rows, its reference says "
+                f"{self.num_rows}"
+            )
+        lows = [c.min_time for c in reader.chunks if c.num_rows and c.min_time is not None]
+        highs = [c.max_time for c in reader.chunks if c.num_rows and c.max_time is not None]
+        if self.rewrite_time is None and lows and highs:
+            lo, hi = min(lows), max(highs)
+            if (lo, hi) != (self.min_time, self.max_time):
+                return (
+                    f"inline part {self.key} holds times {lo}..{hi}, its reference says "
+                    f"{self.min_time}..{self.max_time}"
+                )
+        return None
 
 
 @dataclass(frozen=True)
@@ -258,6 +326,14 @@ class ShardState:
     def part_keys(self) -> set[str]:
         return {p.key for p in self.parts()}
 
+    def stored_part_keys(self) -> set[str]:
+        """The keys of the parts stored as files (inline parts name no object)."""
+        return {p.key for p in self.parts() if p.inline is None}
+
+    def inline_bytes(self) -> int:
+        """The bytes of every inline part of this version (bounded by the writers' cap)."""
+        return sum(p.size for p in self.parts() if p.inline is not None)
+
     def check(self, checked: ShardState | None = None) -> None:
         """Raise `CorruptData` if any invariant of the module docstring does not hold.
 
@@ -291,6 +367,9 @@ class ShardState:
                     fail(f"batch {b.id}: part {problem}")
                 if not _is_count(p.size) or not _is_count(p.num_rows):
                     fail(f"part {p.key} has size {p.size!r} and {p.num_rows!r} rows")
+                problem = p.inline_problem()
+                if problem is not None:
+                    fail(f"batch {b.id}: {problem}")
                 if not p.num_rows:
                     continue
                 if p.size == 0:

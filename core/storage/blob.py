@@ -498,8 +498,14 @@ class FsspecBlob(Blob):
         directory = base if prefix.endswith("/") or not prefix else posixpath.dirname(base)
         if not self._local:
             self.fs.invalidate_cache(directory)
+        parent, name = posixpath.split(directory.rstrip("/"))
         try:
-            entries = self.fs.find(directory, detail=True, withdirs=False)
+            if self.protocol in ("s3", "s3a") and "/" in parent.strip("/") + "/" and name:
+                # One ListObjectsV2 with the name as a prefix: a plain find of an empty
+                # "directory" (the usual consensus/floor/) adds a HEAD and a second list.
+                entries = self.fs.find(parent, prefix=name + "/", detail=True, withdirs=False)
+            else:
+                entries = self.fs.find(directory, detail=True, withdirs=False)
         except FileNotFoundError:
             return []
         root = self.root.rstrip("/")
@@ -546,6 +552,8 @@ def foreign_keys(blob: Blob, limit: int = 5) -> builtins.list[str]:
 
 def open_blob(url: str, **storage_options: Any) -> Blob:
     """The default blob store for ``url``: `FsspecBlob`. A ``consensus`` key (a shard's
-    consensus URL, which travels with its storage options) is not fsspec's and is left out."""
-    storage_options.pop("consensus", None)
+    consensus URL, which travels with its storage options) is not fsspec's and is left out, as
+    are a shard's ``inline_bytes`` and ``inline_cap`` (`persistshard.core.shard.Shard`)."""
+    for key in ("consensus", "inline_bytes", "inline_cap"):
+        storage_options.pop(key, None)
     return FsspecBlob(url, **storage_options)

@@ -41,13 +41,14 @@ The hint may be stale but never makes the answer wrong: probing always reaches t
 and the floor check rejects a probe that ended on a stale re-creation (probing then starts
 again from the floor). Each head and scan lists ``consensus/floor/`` (a few markers at most)
 once, each compare-and-set twice.
-``consensus/HEAD`` is rewritten only at version 1 and every `HINT_EVERY`-th version (a
-rewrite is a rename over an existing file, about half of a local commit's time when done on
-every commit), so a fresh reader probes at most `HINT_EVERY` entries past it. It is written
-without syncing (`Blob.put_hint`): after a crash it may be missing, older, empty or torn, and
-any of those only makes a reader probe from lower or list. `HINT_EVERY`
-divides `persistshard.core.storage.layout.ROLLUP_EVERY`, so the hint is never below the newest
-rollup and gc's truncation (which keeps the versions from the newest rollup on) never removes it.
+``consensus/HEAD`` is rewritten only at version 1 and every `HINT_EVERY`-th version (the
+versions that also write a rollup, so a small commit between them costs its three requests:
+floor list, put-if-absent, floor list), so a fresh reader probes at most `HINT_EVERY` entries
+past it; readers never write it (a reader needs no write permission). It is written without
+syncing (`Blob.put_hint`): after a crash it may be missing, older, empty or torn, and any of
+those only makes a reader probe from lower or list. `HINT_EVERY` divides
+`persistshard.core.storage.layout.ROLLUP_EVERY`, so the hint is never below the newest rollup and
+gc's truncation (which keeps the versions from the newest rollup on) never removes it.
 """
 
 from __future__ import annotations
@@ -118,7 +119,7 @@ class Consensus(ABC):
 
 
 #: ``consensus/HEAD`` is written at version 1 and at every multiple of this (see above).
-HINT_EVERY = 4
+HINT_EVERY = 16
 assert ROLLUP_EVERY % HINT_EVERY == 0
 
 _ENTRY = re.compile(r"^v(\d{20})\.json$")

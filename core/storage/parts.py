@@ -4,6 +4,12 @@ This is the only module of `core` that talks to `persistshard.format`. Invariant
 - A part is written once, under a key no other part uses (``parts/<write id>/<uuid>.part``),
   with a single ``put``; it is sorted by (row, time) and consolidated.
 - Parts are read with ranged gets: the footer first, then only the chunks and columns needed.
+- A small part may be *inline* (`PartRef.inline`): its bytes, in the same format, travel in
+  the commit instead of a file (``write_part(..., inline_max=n)``), and `open_part` reads them
+  from memory, so every reader of parts (reads, scans, listen, compaction) treats it like a
+  file. The writer keeps a state's inline bytes under a cap (`fit_inline`: beyond it, inline
+  parts are stored as files before the commit), and compaction writes files only, so it moves
+  inline data into parts.
 - A part is read *as its reference says* (`adapt_part_table`): a ``rewrite_time`` replaces
   every stored time (a rebased plain append), and columns the shard gained after the part
   was written (schema evolution) read as nulls. Every reader of parts goes through it.
@@ -12,15 +18,18 @@ This is the only module of `core` that talks to `persistshard.format`. Invariant
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
+import crc32c
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from persistshard.core.rows import TIME, row_columns, sort_table
-from persistshard.core.statemachine.state import PartRef
+from persistshard.core.statemachine.state import MAX_INLINE_PART_BYTES, PartRef, ShardState
 from persistshard.core.storage.blob import Blob
 from persistshard.core.storage.layout import part_key
 from persistshard.core.storage.metrics import run_in_context
@@ -33,12 +42,26 @@ log = logging.getLogger("persistshard.core.storage.parts")
 PART_TARGET_BYTES = 256 << 20
 #: Uncompressed bytes per chunk inside a part.
 CHUNK_BYTES = 8 << 20
+#: An append whose encoded part is at most this many bytes is inline by default
+#: (``inline_bytes`` of `persistshard.core.shard.Shard`, Spark option ``inline_bytes``); the
+#: environment variable ``PERSISTSHARD_INLINE_BYTES`` changes this default for a process and
+#: the Spark workers it starts (the test suite sets 0: most tests count part files).
+DEFAULT_INLINE_BYTES = int(os.environ.get("PERSISTSHARD_INLINE_BYTES", 4 << 10))
+#: By default a state holds at most this many inline bytes (``inline_cap``, also a Spark
+#: option).
+DEFAULT_INLINE_CAP = 64 << 10
 
 
 def write_part(
-    blob: Blob, write_id: str, table: pa.Table, *, metadata: dict[str, str] | None = None
+    blob: Blob,
+    write_id: str,
+    table: pa.Table,
+    *,
+    metadata: dict[str, str] | None = None,
+    inline_max: int = 0,
 ) -> PartRef:
-    """Write one part of ``table`` (already sorted by (row, time) and consolidated)."""
+    """Write one part of ``table`` (already sorted by (row, time) and consolidated); when its
+    bytes are at most ``inline_max``, return them as an inline part instead (nothing stored)."""
     columns = row_columns(table.schema)
     data, info = encode_part(
         table,
@@ -47,21 +70,56 @@ def write_part(
         metadata=metadata,
     )
     key = part_key(write_id)
-    blob.put(key, data)
-    log.debug("wrote part %s: %d rows, %d bytes", key, table.num_rows, len(data))
-    return PartRef(
+    ref = PartRef(
         key=key,
         size=len(data),
         num_rows=table.num_rows,
         min_time=info.min_time if info.min_time is not None else 0,
         max_time=info.max_time if info.max_time is not None else 0,
     )
+    if len(data) <= min(inline_max, MAX_INLINE_PART_BYTES):
+        return replace(ref, inline=bytes(data), inline_crc=crc32c.crc32c(data))
+    blob.put(key, data)
+    log.debug("wrote part %s: %d rows, %d bytes", key, table.num_rows, len(data))
+    return ref
 
 
-def write_parts(blob: Blob, write_id: str, table: pa.Table) -> list[PartRef]:
-    """Write ``table`` (sorted, consolidated) as parts of at most about `PART_TARGET_BYTES`."""
+def store_inline(blob: Blob, ref: PartRef) -> PartRef:
+    """``ref`` as a part file: an inline part's bytes are put under its key (unchanged
+    otherwise)."""
+    if ref.inline is None:
+        return ref
+    blob.put(ref.key, ref.inline)
+    return ref.stored()
+
+
+def fit_inline(
+    blob: Blob, refs: Sequence[PartRef], state: ShardState, *, limit: int, cap: int
+) -> list[PartRef]:
+    """``refs`` to commit on top of ``state``: inline parts stay inline only while each is at
+    most ``limit`` bytes and ``state``'s inline bytes plus theirs stay within ``cap``; the
+    others are stored as files first (one put each). So a writer never grows a state's inline
+    bytes past its cap (racing writers may each add up to ``limit`` beyond it)."""
+    room = cap - state.inline_bytes()
+    out = []
+    for ref in refs:
+        if ref.inline is not None and ref.size <= limit and ref.size <= room:
+            room -= ref.size
+            out.append(ref)
+        else:
+            out.append(store_inline(blob, ref))
+    return out
+
+
+def write_parts(
+    blob: Blob, write_id: str, table: pa.Table, *, inline_max: int = 0
+) -> list[PartRef]:
+    """Write ``table`` (sorted, consolidated) as parts of at most about `PART_TARGET_BYTES`;
+    a table that encodes to at most ``inline_max`` bytes is one inline part (nothing stored)."""
     if table.num_rows == 0:
         return []
+    if inline_max > 0 and table.nbytes <= 4 * inline_max:
+        return [write_part(blob, write_id, table, inline_max=inline_max)]
     n_parts = max(1, -(-table.nbytes // PART_TARGET_BYTES))
     step = -(-table.num_rows // n_parts)
     return [
@@ -116,8 +174,11 @@ def open_part(blob: Blob, ref: PartRef) -> PartReader:
     """A reader over ``ref`` that fetches bytes with ranged gets.
 
     A part the state references but the storage lacks is `CorruptData` naming it (the state
-    promises it exists: something deleted it), never a raw ``FileNotFoundError``.
+    promises it exists: something deleted it), never a raw ``FileNotFoundError``. An inline
+    part is read from its bytes in the state (no request).
     """
+    if ref.inline is not None:
+        return PartReader.from_bytes(ref.key, ref.inline)
 
     def fetch(offset: int, length: int) -> bytes:
         try:
