@@ -249,7 +249,10 @@ class StateMachine:
         with metrics.operation(commit.kind):
             try:
                 new = self._commit(
-                    commit, max_attempts=max_attempts, deadline_seconds=deadline_seconds
+                    commit,
+                    max_attempts=max_attempts,
+                    deadline_seconds=deadline_seconds,
+                    base=base,
                 )
             except DETERMINATE_REFUSALS as e:
                 metrics.REGISTRY.inc("commit_refusals")
@@ -274,6 +277,7 @@ class StateMachine:
         *,
         max_attempts: int = MAX_ATTEMPTS,
         deadline_seconds: float | None = None,
+        base: ShardState | None = None,
     ) -> ShardState:
         """Apply ``commit`` with compare-and-set, re-applying it after each lost race; the
         state it produced. Precondition failures propagate (determinate).
