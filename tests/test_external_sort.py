@@ -131,8 +131,8 @@ def test_large_write_task_parts_are_one_chain_per_side(tmp_path):
     """A write task past its budget goes through ExternalSort; its sealed and unsealed parts
     are each one sorted, consolidated chain, and hold exactly the consolidated input."""
     pytest.importorskip("pyspark")
-    from persistshard.datasource import writer as w
     from persistshard.core.write.validate import user_schema
+    from persistshard.datasource import writer as w
 
     rng = np.random.default_rng(8)
     n = 60_000
