@@ -67,15 +67,6 @@ def distinct_ascending(table: pa.Table, column: str) -> bool:
     return bool(np.all(v[1:] > v[:-1]))
 
 
-def consolidation_of(table: pa.Table, columns: list[str]) -> tuple[np.ndarray, np.ndarray] | None:
-    """Where the consolidation of ``table`` comes from (`rows.consolidation_indices`: indices
-    in (row, time) order and summed diffs), or None when ``table`` already is sorted and
-    consolidated as it stands (a strictly increasing integer first column)."""
-    if columns and distinct_ascending(table, columns[0]):
-        return None  # diffs were checked non-zero: every row is its own update
-    return rows.consolidation_indices(table, columns)
-
-
 @dataclass(eq=False)
 class _Run:
     """One sorted, consolidated run: record batches in memory or in a spill file."""
@@ -191,6 +182,8 @@ class ExternalSort:
         """Add updates (the schema's columns, normal form); cuts a run past ``run_bytes``."""
         if table.num_rows == 0:
             return
+        if not table.schema.equals(self._schema):
+            table = table.select(self._schema.names).cast(self._schema)
         self._gathered.append(table)
         self._gathered_bytes += table.nbytes
         if self._gathered_bytes > self._run_bytes:
@@ -242,22 +235,21 @@ class ExternalSort:
         table = pa.concat_tables(self._gathered)
         self._gathered = []
         self._gathered_bytes = 0
+        if self._columns and distinct_ascending(table, self._columns[0]):
+            # Already sorted and consolidated (diffs are non-zero): the batches as they came,
+            # neither copied nor cut.
+            return self._run_of(table.to_batches())
         if table.num_columns and table.column(0).num_chunks > 1:
             table = table.combine_chunks()  # Arrow's gather is much slower across many chunks
-        found = consolidation_of(table, self._columns)
-        n = table.num_rows if found is None else len(found[0])
+        indices, sums = rows.consolidation_indices(table, self._columns)
         step = max(1, int(SPILL_BATCH_BYTES * table.num_rows // max(1, table.nbytes)))
         diff_index = self._schema.get_field_index(rows.DIFF)
         diff_field = self._schema.field(diff_index)
         batches: list[pa.RecordBatch] = []
-        for start in range(0, n, step):
-            if found is None:
-                piece = table.slice(start, step)
-            else:
-                indices, sums = found
-                piece = table.take(pa.array(indices[start : start + step]))
-                diffs = pa.array(sums[start : start + step], pa.int64())
-                piece = piece.set_column(diff_index, diff_field, diffs)
+        for start in range(0, len(indices), step):
+            piece = table.take(pa.array(indices[start : start + step]))
+            diffs = pa.array(sums[start : start + step], pa.int64())
+            piece = piece.set_column(diff_index, diff_field, diffs)
             batches.extend(piece.combine_chunks().to_batches())
         return self._run_of(batches)
 
