@@ -38,10 +38,20 @@ REGISTRY: tuple[Benchmark, ...] = (
     Benchmark(
         name="scaling",
         module="benchmarks.scaling_bench",
-        summary="Spark append, snapshot read and overwrite at growing sizes, three contenders",
+        summary="Spark append, snapshot read and overwrite at growing sizes, three contenders; "
+        "append against the pass-through at growing task sizes",
         sizes={
-            "quick": {"sizes": (250_000, 500_000, 1_000_000)},
-            "full": {"sizes": (1_000_000, 4_000_000, 16_000_000)},
+            "quick": {
+                "sizes": (250_000, 500_000, 1_000_000),
+                "task_total": 2_400_000,
+                "task_rows": (200_000, 600_000, 1_200_000),
+                "task_budget": 32 << 20,
+            },
+            "full": {
+                "sizes": (1_000_000, 4_000_000, 16_000_000),
+                "task_total": 12_000_000,
+                "task_rows": (1_000_000, 3_000_000, 6_000_000),
+            },
         },
         headings=("scaling",),
         uses_spark=True,

@@ -16,9 +16,17 @@ every benchmark:
   writes only the difference), alternately with a copy in which 1% of the rows (``id % 100
   == 0``) have a changed value and with the original, so every round changes 1% of the rows.
 
+Task size (issue 27): users do not size their partitions for us. The same table at a fixed
+total (``task_total`` rows) is appended in partitions of each of ``task_rows`` rows, ours and
+the pass-through alternating, each round into a fresh directory: a task past a third of its
+``memory_budget`` (85 MiB of the default 256 MiB, about 1.6M rows of this table) sorts
+externally, spilling sorted runs (`persistshard.core.write.external`). The quick size shrinks
+the budget with the tasks (``task_budget``) so that its large tasks spill too.
+
 Targets: append at most 1.3x the pass-through at 16M rows (issue 14; 2M rows is the Spark
-benchmark's row); the other ratios are figures. The plots show throughput (rows per second)
-against size, one per operation with the three contenders: flat lines are linear cost.
+benchmark's row) and at every task size (issue 27); the other ratios are figures. The plots
+show throughput (rows per second) against size, one per operation with the three
+contenders (flat lines are linear cost), and the append's against rows per task.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from __future__ import annotations
 import itertools
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +56,8 @@ if TYPE_CHECKING:
 
 #: Append target against the pass-through at the largest size (issue 14: 16M rows).
 APPEND_TARGET_LARGEST = 1.3
+#: Append target against the pass-through at every task size (issue 27).
+APPEND_TARGET_TASKS = 1.3
 #: Snapshot read + sum target against the pass-through at the largest size (issue 14: 16M rows).
 READ_TARGET_LARGEST = 1.3
 CHANGED_EVERY = 100  # ids divisible by this change in the overwrite rounds (1%)
@@ -96,14 +107,93 @@ def overwrite_contenders(
     return out, cleanup
 
 
+def _fresh_write(
+    write: Callable[[DataFrame, str], None], df: DataFrame, tmp: str, counter: Any
+) -> Callable[[], float]:
+    """A contender: ``write(df)`` into a fresh directory under ``tmp``, timed, then removed."""
+
+    def go() -> float:
+        path = f"{tmp}/t{next(counter)}"
+        start = time.perf_counter()
+        write(df, path)
+        elapsed = time.perf_counter() - start
+        shutil.rmtree(path, True)
+        return elapsed
+
+    return go
+
+
+def task_size_appends(
+    spark: Any,
+    total: int,
+    task_rows: tuple[int, ...],
+    budget: int | None,
+    rounds: int,
+    ours: bool,
+    missing: str | None,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Append ``total`` rows in partitions of each of ``task_rows`` rows, ours against the
+    pass-through (alternating rounds, a fresh directory each); the measurements and a
+    throughput series against task size."""
+    measurements = []
+    tput: dict[str, list[float | None]] = {PASS: [], OURS: []}
+
+    def ours_append(df: DataFrame, path: str) -> None:
+        writer = df.write.format("persistshard").mode("append")
+        if budget is not None:
+            writer = writer.option("memory_budget", str(budget))
+        writer.save(path)
+
+    for per_task in task_rows:
+        df = make_frame(spark, total, partitions=max(1, total // per_task))
+        counter = itertools.count()
+        with tempfile.TemporaryDirectory(prefix="psbench-tasks-") as tmp:
+            plan: dict[str, Callable[[], float | None]] = {
+                PASS: _fresh_write(a.passthrough_write, df, tmp, counter)
+            }
+            if ours:
+                plan[OURS] = _fresh_write(ours_append, df, tmp, counter)
+            times = alternate(plan, rounds)
+        df.unpersist()
+        what = f"append {human(total)} rows, {human(per_task)}-row tasks"
+        if ours:
+            measurements.append(
+                measurement(what, OURS, PASS, times[OURS], times[PASS], target=APPEND_TARGET_TASKS)
+            )
+        else:
+            measurements.append(
+                skipped(what, OURS, PASS, missing or "", target=APPEND_TARGET_TASKS)
+            )
+        for name, ts in times.items():
+            tput[name].append(total / sorted(ts)[len(ts) // 2] / 1e6)
+    series = {
+        "id": "tasks_write_throughput",
+        "title": f"Spark append of {human(total)} rows: throughput against rows per task",
+        "x_label": "rows per task",
+        "y_label": "million rows per second (median)",
+        "x": list(task_rows),
+        "lines": {k: v for k, v in tput.items() if v},
+        "log_x": True,
+        "x_tick_labels": [human(t) for t in task_rows],
+    }
+    return measurements, series
+
+
 def run(
-    sizes: tuple[int, ...] = (1_000_000, 4_000_000, 16_000_000), rounds: int = 3
+    sizes: tuple[int, ...] = (1_000_000, 4_000_000, 16_000_000),
+    rounds: int = 3,
+    task_total: int = 12_000_000,
+    task_rows: tuple[int, ...] = (1_000_000, 3_000_000, 6_000_000),
+    task_budget: int | None = None,
 ) -> dict[str, Any]:
     from pyspark.sql import functions as F
 
     spark = a.spark_session()
     missing = a.persistshard_available(spark)
     ours = missing is None
+    task_measurements, task_series = task_size_appends(
+        spark, task_total, task_rows, task_budget, rounds, ours, missing
+    )
     names = [PARQUET, PASS] + ([OURS] if ours else [])
     ops = ("append", "read + sum", "overwrite 1%")
     measurements = []
@@ -168,8 +258,15 @@ def run(
             ("overwrite 1%", "overwrite", "overwrite (1% of rows changed)"),
         )
     ]
+    series.append(task_series)
+    measurements.extend(task_measurements)
+    budget_text = (
+        "the default memory_budget (256 MiB)"
+        if task_budget is None
+        else f"memory_budget {task_budget / 2**20:g} MiB"
+    )
     return {
-        "title": "Scaling: Spark append, snapshot read and overwrite against size",
+        "title": "Scaling: Spark append, snapshot read and overwrite against size and task size",
         "description": (
             f"Sizes {', '.join(human(s) for s in sizes)} rows of the Spark benchmark's table "
             "(id, name, value), one partition per 1M rows (at least 2), local[2]; three "
@@ -179,9 +276,19 @@ def run(
             'written once, is overwritten through `mode("overwrite")` with 1% of its rows '
             "changed each round (ours writes only the difference). Ratios are ours / the "
             "pass-through and ours / parquet; the plots show each one's throughput against "
-            "size (flat is linear). See `benchmarks/scaling_bench.py`."
+            "size (flat is linear). Task size: "
+            f"{human(task_total)} rows appended in tasks of "
+            f"{', '.join(human(t) for t in task_rows)} rows, ours (with {budget_text}) against "
+            "the pass-through, alternating. See `benchmarks/scaling_bench.py`."
         ),
-        "params": {"sizes": list(sizes), "master": "local[2]", "rows_per_partition": 1_000_000},
+        "params": {
+            "sizes": list(sizes),
+            "master": "local[2]",
+            "rows_per_partition": 1_000_000,
+            "task_total": task_total,
+            "task_rows": list(task_rows),
+            "task_budget": task_budget,
+        },
         "measurements": measurements,
         "series": series,
         "notes": [

@@ -7,8 +7,9 @@ The protocol, after Materialize's persist sink:
    SQL table's ``ALTER TABLE ... ADD COLUMNS``), and a fresh write id. It reaches the tasks
    inside the pickled writer. Everything checkable without the data (location, options,
    columns, column types) is refused here, so the user sees one error, not a failed task.
-2. *Write* (every task): feed the task's Arrow batches into a `Correction` buffer (bounded
-   by ``memory_budget``, spilling beyond it), then write sorted, consolidated parts under
+2. *Write* (every task): gather the task's Arrow batches, sort and consolidate them once
+   (bounded by ``memory_budget``: a larger input is sorted externally, `ExternalSort`, its
+   sorted runs spilled to local files and merged), then write sorted, consolidated parts under
    ``parts/<write id>/``: updates below the new upper as sealed parts, the rest as unsealed.
    The message back is the parts' metadata (a "hollow batch").
 3. *Append* (driver, in ``commit()``): one compare-and-append of every task's parts. If it is
@@ -49,8 +50,8 @@ from persistshard.core.statemachine.state import PartRef
 from persistshard.core.storage import metrics
 from persistshard.core.storage.blob import FsspecBlob
 from persistshard.core.storage.layout import PARTS_PREFIX, new_id
-from persistshard.core.storage.parts import PartSink, write_part
-from persistshard.core.write.correction import Correction
+from persistshard.core.storage.parts import write_part
+from persistshard.core.write.external import ExternalSort, distinct_ascending
 from persistshard.core.write.validate import (
     evolve_schema,
     match_columns,
@@ -254,7 +255,7 @@ def check_location(shard: Shard) -> None:
 
 
 def write_task(d: BatchDescription, batches: Any, time: int) -> TaskWritten:
-    """Step 2: consolidate one task's batches in a Correction buffer and write its parts."""
+    """Step 2: sort and consolidate one task's batches and write its parts."""
     _check_case(d)
     with storage_errors(d.location, "write the shard"), metrics.operation("write task") as op:
         shard = open_shard(d.location, **d.storage_options)
@@ -271,18 +272,20 @@ def _write_task(d: BatchDescription, batches: Any, time: int, shard: Shard) -> T
     upper = d.upper if d.upper is not None else MAX_TIME
     max_time: int | None = None
     rows_in = 0
-    # The task's memory: the Correction buffer (a third of the budget, spilling beyond it;
-    # its sorts and merges need transient copies of about as much again) plus one part being
-    # gathered and sorted (2 x 1/12). Measured peak: about the budget, whatever the input
+    # The task's memory: the input gathered up to a third of the budget (beyond that, sorted
+    # runs of that size spill to local files and are merged at the end; a sort needs a
+    # transient copy of about as much again) plus one part being gathered and encoded
+    # (2 x 1/12). Measured peak: about the budget, whatever the input
     # (tests/test_writer_memory.py).
     part_bytes = max(1 << 20, min(d.memory_budget // 12, 256 << 20))
-    correction_bytes = max(1 << 20, d.memory_budget // 3)
-    # A task reads its input once and then writes it out: while the input fits in the
-    # Correction's share of the budget it is only gathered, then sorted and consolidated
-    # once (`_write_gathered`); a larger input goes through the Correction (spilling).
+    run_bytes = max(1 << 20, d.memory_budget // 3)
+    # A task reads its input once and then writes it out: while the input fits in its share
+    # of the budget it is only gathered, then sorted and consolidated once
+    # (`_write_gathered`); a larger input is sorted externally (`ExternalSort`: sorted runs
+    # spilled to local files, merged into the parts).
     gathered: list[pa.Table] = []
     gathered_bytes = 0
-    correction: Correction | None = None
+    sorter: ExternalSort | None = None
     try:
         for batch in batches:
             if batch.num_rows == 0:
@@ -293,56 +296,94 @@ def _write_task(d: BatchDescription, batches: Any, time: int, shard: Shard) -> T
             )
             biggest = pc.max(table.column(TIME)).as_py()
             max_time = biggest if max_time is None else max(max_time, biggest)
-            if correction is not None:
-                correction.insert(table)
+            if sorter is not None:
+                sorter.insert(table)
                 continue
             gathered.append(table)
             gathered_bytes += table.nbytes
-            if gathered_bytes > correction_bytes:
-                correction = _correction(full, correction_bytes)
-                correction.insert(pa.concat_tables(gathered))
+            if gathered_bytes > run_bytes:
+                sorter = _external_sort(full, run_bytes)
+                for piece in gathered:
+                    sorter.insert(piece)
                 gathered = []
-        if correction is None:
+        if sorter is None:
             sealed_parts, unsealed_parts = _write_gathered(
                 shard, d.write_id, gathered, full, upper, part_bytes
             )
         else:
-            sealed = PartSink(shard.blob, d.write_id, part_bytes=part_bytes)
-            for out in correction.updates_before(upper):
-                sealed.add(out)
-            unsealed = PartSink(shard.blob, d.write_id, part_bytes=part_bytes)
-            if d.upper is not None:
-                for out in correction.updates_from(upper):
-                    unsealed.add(out)
-            sealed_parts, unsealed_parts = sealed.close(), unsealed.close()
+            sink = _OrderedParts(shard, d.write_id, full, upper, part_bytes)
+            for out in sorter.sorted():
+                sink.add(out)
+            sealed_parts, unsealed_parts = sink.close()
         written = TaskWritten(sealed_parts, unsealed_parts, max_time, rows_in)
     finally:
-        if correction is not None:
-            correction.close()
+        if sorter is not None:
+            sorter.close()
     _fault_point("after_write")
     return written
 
 
-def _correction(full: pa.Schema, correction_bytes: int) -> Correction:
-    # Large chunks: a write task inserts everything, then reads once, so fewer, bigger sorted
-    # runs (fewer chain merges) are cheaper; Correction caps chunks at an eighth of the budget.
-    return Correction(
-        full,
-        chunk_bytes=correction_bytes // 8,
-        budget_bytes=correction_bytes,
-        spill_dir=os.environ.get("PERSISTSHARD_SPILL_DIR"),
+def _external_sort(full: pa.Schema, run_bytes: int) -> ExternalSort:
+    return ExternalSort(
+        full, run_bytes=run_bytes, spill_dir=os.environ.get("PERSISTSHARD_SPILL_DIR")
     )
 
 
-def _distinct_ascending(table: pa.Table, column: str) -> bool:
-    """Whether ``column`` (the first row column) is a strictly increasing integer column
-    without nulls: then the rows are sorted by (row, time) and no two rows are equal. Only
-    integers: the row order of floats has its own rules for NaN and -0.0."""
-    values = table.column(column)
-    if not pa.types.is_integer(values.type) or values.null_count or table.num_rows < 2:
-        return False
-    v = values.to_numpy()
-    return bool(np.all(v[1:] > v[:-1]))
+class _OrderedParts:
+    """Cuts a stream of updates in (row, time) order, consolidated as a whole, into sealed
+    parts (times below ``upper``) and unsealed parts (the rest) of about ``part_bytes``
+    each. Each of the two sequences is a slice of the stream, so it is one sorted,
+    consolidated chain, cut anywhere. Memory: one part's worth per sequence."""
+
+    def __init__(
+        self, shard: Shard, write_id: str, full: pa.Schema, upper: int, part_bytes: int
+    ) -> None:
+        self._shard = shard
+        self._write_id = write_id
+        self._full = full
+        self._upper = upper
+        self._part_bytes = part_bytes
+        self._pending: dict[bool, list[pa.Table]] = {True: [], False: []}
+        self._bytes = {True: 0, False: 0}
+        self._parts: dict[bool, list[PartRef]] = {True: [], False: []}
+
+    def add(self, table: pa.Table) -> None:
+        if table.num_rows == 0:
+            return
+        times = table.column(TIME)
+        if pc.max(times).as_py() < self._upper:
+            self._gather(True, table)
+        elif pc.min(times).as_py() >= self._upper:
+            self._gather(False, table)
+        else:
+            below = pc.less(times, self._upper)
+            self._gather(True, table.filter(below))
+            self._gather(False, table.filter(pc.invert(below)))
+
+    def _gather(self, sealed: bool, table: pa.Table) -> None:
+        row_bytes = max(1, table.nbytes // max(1, table.num_rows))
+        start = 0
+        while start < table.num_rows:
+            room = max(1, (self._part_bytes - self._bytes[sealed]) // row_bytes)
+            piece = table.slice(start, room)
+            start += piece.num_rows
+            self._pending[sealed].append(piece)
+            self._bytes[sealed] += piece.num_rows * row_bytes
+            if self._bytes[sealed] >= self._part_bytes:
+                self._flush(sealed)
+
+    def _flush(self, sealed: bool) -> None:
+        pending = self._pending[sealed]
+        if not pending:
+            return
+        table = pa.concat_tables(pending).combine_chunks()
+        self._pending[sealed], self._bytes[sealed] = [], 0
+        self._parts[sealed].append(write_part(self._shard.blob, self._write_id, table))
+
+    def close(self) -> tuple[list[PartRef], list[PartRef]]:
+        self._flush(True)
+        self._flush(False)
+        return self._parts[True], self._parts[False]
 
 
 def _write_gathered(
@@ -356,7 +397,7 @@ def _write_gathered(
     """Write a task's whole input (``tables``, normalized updates; emptied here) as sealed
     parts (times below ``upper``) and unsealed parts (the rest): one sort and consolidation
     in (row, time) order, then parts of about ``part_bytes`` each, taken slice by slice so
-    only one part's rows are copied at a time. The same parts a Correction would give."""
+    only one part's rows are copied at a time. The same parts `ExternalSort` would give."""
     if not tables:
         return [], []
     table = pa.concat_tables(tables)
@@ -366,7 +407,7 @@ def _write_gathered(
     if table.num_columns and table.column(0).num_chunks > 1:
         table = table.combine_chunks()  # Arrow's gather is much slower across many chunks
     columns = row_columns(full)
-    if _distinct_ascending(table, columns[0]):
+    if distinct_ascending(table, columns[0]):
         # Rows already in (row, time) order and pairwise distinct (a sorted source, such as
         # a range): nothing to sort or consolidate (diffs were checked non-zero).
         indices = np.arange(table.num_rows, dtype=np.int64)

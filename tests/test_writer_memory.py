@@ -14,6 +14,7 @@ from persistshard.datasource.sinks import PersistShardWriter
 
 budget = int(sys.argv[1])
 rows, batch = int(sys.argv[2]), 10_000
+shuffled = sys.argv[3] == "shuffled"
 schema = StructType([StructField("id", LongType()), StructField("name", StringType()),
                      StructField("value", DoubleType())])
 loc = tempfile.mkdtemp() + "/s"
@@ -22,7 +23,10 @@ rng = np.random.default_rng(0)
 
 def batches():
     for start in range(0, rows, batch):
-        ids = rng.permutation(np.arange(start, start + batch))
+        if shuffled:  # ids from the whole range: sorted runs overlap and are merged
+            ids = rng.integers(0, rows, batch)
+        else:  # ascending blocks: sorted runs follow each other and are concatenated
+            ids = rng.permutation(np.arange(start, start + batch))
         yield pa.record_batch({"id": pa.array(ids, pa.int64()),
                                "name": pa.array([f"name-{i:012d}" for i in ids]),
                                "value": pa.array(rng.random(batch))})
@@ -41,12 +45,14 @@ print(json.dumps({"peak": peak, "rows": snap.num_rows,
 
 def test_write_task_memory_stays_near_budget():
     """300k and 1.2M rows (about 13 and 53 MB in Arrow) through a task with a 12 MiB budget:
-    the buffer spills, parts are cut small, every row arrives, and Arrow's peak allocation
-    stays within 1.5x the budget for both sizes: it follows the budget, not the input."""
+    sorted runs spill, parts are cut small, every row arrives, and Arrow's peak allocation
+    stays within 1.5x the budget for both sizes: it follows the budget, not the input. The
+    1.2M rows once more with ids drawn from the whole range (repeated rows included), so the
+    runs overlap and the streaming merge runs (ExternalSort)."""
     budget = 12 << 20
-    for rows in (300_000, 1_200_000):
+    for rows, order in ((300_000, "blocks"), (1_200_000, "blocks"), (1_200_000, "shuffled")):
         out = subprocess.run(
-            [sys.executable, "-c", SCRIPT, str(budget), str(rows)],
+            [sys.executable, "-c", SCRIPT, str(budget), str(rows), order],
             capture_output=True,
             text=True,
             timeout=600,
