@@ -36,6 +36,7 @@ thread-safe; `sorted` is called once, after the last insert.
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import shutil
 import tempfile
@@ -49,6 +50,8 @@ import pyarrow as pa
 
 from persistshard.core import rows
 from persistshard.core.write.correction import SPILL_PREFIX, sweep_stale_spill_dirs
+
+log = logging.getLogger("persistshard.core.write.external")
 
 #: Runs merged at once; more are first merged this many at a time into longer runs.
 FAN_IN = 16
@@ -295,6 +298,7 @@ class ExternalSort:
                     first = table.take(pa.array([0]))
                 last = table.take(pa.array([table.num_rows - 1]))
         self.stats["runs_spilled"] += 1
+        log.debug("spilled a sorted run of %d rows (%d bytes) to %s", rows_, nbytes, path)
         if first is None or last is None:
             os.remove(path)
             empty = self._schema.empty_table()
