@@ -34,6 +34,7 @@ from persistshard.core.maintenance.compact import CompactionReport, maybe_compac
 from persistshard.core.maintenance.gc import GcReport, collect
 from persistshard.core.statemachine.machine import StateMachine
 from persistshard.core.storage import layout
+from persistshard.core.storage.layout import DEFAULT_RETENTION_SECONDS
 from persistshard.errors import StateConflict
 
 log = logging.getLogger("persistshard.maintenance")
@@ -69,6 +70,8 @@ class AutoMaintenance:
     max_merges: int = MAX_MERGES
     budget_seconds: float = BUDGET_SECONDS
     gc_interval_seconds: float = GC_INTERVAL_SECONDS
+    #: gc's retention floor (`persistshard.core.maintenance.gc`): what it keeps regardless.
+    gc_retention_seconds: float = DEFAULT_RETENTION_SECONDS
     _last_gc: int | None = None  # when this handle last ran gc (ms, `layout.now_ms`)
 
     def after_commit(
@@ -87,7 +90,9 @@ class AutoMaintenance:
         if since > since_before and due:
             self._last_gc = now
             try:
-                report.gc = collect(machine, dry_run=False)
+                report.gc = collect(
+                    machine, dry_run=False, retention_seconds=self.gc_retention_seconds
+                )
                 if report.gc.deleted:
                     log.info(
                         "gc after a commit on %s deleted %d objects (%d part bytes)",
