@@ -134,10 +134,7 @@ def test_an_inconsistent_log_is_corrupt_not_upper_mismatch(tmp_path):
         shard.append(updates([(t, "a", t, 1)]))
     entries = [Entry.decode(e.data) for e in shard.consensus.scan(1)]
     with pytest.raises(ps.CorruptData, match=r"^CorruptData: replaying the log.*version 3"):
-        fold(
-            ps.core.statemachine.state.ShardState(),
-            [entries[0].commit, entries[1].commit, entries[1].commit],
-        )
+        fold(ps.core.statemachine.state.ShardState(), [entries[0].commit, entries[1].commit, entries[1].commit])
 
 
 def test_a_rollup_breaking_an_invariant_is_corrupt(tmp_path):
