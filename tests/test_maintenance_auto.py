@@ -147,7 +147,7 @@ def test_retention_survives_reopen_and_rollups(tmp_path):
 def test_bad_retention_values_are_refused(tmp_path):
     shard = ps.open_shard(str(tmp_path / "s"))
     for kwargs in ({"seconds": 0}, {"seconds": -1}, {"versions": 0}, {"versions": 10**6}):
-        with pytest.raises(ps.InvalidUpdates, match="^InvalidUpdates: retention"):
+        with pytest.raises(ps.InvalidUpdates, match=r"^InvalidUpdates: retention"):
             shard.set_retention(**kwargs)
     assert shard.state().version == 0
 
@@ -271,5 +271,5 @@ def test_retention_option_syntax():
     assert parse_retention({"retention": "7d and 100 versions"}) == (7 * 86400, 100)
     assert parse_retention({"retention": "none"}) == (None, None)
     for bad in ("7", "7 days", "0d", "0 versions", "-1h", "7d and 8d", "5000 versions"):
-        with pytest.raises(ps.InvalidOption, match="^InvalidOption: option retention"):
+        with pytest.raises(ps.InvalidOption, match=r"^InvalidOption: option retention"):
             parse_retention({"retention": bad})
