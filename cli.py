@@ -6,6 +6,8 @@
     persistshard compact LOCATION        physical and logical compaction, in this process
     persistshard gc LOCATION [--apply]   what garbage collection would delete (deletes with --apply)
     persistshard holds LOCATION [--expire READER]   reader holds on since (drops one by hand)
+    persistshard retention LOCATION [--seconds S] [--versions N] [--clear]
+                                         the history retention since follows (sets it when given)
     persistshard conformance LOCATION    run the storage and semantics conformance suite there
                                          (never inside a shard; removes what it wrote)
     persistshard --version               the installed version
@@ -250,6 +252,31 @@ def cmd_holds(shard: Shard, args: argparse.Namespace) -> int:
     if not holds:
         print("no reader holds")
     _print_holds(holds)
+    return 0
+
+
+def cmd_retention(shard: Shard, args: argparse.Namespace) -> int:
+    """Show the shard's history retention (since follows the upper minus it); --seconds S
+    and/or --versions N set it, --clear removes it; needs write access to change it."""
+    if args.clear and (args.seconds is not None or args.versions is not None):
+        print("retention: give --clear or --seconds/--versions, not both", file=sys.stderr)
+        return 2
+    if args.clear or args.seconds is not None or args.versions is not None:
+        shard.set_retention(seconds=args.seconds, versions=args.versions)
+    state = shard.state()
+    kept = state.retention
+    if args.json:
+        out = {
+            "seconds": kept.ms / 1000 if kept is not None and kept.ms is not None else None,
+            "versions": kept.versions if kept is not None else None,
+            "since": state.since,
+            "upper": state.upper,
+        }
+        print(json.dumps(out, indent=2))
+        return 0
+    what = kept.describe() if kept is not None else "none (history is kept until since moves)"
+    print(f"retention {what}")
+    print(f"since     {state.since} (upper {state.upper})")
     return 0
 
 
@@ -514,6 +541,7 @@ COMMANDS = {
     "compact": cmd_compact,
     "gc": cmd_gc,
     "holds": cmd_holds,
+    "retention": cmd_retention,
 }
 
 
@@ -542,6 +570,7 @@ DOING = {
     "compact": "compact the shard",
     "gc": "collect the shard's garbage",
     "holds": "change the shard's holds",
+    "retention": "set the shard's retention",
     "conformance": "run the conformance suite",
     "repair": "repair the shard's log",
 }
@@ -588,6 +617,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         if name == "holds":
             p.add_argument("--expire", metavar="READER", help="drop this reader's hold")
+        if name == "retention":
+            p.add_argument(
+                "--seconds", type=float, help="keep the history of this many seconds readable"
+            )
+            p.add_argument(
+                "--versions", type=int, help="keep this many newest data versions readable"
+            )
+            p.add_argument("--clear", action="store_true", help="remove the retention")
         p.add_argument(
             "--storage-option",
             action="append",

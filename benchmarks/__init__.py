@@ -96,6 +96,12 @@ REGISTRY: tuple[Benchmark, ...] = (
         headings=("compaction",),
     ),
     Benchmark(
+        name="maintenance",
+        module="benchmarks.maintenance_bench",
+        summary="many small Python appends with after-commit maintenance, no manual compaction",
+        sizes={"quick": {"appends": 200}, "full": {"appends": 1000}},
+    ),
+    Benchmark(
         name="holds",
         module="benchmarks.holds_bench",
         summary="commit cost with 100 live reader holds vs none",

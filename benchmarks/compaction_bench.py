@@ -94,7 +94,7 @@ def overwrites(root: Path, rows: int, seed: int = 1) -> dict[str, Any]:
     rng = np.random.default_rng(seed)
     ids = np.arange(rows, dtype=np.int64)
     amounts = rng.integers(0, 10**6, rows)
-    shard = ps.open_shard(str(root / "overwritten"))
+    shard = ps.open_shard(str(root / "overwritten"), maintenance=False)
     shard.append(_table(ids, amounts, 0))
     appended = _stored_bytes(shard)
     started = time.perf_counter()
@@ -111,7 +111,7 @@ def overwrites(root: Path, rows: int, seed: int = 1) -> dict[str, Any]:
     report = shard.compact()
     compact_seconds = time.perf_counter() - started
     ours = _stored_bytes(shard)
-    final = ps.open_shard(str(root / "final"))
+    final = ps.open_shard(str(root / "final"), maintenance=False)
     final.append(_table(ids, amounts, 0))
     anchor = _stored_bytes(final)
     assert shard.snapshot().equals(final.snapshot()), "compaction changed the table"
@@ -130,7 +130,7 @@ def overwrites(root: Path, rows: int, seed: int = 1) -> dict[str, Any]:
 def _build(path: Path, everything: pa.Table, n_appends: int) -> dict[str, Any]:
     """One round of the appends: ``n_appends`` appends into a fresh shard at ``path``, each
     followed by `maybe_compact`, then one `compact`; compaction timed on its own."""
-    many = ps.open_shard(str(path))
+    many = ps.open_shard(str(path), maintenance=False)
     appended = 0
     compaction_written = 0
     compaction_seconds = 0.0
@@ -186,7 +186,7 @@ def appends(root: Path, n_appends: int, rounds: int, seed: int = 2) -> dict[str,
     builds: list[dict[str, Any]] = []
     one_seconds: list[float] = []
     for r in range(max(1, rounds)):
-        one = ps.open_shard(str(root / f"one{r}"))
+        one = ps.open_shard(str(root / f"one{r}"), maintenance=False)
 
         def anchor(one: ps.Shard = one) -> None:
             began = time.perf_counter()

@@ -76,7 +76,7 @@ def read_against_commits(
     ids = rng.permutation(rows).astype(np.int64)
     everything = _table(ids, rng.integers(0, 10**6, rows), 0)
     # The same rows in one commit: the anchor of every read.
-    one = ps.open_shard(str(root / "one"))
+    one = ps.open_shard(str(root / "one"), maintenance=False)
     one.append(everything)
     expected = one.snapshot()
     measurements: list[dict[str, Any]] = []
@@ -84,7 +84,7 @@ def read_against_commits(
     after_s: list[float] = []
     one_s: list[float] = []
     for n in commits:
-        many = ps.open_shard(str(root / f"many-{n}"))
+        many = ps.open_shard(str(root / f"many-{n}"), maintenance=False)
         step = -(-rows // n)
         for i in range(n):
             piece = everything.slice(i * step, step)
@@ -92,14 +92,14 @@ def read_against_commits(
             many.compare_and_append(piece, i, i + 1)
         # A copy of the same commits, left as they are (a shard is its directory).
         shutil.copytree(root / f"many-{n}", root / f"frozen-{n}")
-        frozen = ps.open_shard(str(root / f"frozen-{n}"))
+        frozen = ps.open_shard(str(root / f"frozen-{n}"), maintenance=False)
         # Compaction is timed over ``rounds`` copies of the commits, each round next to one
         # append of the same rows into a fresh shard (so `--check` sees the rounds' spread);
         # the last compacted copy is the one read below.
         compact_s: list[float] = []
         anchor_s: list[float] = []
         for r in range(max(1, rounds)):
-            fresh = ps.open_shard(str(root / f"anchor-{n}-{r}"))
+            fresh = ps.open_shard(str(root / f"anchor-{n}-{r}"), maintenance=False)
             started = time.perf_counter()
             fresh.append(everything)
             anchor_s.append(time.perf_counter() - started)
@@ -107,7 +107,7 @@ def read_against_commits(
             if r:
                 shutil.rmtree(root / f"many-{n}", ignore_errors=True)
                 shutil.copytree(root / f"frozen-{n}", root / f"many-{n}")
-                many = ps.open_shard(str(root / f"many-{n}"))
+                many = ps.open_shard(str(root / f"many-{n}"), maintenance=False)
             started = time.perf_counter()
             many.advance_since(many.upper - 1)
             many.compact()
@@ -190,9 +190,9 @@ def bytes_against_overwrites(
     rng = np.random.default_rng(4)
     ids = np.arange(rows, dtype=np.int64)
     amounts = rng.integers(0, 10**6, rows)
-    plain = ps.open_shard(str(root / "plain"))
-    compacting = ps.open_shard(str(root / "compacting"))
-    trailing = ps.open_shard(str(root / "trailing"))
+    plain = ps.open_shard(str(root / "plain"), maintenance=False)
+    compacting = ps.open_shard(str(root / "compacting"), maintenance=False)
+    trailing = ps.open_shard(str(root / "trailing"), maintenance=False)
     for shard in (plain, compacting, trailing):
         shard.append(_table(ids, amounts, 0))
     xs: list[int] = []
@@ -202,7 +202,7 @@ def bytes_against_overwrites(
     anchor_b: list[float] = []
 
     def record(k: int) -> None:
-        fresh = ps.open_shard(str(root / f"snapshot-{k}"))
+        fresh = ps.open_shard(str(root / f"snapshot-{k}"), maintenance=False)
         fresh.append(_table(ids, amounts, 0))
         xs.append(k)
         plain_b.append(stored_bytes(plain) / 2**20)

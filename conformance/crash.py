@@ -434,6 +434,21 @@ def _appends_then_compact(n: int) -> Step:
     return setup
 
 
+def _retained_appends(n: int) -> Step:
+    def setup(shard: Shard, remap: str) -> None:
+        shard.set_retention(versions=2)
+        _appends(shard, n)
+
+    return setup
+
+
+def _maintained_append(shard: Shard, remap: str) -> None:
+    """An append whose after-commit maintenance does everything it can: the commit moves
+    since (retention), a Spine merge is due, and gc (floor 0) deletes what the merge replaced."""
+    shard.maintenance.gc_retention_seconds = 0
+    shard.append(_rows([100]))
+
+
 def _gc_everything(shard: Shard, remap: str) -> None:
     """gc with retention 0 an hour from now: every superseded version and object goes."""
     shard.gc(dry_run=False, retention_seconds=0, now_ms=layout.now_ms() + 3_600_000)
@@ -457,6 +472,11 @@ SCENARIOS: dict[str, Scenario] = {
     "compaction-inline": (
         lambda s, r: _inline_appends(s, 6),
         [lambda s, r: s.compact()],
+    ),
+    # an append with auto-maintenance: since moves, a level merge runs, gc deletes
+    "append-maintained": (
+        _retained_appends(7),
+        [_maintained_append],
     ),
     "compaction": (
         lambda s, r: _appends(s, 14),

@@ -21,7 +21,9 @@ hands every state change to its `persistshard.core.statemachine.machine.StateMac
 the commit loop (compare-and-set, retries of the same commit, rollups) and the refresh of the
 state. Compaction (`persistshard.core.maintenance.compact`) and gc
 (`persistshard.core.maintenance.gc`) work on the machine too; `Shard.compact` and `Shard.gc` only
-call them.
+call them. After each of its own commits (appends, upserts, seals) a shard opened with
+``maintenance=True`` (the default) runs the bounded after-commit maintenance of
+`persistshard.core.maintenance.auto` (`Shard.maintain`); it never fails the commit.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from persistshard.core.maintenance.auto import AutoMaintenance, MaintenanceReport
 from persistshard.core.maintenance.compact import CompactionReport, compact_shard
 from persistshard.core.maintenance.compact import maybe_compact as maybe_compact_shard
 from persistshard.core.maintenance.gc import GcReport, collect
@@ -57,6 +60,7 @@ from persistshard.core.statemachine import state as st
 from persistshard.core.statemachine.holds import DEFAULT_LEASE_SECONDS, ReaderHold
 from persistshard.core.statemachine.leases import WriteLease
 from persistshard.core.statemachine.machine import DETERMINATE_REFUSALS, StateMachine
+from persistshard.core.statemachine.retention import Retention
 from persistshard.core.statemachine.state import (
     MAX_INLINE_PART_BYTES,
     Batch,
@@ -143,9 +147,13 @@ class Shard:
         blob: Blob | None = None,
         inline_bytes: int | None = None,
         inline_cap: int | None = None,
+        maintenance: bool = True,
         **storage_options: Any,
     ) -> None:
         self.location = _as_location(location)
+        #: The bounded compaction and gc after this handle's commits (off: ``enabled=False``).
+        self.maintenance = AutoMaintenance(enabled=maintenance)
+        self._since_before = 0  # the since known before this handle's last commit_written
         inline_bytes = (
             part_store.DEFAULT_INLINE_BYTES if inline_bytes is None else int(inline_bytes)
         )
@@ -282,6 +290,7 @@ class Shard:
         commit = st.append_commit(
             commit_id, expected_upper, new_upper, batch, unsealed, schema, writer, rebase, label
         )
+        self._since_before = self.machine.known().since
         try:
             return self.machine.commit(commit, base=base)
         except WriterAlreadyCommitted:
@@ -374,8 +383,21 @@ class Shard:
 
         Updates must have times ``>= expected_upper``; those ``>= new_upper`` are unsealed.
         Raises `UpperMismatch` (nothing written) if the upper moved, `InvalidUpdates` for bad
-        input (nothing written).
+        input (nothing written). Then the after-commit maintenance (`maintain`).
         """
+        since = self.machine.known().since
+        out = self._compare_and_append(updates, expected_upper, new_upper, writer=writer)
+        self.maintain(since)
+        return out
+
+    def _compare_and_append(
+        self,
+        updates: pa.Table | None,
+        expected_upper: int,
+        new_upper: int,
+        *,
+        writer: tuple[str, int] | None = None,
+    ) -> ShardState:
         if new_upper < expected_upper:
             raise InvalidUpdates(
                 f"new upper {new_upper} is below the expected upper {expected_upper}",
@@ -428,6 +450,7 @@ class Shard:
         if current.version == 0:
             current = self.machine.state()
         expected = current.upper
+        since = current.since
         if plain:
             n = updates.num_rows
             if DIFF not in updates.column_names:
@@ -444,7 +467,7 @@ class Shard:
                     write_id=write_id,
                     schema=schema,
                 )
-                return self.commit_written(
+                out = self.commit_written(
                     written,
                     expected_upper=expected,
                     new_upper=expected + 1,
@@ -452,11 +475,15 @@ class Shard:
                     commit_id=write_id,
                     rebase=True,
                 )
+            self.maintain(since)
+            return out
         if new_upper is None:
             times = updates.column(TIME) if TIME in updates.column_names else None
             biggest = pc.max(times).as_py() if times is not None and len(times) else None
             new_upper = max(expected, biggest) + 1 if biggest is not None else expected + 1
-        return self.compare_and_append(updates, expected, new_upper)
+        out = self._compare_and_append(updates, expected, new_upper)
+        self.maintain(since)
+        return out
 
     @metrics.operation_method("upsert")
     def upsert(
@@ -493,7 +520,7 @@ class Shard:
                         location=self.location,
                         stats=stats,
                     )
-                    return self.commit_written(
+                    out = self.commit_written(
                         WrittenUpdates(sealed=parts),
                         expected_upper=state.upper,
                         new_upper=state.upper + 1,
@@ -501,6 +528,8 @@ class Shard:
                         commit_id=write_id,
                         label="upsert",
                     )
+                self.maintain(state.since)
+                return out
             except UpperMismatch:
                 if attempt == retries:
                     raise
@@ -528,6 +557,33 @@ class Shard:
         if since <= current.since:
             return current.since
         return self.machine.commit(Commit("advance_since", new_id(), {"since": since})).since
+
+    def set_retention(
+        self, seconds: float | None = None, versions: int | None = None
+    ) -> ShardState:
+        """Keep this much history readable (both None: clear the retention): a window of
+        ``seconds`` and/or the ``versions`` newest data versions (commits that moved the upper).
+        Stored in the shard's state; from then on since follows the upper minus the retention
+        on every commit that moves the upper (and at once), never past a live reader hold and
+        never to the upper. See `persistshard.core.statemachine.retention`."""
+        retention = retention_of(seconds, versions, self.location)
+        return self.machine.commit(st.retention_commit(new_id(), retention))
+
+    def retention(self) -> Retention | None:
+        """The shard's history retention, or None (keeps everything until since is moved)."""
+        return self.machine.state().retention
+
+    def maintain(
+        self, since_before: int | None = None, *, compact: bool = True
+    ) -> MaintenanceReport | None:
+        """The bounded after-commit maintenance (`persistshard.core.maintenance.auto`) of a
+        commit that found since at ``since_before`` (default: the since this handle knew
+        before its last `commit_written`): due Spine merges (unless ``compact`` is false),
+        then gc if since moved. None when this handle was opened with ``maintenance=False``.
+        Never raises for a maintenance failure (it is logged)."""
+        if since_before is None:
+            since_before = self._since_before
+        return self.maintenance.after_commit(self.machine, since_before, compact=compact)
 
     # --- reader holds (core/statemachine/holds.py) and listen
     # -----------------------------------------
@@ -808,6 +864,7 @@ HISTORY_KINDS = (
     "expire_reader",  # a reader's hold was released
     "renew_lease",  # a long write renewed its lease (core/statemachine/leases.py)
     "sweep_leases",  # gc's lease fence before it deleted parts of abandoned writes
+    "set_retention",  # the history retention was set or cleared
 )
 
 
@@ -859,6 +916,9 @@ def _summarize(c: Commit) -> str:
         return f"write {a['write_id']} renews its lease ({a['lease_ms'] / 1000:g} s)"
     if c.kind == "sweep_leases":
         return f"gc sweeps the parts of writes whose lease ran out by {a['through_ms']} ms"
+    if c.kind == "set_retention":
+        kept = Retention.from_json(a.get("retention"))
+        return f"retention {kept.describe()}" if kept is not None else "retention cleared"
     if c.kind == "compact":
         n = len(a["inputs"])
         out = a["output"]
@@ -866,11 +926,41 @@ def _summarize(c: Commit) -> str:
     return json.dumps(a)[:200]
 
 
+def retention_of(seconds: float | None, versions: int | None, location: str) -> Retention | None:
+    """The `Retention` of `Shard.set_retention`'s arguments (None when both are None);
+    `InvalidUpdates` naming the value when one is not positive."""
+    if seconds is None and versions is None:
+        return None
+    ms = None
+    if seconds is not None:
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds <= 0:
+            raise InvalidUpdates(
+                f"retention seconds {seconds!r} is not a positive number; give a window in "
+                "seconds, or None to keep no window",
+                location=location,
+            )
+        ms = max(1, round(seconds * 1000))
+    if versions is not None and (isinstance(versions, bool) or not isinstance(versions, int)):
+        raise InvalidUpdates(
+            f"retention versions {versions!r} is not an integer", location=location
+        )
+    retention = Retention(ms=ms, versions=versions)
+    problem = retention.problem()
+    if problem is not None:
+        raise InvalidUpdates(f"{problem}; choose a smaller or positive value", location=location)
+    return retention
+
+
 def open_shard(
-    location: str, *, consensus: Consensus | str | None = None, **storage_options: Any
+    location: str,
+    *,
+    consensus: Consensus | str | None = None,
+    maintenance: bool = True,
+    **storage_options: Any,
 ) -> Shard:
     """Open (or create on first write) the shard at ``location``. ``consensus``: where its log
     is, a `Consensus` or a URL (``sqlite:///...``, ``postgresql://...``,
     `persistshard.core.storage.sqlconsensus`); default the log next to the data
-    (`BlobConsensus`)."""
-    return Shard(location, consensus=consensus, **storage_options)
+    (`BlobConsensus`). ``maintenance``: whether this handle runs the bounded compaction and
+    gc after its commits (`persistshard.core.maintenance.auto`; default on)."""
+    return Shard(location, consensus=consensus, maintenance=maintenance, **storage_options)

@@ -100,6 +100,8 @@ WRITE_OPTIONS = frozenset(
         "expected_upper",
         "writer_id",
         "compact",
+        "maintenance",  # bounded compaction and gc after the commit (core/maintenance/auto.py)
+        "retention",  # the shard's history retention (`parse_retention`)
         "memory_budget",
         "merge_schema",
         "remap",
@@ -287,6 +289,53 @@ def storage_errors(location: str | None, doing: str) -> Iterator[None]:
 
 #: Options whose value is a persistshard value: refused when given empty (`check_known`).
 VALUED_OPTIONS = WRITE_OPTIONS | READ_OPTIONS
+
+#: Option ``retention``'s syntax (`parse_retention`).
+RETENTION_SYNTAX = (
+    "a window such as '7d', '12h', '30m' or '3600s', a number of versions such as "
+    "'100 versions', both joined by ' and ' ('7d and 100 versions'), or 'none' to clear it"
+)
+_WINDOW = re.compile(r"([0-9]+)\s*([dhms])")
+_VERSIONS = re.compile(r"([0-9]+)\s*versions?")
+_UNIT_SECONDS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+
+
+def parse_retention(
+    options: Mapping[str, str], key: str = "retention"
+) -> tuple[int | None, int | None] | None:
+    """Option ``retention`` as ``(seconds, versions)`` for `Shard.set_retention` (``(None,
+    None)`` for ``none``: clear it); None when absent. Syntax: `RETENTION_SYNTAX`; anything
+    else, a zero, or more versions than a shard keeps is `InvalidOption` naming the option."""
+    from persistshard.core.statemachine.retention import MAX_VERSIONS
+
+    value = options.get(key)
+    if value is None:
+        return None
+    text = str(value).strip().lower()
+    if text == "none":
+        return (None, None)
+    seconds: int | None = None
+    versions: int | None = None
+    for piece in re.split(r"\s*(?:,|\band\b)\s*", text):
+        window = _WINDOW.fullmatch(piece)
+        count = _VERSIONS.fullmatch(piece)
+        if window is not None and seconds is None:
+            seconds = int(window.group(1)) * _UNIT_SECONDS[window.group(2)]
+            number = seconds
+        elif count is not None and versions is None:
+            versions = int(count.group(1))
+            number = versions
+        else:
+            raise InvalidOption(f"option {key} must be {RETENTION_SYNTAX}; got {value!r}")
+        if number <= 0:
+            raise InvalidOption(f"option {key} must keep a positive amount, got {value!r}")
+    if versions is not None and versions > MAX_VERSIONS:
+        raise InvalidOption(
+            f"option {key} keeps at most {MAX_VERSIONS} versions, got {value!r}; use a window "
+            "('7d') for longer histories"
+        )
+    return (seconds, versions)
+
 
 #: The largest time or count an option may hold (times are signed 64-bit in Spark and Arrow).
 MAX_INT64 = (1 << 63) - 1
@@ -490,6 +539,10 @@ class WriteOptions:
     writer_id: str | None
     compact: bool
     memory_budget: int
+    #: Option ``maintenance``: the driver's bounded compaction and gc after its commit.
+    maintenance: bool = True
+    #: Option ``retention`` (`parse_retention`): set on the shard when the write starts.
+    retention: tuple[int | None, int | None] | None = None
     storage_options: StorageOptions = field(default_factory=StorageOptions)
     merge_schema: bool = False
 
@@ -539,6 +592,8 @@ class WriteOptions:
             expected_upper=expected_upper,
             writer_id=_name(options, "writer_id"),
             compact=_bool(options, "compact", True),
+            maintenance=_bool(options, "maintenance", True),
+            retention=parse_retention(options),
             memory_budget=memory_budget if memory_budget is not None else (256 << 20),
             storage_options=storage_options(options, schema, location),
             merge_schema=_bool(options, "merge_schema", False),

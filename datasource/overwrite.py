@@ -299,8 +299,7 @@ def overwrite(
         finally:
             # Staged parts are never referenced; failed attempts' and refused diffs' parts neither.
             _sweep(shard, [f"{d.write_id}/", *(f"{i}/" for i in delta_ids)], committed)
-    if compact:
-        shard.maybe_compact()
+    shard.maintain(compact=compact)  # bounded compaction and gc (core/maintenance/auto.py)
     return OverwriteReport(
         time=time,
         rows_staged=sum(p.num_rows for r in chains for p in r.parts),

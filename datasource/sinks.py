@@ -26,6 +26,7 @@ from persistshard.datasource.view import commit_complete
 from persistshard.datasource.writer import (
     StreamTaskWritten,
     TaskWritten,
+    apply_retention,
     check_location,
     commit_write,
     describe_write,
@@ -44,6 +45,7 @@ class PersistShardWriter(DataSourceArrowWriter):
         self.opts = WriteOptions.parse(options, schema)
         shard = open_shard(self.opts.location, **self.opts.storage_options)
         check_location(shard)
+        apply_retention(shard, self.opts.retention)
         # A SQL table's location comes from its catalog columns; columns there without it
         # were added by ALTER TABLE ... ADD COLUMNS, which the shard follows.
         from_table = find_location(options) is None
@@ -82,7 +84,12 @@ class PersistShardWriter(DataSourceArrowWriter):
                     self.description, self.reclock[0], messages, compact=self.opts.compact
                 )
                 return
-            commit_write(self.description, messages, compact=self.opts.compact)
+            commit_write(
+                self.description,
+                messages,
+                compact=self.opts.compact,
+                maintenance=self.opts.maintenance,
+            )
 
     def abort(self, messages: list[Any]) -> None:
         log.info(
@@ -126,6 +133,10 @@ class PersistShardStreamWriter(DataSourceStreamArrowWriter):
 
     def __init__(self, options: dict[str, str], schema: StructType, overwrite: bool) -> None:
         self.opts = WriteOptions.parse(options, schema)
+        if self.opts.retention is not None:
+            apply_retention(
+                open_shard(self.opts.location, **self.opts.storage_options), self.opts.retention
+            )
         if self.opts.writer_id is None:
             raise InvalidOption(
                 "a streaming write needs option writer_id: a stable name for this writer, "
@@ -209,6 +220,7 @@ class PersistShardStreamWriter(DataSourceStreamArrowWriter):
                     present,
                     writer=(self.opts.writer_id or "", batchId),
                     compact=self.opts.compact,
+                    maintenance=self.opts.maintenance,
                 )
         finally:
             for m in present:

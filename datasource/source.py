@@ -119,6 +119,16 @@ class PersistShardDataSource(DataSource):
                 f"the shard at {shard.location} already has columns ({stored}); drop the "
                 "columns option to use them",
             )
+        if creating and "retention" in options:
+            # CREATE TABLE ... OPTIONS (retention '7d'): stored in the shard's state, where
+            # every writer (Python, Spark, CLI) follows it, not in the catalog.
+            from persistshard.datasource.options import parse_retention
+            from persistshard.datasource.writer import apply_retention
+
+            wanted = parse_retention(options)
+            with storage_errors(location, "set the shard's retention"):
+                apply_retention(shard, wanted)
+            options = {k: v for k, v in options.items() if k.lower() != "retention"}
         opts = ReadOptions.parse(options)
         if opts.reads_updates or opts.changes:
             names: tuple[str, ...] = (TIME, DIFF)

@@ -69,6 +69,7 @@ from persistshard.datasource.writer import (
     TaskWritten,
     _as_updates,
     _find_column,
+    apply_retention,
     check_location,
     describe_write,
     sweep_write,
@@ -98,6 +99,7 @@ def plan_upsert(
     opts = WriteOptions.parse(options, schema)
     shard = open_shard(opts.location, **opts.storage_options)
     check_location(shard)
+    apply_retention(shard, opts.retention)
     location = shard.location
     keys = up.parse_key_columns(options["key_columns"], location)
     if overwrite:
@@ -230,8 +232,7 @@ def commit_upserts(
         finally:
             for write_id in staged_ids:
                 sweep_write(shard, write_id, set())
-        if compact:
-            shard.maybe_compact()
+        shard.maintain(compact=compact)  # bounded compaction and gc (core/maintenance/auto.py)
 
 
 def _apply(

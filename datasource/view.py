@@ -113,5 +113,5 @@ def commit_complete(
         keep = shard.state().part_keys()
         for m in present:
             sweep_write(shard, m.write_id, keep)
-    if committed and opts.compact:
-        shard.maybe_compact()
+    if committed and opts.maintenance:
+        shard.maintain(compact=opts.compact)  # core/maintenance/auto.py

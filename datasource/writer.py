@@ -463,17 +463,31 @@ def commit_write(
     *,
     writer: tuple[str, int] | None = None,
     compact: bool = True,
+    maintenance: bool = True,
 ) -> None:
-    """Step 3: one compare-and-append of every task's parts (see the module docstring)."""
-    shard = open_shard(d.location, **d.storage_options)
+    """Step 3: one compare-and-append of every task's parts (see the module docstring),
+    then (``maintenance``) the bounded after-commit maintenance of
+    `persistshard.core.maintenance.auto`, its merges only when ``compact``."""
+    shard = open_shard(d.location, maintenance=maintenance, **d.storage_options)
     with WriteLease(shard.machine, d.write_id), metrics.operation("spark write") as op:
         for m in messages:  # the tasks' reports go into the commit's metrics
             op.add("rows_in", getattr(m, "rows_in", 0) if m is not None else 0)
             op.add("task_store_requests", getattr(m, "store_requests", 0) if m is not None else 0)
         _commit_write(shard, d, messages, writer)
     log.debug("%s: write %s committed from %d task reports", d.location, d.write_id, len(messages))
-    if compact:
-        shard.maybe_compact()
+    shard.maintain(compact=compact)
+
+
+def apply_retention(shard: Shard, wanted: tuple[int | None, int | None] | None) -> None:
+    """Set the shard's retention to option ``retention``'s ``(seconds, versions)``
+    (`persistshard.datasource.options.parse_retention`) unless it already is; nothing when
+    the option was not given. One ``set_retention`` commit, only when it changes."""
+    if wanted is None:
+        return
+    from persistshard.core.shard import retention_of
+
+    if retention_of(wanted[0], wanted[1], shard.location) != shard.retention():
+        shard.set_retention(seconds=wanted[0], versions=wanted[1])
 
 
 def _commit_write(

@@ -30,7 +30,7 @@ from persistshard.core.write.validate import user_schema
 
 @pytest.fixture
 def shard(tmp_path) -> ps.Shard:
-    return ps.open_shard(str(tmp_path / "orders"))
+    return ps.open_shard(str(tmp_path / "orders"), maintenance=False)
 
 
 def all_reads(shard: ps.Shard) -> dict:
@@ -128,7 +128,7 @@ def _digits(n: int, base: int) -> list[int]:
 
 
 def test_levels_form_a_counter_in_base_fan_in(tmp_path):
-    shard = ps.open_shard(f"memory://levels-{uuid.uuid4().hex}")
+    shard = ps.open_shard(f"memory://levels-{uuid.uuid4().hex}", maintenance=False)
     f = trace.FAN_IN
     for n in range(1, 3 * f * f + 2):
         _append_batches(shard, 1, 3)
@@ -149,7 +149,7 @@ def test_merge_work_is_amortized_log_n(budget):
     """N appends of R rows each, compacting after every append (a writer's budget of one
     merge, or everything due): every row is rewritten at most once per level, so the total is
     at most N * R * log2(N), and the trace keeps O(log N) batches."""
-    shard = ps.open_shard(f"memory://work-{uuid.uuid4().hex}")
+    shard = ps.open_shard(f"memory://work-{uuid.uuid4().hex}", maintenance=False)
     n, rows = 128, 4
 
     def after(s: ps.Shard):
@@ -286,7 +286,7 @@ def test_lost_race_deletes_outputs(shard):
     assert plan is not None and plan.reason == "level"
     result = cm.run_merge(shard.blob, plan, state.schema, write_id=new_id())
     assert result.written_keys and set(result.written_keys) <= stored_keys(shard)
-    rival = ps.open_shard(shard.location)
+    rival = ps.open_shard(shard.location, maintenance=False)
     rival.compact()
     committed, _, _ = cm.commit_merge(shard.machine, plan, result)
     assert not committed
@@ -480,7 +480,7 @@ def test_maybe_compact_is_a_no_op_when_nothing_is_due(shard):
 
 def test_snapshot_counts_match_after_random_history(tmp_path):
     """A longer random history with since trailing upper: compaction after every step."""
-    shard = ps.open_shard(str(tmp_path / "random"))
+    shard = ps.open_shard(str(tmp_path / "random"), maintenance=False)
     rng = random.Random(3)
     truth: Counter = Counter()
     for step in range(60):
@@ -515,7 +515,7 @@ def test_distributed_compaction(spark, tmp_path):
     """Independent merges run in Spark tasks and commit on the driver; reads are unchanged
     and the trace ends as tidy as an in-process compaction leaves it."""
     location = str(tmp_path / "dist")
-    shard = ps.open_shard(location)
+    shard = ps.open_shard(location, maintenance=False)
     n = 3 * trace.FAN_IN - 1  # parallel level merges, then more
     for t in range(n):
         shard.append(updates([(t % 4, "x", t, 1), (t, "y", t, 1)]))
@@ -525,7 +525,7 @@ def test_distributed_compaction(spark, tmp_path):
     before = all_reads(shard)
     report = ps.compact(spark, location)
     assert report.committed >= 4 and report.conflicts == 0
-    assert all_reads(ps.open_shard(location)) == before
+    assert all_reads(ps.open_shard(location, maintenance=False)) == before
     state = shard.state()
     state.check()
     assert state.unsealed == ()
@@ -536,7 +536,7 @@ def test_distributed_compaction(spark, tmp_path):
 def test_maybe_compact_after_a_commit_reads_nothing_unless_work_is_due(tmp_path):
     """A writer's maybe_compact decides on the state its own commit made: with nothing due
     it reads no consensus head; when a level group is due it merges (after a fresh read)."""
-    shard = ps.open_shard(str(tmp_path / "s"))
+    shard = ps.open_shard(str(tmp_path / "s"), maintenance=False)
     heads = []
     consensus = shard.machine.consensus
     real_head = consensus.head
@@ -558,6 +558,6 @@ def test_maybe_compact_after_a_commit_reads_nothing_unless_work_is_due(tmp_path)
     assert len(merged) == 1 and merged[0].merges and merged[0].merges[0].committed
     assert len(shard.state().trace) == 1
     # A writer that has seen no state yet reads the head to decide.
-    other = ps.open_shard(str(tmp_path / "s"))
+    other = ps.open_shard(str(tmp_path / "s"), maintenance=False)
     assert other.machine.known().version == 0
     assert other.maybe_compact() is None and other.machine.known().version > 0

@@ -11,7 +11,9 @@ Two harnesses (`persistshard.conformance.crash`, which also holds the operations
 Each operation runs through the public Python API: append, compaction, overwrite (the core
 of the Spark overwrite: staged parts, the difference, one commit), upsert, reclocking (mint on
 a remap shard, then the append at the reclocked times) and gc (retention 0, so it deletes
-replaced parts, truncates the log and removes old rollups).
+replaced parts, truncates the log and removes old rollups), and an append whose after-commit
+maintenance moves since (retention), runs a level merge and a gc that deletes the replaced
+parts (``append-maintained``).
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ READ_INTS = {
 #: Integer write options and the smallest value each accepts.
 WRITE_INTS = {"upper": 1, "expected_upper": 0, "memory_budget": 1}
 READ_BOOLS = ("with_diff", "changes", "hold")
-WRITE_BOOLS = ("compact", "merge_schema")
+WRITE_BOOLS = ("compact", "merge_schema", "maintenance")
 READ_NAMES = ("reader_id",)
 WRITE_NAMES = ("time_column", "diff_column", "writer_id", "remap")
 
@@ -41,8 +41,10 @@ def test_the_lists_cover_every_option_the_parsers_read():
     assert set(READ_INTS) | set(READ_BOOLS) | set(READ_NAMES) == READ_OPTIONS - {"where"}
     upsert = {"key_columns", "delete_column", "batch_id"}  # parsed by datasource/upsert.py
     reclock = {"source_partition_column", "source_offset_column", "source_frontier"}
-    assert set(WRITE_INTS) | set(WRITE_BOOLS) | set(WRITE_NAMES) | upsert | reclock == (
-        WRITE_OPTIONS
+    retention = {"retention"}  # its syntax: tests/test_maintenance_auto.py
+    assert (
+        set(WRITE_INTS) | set(WRITE_BOOLS) | set(WRITE_NAMES) | upsert | reclock | (retention)
+        == WRITE_OPTIONS
     )
 
 

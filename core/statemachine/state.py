@@ -42,6 +42,10 @@ Commit kinds, all in `apply` (their preconditions are classes named ``Assert...`
   (`persistshard.core.statemachine.leases`). An append or compaction releases the explicit leases of
   the writes whose parts it adds; before any commit lands, the state machine refuses one that adds
   a part of a write whose lease ran out (`LeaseExpired`).
+- `set_retention`: sets or clears the history retention (`retention_commit`,
+  `persistshard.core.statemachine.retention`). With a retention, every commit that moves the
+  upper records a mark (its time and new upper) and moves since as far as the retention
+  allows, never past a live hold and never to the upper; ``set_retention`` does so at once.
 - Every commit with a time also drops expired explicit leases, and prunes writer records
   when they are due (`prune_due`, `prune_writers`).
 
@@ -67,6 +71,7 @@ from typing import Any
 import crc32c
 import pyarrow as pa
 
+from persistshard.core.statemachine import retention as ret
 from persistshard.core.storage.layout import PARTS_PREFIX, ROLLUPS_PREFIX
 from persistshard.errors import (
     CorruptData,
@@ -314,6 +319,11 @@ class ShardState:
     #: When each streaming writer in ``writers`` last committed (ms, the committing clock);
     #: records expire and are pruned (`prune_writers`).
     writers_seen_ms: dict[str, int] = field(default_factory=dict)
+    #: History retention (`persistshard.core.statemachine.retention`): since follows the upper
+    #: minus this on every upper-moving commit; ``retention_marks`` are the (commit time,
+    #: upper) of the recent data versions the rule needs.
+    retention: ret.Retention | None = None
+    retention_marks: tuple[ret.Mark, ...] = ()
 
     def live_holds(self, now_ms: int) -> dict[str, Hold]:
         """The holds whose lease has not run out at ``now_ms``."""
@@ -384,6 +394,9 @@ class ShardState:
                     fail(f"part {p.key} has time {p.max_time} beyond its batch [.., {b.upper})")
         if not 0 <= self.since <= self.upper:
             fail(f"since {self.since} and upper {self.upper} out of order")
+        problem = ret.check_marks(self.retention, self.retention_marks, self.upper)
+        if problem is not None:
+            fail(problem)
         expected_lower = 0
         last_level = None
         for b in self.trace:
@@ -421,6 +434,12 @@ class ShardState:
             **({"leases": dict(sorted(self.leases.items()))} if self.leases else {}),
             **({"lease_fence_ms": self.lease_fence_ms} if self.lease_fence_ms else {}),
             **({"writers_seen_ms": dict(self.writers_seen_ms)} if self.writers_seen_ms else {}),
+            **({"retention": self.retention.to_json()} if self.retention else {}),
+            **(
+                {"retention_marks": [list(m) for m in self.retention_marks]}
+                if self.retention_marks
+                else {}
+            ),
         }
 
     @staticmethod
@@ -438,6 +457,8 @@ class ShardState:
             leases={w: int(e) for w, e in d.get("leases", {}).items()},
             lease_fence_ms=int(d.get("lease_fence_ms", 0)),
             writers_seen_ms={w: int(t) for w, t in d.get("writers_seen_ms", {}).items()},
+            retention=ret.Retention.from_json(d.get("retention")),
+            retention_marks=tuple((int(t), int(u)) for t, u in d.get("retention_marks", [])),
         )
 
 
@@ -618,6 +639,9 @@ def _apply_append(state: ShardState, c: Commit, location: str | None) -> ShardSt
         if c.at_ms is not None:
             seen = {**seen, writer[0]: c.at_ms}
     added = [*batch.parts, *(Batch.from_json(a["unsealed"]).parts if a.get("unsealed") else ())]
+    if new_upper > state.upper and state.retention is not None:
+        marks = ret.add_mark(state.retention, state.retention_marks, c.at_ms, new_upper)
+        state = _follow_retention(replace(state, retention_marks=marks), c.at_ms)
     return replace(
         state,
         upper=new_upper,
@@ -668,6 +692,46 @@ def _apply_advance_since(state: ShardState, c: Commit, location: str | None) -> 
     for hold in holds.values():
         since = min(since, hold.since)
     return replace(state, since=max(state.since, since))
+
+
+def _follow_retention(state: ShardState, now_ms: int | None) -> ShardState:
+    """``state`` with since moved as far as its retention allows (never back, never past a
+    live hold, never to the upper: `persistshard.core.statemachine.retention`)."""
+    if state.retention is None:
+        return state
+    target = ret.since_target(state.retention, state.retention_marks, now_ms)
+    if target is None or target <= state.since:
+        return state
+    holds = state.holds if now_ms is None else state.live_holds(now_ms)
+    for hold in holds.values():
+        target = min(target, hold.since)
+    return replace(state, since=max(state.since, target))
+
+
+def retention_commit(commit_id: str, retention: ret.Retention | None) -> Commit:
+    """A ``set_retention`` commit (None clears the retention)."""
+    return Commit(
+        "set_retention",
+        commit_id,
+        {"retention": retention.to_json() if retention is not None else None},
+    )
+
+
+def _apply_set_retention(state: ShardState, c: Commit, location: str | None) -> ShardState:
+    """Set (or with None clear) the retention. The current version counts as committed now
+    (its real commit time may be older; counting it later only keeps history longer), and
+    since follows the new retention at once."""
+    retention = ret.Retention.from_json(c.args.get("retention"))
+    if retention is None:
+        return replace(state, retention=None, retention_marks=())
+    problem = retention.problem()
+    if problem is not None:
+        raise InvalidUpdates(f"set_retention: {problem}", location=location)
+    marks = state.retention_marks
+    if state.upper > 0 and not marks and c.at_ms is not None:
+        marks = ((c.at_ms, state.upper),)
+    marks = ret.prune(retention, marks, c.at_ms)
+    return _follow_retention(replace(state, retention=retention, retention_marks=marks), c.at_ms)
 
 
 def _now(c: Commit) -> int:
@@ -863,6 +927,7 @@ _APPLY = {
     "expire_reader": _apply_expire_reader,
     "renew_lease": _apply_renew_lease,
     "sweep_leases": _apply_sweep_leases,
+    "set_retention": _apply_set_retention,
 }
 
 
@@ -897,7 +962,8 @@ def check_transition(
     (canonical part keys inside the shard, consistent counts, contiguous trace); on top, the
     step from ``old``: the version moves by one, upper and since never move back, and an
     append adds no unsealed update below the new upper (such an update would change
-    snapshots that are already readable).
+    snapshots that are already readable); only ``set_retention`` changes the retention, and
+    the retention and its marks are valid (`persistshard.core.statemachine.retention`).
     """
 
     def refuse(msg: str) -> InvalidUpdates:
@@ -916,6 +982,10 @@ def check_transition(
     if new.upper < old.upper or new.since < old.since:
         raise refuse(
             f"upper {old.upper} -> {new.upper} and since {old.since} -> {new.since} move back"
+        )
+    if commit.kind != "set_retention" and new.retention != old.retention:
+        raise refuse(
+            f"only set_retention changes the retention ({old.retention} -> {new.retention})"
         )
     if commit.kind == "append":
         before = {b.id for b in old.unsealed}
