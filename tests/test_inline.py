@@ -37,7 +37,9 @@ def one_row(i: int, item: str = "x") -> pa.Table:
 
 @pytest.fixture
 def shard(tmp_path) -> ps.Shard:
-    return ps.open_shard(str(tmp_path / "s"))
+    # Maintenance off: these tests look at what an append itself stores (after-commit
+    # maintenance moves inline batches into parts; tests/test_maintenance_auto.py has it on).
+    return ps.open_shard(str(tmp_path / "s"), maintenance=False)
 
 
 def test_a_one_row_append_writes_no_part_file_and_reads_back(shard):

@@ -202,7 +202,7 @@ def test_a_maintenance_error_does_not_fail_the_commit(tmp_path, monkeypatch, cap
         raise OSError("disk on fire")
 
     monkeypatch.setattr(auto, "maybe_compact", broken)
-    with caplog.at_level(logging.WARNING, logger="persistshard.maintenance"):
+    with caplog.at_level(logging.WARNING, logger="persistshard.core.maintenance.auto"):
         for i in range(9):
             shard.append(_rows([i]))
     assert shard.snapshot().num_rows == 9
@@ -213,7 +213,7 @@ def test_a_maintenance_error_does_not_fail_the_commit(tmp_path, monkeypatch, cap
 
     monkeypatch.setattr(auto, "maybe_compact", lost)
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="persistshard.maintenance"):
+    with caplog.at_level(logging.WARNING, logger="persistshard.core.maintenance.auto"):
         shard.append(_rows([9]))
     assert shard.snapshot().num_rows == 10
     assert not caplog.records  # a lost race is skipped silently

@@ -15,7 +15,7 @@ and the Spark driver after it commits a write), `AutoMaintenance.after_commit`:
 What always holds:
 - The user's commit is already acknowledged when this runs: a failure here never reaches the
   caller. A maintenance step that loses a race (`StateConflict`: another compactor won) is
-  skipped silently; any other error is logged on ``persistshard.maintenance`` with its
+  skipped silently; any other error is logged on ``persistshard.core.maintenance.auto`` with its
   traceback and the rest of the step is skipped. A process that dies in the middle leaves
   what a crash of an explicit compaction or gc leaves (both are crash-safe on their own:
   `persistshard.conformance.crash`).
@@ -37,7 +37,7 @@ from persistshard.core.storage import layout
 from persistshard.core.storage.layout import DEFAULT_RETENTION_SECONDS
 from persistshard.errors import StateConflict
 
-log = logging.getLogger("persistshard.maintenance")
+log = logging.getLogger("persistshard.core.maintenance.auto")
 
 #: Merges a writer runs after one commit at most (one Spine group each).
 MAX_MERGES = 2
