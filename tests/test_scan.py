@@ -263,13 +263,52 @@ def test_times_are_checked_when_the_scan_is_made(shard: Shard) -> None:
 
 
 def test_bad_arguments_name_the_shard(shard: Shard) -> None:
-    with pytest.raises(ValueError, match="nope") as e:
+    with pytest.raises(ps.InvalidOption, match="nope") as e:
         shard.scan(columns=["id", "nope"])
+    assert str(e.value).startswith("InvalidOption: columns")
     assert shard.location in str(e.value)
-    with pytest.raises(ValueError, match="_diff"):
+    with pytest.raises(ps.InvalidOption, match="_diff"):
         shard.scan(filter=pc.field("_diff") > 0)  # no _diff in a snapshot without with_diff
-    with pytest.raises(TypeError, match="Expression"):
+    with pytest.raises(ps.InvalidOption, match="^InvalidOption: filter .*Expression"):
         shard.scan(filter="id > 3")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "named"),
+    [
+        ({"columns": "id"}, "columns"),  # a string, not a list
+        ({"columns": 3}, "columns"),
+        ({"columns": ["id", 3]}, "columns"),
+        ({"columns": ["id", "id"]}, "columns"),
+        ({"columns": ["ID"]}, "columns"),
+        ({"filter": pc.field("nope") > 3}, "filter"),
+        ({"filter": Pred("gt", "nope", 3)}, "filter"),
+        ({"filter": pc.field("id") > "abc"}, "filter"),  # a string against an int64 column
+        ({"filter": pc.field("s") > 3}, "filter"),  # a number against a string column
+        ({"filter": pc.field("id") + 1}, "filter"),  # not a boolean expression
+        ({"filter": Pred("gt", "id", "abc")}, "filter"),
+        ({"filter": Pred("between", "id", 3)}, "filter"),  # no such operator
+        ({"filter": pc.field("id") > "abc", "columns": ["s"]}, "filter"),
+        ({"filter": 3}, "filter"),
+    ],
+)
+def test_bad_scan_arguments_raise_invalid_option(
+    shard: Shard, kwargs: dict[str, Any], named: str
+) -> None:
+    """Every bad argument is refused when the scan is made (before any read), as
+    `InvalidOption` (not a bare ValueError/TypeError) whose message names the argument and
+    the shard."""
+    with pytest.raises(ps.InvalidOption) as e:
+        shard.scan(**kwargs)
+    assert str(e.value).startswith(f"InvalidOption: {named}")
+    assert shard.location in str(e.value)
+
+
+def test_bad_change_scan_arguments_raise_invalid_option(shard: Shard) -> None:
+    with pytest.raises(ps.InvalidOption, match="^InvalidOption: filter"):
+        shard.scan_updates(0, 4, filter=pc.field("_time") > "x")
+    with pytest.raises(ps.InvalidOption, match="^InvalidOption: columns"):
+        shard.scan_updates(0, 4, columns=["_time"])
 
 
 def test_negative_count_is_refused_when_read(tmp_path: Any) -> None:
