@@ -269,7 +269,7 @@ def test_bad_arguments_name_the_shard(shard: Shard) -> None:
     assert shard.location in str(e.value)
     with pytest.raises(ps.InvalidOption, match="_diff"):
         shard.scan(filter=pc.field("_diff") > 0)  # no _diff in a snapshot without with_diff
-    with pytest.raises(ps.InvalidOption, match="^InvalidOption: filter .*Expression"):
+    with pytest.raises(ps.InvalidOption, match=r"^InvalidOption: filter .*Expression"):
         shard.scan(filter="id > 3")  # type: ignore[arg-type]
 
 
@@ -305,9 +305,9 @@ def test_bad_scan_arguments_raise_invalid_option(
 
 
 def test_bad_change_scan_arguments_raise_invalid_option(shard: Shard) -> None:
-    with pytest.raises(ps.InvalidOption, match="^InvalidOption: filter"):
+    with pytest.raises(ps.InvalidOption, match=r"^InvalidOption: filter"):
         shard.scan_updates(0, 4, filter=pc.field("_time") > "x")
-    with pytest.raises(ps.InvalidOption, match="^InvalidOption: columns"):
+    with pytest.raises(ps.InvalidOption, match=r"^InvalidOption: columns"):
         shard.scan_updates(0, 4, columns=["_time"])
 
 
