@@ -50,8 +50,9 @@ REGISTRY: tuple[Benchmark, ...] = (
     Benchmark(
         name="peer",
         module="benchmarks.peer_bench",
-        summary="Python API append and snapshot vs delta-rs on the same Arrow table",
-        sizes={"quick": {"rows": 200_000}, "full": {"rows": 2_000_000}},
+        summary="Python API append, full, projected and filtered reads vs delta-rs and "
+        "pyiceberg on the same Arrow table",
+        sizes={"quick": {"rows": 1_000_000}, "full": {"rows": 16_000_000}},
         headings=("delta-rs", "deltalake"),
     ),
     Benchmark(

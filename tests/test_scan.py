@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import persistshard as ps
+from persistshard.core.read import plan as plan_mod
 from persistshard.core.read import scan as scan_mod
 from persistshard.core.read.filters import Pred, bind
 from persistshard.core.read.scan import expression_filter
@@ -329,6 +330,35 @@ def test_empty_shards(tmp_path: Any) -> None:
 
 
 # --- streaming -----------------------------------------------------------------------------
+
+
+def test_unit_diffs_are_not_fetched(tmp_path: Any, small: None, monkeypatch: Any) -> None:
+    """A snapshot scan of chunks whose statistics prove every diff is 1 never fetches the
+    ``_diff`` column (its answer needs no repeat); a chunk holding a diff of 2 still does,
+    and repeats its row."""
+    s = ps.open_shard(str(tmp_path / "ones"), maintenance=False)
+    s.append(updates(rows(3000), 0, 1), new_upper=1)
+    s.append(updates(rows(1, 3000), 1, 2), new_upper=2)
+    counted_shard, blob = counted(s)
+    got = counted_shard.scan(columns=["v"]).to_arrow()
+    skipping = blob.fetched
+    monkeypatch.setattr(plan_mod, "_unit_diffs", lambda reader, chunks: False)
+    blob.fetched = 0
+    assert counted_shard.scan(columns=["v"]).to_arrow().equals(got)
+    assert skipping < blob.fetched  # without the proof, every chunk's _diff is fetched
+    whole = s.snapshot()
+    assert multiset(got) == expand(whole.select(["v", "_diff"]))
+    assert got.num_rows == 3002
+
+
+def test_tasks_read_at_once_keep_their_order(shard: Shard, monkeypatch: Any) -> None:
+    """Tasks read SCAN_THREADS at a time answer in task order, as one at a time does."""
+    scan = shard.scan(columns=["id", "s"])
+    assert len(scan.tasks()) > 4
+    together = scan.to_arrow()
+    monkeypatch.setattr(scan_mod, "SCAN_THREADS", 1)
+    assert scan.to_arrow().equals(together)
+    assert together.column("id").to_pylist() == sorted(together.column("id").to_pylist())
 
 
 def test_to_batches_streams_task_by_task(shard: Shard) -> None:

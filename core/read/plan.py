@@ -532,14 +532,32 @@ def _positive_diffs(reader: PartReader, chunks: Sequence[int]) -> bool:
     return True
 
 
+def _unit_diffs(reader: PartReader, chunks: Sequence[int]) -> bool:
+    """Whether every update of ``chunks`` has diff exactly 1, by their statistics."""
+    for c in chunks:
+        st = chunk_stats(reader, c, DIFF)
+        if st is None or st[2] or st[0] != 1 or st[1] != 1:
+            return False
+    return True
+
+
 def iter_task(
-    blob: Blob, task: ReadTask, *, as_multiset: bool = False, readers: Readers | None = None
+    blob: Blob,
+    task: ReadTask,
+    *,
+    as_multiset: bool = False,
+    readers: Readers | None = None,
+    omit_unit_diffs: bool = False,
 ) -> Iterator[pa.Table]:
     """`read_task`'s answer in pieces, one per chunk, decoded as they are consumed, when no
     row of one chunk needs another chunk's rows to be consolidated: a snapshot of one part at
     one time (consolidated when written), or (with ``as_multiset``) a snapshot whose chunks'
     statistics say every diff is positive. Otherwise the whole answer as one piece. Pieces
-    carry no ``_time``, like `read_task`'s snapshots; memory stays near one chunk per piece."""
+    carry no ``_time``, like `read_task`'s snapshots; memory stays near one chunk per piece.
+
+    With ``omit_unit_diffs`` (and ``as_multiset``), a streamed piece of a part slice whose
+    chunks' statistics prove every diff is exactly 1 comes *without* ``_diff``: that column
+    is then never fetched nor decoded, and the caller reads a missing ``_diff`` as all ones."""
     q = task.query
     if q.mode != "snapshot" or not task.slices:
         yield read_task(blob, task, as_multiset=as_multiset, readers=readers)
@@ -562,10 +580,14 @@ def iter_task(
     out_names = [n for n in task.output_schema().names if n != TIME]
     for s, reader, wanted in zip(task.slices, opened, chunks, strict=True):
         schema = _slice_schema(task, reader, s.ref, wanted)
+        names = out_names
+        if omit_unit_diffs and as_multiset and _unit_diffs(reader, wanted):
+            schema = pa.schema([f for f in schema if f.name != DIFF])
+            names = [n for n in out_names if n != DIFF]
         batches = reader.iter_batches(_present(reader, schema), chunks=wanted)
         for index, batch in zip(wanted, batches, strict=True):
             table = adapt_part_table(pa.Table.from_batches([batch]), s.ref, schema)
-            table = _restrict(table, task, s.ref, reader, [index]).select(out_names)
+            table = _restrict(table, task, s.ref, reader, [index]).select(names)
             if table.num_rows:
                 yield table
 

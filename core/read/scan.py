@@ -43,7 +43,9 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections import deque
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -77,6 +79,8 @@ SCAN_TASK_BYTES = 4 << 20
 SCAN_MERGE_BUDGET = 64 << 20
 #: Most tasks a scan is split into.
 SCAN_MAX_TASKS = 1 << 16
+#: Tasks a scan reads at once (a scan then holds up to one more task's answer than this).
+SCAN_THREADS = 2
 
 
 # --- pyarrow expressions -------------------------------------------------------------------
@@ -466,8 +470,7 @@ class Scan:
     # --- consuming --------------------------------------------------------------------
 
     def _pieces(self) -> Iterator[pa.Table]:
-        """The answer in consolidated pieces, before the final shaping (rows + ``_diff``
-        for snapshots, + ``_time`` for change reads)."""
+        """The answer in consolidated pieces, shaped (`_shape`), in task order."""
         q = self.query
         readers: Readers = {}  # each part's footer is parsed once per consumption
         tasks = self.tasks(readers)
@@ -475,10 +478,38 @@ class Scan:
             return
         multiset = q.mode == "snapshot" and not q.with_diff
         if self._merges_across_tasks(tasks):
-            yield from self._merged(tasks, readers)
+            for piece in self._merged(tasks, readers):
+                yield self._shape(piece)
             return
-        for task in tasks:
-            yield from iter_task(self._blob, task, as_multiset=multiset, readers=readers)
+        if len(tasks) == 1 or SCAN_THREADS < 2:
+            for task in tasks:
+                for piece in iter_task(
+                    self._blob, task, as_multiset=multiset, readers=readers, omit_unit_diffs=True
+                ):
+                    yield self._shape(piece)
+            return
+
+        def run(task: ReadTask) -> list[pa.Table]:
+            pieces = iter_task(
+                self._blob, task, as_multiset=multiset, readers=readers, omit_unit_diffs=True
+            )
+            return [self._shape(piece) for piece in pieces]
+
+        # Tasks are independent: read SCAN_THREADS of them at once (decompression and the
+        # numpy copies release the GIL), at most SCAN_THREADS + 1 answers held, in order.
+        pool = ThreadPoolExecutor(max_workers=SCAN_THREADS, thread_name_prefix="persistshard-scan")
+        window: deque[Future[list[pa.Table]]] = deque()
+        try:
+            for task in tasks:
+                window.append(pool.submit(run, task))
+                if len(window) > SCAN_THREADS:
+                    yield from window.popleft().result()
+            while window:
+                yield from window.popleft().result()
+        finally:
+            for f in window:
+                f.cancel()
+            pool.shutdown(wait=True)
 
     def _merged(self, tasks: list[ReadTask], readers: Readers) -> Iterator[pa.Table]:
         """The tasks' answers consolidated together, through a `Correction` of
@@ -507,8 +538,8 @@ class Scan:
         unconsolidated ``_diff``), the answer's columns in the order asked."""
         q = self.query
         ef = self._expression
-        if q.mode == "snapshot" and not q.with_diff:
-            table = expand_rows(table, self.location, q.as_of)
+        if q.mode == "snapshot" and not q.with_diff and DIFF in table.column_names:
+            table = expand_rows(table, self.location, q.as_of)  # (no _diff: every count is 1)
         if ef is not None and not self._pushed_expression and table.num_rows:
             table = table.filter(ef.expression)
         table = table.select(self.schema.names)
@@ -518,8 +549,7 @@ class Scan:
 
     def to_batches(self) -> Iterator[pa.RecordBatch]:
         """The answer as record batches, read task by task (module docstring: Memory)."""
-        for piece in self._pieces():
-            table = self._shape(piece)
+        for table in self._pieces():
             yield from table.to_batches()
 
     def to_arrow_batch_reader(self) -> pa.RecordBatchReader:
