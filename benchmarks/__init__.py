@@ -56,6 +56,14 @@ REGISTRY: tuple[Benchmark, ...] = (
         headings=("delta-rs", "deltalake"),
     ),
     Benchmark(
+        name="duckdb_tpch",
+        module="benchmarks.duckdb_tpch_bench",
+        summary="TPC-H: the 22 queries through DuckDB on persistshard scans vs DuckDB on "
+        "Parquet and on delta-rs",
+        sizes={"quick": {"sf": 0.1}, "full": {"sf": 1.0}},
+        headings=("through duckdb",),
+    ),
+    Benchmark(
         name="curves",
         module="benchmarks.curves_bench",
         summary="read time against commits before and after compaction; bytes stored against "
