@@ -6,6 +6,7 @@ batch, and the real consumers (pyarrow, DuckDB, Polars, pandas). No Spark here.
 
 from __future__ import annotations
 
+import os
 import random
 from collections import Counter
 from typing import Any
@@ -349,6 +350,43 @@ def test_unit_diffs_are_not_fetched(tmp_path: Any, small: None, monkeypatch: Any
     whole = s.snapshot()
     assert multiset(got) == expand(whole.select(["v", "_diff"]))
     assert got.num_rows == 3002
+
+
+def test_mapped_parts_read_as_ranged_gets_do(shard: Shard, monkeypatch: Any) -> None:
+    """A scan maps local parts into memory (every part here, with the size floor at 0) and
+    answers exactly what ranged gets through a wrapper (never mapped) answer."""
+    monkeypatch.setattr(plan_mod, "MAP_MIN_BYTES", 0)
+    maps: list[int] = []
+    real = parts.mmap.mmap
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        maps.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(parts.mmap, "mmap", spy)
+    for kwargs in ({}, {"columns": ["v"]}, {"filter": pc.field("id") < 900}):
+        mapped = shard.scan(**kwargs).to_arrow()
+        assert maps
+        maps.clear()
+        unmapped = counted(shard)[0].scan(**kwargs).to_arrow()
+        assert not maps
+        assert mapped.equals(unmapped)
+
+
+def test_mapped_part_cut_short_is_corrupt_data(shard: Shard, monkeypatch: Any) -> None:
+    """A mapped part file shorter than its reference says is `CorruptData`, never a crash
+    or a short answer; a missing one names the part."""
+    monkeypatch.setattr(plan_mod, "MAP_MIN_BYTES", 0)
+    state = shard.machine.state()
+    ref = next(p for b in (*state.trace, *state.unsealed) for p in b.parts if p.num_rows)
+    path = shard.blob.local_file(ref.key)  # type: ignore[attr-defined]
+    with open(path, "r+b") as f:
+        f.truncate(ref.size // 2)
+    with pytest.raises(ps.CorruptData):
+        shard.scan().to_arrow()
+    os.remove(path)
+    with pytest.raises(ps.CorruptData, match=ref.key):
+        shard.scan().to_arrow()
 
 
 def test_tasks_read_at_once_keep_their_order(shard: Shard, monkeypatch: Any) -> None:

@@ -235,13 +235,40 @@ _RANGE_TYPES = (
 #: each footer once. Parts are immutable, so a cached reader never goes stale.
 Readers = dict[str, PartReader]
 
+#: Parts smaller than this are never memory-mapped (`MappedReaders`).
+MAP_MIN_BYTES = 1 << 20
+#: Most parts one `MappedReaders` maps (each mapping holds a file descriptor while it lives).
+MAP_MAX_PARTS = 64
+
+
+class MappedReaders(Readers):
+    """A `Readers` cache that opens parts of at least `MAP_MIN_BYTES` in a local directory
+    memory-mapped (`persistshard.core.storage.parts.open_part` with ``mapped``), up to
+    `MAP_MAX_PARTS` of them; the rest read by ranged gets. The mappings live as long as the
+    cache (and the views taken of them), so a cache serves one consumption of a read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mapped = 0
+
+    def claim(self, ref: PartRef) -> bool:
+        """Whether ``ref`` is to be opened mapped (counted when it is)."""
+        if ref.size < MAP_MIN_BYTES or self.mapped >= MAP_MAX_PARTS:
+            return False
+        self.mapped += 1
+        return True
+
+
+def _mapped(readers: Readers | None, ref: PartRef) -> bool:
+    return isinstance(readers, MappedReaders) and readers.claim(ref)
+
 
 def _open(blob: Blob, ref: PartRef, readers: Readers | None) -> PartReader:
     if readers is None:
         return open_part(blob, ref)
     reader = readers.get(ref.key)
     if reader is None:
-        reader = readers[ref.key] = open_part(blob, ref)
+        reader = readers[ref.key] = open_part(blob, ref, mapped=_mapped(readers, ref))
     return reader
 
 
@@ -251,10 +278,11 @@ def _open_all(
     cached = readers if readers is not None else {}
     missing = list({r.key: r for r in refs if r.key not in cached}.values())
     if len(missing) == 1:
-        cached[missing[0].key] = open_part(blob, missing[0])
+        cached[missing[0].key] = open_part(blob, missing[0], mapped=_mapped(readers, missing[0]))
     elif missing:
+        flags = {r.key: _mapped(readers, r) for r in missing}
         with ThreadPoolExecutor(max_workers=min(8, len(missing))) as pool:
-            opened = pool.map(lambda r: open_part(blob, r), missing)
+            opened = pool.map(lambda r: open_part(blob, r, mapped=flags[r.key]), missing)
             for ref, reader in zip(missing, opened, strict=True):
                 cached[ref.key] = reader
     return [cached[r.key] for r in refs]

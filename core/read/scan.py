@@ -53,6 +53,7 @@ import pyarrow.compute as pc
 
 from persistshard.core.read.filters import Pred, bind, conjunction, disjunction, evaluate
 from persistshard.core.read.plan import (
+    MappedReaders,
     Query,
     Readers,
     ReadTask,
@@ -472,7 +473,8 @@ class Scan:
     def _pieces(self) -> Iterator[pa.Table]:
         """The answer in consolidated pieces, shaped (`_shape`), in task order."""
         q = self.query
-        readers: Readers = {}  # each part's footer is parsed once per consumption
+        # Each part's footer is parsed once per consumption; large local parts are mapped.
+        readers: Readers = MappedReaders()
         tasks = self.tasks(readers)
         if not tasks:
             return
