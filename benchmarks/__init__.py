@@ -60,9 +60,18 @@ REGISTRY: tuple[Benchmark, ...] = (
     Benchmark(
         name="peer",
         module="benchmarks.peer_bench",
-        summary="Python API append and snapshot vs delta-rs on the same Arrow table",
-        sizes={"quick": {"rows": 200_000}, "full": {"rows": 2_000_000}},
+        summary="Python API append, full, projected and filtered reads vs delta-rs and "
+        "pyiceberg on the same Arrow table",
+        sizes={"quick": {"rows": 1_000_000}, "full": {"rows": 16_000_000}},
         headings=("delta-rs", "deltalake"),
+    ),
+    Benchmark(
+        name="duckdb_tpch",
+        module="benchmarks.duckdb_tpch_bench",
+        summary="TPC-H: the 22 queries through DuckDB on persistshard scans vs DuckDB on "
+        "Parquet and on delta-rs",
+        sizes={"quick": {"sf": 0.1}, "full": {"sf": 1.0}},
+        headings=("through duckdb",),
     ),
     Benchmark(
         name="curves",

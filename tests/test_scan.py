@@ -6,6 +6,7 @@ batch, and the real consumers (pyarrow, DuckDB, Polars, pandas). No Spark here.
 
 from __future__ import annotations
 
+import os
 import random
 from collections import Counter
 from typing import Any
@@ -20,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import persistshard as ps
+from persistshard.core.read import plan as plan_mod
 from persistshard.core.read import scan as scan_mod
 from persistshard.core.read.filters import Pred, bind
 from persistshard.core.read.scan import expression_filter
@@ -263,13 +265,52 @@ def test_times_are_checked_when_the_scan_is_made(shard: Shard) -> None:
 
 
 def test_bad_arguments_name_the_shard(shard: Shard) -> None:
-    with pytest.raises(ValueError, match="nope") as e:
+    with pytest.raises(ps.InvalidOption, match="nope") as e:
         shard.scan(columns=["id", "nope"])
+    assert str(e.value).startswith("InvalidOption: columns")
     assert shard.location in str(e.value)
-    with pytest.raises(ValueError, match="_diff"):
+    with pytest.raises(ps.InvalidOption, match="_diff"):
         shard.scan(filter=pc.field("_diff") > 0)  # no _diff in a snapshot without with_diff
-    with pytest.raises(TypeError, match="Expression"):
+    with pytest.raises(ps.InvalidOption, match=r"^InvalidOption: filter .*Expression"):
         shard.scan(filter="id > 3")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "named"),
+    [
+        ({"columns": "id"}, "columns"),  # a string, not a list
+        ({"columns": 3}, "columns"),
+        ({"columns": ["id", 3]}, "columns"),
+        ({"columns": ["id", "id"]}, "columns"),
+        ({"columns": ["ID"]}, "columns"),
+        ({"filter": pc.field("nope") > 3}, "filter"),
+        ({"filter": Pred("gt", "nope", 3)}, "filter"),
+        ({"filter": pc.field("id") > "abc"}, "filter"),  # a string against an int64 column
+        ({"filter": pc.field("s") > 3}, "filter"),  # a number against a string column
+        ({"filter": pc.field("id") + 1}, "filter"),  # not a boolean expression
+        ({"filter": Pred("gt", "id", "abc")}, "filter"),
+        ({"filter": Pred("between", "id", 3)}, "filter"),  # no such operator
+        ({"filter": pc.field("id") > "abc", "columns": ["s"]}, "filter"),
+        ({"filter": 3}, "filter"),
+    ],
+)
+def test_bad_scan_arguments_raise_invalid_option(
+    shard: Shard, kwargs: dict[str, Any], named: str
+) -> None:
+    """Every bad argument is refused when the scan is made (before any read), as
+    `InvalidOption` (not a bare ValueError/TypeError) whose message names the argument and
+    the shard."""
+    with pytest.raises(ps.InvalidOption) as e:
+        shard.scan(**kwargs)
+    assert str(e.value).startswith(f"InvalidOption: {named}")
+    assert shard.location in str(e.value)
+
+
+def test_bad_change_scan_arguments_raise_invalid_option(shard: Shard) -> None:
+    with pytest.raises(ps.InvalidOption, match=r"^InvalidOption: filter"):
+        shard.scan_updates(0, 4, filter=pc.field("_time") > "x")
+    with pytest.raises(ps.InvalidOption, match=r"^InvalidOption: columns"):
+        shard.scan_updates(0, 4, columns=["_time"])
 
 
 def test_negative_count_is_refused_when_read(tmp_path: Any) -> None:
@@ -290,6 +331,72 @@ def test_empty_shards(tmp_path: Any) -> None:
 
 
 # --- streaming -----------------------------------------------------------------------------
+
+
+def test_unit_diffs_are_not_fetched(tmp_path: Any, small: None, monkeypatch: Any) -> None:
+    """A snapshot scan of chunks whose statistics prove every diff is 1 never fetches the
+    ``_diff`` column (its answer needs no repeat); a chunk holding a diff of 2 still does,
+    and repeats its row."""
+    s = ps.open_shard(str(tmp_path / "ones"), maintenance=False)
+    s.append(updates(rows(3000), 0, 1), new_upper=1)
+    s.append(updates(rows(1, 3000), 1, 2), new_upper=2)
+    counted_shard, blob = counted(s)
+    got = counted_shard.scan(columns=["v"]).to_arrow()
+    skipping = blob.fetched
+    monkeypatch.setattr(plan_mod, "_unit_diffs", lambda reader, chunks: False)
+    blob.fetched = 0
+    assert counted_shard.scan(columns=["v"]).to_arrow().equals(got)
+    assert skipping < blob.fetched  # without the proof, every chunk's _diff is fetched
+    whole = s.snapshot()
+    assert multiset(got) == expand(whole.select(["v", "_diff"]))
+    assert got.num_rows == 3002
+
+
+def test_mapped_parts_read_as_ranged_gets_do(shard: Shard, monkeypatch: Any) -> None:
+    """A scan maps local parts into memory (every part here, with the size floor at 0) and
+    answers exactly what ranged gets through a wrapper (never mapped) answer."""
+    monkeypatch.setattr(plan_mod, "MAP_MIN_BYTES", 0)
+    maps: list[int] = []
+    real = parts.mmap.mmap
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        maps.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(parts.mmap, "mmap", spy)
+    for kwargs in ({}, {"columns": ["v"]}, {"filter": pc.field("id") < 900}):
+        mapped = shard.scan(**kwargs).to_arrow()
+        assert maps
+        maps.clear()
+        unmapped = counted(shard)[0].scan(**kwargs).to_arrow()
+        assert not maps
+        assert mapped.equals(unmapped)
+
+
+def test_mapped_part_cut_short_is_corrupt_data(shard: Shard, monkeypatch: Any) -> None:
+    """A mapped part file shorter than its reference says is `CorruptData`, never a crash
+    or a short answer; a missing one names the part."""
+    monkeypatch.setattr(plan_mod, "MAP_MIN_BYTES", 0)
+    state = shard.machine.state()
+    ref = next(p for b in (*state.trace, *state.unsealed) for p in b.parts if p.num_rows)
+    path = shard.blob.local_file(ref.key)  # type: ignore[attr-defined]
+    with open(path, "r+b") as f:
+        f.truncate(ref.size // 2)
+    with pytest.raises(ps.CorruptData):
+        shard.scan().to_arrow()
+    os.remove(path)
+    with pytest.raises(ps.CorruptData, match=ref.key):
+        shard.scan().to_arrow()
+
+
+def test_tasks_read_at_once_keep_their_order(shard: Shard, monkeypatch: Any) -> None:
+    """Tasks read SCAN_THREADS at a time answer in task order, as one at a time does."""
+    scan = shard.scan(columns=["id", "s"])
+    assert len(scan.tasks()) > 4
+    together = scan.to_arrow()
+    monkeypatch.setattr(scan_mod, "SCAN_THREADS", 1)
+    assert scan.to_arrow().equals(together)
+    assert together.column("id").to_pylist() == sorted(together.column("id").to_pylist())
 
 
 def test_to_batches_streams_task_by_task(shard: Shard) -> None:

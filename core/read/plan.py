@@ -239,13 +239,40 @@ _RANGE_TYPES = (
 #: each footer once. Parts are immutable, so a cached reader never goes stale.
 Readers = dict[str, PartReader]
 
+#: Parts smaller than this are never memory-mapped (`MappedReaders`).
+MAP_MIN_BYTES = 1 << 20
+#: Most parts one `MappedReaders` maps (each mapping holds a file descriptor while it lives).
+MAP_MAX_PARTS = 64
+
+
+class MappedReaders(Readers):
+    """A `Readers` cache that opens parts of at least `MAP_MIN_BYTES` in a local directory
+    memory-mapped (`persistshard.core.storage.parts.open_part` with ``mapped``), up to
+    `MAP_MAX_PARTS` of them; the rest read by ranged gets. The mappings live as long as the
+    cache (and the views taken of them), so a cache serves one consumption of a read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mapped = 0
+
+    def claim(self, ref: PartRef) -> bool:
+        """Whether ``ref`` is to be opened mapped (counted when it is)."""
+        if ref.size < MAP_MIN_BYTES or self.mapped >= MAP_MAX_PARTS:
+            return False
+        self.mapped += 1
+        return True
+
+
+def _mapped(readers: Readers | None, ref: PartRef) -> bool:
+    return isinstance(readers, MappedReaders) and readers.claim(ref)
+
 
 def _open(blob: Blob, ref: PartRef, readers: Readers | None) -> PartReader:
     if readers is None:
         return open_part(blob, ref)
     reader = readers.get(ref.key)
     if reader is None:
-        reader = readers[ref.key] = open_part(blob, ref)
+        reader = readers[ref.key] = open_part(blob, ref, mapped=_mapped(readers, ref))
     return reader
 
 
@@ -255,10 +282,13 @@ def _open_all(
     cached = readers if readers is not None else {}
     missing = list({r.key: r for r in refs if r.key not in cached}.values())
     if len(missing) == 1:
-        cached[missing[0].key] = open_part(blob, missing[0])
+        cached[missing[0].key] = open_part(blob, missing[0], mapped=_mapped(readers, missing[0]))
     elif missing:
+        flags = {r.key: _mapped(readers, r) for r in missing}
         with ThreadPoolExecutor(max_workers=min(8, len(missing))) as pool:
-            opened = pool.map(run_in_context(lambda r: open_part(blob, r)), missing)
+            opened = pool.map(
+                run_in_context(lambda r: open_part(blob, r, mapped=flags[r.key])), missing
+            )
             for ref, reader in zip(missing, opened, strict=True):
                 cached[ref.key] = reader
     return [cached[r.key] for r in refs]
@@ -543,14 +573,32 @@ def _positive_diffs(reader: PartReader, chunks: Sequence[int]) -> bool:
     return True
 
 
+def _unit_diffs(reader: PartReader, chunks: Sequence[int]) -> bool:
+    """Whether every update of ``chunks`` has diff exactly 1, by their statistics."""
+    for c in chunks:
+        st = chunk_stats(reader, c, DIFF)
+        if st is None or st[2] or st[0] != 1 or st[1] != 1:
+            return False
+    return True
+
+
 def iter_task(
-    blob: Blob, task: ReadTask, *, as_multiset: bool = False, readers: Readers | None = None
+    blob: Blob,
+    task: ReadTask,
+    *,
+    as_multiset: bool = False,
+    readers: Readers | None = None,
+    omit_unit_diffs: bool = False,
 ) -> Iterator[pa.Table]:
     """`read_task`'s answer in pieces, one per chunk, decoded as they are consumed, when no
     row of one chunk needs another chunk's rows to be consolidated: a snapshot of one part at
     one time (consolidated when written), or (with ``as_multiset``) a snapshot whose chunks'
     statistics say every diff is positive. Otherwise the whole answer as one piece. Pieces
-    carry no ``_time``, like `read_task`'s snapshots; memory stays near one chunk per piece."""
+    carry no ``_time``, like `read_task`'s snapshots; memory stays near one chunk per piece.
+
+    With ``omit_unit_diffs`` (and ``as_multiset``), a streamed piece of a part slice whose
+    chunks' statistics prove every diff is exactly 1 comes *without* ``_diff``: that column
+    is then never fetched nor decoded, and the caller reads a missing ``_diff`` as all ones."""
     q = task.query
     if q.mode != "snapshot" or not task.slices:
         yield read_task(blob, task, as_multiset=as_multiset, readers=readers)
@@ -573,10 +621,14 @@ def iter_task(
     out_names = [n for n in task.output_schema().names if n != TIME]
     for s, reader, wanted in zip(task.slices, opened, chunks, strict=True):
         schema = _slice_schema(task, reader, s.ref, wanted)
+        names = out_names
+        if omit_unit_diffs and as_multiset and _unit_diffs(reader, wanted):
+            schema = pa.schema([f for f in schema if f.name != DIFF])
+            names = [n for n in out_names if n != DIFF]
         batches = reader.iter_batches(_present(reader, schema), chunks=wanted)
         for index, batch in zip(wanted, batches, strict=True):
             table = adapt_part_table(pa.Table.from_batches([batch]), s.ref, schema)
-            table = _restrict(table, task, s.ref, reader, [index]).select(out_names)
+            table = _restrict(table, task, s.ref, reader, [index]).select(names)
             if table.num_rows:
                 yield table
 

@@ -44,14 +44,17 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
+from collections import deque
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from persistshard.core.read.filters import Pred, bind, conjunction, disjunction
+from persistshard.core.read.filters import Pred, bind, conjunction, disjunction, evaluate
 from persistshard.core.read.plan import (
+    MappedReaders,
     Query,
     Readers,
     ReadTask,
@@ -64,6 +67,7 @@ from persistshard.core.rows import DIFF, TIME
 from persistshard.core.statemachine.state import ShardState
 from persistshard.core.write.correction import Correction
 from persistshard.core.write.validate import update_schema
+from persistshard.errors import InvalidOption
 
 log = logging.getLogger("persistshard.core.read.scan")
 
@@ -79,6 +83,8 @@ SCAN_TASK_BYTES = 4 << 20
 SCAN_MERGE_BUDGET = 64 << 20
 #: Most tasks a scan is split into.
 SCAN_MAX_TASKS = 1 << 16
+#: Tasks a scan reads at once (a scan then holds up to one more task's answer than this).
+SCAN_THREADS = 2
 
 
 # --- pyarrow expressions -------------------------------------------------------------------
@@ -275,6 +281,82 @@ def expression_filter(expr: pc.Expression, schema: pa.Schema) -> ExpressionFilte
 # --- the scan ------------------------------------------------------------------------------
 
 
+def _checked_columns(
+    columns: Sequence[str] | None, row_names: list[str], location: str
+) -> tuple[str, ...] | None:
+    """``columns`` as a tuple, after checking they are distinct row columns (`InvalidOption`
+    naming the argument otherwise)."""
+    if columns is None:
+        return None
+    if isinstance(columns, (str, bytes)) or not isinstance(columns, Sequence):
+        raise InvalidOption(
+            f"columns must be a list of column names, not {type(columns).__name__} "
+            f"{columns!r}; write for example columns=[{row_names[0] if row_names else 'id'!r}]",
+            location=location,
+        )
+    not_names = [c for c in columns if not isinstance(c, str)]
+    if not_names:
+        raise InvalidOption(
+            f"columns {list(columns)}: {not_names} are not column names (strings); "
+            f"choose among {row_names}",
+            location=location,
+        )
+    unknown = [c for c in columns if c not in row_names]
+    if unknown:
+        raise InvalidOption(
+            f"columns {list(columns)}: {unknown} are not columns of the shard (its columns: "
+            f"{row_names}); choose among them",
+            location=location,
+        )
+    if len(set(columns)) != len(columns):
+        repeated = sorted({c for c in columns if list(columns).count(c) > 1})
+        raise InvalidOption(
+            f"columns {list(columns)} name {repeated} more than once; name each column once",
+            location=location,
+        )
+    return tuple(columns)
+
+
+def _check_pred(pred: Pred, stored: pa.Schema, row_names: list[str], location: str) -> None:
+    """`InvalidOption` unless ``pred`` reads only row columns and Arrow can evaluate it on
+    their types (checked on an empty table, so a wrong type fails now, not mid-read)."""
+    missing = pred.columns() - set(row_names)
+    if missing:
+        raise InvalidOption(
+            f"filter {pred} names columns {sorted(missing)} that the shard does not have "
+            f"(its row columns: {row_names}); filter on those",
+            location=location,
+        )
+    try:
+        evaluate(pa.schema([stored.field(n) for n in row_names]).empty_table(), pred)
+    except (pa.ArrowException, TypeError, ValueError, KeyError, IndexError) as e:
+        raise InvalidOption(
+            f"filter {pred} cannot be evaluated on the shard's columns "
+            f"({_described(stored, pred.columns())}): {e}; compare each column with a value "
+            "of its type",
+            location=location,
+        ) from e
+
+
+def _check_expression(expr: pc.Expression, schema: pa.Schema, location: str) -> None:
+    """`InvalidOption` unless Arrow can evaluate ``expr`` as a filter over ``schema`` (run on
+    an empty table: an unknown column, a literal of the wrong type or a non-boolean
+    expression fails here, naming the argument, instead of in the middle of a read)."""
+    try:
+        schema.empty_table().filter(expr)
+    except (pa.ArrowException, TypeError, ValueError) as e:
+        raise InvalidOption(
+            f"filter {expr} cannot be evaluated on this scan's columns "
+            f"({_described(schema, set(schema.names))}): {e}; filter with a boolean "
+            "expression comparing columns with values of their types",
+            location=location,
+        ) from e
+
+
+def _described(schema: pa.Schema, names: set[str]) -> str:
+    return ", ".join(f"{f.name} {f.type}" for f in schema if f.name in names) or "none"
+
+
 class Scan:
     """A lazy read of a pinned shard version (module docstring). Build with `Shard.scan` or
     `Shard.scan_updates`. A snapshot at a time below 0 (nothing sealed yet) or an empty
@@ -296,20 +378,10 @@ class Scan:
         self._state = state
         self.query = query
         self._task_bytes = SCAN_TASK_BYTES if task_bytes is None else task_bytes
-        if isinstance(columns, str):
-            raise TypeError(f"columns must be a list of names, not the string {columns!r}")
         stored = update_schema(state.schema if state.schema is not None else pa.schema([]))
         self._stored = stored
         row_names = stored.names[:-2]
-        if columns is not None:
-            unknown = [c for c in columns if c not in row_names]
-            if unknown or len(set(columns)) != len(columns):
-                raise ValueError(
-                    f"columns {list(columns)} of a scan must be distinct columns of shard "
-                    f"{location} (its columns: {row_names}); {unknown or 'a repeated name'} "
-                    "is not: choose among them"
-                )
-        self._columns = tuple(columns) if columns is not None else None
+        self._columns = _checked_columns(columns, row_names, location)
         kept = list(self._columns) if self._columns is not None else row_names
         mode = query.mode
         with_diff = query.with_diff or mode == "updates"
@@ -319,12 +391,7 @@ class Scan:
         self._expression: ExpressionFilter | None = None
         self._pushed_expression = False
         if isinstance(filter, Pred):
-            missing = filter.columns() - set(row_names)
-            if missing:
-                raise ValueError(
-                    f"filter {filter} names columns {sorted(missing)} that shard {location} "
-                    f"does not have (its row columns: {row_names})"
-                )
+            _check_pred(filter, stored, row_names, location)
             self._row_filter = filter
         elif isinstance(filter, pc.Expression):
             ef = expression_filter(filter, stored)
@@ -332,23 +399,30 @@ class Scan:
             if ef.columns is not None and ef.columns <= set(row_names):
                 self._pushed_expression = True
                 self._row_filter = ef.skip
+                _check_expression(filter, pa.schema([stored.field(n) for n in row_names]), location)
             elif ef.columns is not None and not ef.columns <= set(self.schema.names):
-                raise ValueError(
+                raise InvalidOption(
                     f"filter {filter} reads {sorted(ef.columns - set(self.schema.names))}, "
-                    f"which are neither row columns of shard {location} nor columns of this "
-                    f"scan's answer ({self.schema.names}); filter on those columns"
+                    "which are neither row columns of the shard nor columns of this scan's "
+                    f"answer ({self.schema.names}); filter on those columns",
+                    location=location,
                 )
             elif ef.columns is None and self._columns is not None:
-                raise ValueError(
-                    f"filter {filter} of a scan of {location}: the columns it reads could not "
-                    "be told from the expression, so it cannot run before the projection "
+                raise InvalidOption(
+                    f"filter {filter}: the columns it reads could not be told from the "
+                    "expression, so it cannot run before the projection "
                     f"{list(self._columns)}; scan without columns, or filter with plain "
-                    "column references"
+                    "column references",
+                    location=location,
                 )
+            else:
+                _check_expression(filter, self.schema, location)
         elif filter is not None:
-            raise TypeError(
-                f"filter of a scan of {location} must be a pyarrow.compute.Expression or a "
-                f"persistshard Pred, not {type(filter).__name__}"
+            raise InvalidOption(
+                "filter must be a pyarrow.compute.Expression or a persistshard Pred, not "
+                f"{type(filter).__name__} {filter!r}; write for example "
+                "filter=pyarrow.compute.field('id') > 3",
+                location=location,
             )
 
     def __repr__(self) -> str:
@@ -401,19 +475,47 @@ class Scan:
     # --- consuming --------------------------------------------------------------------
 
     def _pieces(self) -> Iterator[pa.Table]:
-        """The answer in consolidated pieces, before the final shaping (rows + ``_diff``
-        for snapshots, + ``_time`` for change reads)."""
+        """The answer in consolidated pieces, shaped (`_shape`), in task order."""
         q = self.query
-        readers: Readers = {}  # each part's footer is parsed once per consumption
+        # Each part's footer is parsed once per consumption; large local parts are mapped.
+        readers: Readers = MappedReaders()
         tasks = self.tasks(readers)
         if not tasks:
             return
         multiset = q.mode == "snapshot" and not q.with_diff
         if self._merges_across_tasks(tasks):
-            yield from self._merged(tasks, readers)
+            for piece in self._merged(tasks, readers):
+                yield self._shape(piece)
             return
-        for task in tasks:
-            yield from iter_task(self._blob, task, as_multiset=multiset, readers=readers)
+        if len(tasks) == 1 or SCAN_THREADS < 2:
+            for task in tasks:
+                for piece in iter_task(
+                    self._blob, task, as_multiset=multiset, readers=readers, omit_unit_diffs=True
+                ):
+                    yield self._shape(piece)
+            return
+
+        def run(task: ReadTask) -> list[pa.Table]:
+            pieces = iter_task(
+                self._blob, task, as_multiset=multiset, readers=readers, omit_unit_diffs=True
+            )
+            return [self._shape(piece) for piece in pieces]
+
+        # Tasks are independent: read SCAN_THREADS of them at once (decompression and the
+        # numpy copies release the GIL), at most SCAN_THREADS + 1 answers held, in order.
+        pool = ThreadPoolExecutor(max_workers=SCAN_THREADS, thread_name_prefix="persistshard-scan")
+        window: deque[Future[list[pa.Table]]] = deque()
+        try:
+            for task in tasks:
+                window.append(pool.submit(run, task))
+                if len(window) > SCAN_THREADS:
+                    yield from window.popleft().result()
+            while window:
+                yield from window.popleft().result()
+        finally:
+            for f in window:
+                f.cancel()
+            pool.shutdown(wait=True)
 
     def _merged(self, tasks: list[ReadTask], readers: Readers) -> Iterator[pa.Table]:
         """The tasks' answers consolidated together, through a `Correction` of
@@ -442,8 +544,8 @@ class Scan:
         unconsolidated ``_diff``), the answer's columns in the order asked."""
         q = self.query
         ef = self._expression
-        if q.mode == "snapshot" and not q.with_diff:
-            table = expand_rows(table, self.location, q.as_of)
+        if q.mode == "snapshot" and not q.with_diff and DIFF in table.column_names:
+            table = expand_rows(table, self.location, q.as_of)  # (no _diff: every count is 1)
         if ef is not None and not self._pushed_expression and table.num_rows:
             table = table.filter(ef.expression)
         table = table.select(self.schema.names)
@@ -453,8 +555,7 @@ class Scan:
 
     def to_batches(self) -> Iterator[pa.RecordBatch]:
         """The answer as record batches, read task by task (module docstring: Memory)."""
-        for piece in self._pieces():
-            table = self._shape(piece)
+        for table in self._pieces():
             yield from table.to_batches()
 
     def to_arrow_batch_reader(self) -> pa.RecordBatchReader:

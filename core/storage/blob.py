@@ -417,6 +417,12 @@ class FsspecBlob(Blob):
     def _path(self, key: str) -> str:
         return posixpath.join(self.root, key) if self.root else key
 
+    def local_file(self, key: str) -> str | None:
+        """The file on this machine holding ``key`` when the blob is a local directory (a
+        reader may then map it into memory, `persistshard.core.storage.parts.open_part`);
+        None elsewhere. Wrappers do not forward it: what they wrap sees every read."""
+        return self._path(key) if self._local else None
+
     def get(self, key: str) -> bytes | None:
         try:
             if self._local:  # plain file reads: fsspec's layers cost more than a small read

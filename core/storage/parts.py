@@ -18,10 +18,12 @@ This is the only module of `core` that talks to `persistshard.format`. Invariant
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from typing import Any
 
 import crc32c
 import numpy as np
@@ -170,12 +172,20 @@ class PartSink:
         return self.parts
 
 
-def open_part(blob: Blob, ref: PartRef) -> PartReader:
+def open_part(blob: Blob, ref: PartRef, *, mapped: bool = False) -> PartReader:
     """A reader over ``ref`` that fetches bytes with ranged gets.
 
     A part the state references but the storage lacks is `CorruptData` naming it (the state
     promises it exists: something deleted it), never a raw ``FileNotFoundError``. An inline
     part is read from its bytes in the state (no request).
+
+    With ``mapped``, a part in a local directory (``blob.local_file``) is memory-mapped on its
+    first read and every range is a view of the mapping: no copy into a new buffer (the
+    decompressor reads the page cache directly). The mapping (and its file descriptor) lives
+    as long as the reader or a view of it. Relies on: a part file is never truncated or
+    rewritten in place (parts are published by rename and removed by unlink, which leave a
+    mapping intact); a file shorter than asked gives a short view, which the reader reports
+    as `CorruptData`. Any other storage, or a file that cannot be mapped, reads as without.
     """
     if ref.inline is not None:
         return PartReader.from_bytes(ref.key, ref.inline)
@@ -190,7 +200,25 @@ def open_part(blob: Blob, ref: PartRef) -> PartReader:
                 location=blob.url,
             ) from None
 
-    return PartReader.open(ref.key, ref.size, fetch)
+    local = getattr(blob, "local_file", None)
+    path = local(ref.key) if mapped and local is not None else None
+    if path is None:
+        return PartReader.open(ref.key, ref.size, fetch)
+    mapping: list[mmap.mmap | None] = []
+
+    def fetch_mapped(offset: int, length: int) -> Any:
+        if not mapping:
+            try:
+                with open(path, "rb") as f:
+                    mapping.append(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+            except (OSError, ValueError):  # missing (fetch says so), empty, or unmappable
+                mapping.append(None)
+        mm = mapping[0]
+        if mm is None:
+            return fetch(offset, length)
+        return memoryview(mm)[offset : offset + length]
+
+    return PartReader.open(ref.key, ref.size, fetch_mapped)
 
 
 def adapt_part_table(table: pa.Table, ref: PartRef, schema: pa.Schema) -> pa.Table:
