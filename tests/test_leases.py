@@ -306,6 +306,20 @@ def test_a_lease_that_runs_out_while_renewals_fail_is_lost_and_left_alone(tmp_pa
     assert lease.lost and len(attempts) == 2
 
 
+def test_a_commit_planned_on_a_stale_state_sees_renewals_made_elsewhere(tmp_path, clock):
+    """A handle commits on the state it last knew (no head read); when that state predates a
+    renewal committed by another handle (the lease keeper's own machine), the lease check
+    must not refuse on the stale state: the commit is judged again on the newest state."""
+    shard = ps.open_shard(str(tmp_path / "s"))
+    shard.append(updates([(1, "a", 0, 1)]))
+    write_id, written = pending_write(shard)
+    clock.advance(50 * 60 * 1000)
+    leases.renew(ps.open_shard(shard.location).machine, write_id, 3600)  # another handle
+    clock.advance(20 * 60 * 1000)  # the implicit lease ran out; the renewed one lives
+    commit(shard, written, shard.machine.known().upper)
+    assert rows_of(ps.open_shard(shard.location).snapshot()) == {(1, "a"): 1, (7, "slow"): 1}
+
+
 def test_a_short_write_commits_nothing_extra(tmp_path):
     shard = ps.open_shard(str(tmp_path / "s"))
     shard.append(updates([(1, "a", 0, 1)]))

@@ -323,8 +323,15 @@ class StateMachine:
                 continue
             now = layout.now_ms()
             stamped = replace(commit, at_ms=now)
-            leases.check_commit(current, stamped, self.location)
-            new = st.apply(current, stamped, self.location)
+            try:
+                leases.check_commit(current, stamped, self.location)
+                new = st.apply(current, stamped, self.location)
+            except DETERMINATE_REFUSALS:
+                if fresh:
+                    # Planned on ``base``, which may be stale (a renewal, a seal or a merge by
+                    # another handle since): refuse only on the newest state.
+                    continue
+                raise
             st.check_transition(current, new, stamped, self.location)  # before any write
             rollup = self._rollup
             if new.version % ROLLUP_EVERY == 0:
