@@ -149,7 +149,7 @@ def test_commits_under_injected_faults_and_stalls(tmp_path, seed, monkeypatch):
         other.consensus.truncate(Entry.decode(head.data).rollup_version)
 
     blob = FaultyBlob(
-        Blob(location), fail_before=0.1, fail_after=0.1, seed=seed, stall=0.01, on_stall=meanwhile
+        Blob(location), fail_before=0.1, fail_after=0.1, seed=seed, stall=0.02, on_stall=meanwhile
     )
     shard = Shard(location, blob=blob)
     for i in range(10):

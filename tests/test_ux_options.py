@@ -42,10 +42,26 @@ def test_the_lists_cover_every_option_the_parsers_read():
     upsert = {"key_columns", "delete_column", "batch_id"}  # parsed by datasource/upsert.py
     reclock = {"source_partition_column", "source_offset_column", "source_frontier"}
     retention = {"retention"}  # its syntax: tests/test_maintenance_auto.py
+    inline = {"inline_bytes", "inline_cap"}  # storage-level integers: see the test below
     assert (
-        set(WRITE_INTS) | set(WRITE_BOOLS) | set(WRITE_NAMES) | upsert | reclock | (retention)
+        set(WRITE_INTS)
+        | set(WRITE_BOOLS)
+        | set(WRITE_NAMES)
+        | upsert
+        | reclock
+        | retention
+        | inline
         == WRITE_OPTIONS
     )
+
+
+@pytest.mark.parametrize("key", ["inline_bytes", "inline_cap"])
+def test_inline_options_are_integers_carried_with_the_storage_options(key):
+    from persistshard.datasource.options import storage_options
+
+    assert storage_options({key: "2048"})[key] == 2048
+    with pytest.raises(InvalidOption, match=rf"^InvalidOption: option {key} "):
+        storage_options({key: "2k"})
 
 
 def parse(kind: str, **options: str):
