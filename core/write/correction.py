@@ -114,6 +114,16 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def open_spill_dir(owner: object, parent: str | None) -> tuple[str, weakref.finalize[Any, Any]]:
+    """A new spill directory for ``owner`` under ``parent`` (the system's temporary directory
+    when None), named after this process so a later sweep knows whose it is, after sweeping
+    the directories of dead processes there; removed by the returned finalizer, or when
+    ``owner`` is collected."""
+    sweep_stale_spill_dirs(parent)
+    path = tempfile.mkdtemp(prefix=f"{SPILL_PREFIX}{os.getpid()}-", dir=parent)
+    return path, weakref.finalize(owner, shutil.rmtree, path, ignore_errors=True)
+
+
 def sweep_stale_spill_dirs(parent: str | None = None) -> list[str]:
     """Delete the spill directories under ``parent`` (default: the system's temporary
     directory) whose process no longer runs on this host: a process killed mid-write leaves
@@ -876,13 +886,7 @@ class Correction:
     def _write_spill(self, batches: Iterable[pa.RecordBatch]) -> _Chain:
         """Write ``batches`` (sorted, consolidated) to a new spill file; its chain."""
         if self._spill_path is None:
-            sweep_stale_spill_dirs(self._spill_parent)
-            self._spill_path = tempfile.mkdtemp(
-                prefix=f"{SPILL_PREFIX}{os.getpid()}-", dir=self._spill_parent
-            )
-            self._spill_cleanup = weakref.finalize(
-                self, shutil.rmtree, self._spill_path, ignore_errors=True
-            )
+            self._spill_path, self._spill_cleanup = open_spill_dir(self, self._spill_parent)
         path = os.path.join(self._spill_path, f"run-{next(self._spill_names)}.arrow")
         log.debug("correction spills a sorted run to %s", path)
         spill = _SpillFile(path)

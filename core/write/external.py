@@ -38,8 +38,6 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-import shutil
-import tempfile
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -49,7 +47,7 @@ import numpy as np
 import pyarrow as pa
 
 from persistshard.core import rows
-from persistshard.core.write.correction import SPILL_PREFIX, sweep_stale_spill_dirs
+from persistshard.core.write.correction import open_spill_dir
 
 log = logging.getLogger("persistshard.core.write.external")
 
@@ -273,13 +271,7 @@ class ExternalSort:
     def _spill(self, source: _Run | Iterator[pa.Table]) -> _Run:
         """Write a run (or merged tables) to a new spill file; the run on disk."""
         if self._spill_path is None:
-            sweep_stale_spill_dirs(self._spill_parent)
-            self._spill_path = tempfile.mkdtemp(
-                prefix=f"{SPILL_PREFIX}{os.getpid()}-", dir=self._spill_parent
-            )
-            self._spill_cleanup = weakref.finalize(
-                self, shutil.rmtree, self._spill_path, ignore_errors=True
-            )
+            self._spill_path, self._spill_cleanup = open_spill_dir(self, self._spill_parent)
         path = os.path.join(self._spill_path, f"sorted-{next(self._names)}.arrow")
         tables = source.read() if isinstance(source, _Run) else source
         rows_, nbytes = 0, 0
