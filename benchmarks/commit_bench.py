@@ -24,8 +24,22 @@ OURS = "synced (fsync data + directory)"
 ANCHOR = "unsynced (before)"
 
 
-def run(commits: int = 50, rounds: int = 5) -> dict[str, Any]:
+def one_row_commit_p50(location: str, commits: int) -> float:
+    """Median seconds of ``commits`` 1-row appends to a new shard at ``location`` (its first
+    append, which creates the shard's directories, is not counted)."""
     import persistshard as ps
+
+    shard = ps.open_shard(location)
+    shard.append(pa.table({"id": [0]}))
+    times = []
+    for i in range(commits):
+        start = time.perf_counter()
+        shard.append(pa.table({"id": [i]}))
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def run(commits: int = 50, rounds: int = 5) -> dict[str, Any]:
     from persistshard.core.storage import blob as blob_module
 
     with tempfile.TemporaryDirectory(prefix="psbench-commit-") as tmp:
@@ -35,14 +49,7 @@ def run(commits: int = 50, rounds: int = 5) -> dict[str, Any]:
             def go() -> float:
                 blob_module.SYNC_LOCAL = sync
                 try:
-                    shard = ps.open_shard(f"{tmp}/s{next(counter)}")
-                    shard.append(pa.table({"id": [0]}))  # creates the shard's directories
-                    times = []
-                    for i in range(commits):
-                        start = time.perf_counter()
-                        shard.append(pa.table({"id": [i]}))
-                        times.append(time.perf_counter() - start)
-                    return statistics.median(times)
+                    return one_row_commit_p50(f"{tmp}/s{next(counter)}", commits)
                 finally:
                     blob_module.SYNC_LOCAL = True
 

@@ -15,12 +15,10 @@ from __future__ import annotations
 import contextlib
 import statistics
 import tempfile
-import time
 from collections.abc import Iterator
 from typing import Any
 
-import pyarrow as pa
-
+from benchmarks.commit_bench import one_row_commit_p50
 from benchmarks.harness import alternate, measurement
 
 OURS = "metrics on (as shipped)"
@@ -53,7 +51,6 @@ def _metrics_off() -> Iterator[None]:
 
 
 def run(commits: int = 50, rounds: int = 5) -> dict[str, Any]:
-    import persistshard as ps
 
     with tempfile.TemporaryDirectory(prefix="psbench-metrics-") as tmp:
         counter = iter(range(1_000_000))
@@ -61,14 +58,7 @@ def run(commits: int = 50, rounds: int = 5) -> dict[str, Any]:
         def p50(on: bool) -> Any:
             def go() -> float:
                 with contextlib.nullcontext() if on else _metrics_off():
-                    shard = ps.open_shard(f"{tmp}/s{next(counter)}")
-                    shard.append(pa.table({"id": [0]}))  # creates the shard's directories
-                    times = []
-                    for i in range(commits):
-                        start = time.perf_counter()
-                        shard.append(pa.table({"id": [i]}))
-                        times.append(time.perf_counter() - start)
-                    return statistics.median(times)
+                    return one_row_commit_p50(f"{tmp}/s{next(counter)}", commits)
 
             return go
 
