@@ -2,7 +2,24 @@
 
 from __future__ import annotations
 
+import time
+
 import pyarrow as pa
+
+
+class Clock:
+    """A settable wall clock for the shard's code (ids, commit times, leases): what the
+    ``clock`` fixture (tests/conftest.py) puts in place of
+    `persistshard.core.storage.layout.now_ms`, in ms since the epoch."""
+
+    def __init__(self) -> None:
+        self.ms = int(time.time() * 1000)
+
+    def now(self) -> int:
+        return self.ms
+
+    def advance(self, ms: int) -> None:
+        self.ms += ms
 
 
 def rows_of(table: pa.Table) -> dict[tuple, int]:

@@ -106,6 +106,18 @@ def spark(spark_session):
     return spark_session
 
 
+@pytest.fixture
+def clock(monkeypatch):
+    """A settable clock (`conformance_helpers.Clock`, milliseconds) as the shard's clock."""
+    from conformance_helpers import Clock
+
+    from persistshard.core.storage import layout
+
+    c = Clock()
+    monkeypatch.setattr(layout, "now_ms", c.now)
+    return c
+
+
 @pytest.fixture(scope="session")
 def repo_root() -> str:
     """The repository root: the directory the package ``persistshard`` is imported from."""

@@ -10,35 +10,14 @@ import uuid
 
 import pyarrow as pa
 import pytest
-from conformance_helpers import rows_of, updates
+from conformance_helpers import Clock, rows_of, updates
 
 import persistshard as ps
 from persistshard.core.statemachine.state import ShardState
-from persistshard.core.storage import layout
 from persistshard.core.storage.blob import Blob, BlobWrapper
 from persistshard.core.storage.layout import ROLLUP_EVERY, new_id
 
 HOUR_MS = 3600 * 1000
-
-
-class Clock:
-    """A settable wall clock for the shard's code (ids and commit times)."""
-
-    def __init__(self) -> None:
-        self.ms = int(time.time() * 1000)
-
-    def now(self) -> int:
-        return self.ms
-
-    def advance(self, ms: int) -> None:
-        self.ms += ms
-
-
-@pytest.fixture
-def clock(monkeypatch) -> Clock:
-    c = Clock()
-    monkeypatch.setattr(layout, "now_ms", c.now)
-    return c
 
 
 def keys(shard: ps.Shard, prefix: str = "") -> dict[str, int]:

@@ -16,33 +16,12 @@ from conformance_helpers import rows_of, updates
 import persistshard as ps
 from persistshard.core.statemachine import leases
 from persistshard.core.statemachine.state import Commit
-from persistshard.core.storage import layout
 from persistshard.core.storage.blob import BlobWrapper
 from persistshard.core.storage.consensus import Consensus, MemoryConsensus, VersionedData
 from persistshard.core.storage.layout import new_id
 from persistshard.errors import LeaseExpired
 
 HOUR_MS = 3600 * 1000
-
-
-class Clock:
-    """A settable wall clock for the shard's code (ids, commit times, leases)."""
-
-    def __init__(self) -> None:
-        self.ms = int(time.time() * 1000)
-
-    def now(self) -> int:
-        return self.ms
-
-    def advance(self, ms: int) -> None:
-        self.ms += ms
-
-
-@pytest.fixture
-def clock(monkeypatch) -> Clock:
-    c = Clock()
-    monkeypatch.setattr(layout, "now_ms", c.now)
-    return c
 
 
 def part_files(shard: ps.Shard) -> set[str]:

@@ -3,8 +3,6 @@ off with jitter after lost races and gives up with `CommitDeadline` after its de
 
 from __future__ import annotations
 
-import time
-
 import pyarrow as pa
 import pytest
 from conformance_helpers import updates
@@ -13,26 +11,10 @@ import persistshard as ps
 from persistshard.core.statemachine import machine
 from persistshard.core.statemachine import state as st
 from persistshard.core.statemachine.state import Commit
-from persistshard.core.storage import layout
 from persistshard.core.storage.layout import new_id
 from persistshard.errors import CommitDeadline, WriterAlreadyCommitted
 
 DAY_MS = 24 * 3600 * 1000
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.ms = int(time.time() * 1000)
-
-    def now(self) -> int:
-        return self.ms
-
-
-@pytest.fixture
-def clock(monkeypatch) -> Clock:
-    c = Clock()
-    monkeypatch.setattr(layout, "now_ms", c.now)
-    return c
 
 
 def stream_append(shard: ps.Shard, writer: str, batch: int) -> None:

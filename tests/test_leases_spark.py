@@ -25,12 +25,11 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from conformance_helpers import rows_of, updates
+from conformance_helpers import Clock, rows_of, updates
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 import persistshard as ps
 from persistshard.core.statemachine import leases
-from persistshard.core.storage import layout
 from persistshard.core.storage.layout import new_id
 from persistshard.datasource import compact as spark_compact
 from persistshard.datasource import view
@@ -41,21 +40,6 @@ from persistshard.errors import LeaseExpired
 
 STEP_MS = 10 * 60 * 1000
 SCHEMA = StructType([StructField("id", LongType()), StructField("item", StringType())])
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.ms = int(time.time() * 1000)
-
-    def now(self) -> int:
-        return self.ms
-
-
-@pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
-    c = Clock()
-    monkeypatch.setattr(layout, "now_ms", c.now)
-    return c
 
 
 class Meanwhile:
