@@ -105,3 +105,15 @@ def test_the_head_hint_is_not_synced_and_losing_it_loses_nothing(tmp_path):
         write_image(recorder.disk(run.steps, "lost"), str(image))
         (image / "s" / "consensus" / "HEAD").write_bytes(hint)
         check_image(lambda: ps.open_shard(str(image / "s")), run, run.steps, f"hint {hint!r}")
+
+
+@pytest.mark.inline
+def test_the_shipped_suites_gc_scenario_has_parts_to_delete_with_inline_writes_on():
+    """`persistshard conformance` runs with the production defaults, where 1-row appends are
+    inline: its gc scenario must still write part files for gc to delete (a scenario whose gc
+    made no store call checked nothing, and the suite failed on every store)."""
+
+    def fresh() -> str:
+        return f"memory://crash-{uuid.uuid4().hex}"
+
+    assert check_process_cuts(fresh, "gc-short") > 1
