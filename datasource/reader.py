@@ -175,11 +175,15 @@ def plan_partitions(
     row_filter: Pred | None = None,
     result_filter: Pred | None = None,
     columns: Sequence[str] | None = None,
+    *,
+    multiset: bool = False,
 ) -> list[ShardPartition]:
     """Spark partitions of the pinned ``state`` for ``q`` (`core.read.plan_read`); each
     carries ``row_filter`` in its task and ``result_filter`` beside it. ``columns`` (None:
     all) are the row columns the read returns: tasks then decode only those (and the ones
-    the filters read), and consolidate per distinct projected row (`core.read.ReadTask`)."""
+    the filters read), and consolidate per distinct projected row (`core.read.ReadTask`).
+    ``multiset``: the partitions' rows are repeated by their counts (no ``_diff`` column),
+    so a snapshot whose diffs are all positive may split by chunk (`plan_read`)."""
     tasks = plan_read(
         shard.blob,
         state,
@@ -188,6 +192,7 @@ def plan_partitions(
         max_partitions=opts.max_partitions,
         min_partitions=opts.min_partitions,
         row_filter=row_filter,
+        multiset=multiset,
     )
     assert state.schema is not None
     if columns is not None and set(columns) != set(state.schema.names):
@@ -483,7 +488,10 @@ class PersistShardReader(DataSourceReader):
         columns = check_columns(self.schema, state.schema, shard.location)
         q = check_query(shard, state, self.opts)
         row_filter, result_filter = self.filters(state.schema, columns)
-        parts = plan_partitions(shard, state, q, self.opts, row_filter, result_filter, columns)
+        multiset = DIFF not in self.schema.fieldNames()
+        parts = plan_partitions(
+            shard, state, q, self.opts, row_filter, result_filter, columns, multiset=multiset
+        )
         log.debug(
             "%s: read of version %d, %s: %d partitions",
             shard.location,

@@ -452,3 +452,73 @@ def test_a_read_spreads_over_min_partitions_when_each_gets_a_mebibyte(
     assert got.sort_by("id").equals(whole.sort_by("id"))
     # never more tasks than the bytes allow
     assert len(plan_read(shard.blob, state, q, min_partitions=10_000)) <= size // 20_000
+
+
+def _overlapping_appends(tmp_path: Any, retract: bool) -> ps.Shard:
+    """Four appends of shuffled keys (every part spans the whole key range), in several
+    chunks each; with ``retract`` the last one retracts a row of the first."""
+    shard = ps.open_shard(str(tmp_path / "s"), maintenance=False)
+    rng = np.random.default_rng(5)
+    ids = rng.permutation(8_000)
+    for i in range(4):
+        chunk = ids[i * 2000 : (i + 1) * 2000]
+        rows = pa.table(
+            {"id": pa.array(chunk, pa.int64()), "v": pa.array([f"v{x}" for x in chunk])}
+        )
+        if retract and i == 3:
+            first = int(ids[0])
+            rows = pa.table(
+                {
+                    "id": pa.array([first, *chunk], pa.int64()),
+                    "v": pa.array([f"v{first}", *[f"v{x}" for x in chunk]]),
+                    "_diff": pa.array([-1] + [1] * len(chunk), pa.int64()),
+                }
+            )
+        shard.append(rows)
+    return shard
+
+
+def test_multiset_snapshot_of_overlapping_parts_reads_each_chunk_once(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A snapshot whose rows are repeated by their counts needs no consolidation across parts
+    when every diff is positive: it splits by chunk, and every chunk is decoded by exactly one
+    task, where a key-range split over parts of shuffled keys decodes every chunk in every
+    task. The tasks' answers still add up to the snapshot."""
+    monkeypatch.setattr(parts, "CHUNK_BYTES", 8192)
+    shard = _overlapping_appends(tmp_path, retract=False)
+    state = shard.state()
+    q = snapshot_query(state, state.upper - 1, shard.location)
+    by_range = plan_read(shard.blob, state, q, partition_bytes=20_000)
+    by_chunk = plan_read(shard.blob, state, q, partition_bytes=20_000, multiset=True)
+    assert len(by_range) > 1 and len(by_chunk) > 1
+    assert all(t.key_range is None for t in by_chunk)
+
+    def decoded(tasks: list[Any]) -> list[tuple[str, int]]:
+        return [(s.ref.key, c) for t in tasks for s in t.slices for c in s.chunks or ()]
+
+    every = decoded(by_chunk)
+    assert len(every) == len(set(every))  # no chunk twice
+    assert len(decoded(by_range)) > len(every)  # the key-range split re-reads chunks
+    assert set(decoded(by_range)) == set(every)
+    got = pa.concat_tables([read_task(shard.blob, t, as_multiset=True) for t in by_chunk])
+    assert got.sort_by("id").equals(shard.snapshot().sort_by("id"))
+    scanned = shard.scan().to_arrow().sort_by("id")
+    assert scanned.equals(shard.snapshot().drop_columns([DIFF]).sort_by("id"))
+
+
+def test_snapshot_with_a_retraction_keeps_the_key_range_split(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A negative diff must meet its row's other updates in one task: no chunk split then,
+    and the streamed scan drops the retracted row."""
+    monkeypatch.setattr(parts, "CHUNK_BYTES", 8192)
+    shard = _overlapping_appends(tmp_path, retract=True)
+    state = shard.state()
+    q = snapshot_query(state, state.upper - 1, shard.location)
+    tasks = plan_read(shard.blob, state, q, partition_bytes=20_000, multiset=True)
+    assert len(tasks) > 1 and all(t.key_range is not None for t in tasks)
+    expected = shard.snapshot()
+    assert expected.num_rows == 7_999
+    got = ps.open_shard(shard.location).scan().to_arrow().sort_by("id")
+    assert got.equals(expected.drop_columns([DIFF]).sort_by("id"))

@@ -187,3 +187,19 @@ def test_settle_below_bound_splits_at_the_bound_like_the_model(case: str, distin
     assert [(r["k"], r["v"], r["_time"], r["_diff"]) for r in done.to_pylist()] == _model(below)
     waiting = sorted(key(r) for r in body.to_pylist() if key(r) >= b)
     assert sorted(key(r) for r in (rest.to_pylist() if rest is not None else [])) == waiting
+
+
+def test_a_few_sorted_runs_sort_by_merging_and_give_the_same_order() -> None:
+    """Parts read one after another are a few sorted runs: `sort_kind` picks the merging
+    sort for them (and quicksort for shuffled values), and `distinct_order` gives the same
+    sorted permutation either way."""
+    rng = np.random.default_rng(11)
+    values = rng.permutation(10_000).astype(np.int64)
+    runs = np.concatenate([np.sort(values[i : i + 2500]) for i in range(0, 10_000, 2500)])
+    assert rows.sort_kind(runs) == "stable"
+    assert rows.sort_kind(values) == "quicksort"
+    assert rows.sort_kind(runs[:10]) == "quicksort"  # too short to bother
+    for data in (runs, values):
+        perm = rows.distinct_order(pa.array(data))
+        assert perm is not None
+        assert data[perm].tolist() == sorted(data.tolist())

@@ -336,8 +336,16 @@ def plan_read(
     min_partitions: int = 1,
     row_filter: Pred | None = None,
     readers: Readers | None = None,
+    multiset: bool = False,
 ) -> list[ReadTask]:
     """Tasks of the pinned ``state`` for ``q``, split by key range (module docstring).
+
+    ``multiset``: the reader repeats each row of a snapshot by its count and never
+    consolidates across tasks (`iter_task` with ``as_multiset``). When, besides, the chunks'
+    statistics prove every diff positive, no update needs another's to be counted, so the
+    read splits by chunk instead (`_chunk_tasks`): each chunk is decoded by one task, where a
+    key-range split decodes every chunk whose range meets a task's in each of those tasks (all
+    of them, for parts written by many small appends of shuffled keys).
 
     Aims at one task per ``partition_bytes`` of relevant parts, at most ``max_partitions``,
     and at least ``min_partitions`` (the cores a read should keep busy) as long as each task
@@ -361,13 +369,16 @@ def plan_read(
 
     if not refs:
         return single([])
-    if (want == 1 or not rangeable) and row_filter is None:
+    multiset = multiset and q.mode == "snapshot"
+    if (want == 1 or not (rangeable or multiset)) and row_filter is None:
         return single([PartSlice(r, None) for r in refs])
     opened = _open_all(blob, refs, readers)
     wanted = [
         _wanted_chunks(r, ref, None, q, row_filter) for r, ref in zip(opened, refs, strict=True)
     ]
     kept = [PartSlice(ref, tuple(w)) for ref, w in zip(refs, wanted, strict=True) if w]
+    if want > 1 and multiset and all(map(_positive_diffs, opened, wanted)):
+        return _chunk_tasks(opened, refs, wanted, want, q, stored, row_filter)
     if want == 1 or not rangeable:
         return single(kept)
     chunk_stats = []  # (key_min, key_max, has_nulls, bytes, part index, chunk index)
@@ -408,6 +419,48 @@ def plan_read(
         len(out),
     )
     return out
+
+
+def _chunk_tasks(
+    opened: Sequence[PartReader],
+    refs: Sequence[PartRef],
+    wanted: Sequence[Sequence[int]],
+    want: int,
+    q: Query,
+    stored: pa.Schema,
+    row_filter: Pred | None,
+) -> list[ReadTask]:
+    """About ``want`` tasks of consecutive chunks (in part order) with about equal stored
+    bytes and no key range: every wanted chunk in exactly one task. Only for answers that
+    need no consolidation across chunks (`plan_read`'s ``multiset``)."""
+    chunks = [(pi, ci, opened[pi].chunks[ci].length) for pi, cs in enumerate(wanted) for ci in cs]
+    total = sum(length for _, _, length in chunks)
+    out: list[ReadTask] = []
+    group: dict[int, list[int]] = {}
+    acc = 0
+    for pi, ci, length in chunks:
+        group.setdefault(pi, []).append(ci)
+        acc += length
+        if acc >= total * (len(out) + 1) / want:
+            out.append(_chunk_task(refs, group, q, stored, row_filter))
+            group = {}
+    if group:
+        out.append(_chunk_task(refs, group, q, stored, row_filter))
+    log.debug(
+        "snapshot read split by chunk: %d chunks, %d bytes, %d tasks", len(chunks), total, len(out)
+    )
+    return out
+
+
+def _chunk_task(
+    refs: Sequence[PartRef],
+    group: dict[int, list[int]],
+    q: Query,
+    stored: pa.Schema,
+    row_filter: Pred | None,
+) -> ReadTask:
+    slices = tuple(PartSlice(refs[pi], tuple(cis)) for pi, cis in sorted(group.items()))
+    return ReadTask(slices, None, q, stored, row_filter)
 
 
 # --- executing a task ----------------------------------------------------------------------

@@ -444,6 +444,7 @@ class Scan:
             max_partitions=SCAN_MAX_TASKS,
             row_filter=self._row_filter,
             readers=readers,
+            multiset=q.mode == "snapshot" and not q.with_diff,
         )
         log.debug("%r: %d read tasks", self, len(tasks))
         ef = self._expression
