@@ -133,7 +133,7 @@ REGISTRY: tuple[Benchmark, ...] = (
         sizes={"quick": {"rows": 200_000}, "full": {"rows": 2_000_000}},
         headings=("spark append: every put synced",),
         uses_spark=True,
-        rounds={"quick": 3, "full": 7},
+        rounds={"quick": 3, "full": 21},
     ),
     Benchmark(
         name="metrics",
