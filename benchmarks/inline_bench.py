@@ -210,17 +210,17 @@ def run(commits: int = 32, rounds: int = 3) -> dict[str, Any]:
         "params": {"commits": commits},
         "measurements": rows,
         "notes": [
-            "With the log next to the data a 1-row append is three requests: list the "
-            "truncation floor, put-if-absent the log entry (which carries the row), list the "
-            "floor again; every 16th version adds the rollup and the HEAD hint (two puts), so "
-            "the mean is 3.125. With the log in SQLite the append makes no object-store "
-            "request except that rollup every 16th version (a mean of 0.0625). *Before* as "
-            "measured here adds the part file and two head reads (hint, probe past the head, "
-            "floor list each) to the current code; the code before this change also rewrote "
-            "the hint every 4th version, and s3fs's listing of an empty prefix added a HEAD "
-            "and a second list to every floor read (fixed in the same change): about 22 HTTP "
-            "requests per append measured on that code in a separate run (p50 774 ms), 3.12 "
-            "now.",
+            "With the log next to the data a 1-row append is two requests: put-if-absent "
+            "the log entry (which carries the row), then list the truncation floor (a writer "
+            "building on the entry it wrote or read last lists the floor only after its put); "
+            "every 16th version adds the rollup and the HEAD hint (two puts), so the mean is "
+            "2.125. With the log in SQLite the append makes no object-store request except "
+            "that rollup every 16th version (a mean of 0.0625). *Before* as measured here adds "
+            "the part file and two head reads (hint, probe past the head, floor list each) to "
+            "the current code; the code before the inline change also rewrote the hint every "
+            "4th version, and s3fs's listing of an empty prefix added a HEAD and a second list "
+            "to every floor read: about 22 HTTP requests per append measured on that code in "
+            "a separate run (p50 774 ms).",
             "Latency is a Python S3 server on a 2-core machine shared with other work: "
             "compare the ratio, not the milliseconds, with a real region.",
         ],

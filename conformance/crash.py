@@ -182,8 +182,10 @@ class _RecordingOs(types.SimpleNamespace):
         self._journal.append(("fsync", fd))
 
     def close(self, fd: int) -> None:
-        os.close(fd)
+        # Journaled before the call: once closed, the number may be reused by another thread's
+        # open (the directory syncs of a put run in threads), whose journal entry must follow.
         self._journal.append(("close", fd))
+        os.close(fd)
 
     def link(self, src: str, dst: str) -> None:
         os.link(src, dst)

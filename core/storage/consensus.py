@@ -26,8 +26,9 @@ relies on:
   re-creation of ``v`` needs the original deleted first, which needs a marker above ``v``
   first. So an entry is trusted only if a floor read *after* reading (or creating) it is
   ``<= v``; `head` and `scan` check that, and a compare-and-set that created ``v`` does too.
-- A compare-and-set reads the floor before its put-if-absent (an expected version below it
-  is no longer the head: False, nothing written) and after it. A created entry that fails the
+- A compare-and-set reads the floor after its put-if-absent, and before it too unless it
+  builds on the entry the same object last wrote or trusted (an expected version below the
+  floor is no longer the head: False, nothing written). A created entry that fails the
   check is withdrawn (it is below the floor either way) and its successor, if that is
   trusted, tells which case it was: each entry's header names its predecessor's digest, so a
   successor naming another entry proves a re-creation (False), one naming this entry proves
@@ -40,10 +41,11 @@ version is missing; only a missing hint (truncated, or never written) falls back
 The hint may be stale but never makes the answer wrong: probing always reaches the true head,
 and the floor check rejects a probe that ended on a stale re-creation (probing then starts
 again from the floor). Each head and scan lists ``consensus/floor/`` (a few markers at most)
-once, each compare-and-set twice.
+once, each compare-and-set once after its put (and once before, unless it builds on the entry
+this object wrote or trusted last).
 ``consensus/HEAD`` is rewritten only at version 1 and every `HINT_EVERY`-th version (the
-versions that also write a rollup, so a small commit between them costs its three requests:
-floor list, put-if-absent, floor list), so a fresh reader probes at most `HINT_EVERY` entries
+versions that also write a rollup, so a small commit between them costs its two requests:
+put-if-absent, floor list), so a fresh reader probes at most `HINT_EVERY` entries
 past it; readers never write it (a reader needs no write permission). It is written without
 syncing (`Blob.put_hint`): after a crash it may be missing, older, empty or torn, and any of
 those only makes a reader probe from lower or list. `HINT_EVERY` divides
@@ -297,15 +299,21 @@ class BlobConsensus(Consensus):
         base = expected or 0
         prev_digest: str | None = None
         if base > 0 and self._seen is not None and self._seen[0] == base:
-            prev_digest = self._seen[1]  # entries are immutable; checked by the floor below
-        elif base > 0:
-            prev = self._read(base)
-            if prev is None:
-                return False  # truncated (the head moved past it) or never written
-            prev_digest = prev[1].digest
-        floor = self.floor()  # an OSError here: nothing was written
-        if base < floor:
-            return False  # the head is at or above the floor, so above ``base``
+            # The entry this object last wrote or trusted (entries are immutable): no floor
+            # read first. If truncation passed ``base`` since, the put-if-absent below either
+            # finds the entry after it (the floor is at most the head: False) or re-creates a
+            # truncated one, which the floor read after it withdraws. A writer committing
+            # again and again thus pays two requests and a floor list, not two lists.
+            prev_digest = self._seen[1]
+        else:
+            if base > 0:
+                prev = self._read(base)
+                if prev is None:
+                    return False  # truncated (the head moved past it) or never written
+                prev_digest = prev[1].digest
+            floor = self.floor()  # an OSError here: nothing was written
+            if base < floor:
+                return False  # the head is at or above the floor, so above ``base``
         new_version = base + 1
         raw = _wrap(prev_digest, data)
         try:
