@@ -83,6 +83,13 @@ class CountingBlob(BlobWrapper):
         return self.inner.list_temporary()
 
 
+def _fsspec(blob: Any) -> Any:
+    """The fsspec filesystem under ``blob``'s wrappers (the shard's metrics wrapper, ours)."""
+    while not hasattr(blob, "fs"):
+        blob = blob.inner
+    return blob.fs
+
+
 def counting_shard(location: str, *, before: bool = False, **options: Any) -> Any:
     """A shard at ``location`` whose store calls are counted (``shard.blob.calls``); with
     ``before``, inline writes off and every append reads the head twice, as before."""
@@ -141,7 +148,7 @@ def run(commits: int = 32, rounds: int = 3) -> dict[str, Any]:
                 if name == INLINE_SQL:
                     extra["consensus"] = f"sqlite:///{tmp}/{uuid.uuid4().hex[:8]}.db"
                 shard = counting_shard(location, before=name == BEFORE, **options, **extra)
-                fs = shard.blob.inner.fs
+                fs = _fsspec(shard.blob)
                 if id(fs.s3) not in hooked:  # one client per set of options, hooked once
                     hooked.add(id(fs.s3))
                     fs.s3.meta.events.register("before-send", count_http)
