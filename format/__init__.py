@@ -8,6 +8,7 @@ and crc32c.
 
 from .part import (
     FORMAT_VERSION,
+    PLAIN_ABOVE,
     READ_VERSIONS,
     ChunkInfo,
     PartInfo,
@@ -20,6 +21,7 @@ from .stats import ColumnStats
 
 __all__ = [
     "FORMAT_VERSION",
+    "PLAIN_ABOVE",
     "READ_VERSIONS",
     "ChunkInfo",
     "ColumnStats",

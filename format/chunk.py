@@ -1,8 +1,11 @@
-"""Column segments: one column of one chunk, as a self-contained zstd frame (docs/format.md).
+"""Column segments: one column of one chunk, as a self-contained zstd frame, or (format
+version 3) as its payload stored plain when zstd would not save enough (docs/format.md).
 
 A segment's uncompressed *payload* is a node table followed by the column's Arrow buffers,
-each normalized to offset 0 and padded to 8 bytes. Fixed-width numeric buffers are stored
-byte-shuffled and offsets as shuffled deltas, which zstd compresses far better.
+each normalized to offset 0 and padded to 8 bytes. In a zstd segment fixed-width numeric
+buffers are stored byte-shuffled and offsets as shuffled deltas, which zstd compresses far
+better; a plain segment's fixed-width buffers are not shuffled (`unshuffled`), so they are
+read in place.
 
 Invariants:
 - `encode_payload` is a pure function of the array's logical content and of the bytes under
@@ -87,6 +90,17 @@ def layout_of(t: pa.DataType) -> Layout:
         )
     width = t.bit_width // 8  # every remaining normalized type is fixed-width numeric
     return Layout(t, FIXED, width=width, shuffle=width > 1)
+
+
+@functools.lru_cache(maxsize=512)
+def unshuffled(layout: Layout) -> Layout:
+    """``layout`` with every fixed-width buffer stored as is, not byte-shuffled: the payload
+    layout of a *plain* segment (stored without compression, docs/format.md, version 3),
+    whose fixed-width values are then read in place. Offsets stay shuffled deltas."""
+    children = tuple(unshuffled(c) for c in layout.children)
+    if not layout.shuffle and children == layout.children:
+        return layout
+    return Layout(layout.type, layout.kind, layout.width, False, children)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -56,9 +56,10 @@ from .schema import (
     schema_to_json,
 )
 
-FORMAT_VERSION = 2
-#: Versions this reader reads: 1 (statistics of the sort column only) and 2 (of every column).
-READ_VERSIONS = (1, 2)
+FORMAT_VERSION = 3
+#: Versions this reader reads: 1 (statistics of the sort column only), 2 (of every column)
+#: and 3 (segments may be stored plain, `PLAIN_ABOVE`).
+READ_VERSIONS = (1, 2, 3)
 MAGIC = b"PSPART"
 HEADER = struct.Struct("<6sH")  # magic, version
 TAIL = struct.Struct("<IIH6s")  # footer length, footer crc32c, version, magic
@@ -68,6 +69,13 @@ TAIL_READ = 64 << 10
 TIME_COLUMN = "_time"
 DIFF_COLUMN = "_diff"
 CODEC = "zstd"
+
+#: A segment whose zstd frame would keep more than this share of its payload (random doubles:
+#: about 0.85) is stored *plain* (version 3): its payload as is, fixed-width values not
+#: shuffled, so a reader checks its crc32c and uses it in place, where decompressing and
+#: unshuffling cost more than the bytes saved (docs/format.md, "Plain segments").
+PLAIN_ABOVE = 0.8
+_PAD = bytes(8)
 
 _MAX_INFLIGHT_CHUNKS = 2
 _INLINE_DECODE_BYTES = 1 << 20
@@ -117,9 +125,10 @@ class Segment:
     """One column of one chunk: where its zstd frame is and what it must check out to."""
 
     offset: int  # absolute offset in the file
-    length: int  # compressed bytes
-    raw_length: int  # bytes of the decompressed payload
-    crc32c: int  # of the compressed bytes
+    length: int  # stored bytes (a plain segment's include its alignment padding)
+    raw_length: int  # bytes of the payload
+    crc32c: int  # of the stored bytes
+    plain: bool = False  # stored without compression, after padding to an 8-byte offset
 
 
 @dataclass(frozen=True)
@@ -206,12 +215,16 @@ def _dumps(obj: Any) -> bytes:
 class _EncodedSegment:
     data: bytes
     raw_length: int
-    crc: int
+    crc: int  # of ``data``; a plain segment's is taken with its padding, when it is placed
+    plain: bool = False
 
 
 def _encode_segment(arr: pa.Array, layout: chunk_codec.Layout, level: int) -> _EncodedSegment:
     payload = chunk_codec.encode_payload(arr, layout)
     data = chunk_codec.compress(payload, level)
+    if len(data) > PLAIN_ABOVE * len(payload):
+        plain = chunk_codec.encode_payload(arr, chunk_codec.unshuffled(layout))
+        return _EncodedSegment(plain, len(plain), 0, plain=True)
     return _EncodedSegment(data, len(payload), crc32c.crc32c(data))
 
 
@@ -409,7 +422,16 @@ class PartWriter:
         start = self._offset
         segments = []
         for seg in encoded:
-            segments.append(Segment(self._offset, len(seg.data), seg.raw_length, seg.crc))
+            if seg.plain:
+                # Padding first, so the payload starts at an 8-byte offset of the file (and of
+                # any mapping of it): its buffers are then used in place, aligned.
+                pad = _PAD[: -self._offset % 8]
+                crc = crc32c.crc32c(seg.data, crc32c.crc32c(pad))
+                stored = Segment(self._offset, len(pad) + len(seg.data), seg.raw_length, crc, True)
+                segments.append(stored)
+                self._emit(pad)
+            else:
+                segments.append(Segment(self._offset, len(seg.data), seg.raw_length, seg.crc))
             self._emit(seg.data)
         key_type = self._key_type
         py_min, py_max = (None, None)
@@ -461,7 +483,10 @@ class PartWriter:
                         "key_min": raw[0],
                         "key_max": raw[1],
                         "key_null_count": c.key_null_count,
-                        "columns": [[s.length, s.raw_length, s.crc32c] for s in c.segments],
+                        "columns": [
+                            [s.length, s.raw_length, s.crc32c, *([1] if s.plain else [])]
+                            for s in c.segments
+                        ],
                         "stats": raw_columns,
                     }
                     for c, raw, raw_columns in zip(
@@ -521,6 +546,21 @@ def encode_part(
 
 # ---------------------------------------------------------------------------------------------
 # Reader
+
+
+def _aligned(data: Any, start: int, length: int) -> pa.Buffer:
+    """``data[start:start + length]`` as an Arrow buffer: a view when it starts at an 8-byte
+    aligned address (a mapped file: the writer aligned the payload), else an aligned copy
+    (a fetched range starts wherever the fetch put it)."""
+    view = pa.py_buffer(data).slice(start, length)
+    if view.size != length:
+        raise chunk_codec.SegmentError(f"plain payload of {view.size} bytes, expected {length}")
+    if view.address % 8 == 0:
+        return view
+    out = pa.allocate_buffer(length)
+    memoryview(out).cast("B")[:] = memoryview(view).cast("B")
+    return out
+
 
 _DECODE_ERRORS = (
     ValueError,
@@ -686,13 +726,27 @@ class PartReader:
                 )
             segments = []
             pos = offset
+            entry_lengths = (3, 4) if self.version >= 3 else (3,)
             for col in columns:
-                if not (type(col) is list and len(col) == 3 and all(type(v) is int for v in col)):
-                    raise ValueError("a column entry is [length, raw_length, crc32c], integers")
-                length, raw_length, crc = col
+                if not (
+                    type(col) is list
+                    and len(col) in entry_lengths
+                    and all(type(v) is int for v in col)
+                ):
+                    raise ValueError(
+                        "a column entry is [length, raw_length, crc32c], integers"
+                        + (", then 1 for a plain segment" if self.version >= 3 else "")
+                    )
+                length, raw_length, crc = col[:3]
                 if min(col) < 0 or crc > 0xFFFFFFFF:
                     raise ValueError(f"column entry {col} out of range")
-                segments.append(Segment(pos, length, raw_length, crc))
+                plain = len(col) == 4
+                if plain and (col[3] != 1 or not 0 <= length - raw_length < 8):
+                    raise ValueError(
+                        f"plain column entry {col}: the marker must be 1 and the stored length "
+                        "the payload's plus at most 7 bytes of padding"
+                    )
+                segments.append(Segment(pos, length, raw_length, crc, plain))
                 pos += length
             length = _int(c, "length")
             if pos - offset != length:
@@ -820,10 +874,13 @@ class PartReader:
                 chunk=index,
             )
         try:
-            payload = chunk_codec.decompress(data, seg.raw_length)
-            return chunk_codec.decode_payload(
-                payload, self._layouts[col], self.chunks[index].num_rows
-            )
+            if seg.plain:
+                payload = _aligned(data, seg.length - seg.raw_length, seg.raw_length)
+                layout = chunk_codec.unshuffled(self._layouts[col])
+            else:
+                payload = chunk_codec.decompress(data, seg.raw_length)
+                layout = self._layouts[col]
+            return chunk_codec.decode_payload(payload, layout, self.chunks[index].num_rows)
         except _DECODE_ERRORS as e:
             raise CorruptData(
                 f"column {column!r} does not decode: {e}", file=self.name, chunk=index

@@ -676,3 +676,47 @@ def test_column_stats_checker_agrees_with_the_general_check(t: pa.DataType, raw:
     general = outcome(lambda: stats.check_column_stats(raw, t, 3))
     fast = outcome(lambda: stats.column_stats_checker(t)(raw, 3))
     assert fast == general
+
+
+def test_incompressible_columns_are_stored_plain_and_read_in_place() -> None:
+    """A column zstd cannot shrink (random doubles) is stored plain (version 3): a footer
+    entry of four integers, the payload 8-byte aligned in the file, values not shuffled. Read
+    from memory at an aligned address its values are a view of the part's bytes; from a
+    misaligned one, an aligned copy; both exact. Compressible columns stay zstd frames."""
+    import json as json_module
+    import struct as struct_module
+
+    from persistshard.format import PLAIN_ABOVE
+
+    rng = np.random.default_rng(8)
+    table = pa.table({"id": np.arange(50_000, dtype=np.int64), "v": rng.random(50_000)})
+    data, _ = encode_part(table, sort_column="id", chunk_bytes=200_000)
+    footer_len = struct_module.unpack_from("<I", data, len(data) - 16)[0]
+    footer = json_module.loads(data[len(data) - 16 - footer_len : len(data) - 16])
+    assert footer["version"] == 3 and len(footer["chunks"]) > 1
+    for chunk in footer["chunks"]:
+        ids, values = chunk["columns"]
+        assert len(ids) == 3  # 0, 1, 2, ...: compresses to almost nothing
+        assert len(values) == 4 and values[3] == 1 and values[0] - values[1] < 8
+        assert values[1] > PLAIN_ABOVE * 8 * chunk["num_rows"]  # stored at about full size
+    reader = PartReader.from_bytes("p", data)
+    for chunk in reader.chunks:
+        assert (
+            chunk.segments[1].plain
+            and (chunk.segments[1].offset + chunk.segments[1].length - chunk.segments[1].raw_length)
+            % 8
+            == 0
+        )
+    aligned = pa.allocate_buffer(len(data))  # Arrow's allocations are 64-byte aligned
+    memoryview(aligned).cast("B")[:] = data
+    got = PartReader.from_bytes("p", aligned).read()
+    assert got.equals(table)
+    values = got.column("v").chunk(0).buffers()[1]
+    assert aligned.address <= values.address < aligned.address + aligned.size  # in place
+    shifted = pa.allocate_buffer(len(data) + 1)
+    memoryview(shifted).cast("B")[1:] = data
+    odd = shifted.slice(1)
+    got = PartReader.from_bytes("p", odd).read()
+    assert got.equals(table)
+    values = got.column("v").chunk(0).buffers()[1]
+    assert values.address % 8 == 0  # copied to an aligned buffer

@@ -311,3 +311,61 @@ def test_malformed_payloads_are_caught(part: bytes, mutation: str) -> None:
 
 def test_unmodified_reencoding_reads(part: bytes) -> None:
     read_everything(_reencode_segment(part, 1, lambda p: None))
+
+
+def with_footer(
+    data: bytes, mutate: Callable[[dict[str, Any]], None], version: int | None = None
+) -> bytes:
+    """``data`` with its footer JSON changed by ``mutate`` and checksummed anew (and the
+    header and tail saying ``version``, when given): what a buggy writer could produce."""
+    footer_len, _, tail_version, magic = struct.unpack_from("<IIH6s", data, len(data) - 16)
+    start = len(data) - 16 - footer_len
+    footer = json.loads(data[start : len(data) - 16])
+    mutate(footer)
+    version = tail_version if version is None else version
+    footer["version"] = version
+    raw = json.dumps(footer, sort_keys=True, separators=(",", ":")).encode("ascii")
+    head = bytearray(data[:start])
+    struct.pack_into("<H", head, 6, version)
+    tail = struct.pack("<IIH6s", len(raw), crc32c.crc32c(raw), version, magic)
+    return bytes(head) + raw + tail
+
+
+def plain_part() -> bytes:
+    """A part whose double column does not compress (stored plain) and whose ids do."""
+    rng = np.random.default_rng(4)
+    table = pa.table({"id": np.arange(4000, dtype=np.int64), "v": rng.random(4000)})
+    data, _ = encode_part(table, sort_column="id", chunk_bytes=16_000)
+    return data
+
+
+def _plain_entries(footer: dict[str, Any]) -> list[list[int]]:
+    return [col for chunk in footer["chunks"] for col in chunk["columns"] if len(col) == 4]
+
+
+def test_a_plain_entry_must_say_plain_and_pad_less_than_eight_bytes() -> None:
+    data = plain_part()
+
+    def bad_marker(footer: dict[str, Any]) -> None:
+        _plain_entries(footer)[0][3] = 2
+
+    def bad_padding(footer: dict[str, Any]) -> None:
+        entry = _plain_entries(footer)[0]
+        entry[1] -= 8  # the stored length would then hold 8 or more bytes of padding
+
+    for mutate in (bad_marker, bad_padding):
+        assert "plain column entry" in str(expect_corrupt_named(with_footer(data, mutate)))
+
+
+def test_a_version_2_part_has_no_plain_segments() -> None:
+    """Version 2 readers knew only zstd segments: a version 2 footer naming a plain one is
+    malformed, never read as zstd."""
+    data = plain_part()
+    assert "integers" in str(expect_corrupt_named(with_footer(data, lambda f: None, version=2)))
+
+
+def expect_corrupt_named(data: bytes) -> CorruptData:
+    """`expect_corrupt` for parts written under another name than `NAME`."""
+    with pytest.raises(CorruptData) as info:
+        PartReader.from_bytes(NAME, data).read()
+    return info.value

@@ -153,7 +153,10 @@ def structure(data: bytes) -> dict[str, Any]:
         pos = chunk["offset"]
         for column in chunk["columns"]:
             frame = data[pos : pos + column[0]]
-            payloads.append(zstandard.ZstdDecompressor().decompress(frame))
+            if len(column) == 4:  # plain (version 3): padding, then the payload as is
+                payloads.append(frame[column[0] - column[1] :])
+            else:
+                payloads.append(zstandard.ZstdDecompressor().decompress(frame))
             pos += column[0]
             column[0] = column[2] = None  # compressed length and crc depend on libzstd
         chunk["offset"] = chunk["length"] = None
