@@ -50,7 +50,7 @@ from persistshard.core.statemachine.state import PartRef
 from persistshard.core.storage import metrics
 from persistshard.core.storage.blob import FsspecBlob
 from persistshard.core.storage.layout import PARTS_PREFIX, new_id
-from persistshard.core.storage.parts import write_part
+from persistshard.core.storage.parts import PutsBehind, write_part
 from persistshard.core.write.external import ExternalSort, distinct_ascending
 from persistshard.core.write.validate import (
     evolve_schema,
@@ -346,6 +346,7 @@ class _OrderedParts:
         self._pending: dict[bool, list[pa.Table]] = {True: [], False: []}
         self._bytes = {True: 0, False: 0}
         self._parts: dict[bool, list[PartRef]] = {True: [], False: []}
+        self._puts = PutsBehind(shard.blob)  # a part's sync overlaps the next one's encoding
 
     def add(self, table: pa.Table) -> None:
         if table.num_rows == 0:
@@ -378,11 +379,15 @@ class _OrderedParts:
             return
         table = pa.concat_tables(pending).combine_chunks()
         self._pending[sealed], self._bytes[sealed] = [], 0
-        self._parts[sealed].append(write_part(self._shard.blob, self._write_id, table))
+        self._parts[sealed].append(
+            write_part(self._shard.blob, self._write_id, table, puts=self._puts)
+        )
 
     def close(self) -> tuple[list[PartRef], list[PartRef]]:
-        self._flush(True)
-        self._flush(False)
+        """Write the last parts and wait until every part is stored."""
+        with self._puts:
+            self._flush(True)
+            self._flush(False)
         return self._parts[True], self._parts[False]
 
 
@@ -418,7 +423,7 @@ def _write_gathered(
     rows_per_part = max(1, int(part_bytes // max(1.0, table.nbytes / max(1, table.num_rows))))
     diff_index = full.get_field_index(DIFF)
 
-    def parts(keep: np.ndarray) -> list[PartRef]:
+    def parts(keep: np.ndarray, puts: PutsBehind) -> list[PartRef]:
         idx, diffs = indices[keep], sums[keep]
         out = []
         for start in range(0, len(idx), rows_per_part):
@@ -428,11 +433,14 @@ def _write_gathered(
                 full.field(diff_index),
                 pa.array(diffs[start : start + rows_per_part], pa.int64()),
             )
-            out.append(write_part(shard.blob, write_id, piece, inline_max=shard.inline_bytes))
+            out.append(
+                write_part(shard.blob, write_id, piece, inline_max=shard.inline_bytes, puts=puts)
+            )
         return out
 
     below = times < upper
-    return parts(below), parts(~below)
+    with PutsBehind(shard.blob) as puts:  # a part's sync overlaps the next one's encoding
+        return parts(below, puts), parts(~below, puts)
 
 
 #: Spark local property that makes a write task's first attempt fail at a named point (for

@@ -20,6 +20,8 @@ from __future__ import annotations
 import logging
 import mmap
 import os
+import threading
+from collections import deque
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -54,6 +56,62 @@ DEFAULT_INLINE_BYTES = int(os.environ.get("PERSISTSHARD_INLINE_BYTES", 4 << 10))
 DEFAULT_INLINE_CAP = 64 << 10
 
 
+class PutsBehind:
+    """Puts a writer's parts on a thread of their own while the writer encodes the next one.
+
+    A put to local files returns once its bytes and directory entry are synced, which for a
+    large part is the disk writing it back: done in line, the encoder waits for it; done
+    here, the sync of one part overlaps the encoding of the next. At most ``depth`` encoded
+    parts wait or are being put (memory: that many parts). `close` waits for every put and
+    raises the first failure: only then are the parts stored, so a writer commits nothing
+    before it (a failed put fails the write, whose other parts gc sweeps as any failed
+    write's). Use as a context manager; leaving it on an error still waits for the puts
+    under way (never a put running after its write gave up). The thread counts its requests
+    into the caller's operation (`run_in_context`)."""
+
+    def __init__(self, blob: Blob, depth: int = 1) -> None:
+        self._blob = blob
+        self._depth = max(1, depth)
+        self._pending: deque[threading.Thread] = deque()
+        self._errors: list[BaseException] = []
+
+    def put(self, key: str, data: bytes) -> None:
+        self._wait(self._depth - 1)
+        self._raise()
+        put = run_in_context(self._put)
+        thread = threading.Thread(target=put, args=(key, data), name="persistshard-put")
+        thread.start()
+        self._pending.append(thread)
+
+    def _put(self, key: str, data: bytes) -> None:
+        try:
+            self._blob.put(key, data)
+        except BaseException as e:  # handed to the writer's thread by `close`
+            self._errors.append(e)
+
+    def _wait(self, keep: int) -> None:
+        while len(self._pending) > keep:
+            self._pending.popleft().join()
+
+    def _raise(self) -> None:
+        if self._errors:
+            raise self._errors[0]
+
+    def close(self) -> None:
+        """Wait for every put; raise the first that failed."""
+        self._wait(0)
+        self._raise()
+
+    def __enter__(self) -> PutsBehind:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is None:
+            self.close()
+        else:
+            self._wait(0)  # the write failed: let the puts under way end, report its error
+
+
 def write_part(
     blob: Blob,
     write_id: str,
@@ -61,9 +119,11 @@ def write_part(
     *,
     metadata: dict[str, str] | None = None,
     inline_max: int = 0,
+    puts: PutsBehind | None = None,
 ) -> PartRef:
     """Write one part of ``table`` (already sorted by (row, time) and consolidated); when its
-    bytes are at most ``inline_max``, return them as an inline part instead (nothing stored)."""
+    bytes are at most ``inline_max``, return them as an inline part instead (nothing stored).
+    With ``puts`` the part is put behind (`PutsBehind`): stored only once ``puts`` closes."""
     columns = row_columns(table.schema)
     data, info = encode_part(
         table,
@@ -81,7 +141,10 @@ def write_part(
     )
     if len(data) <= min(inline_max, MAX_INLINE_PART_BYTES):
         return replace(ref, inline=bytes(data), inline_crc=crc32c.crc32c(data))
-    blob.put(key, data)
+    if puts is not None:
+        puts.put(key, data)
+    else:
+        blob.put(key, data)
     log.debug("wrote part %s: %d rows, %d bytes", key, table.num_rows, len(data))
     return ref
 
@@ -124,10 +187,13 @@ def write_parts(
         return [write_part(blob, write_id, table, inline_max=inline_max)]
     n_parts = max(1, -(-table.nbytes // PART_TARGET_BYTES))
     step = -(-table.num_rows // n_parts)
-    return [
-        write_part(blob, write_id, table.slice(start, step))
-        for start in range(0, table.num_rows, step)
-    ]
+    if n_parts == 1:
+        return [write_part(blob, write_id, table)]
+    with PutsBehind(blob) as puts:  # each part's sync overlaps the next one's encoding
+        return [
+            write_part(blob, write_id, table.slice(start, step), puts=puts)
+            for start in range(0, table.num_rows, step)
+        ]
 
 
 class PartSink:
