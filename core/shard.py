@@ -239,9 +239,8 @@ class Shard:
         table = normalize_updates(updates, lower=lower, schema=schema, location=self.location)
         if table.num_rows == 0:
             return WrittenUpdates()
-        below = pc.less(table.column(TIME), new_upper)
-        sealed = consolidate(table.filter(below))
-        unsealed = consolidate(table.filter(pc.invert(below)))
+        sealed, unsealed = split_at(table, new_upper)
+        sealed, unsealed = consolidate(sealed), consolidate(unsealed)
         small = self.inline_bytes
         return WrittenUpdates(
             sealed=write_parts(self.blob, write_id, sealed, inline_max=small),
@@ -924,6 +923,19 @@ def _summarize(c: Commit) -> str:
         out = a["output"]
         return f"{n} batch{'' if n == 1 else 'es'} -> 1 ({out['lower']}..{out['upper']})"
     return json.dumps(a)[:200]
+
+
+def split_at(table: pa.Table, upper: int) -> tuple[pa.Table, pa.Table]:
+    """The updates of ``table`` with times below ``upper`` and the others. When all are on
+    one side (an append at its upper: the usual case) that side is ``table`` itself: a filter
+    would copy every column of it (about a second for 16M rows on memory fresh from the OS)."""
+    below = pc.less(table.column(TIME), upper)
+    n_below = int(pc.sum(below).as_py() or 0)
+    if n_below == table.num_rows:
+        return table, table.slice(0, 0)
+    if n_below == 0:
+        return table.slice(0, 0), table
+    return table.filter(below), table.filter(pc.invert(below))
 
 
 def retention_of(seconds: float | None, versions: int | None, location: str) -> Retention | None:

@@ -203,3 +203,30 @@ def test_a_few_sorted_runs_sort_by_merging_and_give_the_same_order() -> None:
         perm = rows.distinct_order(pa.array(data))
         assert perm is not None
         assert data[perm].tolist() == sorted(data.tolist())
+
+
+def test_a_table_in_key_order_is_consolidated_without_a_copy() -> None:
+    """A strictly ascending first column with no zero diff is already consolidated in
+    (row, time) order: `consolidate` returns the table itself. A zero diff or a tie takes the
+    general path, and a `split_at` of an append at its upper keeps the table whole."""
+    from persistshard.core.shard import split_at
+
+    n = 1000
+    table = pa.table(
+        {
+            "k": pa.array(np.arange(n) * 2, pa.int64()),
+            "v": pa.array([f"v{i}" for i in range(n)]),
+            "_time": pa.array(np.full(n, 5), pa.int64()),
+            "_diff": pa.array(np.ones(n), pa.int64()),
+        }
+    )
+    assert rows.consolidate(table) is table
+    zero = table.set_column(3, "_diff", pa.array(np.r_[np.ones(n - 1), 0], pa.int64()))
+    assert rows.consolidate(zero).num_rows == n - 1
+    tie = table.set_column(0, "k", pa.array(np.r_[np.arange(n - 1) * 2, 2 * n - 4], pa.int64()))
+    assert rows.consolidate(tie).num_rows == n  # (2n-4, v998) and (2n-4, v999) differ
+    assert rows.consolidate(tie).column("k").to_pylist() == sorted(tie.column("k").to_pylist())
+    below, above = split_at(table, 6)
+    assert below is table and above.num_rows == 0
+    below, above = split_at(table, 5)
+    assert below.num_rows == 0 and above is table
