@@ -31,6 +31,7 @@ read runs (GC keeps what recent versions reference).
 from __future__ import annotations
 
 import logging
+import mmap
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -45,7 +46,7 @@ from persistshard.core.rows import DIFF, TIME, advance_times, consolidate, snaps
 from persistshard.core.statemachine.state import PartRef, ShardState
 from persistshard.core.storage.blob import Blob
 from persistshard.core.storage.metrics import run_in_context
-from persistshard.core.storage.parts import adapt_part_table, open_part
+from persistshard.core.storage.parts import adapt_part_table, open_part, release_mapped
 from persistshard.core.write.validate import update_schema
 from persistshard.errors import InvalidUpdates, NegativeDiff, NotSealed, SinceViolation
 from persistshard.format import PartReader
@@ -254,6 +255,13 @@ class MappedReaders(Readers):
     def __init__(self) -> None:
         super().__init__()
         self.mapped = 0
+        self.mappings: list[mmap.mmap] = []
+
+    def release(self) -> None:
+        """Give back the pages of every mapping so far (`release_mapped`): a streamed scan
+        calls it after each task, so its resident set stays near one task's, not the
+        shard's."""
+        release_mapped(list(self.mappings))
 
     def claim(self, ref: PartRef) -> bool:
         """Whether ``ref`` is to be opened mapped (counted when it is)."""
@@ -272,8 +280,14 @@ def _open(blob: Blob, ref: PartRef, readers: Readers | None) -> PartReader:
         return open_part(blob, ref)
     reader = readers.get(ref.key)
     if reader is None:
-        reader = readers[ref.key] = open_part(blob, ref, mapped=_mapped(readers, ref))
+        reader = readers[ref.key] = open_part(
+            blob, ref, mapped=_mapped(readers, ref), on_map=_on_map(readers)
+        )
     return reader
+
+
+def _on_map(readers: Readers | None) -> Any:
+    return readers.mappings.append if isinstance(readers, MappedReaders) else None
 
 
 def _open_all(
@@ -281,13 +295,17 @@ def _open_all(
 ) -> list[PartReader]:
     cached = readers if readers is not None else {}
     missing = list({r.key: r for r in refs if r.key not in cached}.values())
+    on_map = _on_map(readers)
     if len(missing) == 1:
-        cached[missing[0].key] = open_part(blob, missing[0], mapped=_mapped(readers, missing[0]))
+        cached[missing[0].key] = open_part(
+            blob, missing[0], mapped=_mapped(readers, missing[0]), on_map=on_map
+        )
     elif missing:
         flags = {r.key: _mapped(readers, r) for r in missing}
         with ThreadPoolExecutor(max_workers=min(8, len(missing))) as pool:
             opened = pool.map(
-                run_in_context(lambda r: open_part(blob, r, mapped=flags[r.key])), missing
+                run_in_context(lambda r: open_part(blob, r, mapped=flags[r.key], on_map=on_map)),
+                missing,
             )
             for ref, reader in zip(missing, opened, strict=True):
                 cached[ref.key] = reader

@@ -494,6 +494,7 @@ class Scan:
                     self._blob, task, as_multiset=multiset, readers=readers, omit_unit_diffs=True
                 ):
                     yield self._shape(piece)
+                readers.release()  # the resident set holds one task's parts, not all read
             return
 
         def run(task: ReadTask) -> list[pa.Table]:
@@ -511,8 +512,10 @@ class Scan:
                 window.append(pool.submit(run, task))
                 if len(window) > SCAN_THREADS:
                     yield from window.popleft().result()
+                    readers.release()  # the resident set holds a few tasks' parts, not all
             while window:
                 yield from window.popleft().result()
+                readers.release()
         finally:
             for f in window:
                 f.cancel()

@@ -22,7 +22,7 @@ import mmap
 import os
 import threading
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
@@ -238,7 +238,13 @@ class PartSink:
         return self.parts
 
 
-def open_part(blob: Blob, ref: PartRef, *, mapped: bool = False) -> PartReader:
+def open_part(
+    blob: Blob,
+    ref: PartRef,
+    *,
+    mapped: bool = False,
+    on_map: Callable[[mmap.mmap], None] | None = None,
+) -> PartReader:
     """A reader over ``ref`` that fetches bytes with ranged gets.
 
     A part the state references but the storage lacks is `CorruptData` naming it (the state
@@ -252,6 +258,8 @@ def open_part(blob: Blob, ref: PartRef, *, mapped: bool = False) -> PartReader:
     rewritten in place (parts are published by rename and removed by unlink, which leave a
     mapping intact); a file shorter than asked gives a short view, which the reader reports
     as `CorruptData`. Any other storage, or a file that cannot be mapped, reads as without.
+    ``on_map`` is told of the mapping when it is made (`release_mapped` can then give its
+    pages back).
     """
     if ref.inline is not None:
         return PartReader.from_bytes(ref.key, ref.inline)
@@ -277,6 +285,8 @@ def open_part(blob: Blob, ref: PartRef, *, mapped: bool = False) -> PartReader:
             try:
                 with open(path, "rb") as f:
                     mapping.append(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+                if on_map is not None and mapping[0] is not None:
+                    on_map(mapping[0])
             except (OSError, ValueError):  # missing (fetch says so), empty, or unmappable
                 mapping.append(None)
         mm = mapping[0]
@@ -285,6 +295,21 @@ def open_part(blob: Blob, ref: PartRef, *, mapped: bool = False) -> PartReader:
         return memoryview(mm)[offset : offset + length]
 
     return PartReader.open(ref.key, ref.size, fetch_mapped)
+
+
+def release_mapped(mappings: Iterable[mmap.mmap]) -> None:
+    """Give back the resident pages of ``mappings`` (read-only maps of immutable part files):
+    the process's resident set no longer counts the parts a streamed read went through. Safe
+    while views of them live: a page touched again is read back from the file (or the page
+    cache), unchanged."""
+    dontneed = getattr(mmap, "MADV_DONTNEED", None)
+    if dontneed is None:
+        return
+    for mm in mappings:
+        try:
+            mm.madvise(dontneed)
+        except (ValueError, OSError):  # closed, or a platform that refuses: nothing to give
+            pass
 
 
 def adapt_part_table(table: pa.Table, ref: PartRef, schema: pa.Schema) -> pa.Table:
