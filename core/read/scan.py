@@ -479,7 +479,7 @@ class Scan:
         """The answer in consolidated pieces, shaped (`_shape`), in task order."""
         q = self.query
         # Each part's footer is parsed once per consumption; large local parts are mapped.
-        readers: Readers = MappedReaders()
+        readers = MappedReaders()
         tasks = self.tasks(readers)
         if not tasks:
             return
