@@ -203,8 +203,7 @@ def _distinct_sort(values: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     """(the permutation sorting ``values``, the sorted values) when they are pairwise
     distinct; None otherwise. Input made of a few sorted runs (parts read one after another,
     the outputs of a merge) is sorted by merging its runs (`sort_kind`)."""
-    if values.size > 1 and bool(np.all(values[1:] > values[:-1])):
-        # Strictly ascending already (a table written in key order): nothing to sort.
+    if _strictly_ascending(values):  # a table written in key order: nothing to sort
         return np.arange(values.size, dtype=np.int64), values
     perm = np.argsort(values, kind=sort_kind(values)).astype(np.int64, copy=False)
     ordered = values[perm]
@@ -232,6 +231,24 @@ def _distinct_through(first: pa.Array, perm: np.ndarray) -> np.ndarray | None:
     values of ``first`` that numpy can compare directly; None otherwise."""
     values = _numpy_key(first)
     return perm if values is not None and _strictly_apart(values[perm]) else None
+
+
+def _strictly_ascending(values: np.ndarray) -> bool:
+    """Whether each of (at least two) ``values`` is greater than the one before it."""
+    return values.size > 1 and bool(np.all(values[1:] > values[:-1]))
+
+
+def ascending_key(column: pa.Array | pa.ChunkedArray) -> bool:
+    """Whether ``column`` (a first row column) is a numpy-comparable key (`_numpy_key`:
+    integer or temporal, no nulls) whose values strictly ascend: then rows in this order are
+    sorted by (row, time) and no two are equal. Floats never are (their row order has its
+    own rules for NaN and -0.0)."""
+    if column.null_count:
+        return False
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    values = _numpy_key(column)
+    return values is not None and _strictly_ascending(values)
 
 
 def _strictly_apart(ordered: np.ndarray) -> bool:
@@ -480,10 +497,7 @@ def _in_key_order(table: pa.Table, columns: Sequence[str] | None) -> bool:
     if not columns or DIFF not in table.column_names:
         return False
     column = table.column(columns[0])
-    if column.num_chunks != 1 or column.null_count:
-        return False
-    values = _numpy_key(column.chunk(0))
-    if values is None or values.size < 2 or not bool(np.all(values[1:] > values[:-1])):
+    if column.num_chunks != 1 or not ascending_key(column):
         return False
     diffs = table.column(DIFF)
     return diffs.num_chunks == 1 and not bool(np.any(diffs.chunk(0).to_numpy() == 0))

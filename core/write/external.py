@@ -43,7 +43,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 
 from persistshard.core import rows
@@ -58,14 +57,9 @@ SPILL_BATCH_BYTES = 8 << 20
 
 
 def distinct_ascending(table: pa.Table, column: str) -> bool:
-    """Whether ``column`` (the first row column) is a strictly increasing integer column
-    without nulls: then the rows are sorted by (row, time) and no two rows are equal. Only
-    integers: the row order of floats has its own rules for NaN and -0.0."""
-    values = table.column(column)
-    if not pa.types.is_integer(values.type) or values.null_count or table.num_rows < 2:
-        return False
-    v = values.to_numpy()
-    return bool(np.all(v[1:] > v[:-1]))
+    """Whether ``column`` (the first row column) strictly ascends (`rows.ascending_key`):
+    then the rows are sorted by (row, time) and no two rows are equal."""
+    return rows.ascending_key(table.column(column))
 
 
 @dataclass(eq=False)
