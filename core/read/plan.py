@@ -287,9 +287,7 @@ def _open(blob: Blob, ref: PartRef, readers: Readers | None) -> PartReader:
 
 
 def _local(blob: Blob, ref: PartRef) -> bool:
-    """Whether ``ref`` is a file in a local directory (or inline: no request either)."""
-    if ref.inline is not None:
-        return True
+    """Whether ``blob`` keeps its parts (``ref``'s among them) in a local directory."""
     local = getattr(blob, "local_file", None)
     return local is not None and local(ref.key) is not None
 

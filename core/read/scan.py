@@ -444,7 +444,7 @@ class Scan:
             max_partitions=SCAN_MAX_TASKS,
             row_filter=self._row_filter,
             readers=readers,
-            multiset=q.mode == "snapshot" and not q.with_diff,
+            multiset=self._multiset,
         )
         log.debug("%r: %d read tasks", self, len(tasks))
         ef = self._expression
@@ -462,13 +462,16 @@ class Scan:
             for t in tasks
         ]
 
+    @property
+    def _multiset(self) -> bool:
+        """Whether the answer repeats each row by its count (a snapshot without ``_diff``):
+        tasks then never consolidate across one another's updates when diffs are positive."""
+        return self.query.mode == "snapshot" and not self.query.with_diff
+
     def _merges_across_tasks(self, tasks: list[ReadTask]) -> bool:
         """Whether tasks' answers must be consolidated together: one row per distinct
         projected row is asked for and the projection drops the column tasks split on."""
-        q = self.query
-        if len(tasks) < 2 or self._columns is None:
-            return False
-        if q.mode == "snapshot" and not q.with_diff:
+        if len(tasks) < 2 or self._columns is None or self._multiset:
             return False
         split = tasks[0].key_range
         return split is not None and split.column not in self._columns
@@ -477,13 +480,12 @@ class Scan:
 
     def _pieces(self) -> Iterator[pa.Table]:
         """The answer in consolidated pieces, shaped (`_shape`), in task order."""
-        q = self.query
         # Each part's footer is parsed once per consumption; large local parts are mapped.
         readers = MappedReaders()
         tasks = self.tasks(readers)
         if not tasks:
             return
-        multiset = q.mode == "snapshot" and not q.with_diff
+        multiset = self._multiset
         if self._merges_across_tasks(tasks):
             for piece in self._merged(tasks, readers):
                 yield self._shape(piece)
