@@ -312,9 +312,10 @@ def _write_task(d: BatchDescription, batches: Any, time: int, shard: Shard) -> T
             )
         else:
             sink = _OrderedParts(shard, d.write_id, full, upper, part_bytes)
-            for out in sorter.sorted():
-                sink.add(out)
-            sealed_parts, unsealed_parts = sink.close()
+            with sink.puts:  # every part stored on leaving; on a failure, the puts ended
+                for out in sorter.sorted():
+                    sink.add(out)
+                sealed_parts, unsealed_parts = sink.flush()
         written = TaskWritten(sealed_parts, unsealed_parts, max_time, rows_in)
     finally:
         if sorter is not None:
@@ -346,7 +347,8 @@ class _OrderedParts:
         self._pending: dict[bool, list[pa.Table]] = {True: [], False: []}
         self._bytes = {True: 0, False: 0}
         self._parts: dict[bool, list[PartRef]] = {True: [], False: []}
-        self._puts = PutsBehind(shard.blob)  # a part's sync overlaps the next one's encoding
+        #: Puts the parts behind the encoder; the caller holds it open over the whole write.
+        self.puts = PutsBehind(shard.blob)
 
     def add(self, table: pa.Table) -> None:
         if table.num_rows == 0:
@@ -380,14 +382,13 @@ class _OrderedParts:
         table = pa.concat_tables(pending).combine_chunks()
         self._pending[sealed], self._bytes[sealed] = [], 0
         self._parts[sealed].append(
-            write_part(self._shard.blob, self._write_id, table, puts=self._puts)
+            write_part(self._shard.blob, self._write_id, table, puts=self.puts)
         )
 
-    def close(self) -> tuple[list[PartRef], list[PartRef]]:
-        """Write the last parts and wait until every part is stored."""
-        with self._puts:
-            self._flush(True)
-            self._flush(False)
+    def flush(self) -> tuple[list[PartRef], list[PartRef]]:
+        """Write the last parts; the sealed and unsealed parts (stored once `puts` closes)."""
+        self._flush(True)
+        self._flush(False)
         return self._parts[True], self._parts[False]
 
 
