@@ -122,7 +122,8 @@ def _executor() -> ThreadPoolExecutor:
 
 @dataclass(frozen=True)
 class Segment:
-    """One column of one chunk: where its zstd frame is and what it must check out to."""
+    """One column of one chunk: where its stored bytes are (a zstd frame, or a plain payload
+    after its padding) and what they must check out to."""
 
     offset: int  # absolute offset in the file
     length: int  # stored bytes (a plain segment's include its alignment padding)
