@@ -16,7 +16,9 @@ Invariants this module keeps:
 - Consolidation needs every update of a row in one task. Tasks therefore split rows by *key
   range* over the first row column, using the chunk statistics in the part footers (all
   updates of a row share its first column). Nulls of that column go to the last task. When
-  the first column has no usable statistics (floats, nested types) the read is one task.
+  the first column has no usable statistics (floats, nested types) the read is one task. A
+  multiset snapshot (rows repeated by their counts) whose chunk statistics prove every diff
+  positive needs no consolidation, and splits by chunk instead (`plan_read`'s ``multiset``).
 - A pushed filter (`persistshard.core.read.filters`) on row columns is applied to updates before
   consolidation. That is exact because every update of a row has the row's values, so a
   row-level predicate keeps all of a row's updates or none. Chunks and parts whose statistics
