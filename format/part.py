@@ -21,19 +21,20 @@ Reader invariants (`PartReader`):
   `verify`). Any mismatch, short read or malformed structure raises `CorruptData` naming
   the file and, where one is involved, the chunk; no other exception type escapes decoding.
 - Only ranged reads: `open` fetches the last 64 KiB (or the footer exactly, if larger);
-  `read_chunk` fetches the requested columns' segments of one chunk, coalescing adjacent
-  ones. `read_range` is only ever called from the thread that called the reader method.
+  `read_chunk` fetches the requested columns' segments of one chunk, coalescing those at
+  most `HOLE_BYTES` (and a quarter of the wanted bytes) apart. `read_range` is only ever
+  called from the thread that called the reader method.
 - Decompression and decoding of segments run in a shared thread pool (zstd and numpy
-  release the GIL), at most a few chunks ahead of the consumer.
+  release the GIL), at most a few chunks ahead of the consumer, or in the calling thread
+  when it asks (`read_chunk`'s ``in_thread``: callers that decode chunks in threads of
+  their own, which must not wait on the pool).
 """
 
 from __future__ import annotations
 
 import io
 import json
-import os
 import struct
-import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -48,6 +49,7 @@ from persistshard.errors import CorruptData, InvalidUpdates
 
 from . import chunk as chunk_codec
 from . import stats
+from .pool import WORKERS, SharedPool
 from .schema import (
     decoded_type,
     has_dictionary,
@@ -77,6 +79,13 @@ CODEC = "zstd"
 PLAIN_ABOVE = 0.8
 _PAD = bytes(8)
 
+#: Segments of one chunk this close (in bytes; and at most a quarter of what the get wants) are
+#: fetched by one ranged get, the bytes between them included: on an object store a request
+#: costs far more than reading that much more
+#: (Arrow's Parquet reader coalesces holes of up to 8 KiB; a chunk's skipped column of
+#: constant times is a few bytes, one of varied times about a byte per row).
+HOLE_BYTES = 64 << 10
+
 _MAX_INFLIGHT_CHUNKS = 2
 _INLINE_DECODE_BYTES = 1 << 20
 _INLINE_ENCODE_BYTES = 1 << 20
@@ -90,12 +99,10 @@ _T = TypeVar("_T")
 DEFAULT_COMPRESSION_LEVEL = 1
 
 # ---------------------------------------------------------------------------------------------
-# Shared worker pool (recreated after fork: Spark's Python workers are forked)
+# Shared worker pool: decodes and encodes column segments; that work never waits on anything.
 
-_WORKERS = max(2, min(8, os.cpu_count() or 2))
-_pool: ThreadPoolExecutor | None = None
-_pool_pid = -1
-_pool_lock = threading.Lock()
+_WORKERS = WORKERS
+_POOL = SharedPool("persistshard-format", _WORKERS)
 
 
 def _done(value: _T) -> Future[_T]:
@@ -106,14 +113,7 @@ def _done(value: _T) -> Future[_T]:
 
 
 def _executor() -> ThreadPoolExecutor:
-    global _pool, _pool_pid
-    with _pool_lock:
-        if _pool is None or _pool_pid != os.getpid():
-            _pool = ThreadPoolExecutor(
-                max_workers=_WORKERS, thread_name_prefix="persistshard-format"
-            )
-            _pool_pid = os.getpid()
-        return _pool
+    return _POOL.get()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -839,7 +839,10 @@ class PartReader:
         return pa.schema([self.schema.field(i) for i in idx], metadata=self.schema.metadata)
 
     def _fetch_chunk(self, index: int, cols: list[int]) -> list[Any]:
-        """The raw bytes of the given columns of one chunk; adjacent segments share one get."""
+        """The raw bytes of the given columns of one chunk. Segments share one get when the
+        bytes between them are at most `HOLE_BYTES` and at most a quarter of what the get
+        wants (those bytes are fetched and dropped: a get fetches at most 25% more than it
+        needs)."""
         segs = self.chunks[index].segments
         out: dict[int, Any] = {}
         order = sorted(cols, key=lambda c: segs[c].offset)
@@ -856,10 +859,15 @@ class PartReader:
                 out[c] = data[rel : rel + segs[c].length]
             run.clear()
 
+        wanted = 0  # bytes of the run's segments
         for c in order:
-            if run and segs[run[-1]].offset + segs[run[-1]].length != segs[c].offset:
-                flush()
+            if run:
+                gap = segs[c].offset - (segs[run[-1]].offset + segs[run[-1]].length)
+                if gap > min(HOLE_BYTES, (wanted + segs[c].length) // 4):
+                    flush()
+                    wanted = 0
             run.append(c)
+            wanted += segs[c].length
         flush()
         return [out[c] for c in cols]
 
@@ -901,18 +909,27 @@ class PartReader:
                 f"decoded columns do not form a batch: {e}", file=self.name, chunk=index
             ) from e
 
-    def read_chunk(self, index: int, columns: Sequence[str] | None = None) -> pa.RecordBatch:
-        """One chunk's rows, only the named columns (all by default), in the order named."""
+    def read_chunk(
+        self, index: int, columns: Sequence[str] | None = None, *, in_thread: bool = False
+    ) -> pa.RecordBatch:
+        """One chunk's rows, only the named columns (all by default), in the order named.
+
+        With ``in_thread`` every column is decoded in the calling thread, never in the shared
+        pool: for callers that decode several chunks at once in threads of their own (the
+        chunk is then their unit of parallelism), and that must not wait on the pool."""
         cols = self._columns(columns)
         (index,) = self._chunk_indices([index])
-        return self._assemble((index, self._start_decode(index, cols)), cols)
+        return self._assemble((index, self._start_decode(index, cols, in_thread)), cols)
 
-    def _start_decode(self, index: int, cols: list[int]) -> list[Future[pa.Array] | pa.Array]:
-        """Fetch one chunk's columns and decode them: inline when small, else one pool task
-        per column (zstd and the numpy copies release the GIL, so columns decode at once)."""
+    def _start_decode(
+        self, index: int, cols: list[int], in_thread: bool = False
+    ) -> list[Future[pa.Array] | pa.Array]:
+        """Fetch one chunk's columns and decode them: in this thread when small (or asked),
+        else one pool task per column (zstd and the numpy copies release the GIL, so columns
+        decode at once)."""
         raw = self._fetch_chunk(index, cols)
         segs = self.chunks[index].segments
-        if sum(segs[c].raw_length for c in cols) < _INLINE_DECODE_BYTES:
+        if in_thread or sum(segs[c].raw_length for c in cols) < _INLINE_DECODE_BYTES:
             return [self._decode_segment(index, c, d) for c, d in zip(cols, raw, strict=True)]
         pool = _executor()
         return [

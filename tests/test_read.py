@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import functools
 from typing import Any
 
 import numpy as np
@@ -522,3 +523,83 @@ def test_snapshot_with_a_retraction_keeps_the_key_range_split(
     assert expected.num_rows == 7_999
     got = ps.open_shard(shard.location).scan().to_arrow().sort_by("id")
     assert got.equals(expected.drop_columns([DIFF]).sort_by("id"))
+
+
+def test_run_ahead_answers_in_order_and_leaves_no_work_behind() -> None:
+    """`run_ahead` yields each job's result in the jobs' order, whatever order they finish
+    in; a job's error reaches the consumer at its turn; a consumer that stops early leaves
+    no job running (those not started are cancelled, those under way waited for)."""
+    import threading
+    import time
+
+    from persistshard.core.read.plan import run_ahead
+
+    def job(i: int, in_thread: bool) -> int:
+        time.sleep(0.002 * (7 - i % 7))  # later jobs finish first
+        return i
+
+    jobs = [functools.partial(job, i) for i in range(30)]
+    assert list(run_ahead(jobs, 3)) == list(range(30))
+    alone: list[bool] = []
+    assert list(run_ahead([lambda in_thread: alone.append(in_thread) or 5])) == [5]
+    assert alone == [False]  # a single job runs in the caller's thread, free to use the pool
+
+    def failing(in_thread: bool) -> int:
+        raise ValueError("chunk 3 is bad")
+
+    with pytest.raises(ValueError, match="chunk 3 is bad"):
+        list(run_ahead([*jobs[:3], failing, *jobs[3:]], 2))
+
+    started: list[int] = []
+    running = threading.Event()
+    finished: list[int] = []
+
+    def slow(i: int, in_thread: bool) -> int:
+        started.append(i)
+        running.set()
+        time.sleep(0.05)
+        finished.append(i)
+        return i
+
+    stream = run_ahead([functools.partial(slow, i) for i in range(50)], 2)
+    assert next(stream) == 0
+    stream.close()
+    assert sorted(finished) == sorted(started)  # nothing still under way after close
+    assert len(started) < 50
+
+
+def test_snapshot_reads_leave_times_undecoded(tmp_path: Any, monkeypatch: Any) -> None:
+    """A snapshot needs no `_time` when every time of a part is at or before ``as_of``: the
+    column is neither decoded nor, when it lies between wanted columns, fetched apart (one
+    get per chunk). A part with later times decodes it (rows after ``as_of`` are dropped)."""
+    monkeypatch.setattr(parts, "CHUNK_BYTES", 4096)
+    shard = ps.open_shard(str(tmp_path / "s"), maintenance=False)
+    shard.append(orders(0, 3000, 0), new_upper=1)
+    shard.append(orders(3000, 6000, 1), new_upper=2)
+    decoded: list[str] = []
+    original = PartReader._decode_segment
+
+    def spy(self: PartReader, index: int, col: int, data: Any) -> Any:
+        decoded.append(self.schema.names[col])
+        return original(self, index, col, data)
+
+    monkeypatch.setattr(PartReader, "_decode_segment", spy)
+    state = shard.state()
+    counting = CountingBlob(shard.blob)
+    q = snapshot_query(state, 1, shard.location)
+    tasks = plan_read(counting, state, q)  # type: ignore[arg-type]
+    counting.gets.clear()
+    got = pa.concat_tables([read_task(counting, t) for t in tasks])  # type: ignore[arg-type]
+    assert got.num_rows == 6000 and TIME not in got.column_names
+    assert decoded and TIME not in decoded
+    chunks = sum(len(parts.open_part(shard.blob, p).chunks) for b in state.trace for p in b.parts)
+    # one get per chunk (less each part's footer): _time's bytes read through, not skipped
+    assert sum(n - 1 for n in counting.gets.values()) == chunks
+    assert shard.scan().to_arrow().num_rows == 6000
+    assert TIME not in decoded
+    mixed = pa.concat_tables([orders(6000, 6010, 2), orders(6010, 6020, 3)])
+    shard.append(mixed, new_upper=4)  # one part of times 2 and 3
+    decoded.clear()
+    got = shard.scan(as_of=2).to_arrow().column("id").to_pylist()
+    assert sorted(got) == list(range(6010))
+    assert TIME in decoded  # the mixed part, read as of 2: its times filter its rows

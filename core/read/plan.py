@@ -32,12 +32,14 @@ read runs (GC keeps what recent versions reference).
 
 from __future__ import annotations
 
+import functools
 import logging
 import mmap
-from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -52,6 +54,9 @@ from persistshard.core.storage.parts import adapt_part_table, open_part, release
 from persistshard.core.write.validate import update_schema
 from persistshard.errors import InvalidUpdates, NegativeDiff, NotSealed, SinceViolation
 from persistshard.format import PartReader
+from persistshard.format.pool import WORKERS, SharedPool
+
+_T = TypeVar("_T")
 
 log = logging.getLogger("persistshard.core.read.plan")
 
@@ -243,7 +248,7 @@ _RANGE_TYPES = (
 Readers = dict[str, PartReader]
 
 #: Parts smaller than this are never memory-mapped (`MappedReaders`).
-MAP_MIN_BYTES = 1 << 20
+MAP_MIN_BYTES = 64 << 10
 #: Most parts one `MappedReaders` maps (each mapping holds a file descriptor while it lives).
 MAP_MAX_PARTS = 64
 
@@ -580,18 +585,23 @@ def _slice_schema(
     task: ReadTask, reader: PartReader, ref: PartRef, chunks: Sequence[int]
 ) -> pa.Schema:
     """The columns to decode for ``chunks`` of one part: `ReadTask.read_schema`, less, in a
-    projected snapshot, ``_time`` when every time of the part is in the query's (no time
-    filter runs) and the key range's column when the chunks' statistics put every row in the
-    range (no range filter runs) and nothing else reads it. `_with_time` restores ``_time``."""
+    snapshot, ``_time`` when every time of the part is in the query's (no time filter runs:
+    a snapshot's answer has no times), and, in a projected snapshot, the key range's column
+    when the chunks' statistics put every row in the range (no range filter runs) and nothing
+    else reads it. `_with_time` restores ``_time`` where a caller needs the column."""
     schema = task.read_schema()
     q = task.query
-    if task.columns is None or q.mode != "snapshot":
+    if q.mode != "snapshot":
         return schema
     drop = set()
     if not (ref.max_time > q.max_time or (q.min_time is not None and ref.min_time < q.min_time)):
         drop.add(TIME)
     kr = task.key_range
-    if kr is not None and kr.column not in {*task.columns, *task.expression_columns}:
+    if (
+        task.columns is not None
+        and kr is not None
+        and kr.column not in {*task.columns, *task.expression_columns}
+    ):
         filtered = task.row_filter is not None and kr.column in task.row_filter.columns()
         if not filtered and _chunks_within(reader, chunks, kr):
             drop.add(kr.column)
@@ -670,19 +680,49 @@ def iter_task(
     readers: Readers | None = None,
     omit_unit_diffs: bool = False,
 ) -> Iterator[pa.Table]:
-    """`read_task`'s answer in pieces, one per chunk, decoded as they are consumed, when no
-    row of one chunk needs another chunk's rows to be consolidated: a snapshot of one part at
-    one time (consolidated when written), or (with ``as_multiset``) a snapshot whose chunks'
-    statistics say every diff is positive. Otherwise the whole answer as one piece. Pieces
-    carry no ``_time``, like `read_task`'s snapshots; memory stays near one chunk per piece.
-
-    With ``omit_unit_diffs`` (and ``as_multiset``), a streamed piece of a part slice whose
-    chunks' statistics prove every diff is exactly 1 comes *without* ``_diff``: that column
-    is then never fetched nor decoded, and the caller reads a missing ``_diff`` as all ones."""
-    q = task.query
-    if q.mode != "snapshot" or not task.slices:
+    """`read_task`'s answer in pieces, one per chunk (`chunk_jobs`, decoded a few chunks
+    ahead of the consumer by `run_ahead`), when no row of one chunk needs another chunk's rows
+    to be consolidated; otherwise the whole answer as one piece. Pieces carry no ``_time``,
+    like `read_task`'s snapshots, and empty pieces are not yielded."""
+    jobs = chunk_jobs(
+        blob, task, as_multiset=as_multiset, readers=readers, omit_unit_diffs=omit_unit_diffs
+    )
+    if jobs is None:
         yield read_task(blob, task, as_multiset=as_multiset, readers=readers)
         return
+    for table in run_ahead(jobs):
+        if table.num_rows:
+            yield table
+
+
+#: One piece of a read's answer, computed when called: with ``True`` in a thread that decodes
+#: the piece itself (the caller runs several at once), with ``False`` alone (it may then
+#: decode a chunk's columns in the format's pool).
+Job = Callable[[bool], _T]
+
+
+def chunk_jobs(
+    blob: Blob,
+    task: ReadTask,
+    *,
+    as_multiset: bool = False,
+    readers: Readers | None = None,
+    omit_unit_diffs: bool = False,
+) -> list[Job[pa.Table]] | None:
+    """`read_task`'s answer as one job per chunk, in answer order, when no row of one chunk
+    needs another chunk's rows to be consolidated: a snapshot of one part at one time
+    (consolidated when written), or (with ``as_multiset``) a snapshot whose chunks' statistics
+    say every diff is positive. None when the task must be read whole (`read_task`). Opens the
+    task's footers now (in ``readers``); each job fetches and decodes its chunk when called,
+    so memory stays near one chunk per job under way. A job's piece has no ``_time`` and may
+    be empty (the chunk's rows all filtered out).
+
+    With ``omit_unit_diffs`` (and ``as_multiset``), the pieces of a part slice whose chunks'
+    statistics prove every diff is exactly 1 come *without* ``_diff``: that column is then
+    never fetched nor decoded, and the caller reads a missing ``_diff`` as all ones."""
+    q = task.query
+    if q.mode != "snapshot" or not task.slices:
+        return None
     opened = _open_all(blob, [s.ref for s in task.slices], readers)
     chunks = [
         _wanted_chunks(r, s.ref, s.chunks, q, task.row_filter)
@@ -696,21 +736,71 @@ def iter_task(
     if not one and not (
         as_multiset and all(_positive_diffs(r, c) for r, c in zip(opened, chunks, strict=True))
     ):
-        yield read_task(blob, task, as_multiset=as_multiset, readers=readers)
-        return
+        return None
     out_names = [n for n in task.output_schema().names if n != TIME]
+    jobs: list[Job[pa.Table]] = []
     for s, reader, wanted in zip(task.slices, opened, chunks, strict=True):
         schema = _slice_schema(task, reader, s.ref, wanted)
         names = out_names
         if omit_unit_diffs and as_multiset and _unit_diffs(reader, wanted):
             schema = pa.schema([f for f in schema if f.name != DIFF])
             names = [n for n in out_names if n != DIFF]
-        batches = reader.iter_batches(_present(reader, schema), chunks=wanted)
-        for index, batch in zip(wanted, batches, strict=True):
-            table = adapt_part_table(pa.Table.from_batches([batch]), s.ref, schema)
-            table = _restrict(table, task, s.ref, reader, [index]).select(names)
-            if table.num_rows:
-                yield table
+        columns = _present(reader, schema)
+        jobs.extend(
+            functools.partial(_chunk_piece, task, s.ref, reader, index, columns, schema, names)
+            for index in wanted
+        )
+    return jobs
+
+
+def _chunk_piece(
+    task: ReadTask,
+    ref: PartRef,
+    reader: PartReader,
+    index: int,
+    columns: list[str] | None,
+    schema: pa.Schema,
+    names: list[str],
+    in_thread: bool,
+) -> pa.Table:
+    """One chunk of a `chunk_jobs` job: decoded, adapted to ``schema``, restricted to the
+    task's times, range and filters, ``names`` selected."""
+    batch = reader.read_chunk(index, columns, in_thread=in_thread)
+    table = adapt_part_table(pa.Table.from_batches([batch]), ref, schema)
+    return _restrict(table, task, ref, reader, [index]).select(names)
+
+
+#: Pieces of one read computed at once (`run_ahead`): a streamed read holds at most one more
+#: than this many decoded chunks.
+READ_THREADS = WORKERS
+#: Threads that compute the jobs of streamed reads. Its work may wait on the format's pool
+#: (a task read whole decodes there), never on this pool.
+_READ_POOL = SharedPool("persistshard-read", READ_THREADS)
+
+
+def run_ahead(jobs: Sequence[Job[_T]], ahead: int = READ_THREADS) -> Iterator[_T]:
+    """Each job's result, in the jobs' order, computed up to ``ahead`` jobs ahead of the
+    consumer in the read pool (each in a copy of the caller's context, so the requests it
+    makes count into the caller's operation). A single job runs in the calling thread. A job's
+    error reaches the consumer when its result is due; when the consumer stops early (or a
+    job fails), the jobs not yet started are cancelled and those under way are waited for, so
+    no work of the read outlives it."""
+    if len(jobs) == 1:
+        yield jobs[0](False)
+        return
+    pool = _READ_POOL.get()
+    window: deque[Future[_T]] = deque()
+    try:
+        for job in jobs:
+            window.append(pool.submit(run_in_context(job), True))
+            if len(window) > ahead:
+                yield window.popleft().result()
+        while window:
+            yield window.popleft().result()
+    finally:
+        for future in window:
+            future.cancel()
+        wait(window)
 
 
 def read_query(blob: Blob, state: ShardState, q: Query) -> pa.Table:

@@ -42,11 +42,10 @@ a bounded slice at a time.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import re
-from collections import deque
 from collections.abc import Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -54,13 +53,18 @@ import pyarrow.compute as pc
 
 from persistshard.core.read.filters import Pred, bind, conjunction, disjunction, evaluate
 from persistshard.core.read.plan import (
+    READ_THREADS,
+    Job,
     MappedReaders,
     Query,
     Readers,
     ReadTask,
+    chunk_jobs,
     expand_rows,
     iter_task,
     plan_read,
+    read_task,
+    run_ahead,
     with_snapshot_time,
 )
 from persistshard.core.rows import DIFF, TIME
@@ -83,8 +87,9 @@ SCAN_TASK_BYTES = 4 << 20
 SCAN_MERGE_BUDGET = 64 << 20
 #: Most tasks a scan is split into.
 SCAN_MAX_TASKS = 1 << 16
-#: Tasks a scan reads at once (a scan then holds up to one more task's answer than this).
-SCAN_THREADS = 2
+#: Pieces (a chunk of a task that streams, else a whole task) a scan computes at once; a scan
+#: then holds up to one more piece than this.
+SCAN_THREADS = READ_THREADS
 
 
 # --- pyarrow expressions -------------------------------------------------------------------
@@ -479,49 +484,41 @@ class Scan:
     # --- consuming --------------------------------------------------------------------
 
     def _pieces(self) -> Iterator[pa.Table]:
-        """The answer in consolidated pieces, shaped (`_shape`), in task order."""
+        """The answer in consolidated pieces, shaped (`_shape`), in task order: a piece per
+        chunk of a task that streams (`chunk_jobs`), the whole answer of one that does not,
+        computed a few pieces ahead of the consumer (`run_ahead`)."""
         # Each part's footer is parsed once per consumption; large local parts are mapped.
         readers = MappedReaders()
         tasks = self.tasks(readers)
         if not tasks:
             return
-        multiset = self._multiset
         if self._merges_across_tasks(tasks):
             for piece in self._merged(tasks, readers):
                 yield self._shape(piece)
             return
-        if len(tasks) == 1 or SCAN_THREADS < 2:
-            for task in tasks:
-                for piece in iter_task(
-                    self._blob, task, as_multiset=multiset, readers=readers, omit_unit_diffs=True
-                ):
-                    yield self._shape(piece)
-                readers.release()  # the resident set holds one task's parts, not all read
-            return
-
-        def run(task: ReadTask) -> list[pa.Table]:
-            pieces = iter_task(
+        multiset = self._multiset
+        jobs: list[Job[pa.Table]] = []
+        ends: set[int] = set()  # the jobs that end a task
+        for task in tasks:
+            pieces = chunk_jobs(
                 self._blob, task, as_multiset=multiset, readers=readers, omit_unit_diffs=True
             )
-            return [self._shape(piece) for piece in pieces]
+            if pieces is None:
+                pieces = [functools.partial(self._whole, task, readers)]
+            jobs.extend(functools.partial(self._shaped, piece) for piece in pieces)
+            ends.add(len(jobs) - 1)
+        for i, piece in enumerate(run_ahead(jobs, SCAN_THREADS)):
+            if piece.num_rows:
+                yield piece
+            if i in ends:
+                readers.release()  # the resident set holds a few chunks' parts, not all read
 
-        # Tasks are independent: read SCAN_THREADS of them at once (decompression and the
-        # numpy copies release the GIL), at most SCAN_THREADS + 1 answers held, in order.
-        pool = ThreadPoolExecutor(max_workers=SCAN_THREADS, thread_name_prefix="persistshard-scan")
-        window: deque[Future[list[pa.Table]]] = deque()
-        try:
-            for task in tasks:
-                window.append(pool.submit(run, task))
-                if len(window) > SCAN_THREADS:
-                    yield from window.popleft().result()
-                    readers.release()  # the resident set holds a few tasks' parts, not all
-            while window:
-                yield from window.popleft().result()
-                readers.release()
-        finally:
-            for f in window:
-                f.cancel()
-            pool.shutdown(wait=True)
+    def _whole(self, task: ReadTask, readers: Readers, in_thread: bool) -> pa.Table:
+        """The answer of a task that does not stream, read whole (`read_task`)."""
+        return read_task(self._blob, task, as_multiset=self._multiset, readers=readers)
+
+    def _shaped(self, piece: Job[pa.Table], in_thread: bool) -> pa.Table:
+        return self._shape(piece(in_thread))
 
     def _merged(self, tasks: list[ReadTask], readers: Readers) -> Iterator[pa.Table]:
         """The tasks' answers consolidated together, through a `Correction` of
