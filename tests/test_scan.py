@@ -391,11 +391,11 @@ def test_mapped_part_cut_short_is_corrupt_data(shard: Shard, monkeypatch: Any) -
 
 
 def test_tasks_read_at_once_keep_their_order(shard: Shard, monkeypatch: Any) -> None:
-    """Tasks read SCAN_THREADS at a time answer in task order, as one at a time does."""
+    """Pieces computed SCAN_AHEAD ahead answer in task order, as one at a time does."""
     scan = shard.scan(columns=["id", "s"])
     assert len(scan.tasks()) > 4
     together = scan.to_arrow()
-    monkeypatch.setattr(scan_mod, "SCAN_THREADS", 1)
+    monkeypatch.setattr(scan_mod, "SCAN_AHEAD", 1)
     assert scan.to_arrow().equals(together)
     assert together.column("id").to_pylist() == sorted(together.column("id").to_pylist())
 

@@ -770,15 +770,19 @@ def _chunk_piece(
     return _restrict(table, task, ref, reader, [index]).select(names)
 
 
-#: Pieces of one read computed at once (`run_ahead`): a streamed read holds at most one more
-#: than this many decoded chunks.
+#: Threads that compute the pieces of streamed reads (`run_ahead`).
 READ_THREADS = WORKERS
+#: Pieces `run_ahead` computes ahead of its consumer by default: twice its threads, so a
+#: thread that finishes a small chunk starts the next one while a large one before it is
+#: still decoding (with one per thread it waited for that). A streamed read holds at most one
+#: more decoded piece than this.
+READ_AHEAD = 2 * READ_THREADS
 #: Threads that compute the jobs of streamed reads. Its work may wait on the format's pool
 #: (a task read whole decodes there), never on this pool.
 _READ_POOL = SharedPool("persistshard-read", READ_THREADS)
 
 
-def run_ahead(jobs: Sequence[Job[_T]], ahead: int = READ_THREADS) -> Iterator[_T]:
+def run_ahead(jobs: Sequence[Job[_T]], ahead: int = READ_AHEAD) -> Iterator[_T]:
     """Each job's result, in the jobs' order, computed up to ``ahead`` jobs ahead of the
     consumer in the read pool (each in a copy of the caller's context, so the requests it
     makes count into the caller's operation). A single job runs in the calling thread. A job's

@@ -29,8 +29,9 @@ What always holds:
   wrong).
 
 Memory. `to_batches` plans the read in tasks of about `SCAN_TASK_BYTES` of stored parts,
-split by key range (`persistshard.core.read.plan.plan_read`), and holds one task at a time; a
-snapshot of parts that need no cross-chunk consolidation streams chunk by chunk. What it does
+split by key range (`persistshard.core.read.plan.plan_read`); a snapshot of parts that need
+no cross-chunk consolidation streams chunk by chunk (`persistshard.core.read.plan.chunk_jobs`),
+any other task is read whole, and a scan holds at most `SCAN_AHEAD` + 1 such pieces. What it does
 not bound: a task is never split inside one key value of the first row column (a shard whose
 rows mostly share one first-column value reads as one task). A ``with_diff`` snapshot or a
 change read projected *without* the first row column must consolidate across tasks: their
@@ -53,7 +54,7 @@ import pyarrow.compute as pc
 
 from persistshard.core.read.filters import Pred, bind, conjunction, disjunction, evaluate
 from persistshard.core.read.plan import (
-    READ_THREADS,
+    READ_AHEAD,
     Job,
     MappedReaders,
     Query,
@@ -87,9 +88,9 @@ SCAN_TASK_BYTES = 4 << 20
 SCAN_MERGE_BUDGET = 64 << 20
 #: Most tasks a scan is split into.
 SCAN_MAX_TASKS = 1 << 16
-#: Pieces (a chunk of a task that streams, else a whole task) a scan computes at once; a scan
-#: then holds up to one more piece than this.
-SCAN_THREADS = READ_THREADS
+#: Pieces (a chunk of a task that streams, else a whole task) a scan computes ahead of its
+#: consumer, in `READ_THREADS` threads; a scan then holds up to one more piece than this.
+SCAN_AHEAD = READ_AHEAD
 
 
 # --- pyarrow expressions -------------------------------------------------------------------
@@ -507,7 +508,7 @@ class Scan:
                 pieces = [functools.partial(self._whole, task, readers)]
             jobs.extend(functools.partial(self._shaped, piece) for piece in pieces)
             ends.add(len(jobs) - 1)
-        for i, piece in enumerate(run_ahead(jobs, SCAN_THREADS)):
+        for i, piece in enumerate(run_ahead(jobs, SCAN_AHEAD)):
             if piece.num_rows:
                 yield piece
             if i in ends:
