@@ -35,7 +35,8 @@ from __future__ import annotations
 import io
 import json
 import struct
-from collections import deque
+import threading
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -85,6 +86,17 @@ _PAD = bytes(8)
 #: (Arrow's Parquet reader coalesces holes of up to 8 KiB; a chunk's skipped column of
 #: constant times is a few bytes, one of varied times about a byte per row).
 HOLE_BYTES = 64 << 10
+
+#: Parsed footers remembered by their checked bytes (`PartReader._from_footer_bytes`): every
+#: read of a shard opens each of its parts, and parsing a footer (JSON, then checking every
+#: entry and statistic) costs about 60 us for a part of one chunk. At most this many, the
+#: least recently used forgotten first; footers above `_FOOTER_CACHE_MAX_BYTES` never.
+_FOOTER_CACHE_ENTRIES = 4096
+_FOOTER_CACHE_MAX_BYTES = 64 << 10
+_FOOTERS: OrderedDict[tuple[int, int, bytes], tuple[tuple[Any, ...], dict[str, str]]] = (
+    OrderedDict()
+)
+_FOOTERS_LOCK = threading.Lock()
 
 _MAX_INFLIGHT_CHUNKS = 2
 _INLINE_DECODE_BYTES = 1 << 20
@@ -628,6 +640,52 @@ class PartReader:
         except _DECODE_ERRORS as e:
             raise CorruptData(f"malformed footer: {e}", file=name) from e
 
+    _PARSED = ("schema", "sort_column", "_layouts", "_index", "chunks", "num_rows", "info")
+
+    @classmethod
+    def _from_footer_bytes(
+        cls,
+        name: str,
+        size: int,
+        read_range: Callable[[int, int], Any],
+        footer_bytes: Any,
+        footer_start: int,
+        version: int,
+    ) -> PartReader:
+        """A reader over a footer whose checksum matched: parsed, or (the same bytes at the
+        same place were parsed before in this process) taken from `_FOOTERS`. Parsing is a
+        pure function of the bytes, their place and the version, so a remembered parse is the
+        parse; nothing that failed to parse is remembered. Readers of the same footer share
+        what the parse made (schema, chunk index, layouts): no reader mutates them."""
+        key = (version, footer_start, bytes(footer_bytes))
+        with _FOOTERS_LOCK:
+            parsed = _FOOTERS.get(key)
+            if parsed is not None:
+                _FOOTERS.move_to_end(key)
+        if parsed is not None:
+            reader = cls.__new__(cls)
+            reader.name, reader.version, reader.size = name, version, size
+            reader._read_range, reader._footer_start = read_range, footer_start
+            values, metadata = parsed
+            for attr, value in zip(cls._PARSED, values, strict=True):
+                setattr(reader, attr, value)
+            reader.metadata = dict(metadata)
+            return reader
+        try:
+            footer = json.loads(key[2].decode("ascii"))
+        except (UnicodeDecodeError, ValueError) as e:
+            raise CorruptData(f"footer is not JSON: {e}", file=name) from e
+        if not isinstance(footer, dict):
+            raise CorruptData("footer is not a JSON object", file=name)
+        reader = cls(name, size, read_range, footer, footer_start, version)
+        if len(key[2]) <= _FOOTER_CACHE_MAX_BYTES:
+            values = tuple(getattr(reader, attr) for attr in cls._PARSED)
+            with _FOOTERS_LOCK:
+                _FOOTERS[key] = (values, dict(reader.metadata))
+                while len(_FOOTERS) > _FOOTER_CACHE_ENTRIES:
+                    _FOOTERS.popitem(last=False)
+        return reader
+
     # -- opening --------------------------------------------------------------------------
 
     @classmethod
@@ -668,13 +726,7 @@ class PartReader:
             )
         if fetch == size:
             _check_header(buf, name, version)
-        try:
-            footer = json.loads(bytes(footer_bytes).decode("ascii"))
-        except (UnicodeDecodeError, ValueError) as e:
-            raise CorruptData(f"footer is not JSON: {e}", file=name) from e
-        if not isinstance(footer, dict):
-            raise CorruptData("footer is not a JSON object", file=name)
-        return cls(name, size, read_range, footer, footer_start, version)
+        return cls._from_footer_bytes(name, size, read_range, footer_bytes, footer_start, version)
 
     @classmethod
     def from_bytes(cls, name: str, data: bytes | bytearray | memoryview | pa.Buffer) -> PartReader:

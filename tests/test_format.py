@@ -720,3 +720,46 @@ def test_incompressible_columns_are_stored_plain_and_read_in_place() -> None:
     assert got.equals(table)
     values = got.column("v").chunk(0).buffers()[1]
     assert values.address % 8 == 0  # copied to an aligned buffer
+
+
+def test_footers_parse_once_per_process_and_never_from_unchecked_bytes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A footer parsed once is not parsed again when the same checked bytes are opened (every
+    read of a shard opens its parts); the remembered parse reads like a fresh one; a footer
+    whose bytes changed is checked and parsed anew (or refused), never served from memory."""
+    from persistshard.format import part as part_mod
+
+    table = pa.table({"k": pa.array(range(500), pa.int64()), "v": [str(i) for i in range(500)]})
+    data, _ = encode_part(table, chunk_bytes=2000, sort_column="k", metadata={"m": "1"})
+    parses: list[str] = []
+    original = PartReader._parse_footer
+
+    def counting(self: PartReader, footer: dict[str, object]) -> None:
+        parses.append(self.name)
+        original(self, footer)
+
+    monkeypatch.setattr(PartReader, "_parse_footer", counting)
+    first = PartReader.from_bytes("a.part", data)
+    again = PartReader.from_bytes("b.part", bytes(data))  # another name, the same bytes
+    assert parses == ["a.part"]
+    assert again.name == "b.part" and again.size == first.size
+    assert again.schema == first.schema and again.chunks == first.chunks
+    assert again.info == first.info and again.metadata == {"m": "1"}
+    assert again.read().equals(first.read()) and again.read().equals(table)
+    again.metadata["m"] = "changed"  # each reader has its own metadata
+    assert PartReader.from_bytes("c.part", data).metadata == {"m": "1"}
+    # a flipped byte of the footer is refused by its checksum before any lookup
+    footer_len = struct.unpack_from("<I", data, len(data) - 16)[0]
+    flipped = bytearray(data)
+    flipped[len(data) - 16 - footer_len // 2] ^= 0x01
+    with pytest.raises(part_mod.CorruptData, match="footer checksum"):
+        PartReader.from_bytes("d.part", bytes(flipped))
+    other, _ = encode_part(table.slice(1), chunk_bytes=2000, sort_column="k")
+    PartReader.from_bytes("e.part", other)
+    assert parses == ["a.part", "e.part"]
+    monkeypatch.setattr(part_mod, "_FOOTER_CACHE_ENTRIES", 1)
+    third, _ = encode_part(table.slice(2), chunk_bytes=2000, sort_column="k")
+    PartReader.from_bytes("f.part", third)  # remembered alone: the others are forgotten
+    PartReader.from_bytes("g.part", other)
+    assert parses == ["a.part", "e.part", "f.part", "g.part"]
