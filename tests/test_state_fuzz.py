@@ -393,3 +393,39 @@ def test_flipped_inline_bytes_in_a_rollup_are_corrupt_data(inline_state, where, 
     part["inline"] = st.base64.b64encode(bytes(data)).decode()
     with pytest.raises(CorruptData, match="inline part"):
         st.decode_rollup(st.seal(st.ROLLUP_MAGIC, json.dumps(d).encode()), "rollups/fuzz.json")
+
+
+def test_a_rollup_decodes_once_per_process_and_damage_is_never_remembered(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`decode_rollup` remembers what bytes it decoded: every handle opened anew reads the
+    newest rollup, and its state is decoded and checked once; the state is the one decoded
+    then. Bytes that fail (a flipped byte) raise every time, and are never remembered."""
+    shard = ps.open_shard(str(tmp_path / "s"), maintenance=False)
+    for i in range(3):
+        shard.append(
+            updates([(j, f"r{j}", i, 1) for j in range(i * 5, i * 5 + 5)]), new_upper=i + 1
+        )
+    raw = st.encode_rollup(shard.state())
+    calls: list[int] = []
+    original = st._decode_rollup
+
+    def counting(data: bytes, where: str, location: str | None) -> st.ShardState:
+        calls.append(len(data))
+        return original(data, where, location)
+
+    monkeypatch.setattr(st, "_decode_rollup", counting)
+    first = st.decode_rollup(raw, "rollups/a.json")
+    again = st.decode_rollup(bytes(raw), "rollups/b.json")
+    assert again is first and first == shard.state() and len(calls) == 1
+    damaged = bytearray(raw)
+    damaged[len(raw) // 2] ^= 0x20
+    for _ in range(2):
+        with pytest.raises(CorruptData):
+            st.decode_rollup(bytes(damaged), "rollups/c.json")
+    assert len(calls) == 3
+    monkeypatch.setattr(st, "ROLLUP_MEMO_ENTRIES", 1)
+    other = st.encode_rollup(replace(shard.state(), version=shard.state().version + 1))
+    st.decode_rollup(other, "rollups/d.json")  # remembered alone now
+    st.decode_rollup(raw, "rollups/a.json")
+    assert len(calls) == 5

@@ -64,6 +64,8 @@ from __future__ import annotations
 import base64
 import json
 import re
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -1087,9 +1089,37 @@ def encode_rollup(state: ShardState) -> bytes:
     return seal(ROLLUP_MAGIC, body)
 
 
+#: Rollups decoded in this process, by their bytes (`decode_rollup`): every state read of a
+#: shard handle opened anew decodes its newest rollup, and decoding (JSON, then
+#: `ShardState.check`) is a pure function of the bytes. At most `ROLLUP_MEMO_ENTRIES`
+#: rollups of at most `ROLLUP_MEMO_MAX_BYTES` each, the least recently used forgotten first.
+ROLLUP_MEMO_ENTRIES = 64
+ROLLUP_MEMO_MAX_BYTES = 1 << 20
+_ROLLUPS: OrderedDict[bytes, ShardState] = OrderedDict()
+_ROLLUPS_LOCK = threading.Lock()
+
+
 def decode_rollup(data: bytes, where: str, location: str | None = None) -> ShardState:
     """The state in a rollup; `CorruptData` naming ``where`` if its checksum, length or
-    contents are wrong, or if the state breaks an invariant (`ShardState.check`)."""
+    contents are wrong, or if the state breaks an invariant (`ShardState.check`). The same
+    bytes decoded before in this process give the state they gave then (states are
+    immutable); bytes that did not decode are never remembered."""
+    key = bytes(data)
+    with _ROLLUPS_LOCK:
+        known = _ROLLUPS.get(key)
+        if known is not None:
+            _ROLLUPS.move_to_end(key)
+            return known
+    state = _decode_rollup(key, where, location)
+    if len(key) <= ROLLUP_MEMO_MAX_BYTES:
+        with _ROLLUPS_LOCK:
+            _ROLLUPS[key] = state
+            while len(_ROLLUPS) > ROLLUP_MEMO_ENTRIES:
+                _ROLLUPS.popitem(last=False)
+    return state
+
+
+def _decode_rollup(data: bytes, where: str, location: str | None) -> ShardState:
     body = unseal(ROLLUP_MAGIC, data, "state rollup", where, location)
     try:
         state = ShardState.from_json(json.loads(body))
