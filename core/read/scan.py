@@ -31,7 +31,9 @@ What always holds:
 Memory. `to_batches` plans the read in tasks of about `SCAN_TASK_BYTES` of stored parts,
 split by key range (`persistshard.core.read.plan.plan_read`); a snapshot of parts that need
 no cross-chunk consolidation streams chunk by chunk (`persistshard.core.read.plan.chunk_jobs`),
-any other task is read whole, and a scan holds at most `SCAN_AHEAD` + 1 such pieces. What it does
+any other task is read whole, and a scan holds at most `SCAN_AHEAD` + 1 such pieces. Large
+local parts are memory-mapped; the pages a scan touched are given back each time it has
+handed out `SCAN_RELEASE_BYTES` of answer. What it does
 not bound: a task is never split inside one key value of the first row column (a shard whose
 rows mostly share one first-column value reads as one task). A ``with_diff`` snapshot or a
 change read projected *without* the first row column must consolidate across tasks: their
@@ -83,6 +85,10 @@ __all__ = ["SCAN_TASK_BYTES", "Scan", "expression_filter"]
 
 #: Stored bytes of parts per task of a scan (the unit of memory `Scan.to_batches` holds).
 SCAN_TASK_BYTES = 4 << 20
+#: Bytes of answer a scan hands out between two givings back of the pages of the parts it
+#: mapped (`MappedReaders.release`): its resident set holds the stored pages of about this
+#: much answer, and a read smaller than this makes no such call.
+SCAN_RELEASE_BYTES = 64 << 20
 #: In-memory bytes of the buffer that consolidates tasks' answers together (a ``with_diff`` or
 #: change scan projected without the first row column); it spills sorted runs beyond that.
 SCAN_MERGE_BUDGET = 64 << 20
@@ -499,7 +505,6 @@ class Scan:
             return
         multiset = self._multiset
         jobs: list[Job[pa.Table]] = []
-        ends: set[int] = set()  # the jobs that end a task
         for task in tasks:
             pieces = chunk_jobs(
                 self._blob, task, as_multiset=multiset, readers=readers, omit_unit_diffs=True
@@ -507,12 +512,16 @@ class Scan:
             if pieces is None:
                 pieces = [functools.partial(self._whole, task, readers)]
             jobs.extend(functools.partial(self._shaped, piece) for piece in pieces)
-            ends.add(len(jobs) - 1)
-        for i, piece in enumerate(run_ahead(jobs, SCAN_AHEAD)):
+        handed = 0  # bytes of answer handed out since the mapped parts' pages were given back
+        for piece in run_ahead(jobs, SCAN_AHEAD):
             if piece.num_rows:
                 yield piece
-            if i in ends:
-                readers.release()  # the resident set holds a few chunks' parts, not all read
+            handed += piece.nbytes
+            if handed >= SCAN_RELEASE_BYTES:
+                # The resident set holds the parts' pages of about this much answer, not
+                # every page read (giving them back costs a system call per mapping).
+                readers.release()
+                handed = 0
 
     def _whole(self, task: ReadTask, readers: Readers, in_thread: bool) -> pa.Table:
         """The answer of a task that does not stream, read whole (`read_task`)."""
