@@ -37,6 +37,8 @@ NULL, BOOL, FIXED, VARBIN, LIST, FIXED_LIST, STRUCT = range(7)
 # Buffer slots per layout kind, in payload order (children follow their parent's buffers).
 _SLOTS = {NULL: 0, BOOL: 2, FIXED: 2, VARBIN: 3, LIST: 2, FIXED_LIST: 1, STRUCT: 1}
 _EMPTY = np.empty(0, dtype=np.uint8)
+_INT32_MAX = int(np.iinfo(np.int32).max)
+_INT64_MAX = int(np.iinfo(np.int64).max)
 _ZERO_PAD = bytes(8)
 
 
@@ -223,16 +225,40 @@ def compress(payload: bytes, level: int) -> bytes:
 
 
 _CODEC = pa.Codec("zstd")
+#: Frames that expand to at most this many bytes are decompressed by this thread's own
+#: `zstandard.ZstdDecompressor`, kept between calls: Arrow's codec makes a decompression
+#: context per call (about 10 us, most of a small frame's cost). Larger ones go to Arrow,
+#: whose buffers come from its pool (reused memory; a fresh large ``bytes`` would page-fault
+#: on every first touch).
+SMALL_FRAME_BYTES = 128 << 10
 
 
 def decompress(data: Any, raw_length: int) -> pa.Buffer:
     """Decompress one zstd frame that must expand to exactly `raw_length` bytes.
 
-    Returns an Arrow-allocated (64-byte aligned) buffer; thread-safe, releases the GIL.
+    Returns a buffer aligned to at least 16 bytes (Arrow-allocated, 64-byte aligned, above
+    `SMALL_FRAME_BYTES`); thread-safe, releases the GIL while decompressing. A frame that is
+    not zstd or does not expand to `raw_length` bytes is `SegmentError`.
     """
     if raw_length == 0:
         return pa.py_buffer(b"")
-    out = _CODEC.decompress(data, decompressed_size=raw_length, asbytes=False)
+    if raw_length <= SMALL_FRAME_BYTES:
+        decompressor: zstandard.ZstdDecompressor | None = getattr(_local, "decompressor", None)
+        if decompressor is None:
+            decompressor = _local.decompressor = zstandard.ZstdDecompressor()
+        try:
+            small = decompressor.decompress(data, max_output_size=raw_length)
+        except zstandard.ZstdError as e:
+            raise SegmentError(f"zstd frame does not decompress: {e}") from e
+        if len(small) != raw_length:
+            raise SegmentError(
+                f"zstd frame expands to {len(small)} bytes, footer says {raw_length}"
+            )
+        return pa.py_buffer(small)
+    try:
+        out = _CODEC.decompress(data, decompressed_size=raw_length, asbytes=False)
+    except (OSError, pa.ArrowException) as e:
+        raise SegmentError(f"zstd frame does not decompress: {e}") from e
     if out.size != raw_length:
         raise SegmentError(f"zstd frame expands to {out.size} bytes, footer says {raw_length}")
     return out
@@ -289,7 +315,7 @@ def _decode_offsets(buf: pa.Buffer, n: int, width: int, total: int | None) -> tu
     last = int(deltas.sum(dtype=np.int64))
     if total is not None and last != total:
         raise SegmentError(f"offsets end at {last}, data holds {total} bytes")
-    if last > np.iinfo(dtype).max:
+    if last > (_INT32_MAX if width == 4 else _INT64_MAX):
         raise SegmentError("offsets overflow")
     offs = np.empty(n + 1, dtype)
     offs[0] = 0

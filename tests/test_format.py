@@ -763,3 +763,18 @@ def test_footers_parse_once_per_process_and_never_from_unchecked_bytes(
     PartReader.from_bytes("f.part", third)  # remembered alone: the others are forgotten
     PartReader.from_bytes("g.part", other)
     assert parses == ["a.part", "e.part", "f.part", "g.part"]
+
+
+@pytest.mark.parametrize("size", [1000, chunk_codec.SMALL_FRAME_BYTES + 8])
+def test_decompress_refuses_frames_that_do_not_expand_as_the_footer_says(size: int) -> None:
+    """Small frames (this thread's own decompressor) and large ones (Arrow's codec) alike:
+    the bytes back when the length matches, `SegmentError` when it does not or when the
+    frame is not zstd."""
+    payload = bytes(range(256)) * (size // 256) + bytes(size % 256)
+    frame = chunk_codec.compress(payload, 1)
+    assert chunk_codec.decompress(frame, size).to_pybytes() == payload
+    for wrong in (size - 1, size + 1):
+        with pytest.raises(chunk_codec.SegmentError):
+            chunk_codec.decompress(frame, wrong)
+    with pytest.raises(chunk_codec.SegmentError):
+        chunk_codec.decompress(b"not a zstd frame at all", size)
