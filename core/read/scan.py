@@ -32,8 +32,8 @@ Memory. `to_batches` plans the read in tasks of about `SCAN_TASK_BYTES` of store
 split by key range (`persistshard.core.read.plan.plan_read`); a snapshot of parts that need
 no cross-chunk consolidation streams chunk by chunk (`persistshard.core.read.plan.chunk_jobs`),
 any other task is read whole, and a scan holds at most `SCAN_AHEAD` + 1 such pieces. Large
-local parts are memory-mapped; the pages a scan touched are given back each time it has
-handed out `SCAN_RELEASE_BYTES` of answer. What it does
+local parts are memory-mapped; the pages a scan touched are given back each time it has read
+`SCAN_RELEASE_BYTES` of stored parts. What it does
 not bound: a task is never split inside one key value of the first row column (a shard whose
 rows mostly share one first-column value reads as one task). A ``with_diff`` snapshot or a
 change read projected *without* the first row column must consolidate across tasks: their
@@ -85,10 +85,10 @@ __all__ = ["SCAN_TASK_BYTES", "Scan", "expression_filter"]
 
 #: Stored bytes of parts per task of a scan (the unit of memory `Scan.to_batches` holds).
 SCAN_TASK_BYTES = 4 << 20
-#: Bytes of answer a scan hands out between two givings back of the pages of the parts it
-#: mapped (`MappedReaders.release`): its resident set holds the stored pages of about this
-#: much answer, and a read smaller than this makes no such call.
-SCAN_RELEASE_BYTES = 64 << 20
+#: Stored bytes of parts a scan reads between two givings back of the pages of the parts it
+#: mapped (`MappedReaders.release`, after the task that reaches it): its resident set holds
+#: about this much of the parts' pages, and a read of fewer bytes makes no such call.
+SCAN_RELEASE_BYTES = 32 << 20
 #: In-memory bytes of the buffer that consolidates tasks' answers together (a ``with_diff`` or
 #: change scan projected without the first row column); it spills sorted runs beyond that.
 SCAN_MERGE_BUDGET = 64 << 20
@@ -271,6 +271,19 @@ class ExpressionFilter:
     columns: frozenset[str] | None  # the top-level columns it reads; None: unknown
     skip: Pred | None  # true on every row the expression is true on (chunk skipping)
     exact: bool  # ``skip`` is true on exactly those rows: the expression need not run
+
+
+def _stored_bytes(task: ReadTask, readers: Readers) -> int:
+    """The stored bytes of the parts' chunks ``task`` reads (whole parts where it names no
+    chunks; its footers are in ``readers``)."""
+    total = 0
+    for s in task.slices:
+        reader = readers.get(s.ref.key)
+        if s.chunks is None or reader is None:
+            total += s.ref.size
+        else:
+            total += sum(reader.chunks[c].length for c in s.chunks)
+    return total
 
 
 def expression_filter(expr: pc.Expression, schema: pa.Schema) -> ExpressionFilter:
@@ -505,6 +518,7 @@ class Scan:
             return
         multiset = self._multiset
         jobs: list[Job[pa.Table]] = []
+        ends: dict[int, int] = {}  # the job that ends a task -> the task's stored bytes
         for task in tasks:
             pieces = chunk_jobs(
                 self._blob, task, as_multiset=multiset, readers=readers, omit_unit_diffs=True
@@ -512,16 +526,17 @@ class Scan:
             if pieces is None:
                 pieces = [functools.partial(self._whole, task, readers)]
             jobs.extend(functools.partial(self._shaped, piece) for piece in pieces)
-        handed = 0  # bytes of answer handed out since the mapped parts' pages were given back
-        for piece in run_ahead(jobs, SCAN_AHEAD):
+            ends[len(jobs) - 1] = _stored_bytes(task, readers)
+        read = 0  # stored bytes read since the mapped parts' pages were last given back
+        for i, piece in enumerate(run_ahead(jobs, SCAN_AHEAD)):
             if piece.num_rows:
                 yield piece
-            handed += piece.nbytes
-            if handed >= SCAN_RELEASE_BYTES:
-                # The resident set holds the parts' pages of about this much answer, not
-                # every page read (giving them back costs a system call per mapping).
+            read += ends.get(i, 0)
+            if read >= SCAN_RELEASE_BYTES:
+                # The resident set holds the pages of about this much of the parts, not of
+                # every part read (giving them back costs a system call per mapping).
                 readers.release()
-                handed = 0
+                read = 0
 
     def _whole(self, task: ReadTask, readers: Readers, in_thread: bool) -> pa.Table:
         """The answer of a task that does not stream, read whole (`read_task`)."""
