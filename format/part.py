@@ -90,9 +90,12 @@ HOLE_BYTES = 64 << 10
 #: Parsed footers remembered by their checked bytes (`PartReader._from_footer_bytes`): every
 #: read of a shard opens each of its parts, and parsing a footer (JSON, then checking every
 #: entry and statistic) costs about 60 us for a part of one chunk. At most this many, the
-#: least recently used forgotten first; footers above `_FOOTER_CACHE_MAX_BYTES` never.
+#: least recently used forgotten first, and at most `_FOOTER_CACHE_TOTAL_BYTES` of footers
+#: (their parse takes a few times that); footers above `_FOOTER_CACHE_MAX_BYTES` never.
 _FOOTER_CACHE_ENTRIES = 4096
 _FOOTER_CACHE_MAX_BYTES = 64 << 10
+_FOOTER_CACHE_TOTAL_BYTES = 16 << 20
+_footer_bytes = 0  # bytes of the footers remembered
 _FOOTERS: OrderedDict[tuple[int, int, bytes], tuple[tuple[Any, ...], dict[str, str]]] = (
     OrderedDict()
 )
@@ -679,11 +682,17 @@ class PartReader:
             raise CorruptData("footer is not a JSON object", file=name)
         reader = cls(name, size, read_range, footer, footer_start, version)
         if len(key[2]) <= _FOOTER_CACHE_MAX_BYTES:
+            global _footer_bytes
             values = tuple(getattr(reader, attr) for attr in cls._PARSED)
             with _FOOTERS_LOCK:
+                if key not in _FOOTERS:
+                    _footer_bytes += len(key[2])
                 _FOOTERS[key] = (values, dict(reader.metadata))
-                while len(_FOOTERS) > _FOOTER_CACHE_ENTRIES:
-                    _FOOTERS.popitem(last=False)
+                while _FOOTERS and (
+                    len(_FOOTERS) > _FOOTER_CACHE_ENTRIES
+                    or _footer_bytes > _FOOTER_CACHE_TOTAL_BYTES
+                ):
+                    _footer_bytes -= len(_FOOTERS.popitem(last=False)[0][2])
         return reader
 
     # -- opening --------------------------------------------------------------------------
