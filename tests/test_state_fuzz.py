@@ -429,3 +429,9 @@ def test_a_rollup_decodes_once_per_process_and_damage_is_never_remembered(
     st.decode_rollup(other, "rollups/d.json")  # remembered alone now
     st.decode_rollup(raw, "rollups/a.json")
     assert len(calls) == 5
+    monkeypatch.setattr(st, "ROLLUP_MEMO_ENTRIES", 64)
+    monkeypatch.setattr(st, "ROLLUP_MEMO_TOTAL_BYTES", 1)  # no rollup fits
+    st.decode_rollup(other, "rollups/d.json")  # forgotten at once, and so is every other
+    st.decode_rollup(raw, "rollups/a.json")
+    st.decode_rollup(raw, "rollups/a.json")
+    assert len(calls) == 8 and not st._ROLLUPS and st._rollup_bytes == 0

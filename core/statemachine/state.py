@@ -1092,11 +1092,14 @@ def encode_rollup(state: ShardState) -> bytes:
 #: Rollups decoded in this process, by their bytes (`decode_rollup`): every state read of a
 #: shard handle opened anew decodes its newest rollup, and decoding (JSON, then
 #: `ShardState.check`) is a pure function of the bytes. At most `ROLLUP_MEMO_ENTRIES`
-#: rollups of at most `ROLLUP_MEMO_MAX_BYTES` each, the least recently used forgotten first.
+#: rollups of at most `ROLLUP_MEMO_MAX_BYTES` each and `ROLLUP_MEMO_TOTAL_BYTES` in all (a
+#: decoded state takes several times its bytes), the least recently used forgotten first.
 ROLLUP_MEMO_ENTRIES = 64
 ROLLUP_MEMO_MAX_BYTES = 1 << 20
+ROLLUP_MEMO_TOTAL_BYTES = 4 << 20
 _ROLLUPS: OrderedDict[bytes, ShardState] = OrderedDict()
 _ROLLUPS_LOCK = threading.Lock()
+_rollup_bytes = 0  # bytes of the rollups remembered
 
 
 def decode_rollup(data: bytes, where: str, location: str | None = None) -> ShardState:
@@ -1112,10 +1115,15 @@ def decode_rollup(data: bytes, where: str, location: str | None = None) -> Shard
             return known
     state = _decode_rollup(key, where, location)
     if len(key) <= ROLLUP_MEMO_MAX_BYTES:
+        global _rollup_bytes
         with _ROLLUPS_LOCK:
+            if key not in _ROLLUPS:
+                _rollup_bytes += len(key)
             _ROLLUPS[key] = state
-            while len(_ROLLUPS) > ROLLUP_MEMO_ENTRIES:
-                _ROLLUPS.popitem(last=False)
+            while _ROLLUPS and (
+                len(_ROLLUPS) > ROLLUP_MEMO_ENTRIES or _rollup_bytes > ROLLUP_MEMO_TOTAL_BYTES
+            ):
+                _rollup_bytes -= len(_ROLLUPS.popitem(last=False)[0])
     return state
 
 
