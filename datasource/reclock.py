@@ -207,9 +207,16 @@ def reclock_task(
 
 
 def commit_reclocked(
-    d: BatchDescription, spec: ReclockSpec, messages: list[Any], *, compact: bool = True
+    d: BatchDescription,
+    spec: ReclockSpec,
+    messages: list[Any],
+    *,
+    compact: bool = True,
+    maintenance: bool = True,
 ) -> int:
-    """Step 2 (see the module docstring); returns the output's upper afterwards."""
+    """Step 2 (see the module docstring); returns the output's upper afterwards. The output's
+    commit is followed (``maintenance``, the write option) by the bounded after-commit
+    maintenance."""
     present = [m for m in messages if m is not None]
     from persistshard.core.shard import open_shard
 
@@ -217,7 +224,7 @@ def commit_reclocked(
     try:
         # Each task renewed its write's lease while it ran; the driver keeps them to the commit.
         with holding(shard.machine, [m.write_id for m in present]):
-            return _commit(d, spec, present, shard, compact)
+            return _commit(d, spec, present, shard, compact, maintenance)
     finally:
         keep = shard.state().part_keys()
         for m in present:
@@ -225,7 +232,12 @@ def commit_reclocked(
 
 
 def _commit(
-    d: BatchDescription, spec: ReclockSpec, present: list[Any], shard: Any, compact: bool
+    d: BatchDescription,
+    spec: ReclockSpec,
+    present: list[Any],
+    shard: Any,
+    compact: bool,
+    maintenance: bool,
 ) -> int:
     remap = open_remap(spec.remap, **d.storage_options)
     uppers = {m.remap_upper for m in present}
@@ -277,7 +289,12 @@ def _commit(
     if new_upper == lower:
         log.debug("%s: nothing sealable at %d yet; the data commit waits", shard.location, lower)
         return lower
-    commit_write(replace(d, lower=lower, upper=new_upper), present, compact=compact)
+    commit_write(
+        replace(d, lower=lower, upper=new_upper),
+        present,
+        compact=compact,
+        maintenance=maintenance,
+    )
     _crash_point("after_data_commit")
     return new_upper
 

@@ -81,7 +81,11 @@ class PersistShardWriter(DataSourceArrowWriter):
         with storage_errors(self.description.location, "commit the write"):
             if self.reclock is not None:
                 reclock.commit_reclocked(
-                    self.description, self.reclock[0], messages, compact=self.opts.compact
+                    self.description,
+                    self.reclock[0],
+                    messages,
+                    compact=self.opts.compact,
+                    maintenance=self.opts.maintenance,
                 )
                 return
             commit_write(
@@ -183,7 +187,13 @@ class PersistShardStreamWriter(DataSourceStreamArrowWriter):
 
             shard = open_shard(self.opts.location, **self.opts.storage_options)
             d = replace(describe_write(self.opts, self.schema, False, shard), write_id=new_id())
-            reclock.commit_reclocked(d, self.reclock, messages, compact=self.opts.compact)
+            reclock.commit_reclocked(
+                d,
+                self.reclock,
+                messages,
+                compact=self.opts.compact,
+                maintenance=self.opts.maintenance,
+            )
             return
         if self.complete:
             commit_complete(self.opts, self.schema, messages, batchId)

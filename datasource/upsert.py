@@ -220,10 +220,12 @@ def commit_upserts(
     writer: tuple[str, int] | None = None,
     expected_upper: int | None = None,
     compact: bool = True,
+    maintenance: bool = True,
 ) -> None:
-    """Step 3 (module docstring): apply the staged rows to the shard in one commit."""
+    """Step 3 (module docstring): apply the staged rows to the shard in one commit, then
+    (``maintenance``, the write option) the bounded after-commit maintenance."""
     with storage_errors(d.location, "write the shard"):
-        shard = open_shard(d.location, **d.storage_options)
+        shard = open_shard(d.location, maintenance=maintenance, **d.storage_options)
         try:
             # The staged rows are read here: their writes' leases must still be live (else
             # LeaseExpired, not missing files), and are kept so until the commit is done.
@@ -303,6 +305,7 @@ class UpsertWriter(DataSourceArrowWriter):
             writer=writer,
             expected_upper=self.opts.expected_upper,
             compact=self.opts.compact,
+            maintenance=self.opts.maintenance,
         )
 
     def abort(self, messages: list[Any]) -> None:
@@ -347,6 +350,7 @@ class UpsertStreamWriter(DataSourceStreamArrowWriter):
             staged_ids=[m.write_id for m in present if m.write_id],
             writer=(self.opts.writer_id or "", batchId),
             compact=self.opts.compact,
+            maintenance=self.opts.maintenance,
         )
 
     def abort(self, messages: list[Any], batchId: int) -> None:

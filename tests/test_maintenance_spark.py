@@ -66,3 +66,19 @@ def test_write_options_retention_and_maintenance(spark, tmp_path):
     assert state.since == state.retention_marks[-2][1] - 1
     with pytest.raises(Exception, match="InvalidOption: option retention"):
         df.write.format("persistshard").option("retention", "7 days").mode("append").save(loc)
+
+
+def test_upsert_writes_honour_the_maintenance_option(spark, tmp_path):
+    """An upsert write (option ``key_columns``) with ``maintenance`` false leaves the due
+    merge alone, as a plain write does; with the default the driver runs it after the
+    commit."""
+    loc = str(tmp_path / "u")
+    shard = ps.open_shard(loc, maintenance=False)
+    for i in range(7):
+        shard.append(pa.table({"id": pa.array([i], pa.int64()), "v": pa.array([str(i)])}))
+    df = spark.createDataFrame([(100, "x")], "id BIGINT, v STRING")
+    upsert = df.write.format("persistshard").option("key_columns", "id").mode("append")
+    upsert.option("maintenance", "false").save(loc)
+    assert len(ps.open_shard(loc).state().trace) == 8  # a due merge, but maintenance was off
+    upsert.option("maintenance", "true").save(loc)
+    assert len(ps.open_shard(loc).state().trace) <= 2  # the driver ran the due merge

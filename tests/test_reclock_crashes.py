@@ -55,14 +55,18 @@ class Source:
         return [(p, o) for p in PARTITIONS for o in range(start.get(p, 0), end.get(p, 0))]
 
 
-def write_output(location, remap, records, whole, crash: str | None, rng) -> None:
-    """One batch write with reclocking of ``records`` into ``location`` (2 or 3 tasks)."""
+def write_output(
+    location, remap, records, whole, crash: str | None, rng, options: dict | None = None
+) -> None:
+    """One batch write with reclocking of ``records`` into ``location`` (2 or 3 tasks);
+    ``options`` are more write options (over ``compact`` false)."""
     opts = WriteOptions.parse(
         {
             "path": location,
             "remap": remap,
             "source_frontier": json.dumps(whole),
             "compact": "false",
+            **(options or {}),
         }
     )
     shard = ps.open_shard(location)
@@ -94,7 +98,7 @@ def write_output(location, remap, records, whole, crash: str | None, rng) -> Non
         except Crash:
             sweep_write(shard, d.write_id, set())  # what Spark's abort() does for the job
             raise
-    reclock.commit_reclocked(d, spec, messages, compact=False)
+    reclock.commit_reclocked(d, spec, messages, compact=opts.compact, maintenance=opts.maintenance)
 
 
 def run_batch(outputs, remap, source, start, end, crash, rng) -> None:
@@ -191,3 +195,19 @@ def test_a_batch_behind_the_remap_is_refused_not_sealed_short(tmp_path):
     records = [(p, o) for p, n in (("t:0", 4), ("t:1", 9)) for o in range(n)]
     write_output(out, remap, records, {}, None, rng)
     assert shard.upper == 2 and len(shard.snapshot().to_pylist()) == 13
+
+
+def test_reclocked_writes_honour_the_maintenance_option(tmp_path):
+    """A reclocked write's driver runs the after-commit maintenance only when the write
+    option ``maintenance`` is on, as a plain write's does: eight batches with it off leave
+    the due merge alone; the next, with it on, runs it."""
+    remap = str(tmp_path / "remap")
+    out = str(tmp_path / "out")
+    rng = random.Random(1)
+    quiet = {"compact": "true", "maintenance": "false"}
+    for n in range(8):
+        write_output(out, remap, [("t:0", n)], {"t:0": n + 1}, None, rng, quiet)
+    assert len(ps.open_shard(out).state().trace) == 8
+    write_output(out, remap, [("t:0", 8)], {"t:0": 9}, None, rng, {"compact": "true"})
+    state = ps.open_shard(out).state()
+    assert len(state.trace) <= 2 and state.upper == 9
