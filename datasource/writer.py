@@ -47,7 +47,7 @@ from persistshard.core.shard import (
 )
 from persistshard.core.statemachine.leases import WriteLease
 from persistshard.core.statemachine.state import PartRef
-from persistshard.core.storage import metrics
+from persistshard.core.storage import layout, metrics
 from persistshard.core.storage.blob import FsspecBlob
 from persistshard.core.storage.layout import PARTS_PREFIX, new_id
 from persistshard.core.storage.parts import PutsBehind, write_part
@@ -479,6 +479,9 @@ def commit_write(
     `persistshard.core.maintenance.auto`, its merges only when ``compact``."""
     shard = open_shard(d.location, maintenance=maintenance, **d.storage_options)
     with WriteLease(shard.machine, d.write_id), metrics.operation("spark write") as op:
+        minted = layout.id_time_ms(d.write_id)
+        if minted is not None:  # the write began when the driver minted it, tasks and all
+            op.began_ago((layout.now_ms() - minted) / 1000)
         for m in messages:  # the tasks' reports go into the commit's metrics
             op.add("rows_in", getattr(m, "rows_in", 0) if m is not None else 0)
             op.add("task_store_requests", getattr(m, "store_requests", 0) if m is not None else 0)

@@ -38,3 +38,20 @@ def test_spark_write_commit_records_metrics_and_sql_shows_them(spark, tmp_path):
         f"SELECT sum(metrics['rows_added']) AS n FROM persistshard_history('{location}')"
     ).collect()[0]["n"]
     assert total == 50
+
+
+def test_a_spark_write_reports_the_duration_of_the_whole_write(spark, tmp_path):
+    """``duration_ms`` of a Spark write's entry counts from the write's mint on the driver,
+    through its tasks, to its commit: not the driver's commit alone."""
+    import time
+
+    def slow(batches):  # each task takes at least a second
+        time.sleep(1.0)
+        yield from batches
+
+    location = str(tmp_path / "s")
+    df = spark.range(0, 10, numPartitions=2).selectExpr("id")
+    df.mapInArrow(slow, "id BIGINT").write.format("persistshard").mode("append").save(location)
+    [entry] = [h for h in ps.open_shard(location).history() if h["commit"] == "append"]
+    assert entry["metrics"]["operation"] == "spark write"
+    assert entry["metrics"]["duration_ms"] >= 1000

@@ -174,6 +174,12 @@ class Operation:
             self.requests = 0
             self.extra = {}
 
+    def began_ago(self, seconds: float) -> None:
+        """Count this operation as begun ``seconds`` ago, when its work started before its
+        scope did (a Spark write's tasks run before the driver's commit opens the scope)."""
+        with self._lock:
+            self.started = min(self.started, time.monotonic() - max(0.0, seconds))
+
     def elapsed_ms(self) -> int:
         return int((time.monotonic() - self.started) * 1000)
 
