@@ -35,8 +35,7 @@ from __future__ import annotations
 import io
 import json
 import struct
-import threading
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -50,6 +49,7 @@ from persistshard.errors import CorruptData, InvalidUpdates
 
 from . import chunk as chunk_codec
 from . import stats
+from .memo import BytesMemo
 from .pool import WORKERS, SharedPool
 from .schema import (
     decoded_type,
@@ -89,17 +89,11 @@ HOLE_BYTES = 64 << 10
 
 #: Parsed footers remembered by their checked bytes (`PartReader._from_footer_bytes`): every
 #: read of a shard opens each of its parts, and parsing a footer (JSON, then checking every
-#: entry and statistic) costs about 60 us for a part of one chunk. At most this many, the
-#: least recently used forgotten first, and at most `_FOOTER_CACHE_TOTAL_BYTES` of footers
-#: (their parse takes a few times that); footers above `_FOOTER_CACHE_MAX_BYTES` never.
-_FOOTER_CACHE_ENTRIES = 4096
-_FOOTER_CACHE_MAX_BYTES = 64 << 10
-_FOOTER_CACHE_TOTAL_BYTES = 16 << 20
-_footer_bytes = 0  # bytes of the footers remembered
-_FOOTERS: OrderedDict[tuple[int, int, bytes], tuple[tuple[Any, ...], dict[str, str]]] = (
-    OrderedDict()
+#: entry and statistic) costs about 60 us for a part of one chunk. At most 4,096 footers of up
+#: to 64 KiB each, 16 MiB in all (their parse takes a few times that).
+_FOOTERS: BytesMemo[tuple[tuple[Any, ...], dict[str, str]]] = BytesMemo(
+    entries=4096, max_bytes=64 << 10, total_bytes=16 << 20
 )
-_FOOTERS_LOCK = threading.Lock()
 
 _MAX_INFLIGHT_CHUNKS = 2
 _INLINE_DECODE_BYTES = 1 << 20
@@ -661,10 +655,7 @@ class PartReader:
         parse; nothing that failed to parse is remembered. Readers of the same footer share
         what the parse made (schema, chunk index, layouts): no reader mutates them."""
         key = (version, footer_start, bytes(footer_bytes))
-        with _FOOTERS_LOCK:
-            parsed = _FOOTERS.get(key)
-            if parsed is not None:
-                _FOOTERS.move_to_end(key)
+        parsed = _FOOTERS.get(key)
         if parsed is not None:
             reader = cls.__new__(cls)
             reader.name, reader.version, reader.size = name, version, size
@@ -681,18 +672,8 @@ class PartReader:
         if not isinstance(footer, dict):
             raise CorruptData("footer is not a JSON object", file=name)
         reader = cls(name, size, read_range, footer, footer_start, version)
-        if len(key[2]) <= _FOOTER_CACHE_MAX_BYTES:
-            global _footer_bytes
-            values = tuple(getattr(reader, attr) for attr in cls._PARSED)
-            with _FOOTERS_LOCK:
-                if key not in _FOOTERS:
-                    _footer_bytes += len(key[2])
-                _FOOTERS[key] = (values, dict(reader.metadata))
-                while _FOOTERS and (
-                    len(_FOOTERS) > _FOOTER_CACHE_ENTRIES
-                    or _footer_bytes > _FOOTER_CACHE_TOTAL_BYTES
-                ):
-                    _footer_bytes -= len(_FOOTERS.popitem(last=False)[0][2])
+        values = tuple(getattr(reader, attr) for attr in cls._PARSED)
+        _FOOTERS.put(key, (values, dict(reader.metadata)), len(key[2]))
         return reader
 
     # -- opening --------------------------------------------------------------------------

@@ -758,17 +758,17 @@ def test_footers_parse_once_per_process_and_never_from_unchecked_bytes(
     other, _ = encode_part(table.slice(1), chunk_bytes=2000, sort_column="k")
     PartReader.from_bytes("e.part", other)
     assert parses == ["a.part", "e.part"]
-    monkeypatch.setattr(part_mod, "_FOOTER_CACHE_ENTRIES", 1)
+    monkeypatch.setattr(part_mod._FOOTERS, "entries", 1)
     third, _ = encode_part(table.slice(2), chunk_bytes=2000, sort_column="k")
     PartReader.from_bytes("f.part", third)  # remembered alone: the others are forgotten
     PartReader.from_bytes("g.part", other)
     assert parses == ["a.part", "e.part", "f.part", "g.part"]
-    monkeypatch.setattr(part_mod, "_FOOTER_CACHE_ENTRIES", 100)
-    monkeypatch.setattr(part_mod, "_FOOTER_CACHE_TOTAL_BYTES", 1)  # no footer fits
+    monkeypatch.setattr(part_mod._FOOTERS, "entries", 100)
+    monkeypatch.setattr(part_mod._FOOTERS, "total_bytes", 1)  # no footer fits
     PartReader.from_bytes("h.part", data)
     PartReader.from_bytes("i.part", data)
     assert parses[-2:] == ["h.part", "i.part"] and not part_mod._FOOTERS
-    assert part_mod._footer_bytes == 0
+    assert part_mod._FOOTERS.bytes == 0
 
 
 @pytest.mark.parametrize("size", [1000, chunk_codec.SMALL_FRAME_BYTES + 8])

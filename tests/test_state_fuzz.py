@@ -424,14 +424,14 @@ def test_a_rollup_decodes_once_per_process_and_damage_is_never_remembered(
         with pytest.raises(CorruptData):
             st.decode_rollup(bytes(damaged), "rollups/c.json")
     assert len(calls) == 3
-    monkeypatch.setattr(st, "ROLLUP_MEMO_ENTRIES", 1)
+    monkeypatch.setattr(st._ROLLUPS, "entries", 1)
     other = st.encode_rollup(replace(shard.state(), version=shard.state().version + 1))
     st.decode_rollup(other, "rollups/d.json")  # remembered alone now
     st.decode_rollup(raw, "rollups/a.json")
     assert len(calls) == 5
-    monkeypatch.setattr(st, "ROLLUP_MEMO_ENTRIES", 64)
-    monkeypatch.setattr(st, "ROLLUP_MEMO_TOTAL_BYTES", 1)  # no rollup fits
+    monkeypatch.setattr(st._ROLLUPS, "entries", 64)
+    monkeypatch.setattr(st._ROLLUPS, "total_bytes", 1)  # no rollup fits
     st.decode_rollup(other, "rollups/d.json")  # forgotten at once, and so is every other
     st.decode_rollup(raw, "rollups/a.json")
     st.decode_rollup(raw, "rollups/a.json")
-    assert len(calls) == 8 and not st._ROLLUPS and st._rollup_bytes == 0
+    assert len(calls) == 8 and not st._ROLLUPS and st._ROLLUPS.bytes == 0

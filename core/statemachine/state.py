@@ -64,8 +64,6 @@ from __future__ import annotations
 import base64
 import json
 import re
-import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -86,6 +84,7 @@ from persistshard.errors import (
     UpperMismatch,
     WriterAlreadyCommitted,
 )
+from persistshard.format.memo import BytesMemo
 
 # One path segment: no separator, drive or scheme colon, backslash or control character.
 _SEGMENT = re.compile(r"^[^/\\:\x00-\x1f\x7f]+$")
@@ -1091,15 +1090,9 @@ def encode_rollup(state: ShardState) -> bytes:
 
 #: Rollups decoded in this process, by their bytes (`decode_rollup`): every state read of a
 #: shard handle opened anew decodes its newest rollup, and decoding (JSON, then
-#: `ShardState.check`) is a pure function of the bytes. At most `ROLLUP_MEMO_ENTRIES`
-#: rollups of at most `ROLLUP_MEMO_MAX_BYTES` each and `ROLLUP_MEMO_TOTAL_BYTES` in all (a
-#: decoded state takes several times its bytes), the least recently used forgotten first.
-ROLLUP_MEMO_ENTRIES = 64
-ROLLUP_MEMO_MAX_BYTES = 1 << 20
-ROLLUP_MEMO_TOTAL_BYTES = 4 << 20
-_ROLLUPS: OrderedDict[bytes, ShardState] = OrderedDict()
-_ROLLUPS_LOCK = threading.Lock()
-_rollup_bytes = 0  # bytes of the rollups remembered
+#: `ShardState.check`) is a pure function of the bytes. At most 64 rollups of up to 1 MiB
+#: each, 4 MiB in all (a decoded state takes several times its bytes).
+_ROLLUPS: BytesMemo[ShardState] = BytesMemo(entries=64, max_bytes=1 << 20, total_bytes=4 << 20)
 
 
 def decode_rollup(data: bytes, where: str, location: str | None = None) -> ShardState:
@@ -1108,22 +1101,11 @@ def decode_rollup(data: bytes, where: str, location: str | None = None) -> Shard
     bytes decoded before in this process give the state they gave then (states are
     immutable); bytes that did not decode are never remembered."""
     key = bytes(data)
-    with _ROLLUPS_LOCK:
-        known = _ROLLUPS.get(key)
-        if known is not None:
-            _ROLLUPS.move_to_end(key)
-            return known
+    known = _ROLLUPS.get(key)
+    if known is not None:
+        return known
     state = _decode_rollup(key, where, location)
-    if len(key) <= ROLLUP_MEMO_MAX_BYTES:
-        global _rollup_bytes
-        with _ROLLUPS_LOCK:
-            if key not in _ROLLUPS:
-                _rollup_bytes += len(key)
-            _ROLLUPS[key] = state
-            while _ROLLUPS and (
-                len(_ROLLUPS) > ROLLUP_MEMO_ENTRIES or _rollup_bytes > ROLLUP_MEMO_TOTAL_BYTES
-            ):
-                _rollup_bytes -= len(_ROLLUPS.popitem(last=False)[0])
+    _ROLLUPS.put(key, state, len(key))
     return state
 
 
