@@ -266,8 +266,8 @@ class MappedReaders(Readers):
 
     def release(self) -> None:
         """Give back the pages of every mapping so far (`release_mapped`): a streamed scan
-        calls it after each task, so its resident set stays near one task's, not the
-        shard's."""
+        calls it as it goes (`persistshard.core.read.scan.SCAN_RELEASE_BYTES`), so its
+        resident set stays near that much of the parts, not the shard's."""
         release_mapped(list(self.mappings))
 
     def claim(self, ref: PartRef) -> bool:

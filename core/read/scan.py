@@ -525,8 +525,9 @@ class Scan:
             )
             if pieces is None:
                 pieces = [functools.partial(self._whole, task, readers)]
-            jobs.extend(functools.partial(self._shaped, piece) for piece in pieces)
-            ends[len(jobs) - 1] = _stored_bytes(task, readers)
+            if pieces:  # (a task whose chunks the statistics all skip has none: reads nothing)
+                jobs.extend(functools.partial(self._shaped, piece) for piece in pieces)
+                ends[len(jobs) - 1] = _stored_bytes(task, readers)
         read = 0  # stored bytes read since the mapped parts' pages were last given back
         for i, piece in enumerate(run_ahead(jobs, SCAN_AHEAD)):
             if piece.num_rows:
