@@ -234,7 +234,9 @@ class Shard:
         """Validate, consolidate and write ``updates`` as parts; commits nothing.
 
         Updates below ``new_upper`` become sealed parts, the rest unsealed parts. Used by
-        `compare_and_append` and by Spark write tasks (which commit on the driver).
+        `compare_and_append` and `append` (Spark tasks write through their own paths), so
+        small parts are kept decoded for this process's compaction
+        (`persistshard.core.storage.recent`).
         """
         table = normalize_updates(updates, lower=lower, schema=schema, location=self.location)
         if table.num_rows == 0:
@@ -243,8 +245,8 @@ class Shard:
         sealed, unsealed = consolidate(sealed), consolidate(unsealed)
         small = self.inline_bytes
         return WrittenUpdates(
-            sealed=write_parts(self.blob, write_id, sealed, inline_max=small),
-            unsealed=write_parts(self.blob, write_id, unsealed, inline_max=small),
+            sealed=write_parts(self.blob, write_id, sealed, inline_max=small, hold=True),
+            unsealed=write_parts(self.blob, write_id, unsealed, inline_max=small, hold=True),
         )
 
     @metrics.operation_method("append")

@@ -60,3 +60,16 @@ class BytesMemo(Generic[_V]):
                 len(self._values) > self.entries or self.bytes > self.total_bytes
             ):
                 self.bytes -= self._values.popitem(last=False)[1][1]
+
+    def forget(self, key: Hashable) -> None:
+        """Drop the value remembered for ``key``, if any."""
+        with self._lock:
+            old = self._values.pop(key, None)
+            if old is not None:
+                self.bytes -= old[1]
+
+    def clear(self) -> None:
+        """Drop every value."""
+        with self._lock:
+            self._values.clear()
+            self.bytes = 0

@@ -561,3 +561,40 @@ def test_maybe_compact_after_a_commit_reads_nothing_unless_work_is_due(tmp_path)
     other = ps.open_shard(str(tmp_path / "s"), maintenance=False)
     assert other.machine.known().version == 0
     assert other.maybe_compact() is None and other.machine.known().version > 0
+
+
+# --- writer-triggered compaction plans on the writer's own state ----------------------------
+
+
+def _eight_appends(shard: ps.Shard) -> None:
+    for i in range(8):
+        shard.append(updates([(i * 10 + r, f"item-{r}", shard.upper, 1) for r in range(5)]))
+
+
+def test_writer_compaction_reads_no_head(shard, monkeypatch):
+    """Planned on the state the writer's own append produced, and committed on it: no head
+    read at all (persist plans a writer's compaction on its append's result)."""
+    _eight_appends(shard)
+    consensus = shard.machine.consensus
+    heads = []
+    real = consensus.head
+    monkeypatch.setattr(consensus, "head", lambda: heads.append(1) or real())
+    report = shard.maybe_compact()
+    assert report is not None and report.committed == 1
+    assert heads == []
+
+
+def test_writer_compaction_on_a_stale_state_lands_on_the_newest(tmp_path):
+    """Another writer committed after this writer's last commit: the merge planned on the
+    stale state loses its compare-and-set, is re-applied to the newest state, and lands."""
+    location = str(tmp_path / "s")
+    mine = ps.open_shard(location, maintenance=False)
+    _eight_appends(mine)
+    other = ps.open_shard(location, maintenance=False)
+    other.append(updates([(1000, "late", other.upper, 1)]))
+    report = mine.maybe_compact()
+    assert report is not None and report.committed == 1
+    state = mine.state()
+    assert state.upper == 9 and len(state.trace) == 2
+    assert mine.snapshot().equals(other.snapshot())
+    assert 1000 in mine.snapshot().column("id").to_pylist()

@@ -69,6 +69,7 @@ from persistshard.core.storage.parts import (
     adapt_part_table,
     open_part,
 )
+from persistshard.core.storage.recent import RECENT, HeldPart
 from persistshard.core.write.validate import update_schema
 from persistshard.errors import CorruptData, LeaseExpired, StateConflict
 from persistshard.format import PartReader, PartWriter
@@ -213,11 +214,12 @@ class CompactionReport:
 
 class _Run:
     """One sorted input part, delivered chunk by chunk with times forwarded to ``floor``;
-    for unsealed parts only updates at times ``< below`` are delivered."""
+    for unsealed parts only updates at times ``< below`` are delivered. ``reader`` is a
+    `PartReader` over storage or a part this process kept (`HeldPart`), read alike."""
 
     def __init__(
         self,
-        reader: PartReader,
+        reader: PartReader | HeldPart,
         schema: pa.Schema,
         floor: int,
         below: int | None,
@@ -280,8 +282,13 @@ class _Run:
 WHOLE_READ_BYTES = 4 << 20
 
 
-def _open_input(blob: Blob, ref: PartRef) -> PartReader:
-    """A reader over input part ``ref``: small parts are fetched whole (see above)."""
+def _open_input(blob: Blob, ref: PartRef) -> PartReader | HeldPart:
+    """A reader over input part ``ref``: the decoded updates this process kept when it wrote
+    the part (`persistshard.core.storage.recent`), else small parts fetched whole (see
+    above), else a ranged reader."""
+    held = RECENT.held(blob.url, ref, CHUNK_BYTES)
+    if held is not None:
+        return held
     if ref.size > WHOLE_READ_BYTES or ref.inline is not None:
         return open_part(blob, ref)  # an inline part is read from the state's bytes
     data = blob.get(ref.key)
@@ -333,9 +340,19 @@ class _RunWriter:
     """Writes one sorted run as parts, cutting a part only where the row changes."""
 
     def __init__(
-        self, blob: Blob, write_id: str, schema: pa.Schema, part_bytes: int, stats: MergeStats
+        self,
+        blob: Blob,
+        write_id: str,
+        schema: pa.Schema,
+        part_bytes: int,
+        stats: MergeStats,
+        *,
+        hold: bool = False,
     ) -> None:
         self.blob = blob
+        self.hold = hold
+        self._held: list[pa.Table] | None = [] if hold else None
+        self._held_bytes = 0
         self.write_id = write_id
         self.schema = schema
         self.columns = row_columns(schema)
@@ -363,6 +380,13 @@ class _RunWriter:
         if table.num_rows == 0:
             return
         self._open().write(table)
+        if self._held is not None:
+            # The part's updates, kept while they stay small enough to hold (`close_part`).
+            self._held_bytes += table.nbytes
+            if RECENT.fits(self._held_bytes):
+                self._held.append(table)
+            else:
+                self._held = None
         self._bytes += table.nbytes
         self.stats.rows_written += table.num_rows
         self._last_row = table.slice(table.num_rows - 1, 1)
@@ -406,16 +430,18 @@ class _RunWriter:
         key = part_key(self.write_id)
         self.blob.put(key, data)
         self.stats.bytes_written += len(data)
-        self.parts.append(
-            PartRef(
-                key=key,
-                size=len(data),
-                num_rows=info.num_rows,
-                min_time=info.min_time if info.min_time is not None else 0,
-                max_time=info.max_time if info.max_time is not None else 0,
-            )
+        ref = PartRef(
+            key=key,
+            size=len(data),
+            num_rows=info.num_rows,
+            min_time=info.min_time if info.min_time is not None else 0,
+            max_time=info.max_time if info.max_time is not None else 0,
         )
+        self.parts.append(ref)
+        if self._held:
+            RECENT.hold(self.blob.url, ref, pa.concat_tables(self._held))
         self._writer, self._sink, self._bytes = None, None, 0
+        self._held, self._held_bytes = ([] if self.hold else None), 0
 
     def abort(self) -> None:
         if self._writer is not None:
@@ -481,10 +507,14 @@ def run_merge(
     *,
     write_id: str,
     part_bytes: int = PART_TARGET_BYTES,
+    hold: bool = False,
 ) -> MergeResult:
     """Execute ``plan``: write its output run and unsealed remainders; commit nothing.
 
-    On an exception, parts already written are deleted before it propagates.
+    Inputs this process kept decoded are taken from memory (`_open_input`); with ``hold``
+    small outputs are kept too, for the merges that will take them as inputs (the driver of
+    writer-triggered compaction, not Spark tasks). On an exception, parts already written
+    are deleted before it propagates.
     """
     started = time.perf_counter()
     stats = MergeStats()
@@ -494,7 +524,7 @@ def run_merge(
         stats.seconds = time.perf_counter() - started
         return MergeResult(list(reusable), [], [], stats, free=True)
     written: list[str] = []
-    writer = _RunWriter(blob, write_id, schema, part_bytes, stats)
+    writer = _RunWriter(blob, write_id, schema, part_bytes, stats, hold=hold)
     try:
         runs = [
             _Run(_open_input(blob, ref), schema, plan.floor, None, stats, ref)
@@ -556,14 +586,25 @@ def commit_merge(
     (committed, output batch, the state after the commit, or None after a lost race). On a
     lost race (`StateConflict`), or a merge that outlived its lease (`LeaseExpired`), the parts
     the merge wrote are deleted. Other errors propagate
-    and leave the parts for gc (the commit may have landed)."""
+    and leave the parts for gc (the commit may have landed).
+
+    A given ``state`` (one this machine read or committed) is also the first attempt's base:
+    no head read; if it is no longer the newest, the compare-and-set fails and the commit is
+    re-applied to the newest (`StateMachine.commit`)."""
+    base = state
     state = state if state is not None else machine.state()
     commit, output = compact_commit(plan, result, state, new_id(), new_id())
     try:
-        after = machine.commit(commit)
+        after = machine.commit(commit, base=base)
     except (StateConflict, LeaseExpired):
         machine.delete_parts(result.written_keys)
+        RECENT.forget(machine.blob.url, result.written_keys)
         return False, output, None
+    # The inputs are no longer in the state: a kept copy of them would never be read again.
+    kept = {p.key for p in result.parts}
+    kept.update(p.key for b in result.unsealed_outputs for p in b.parts)
+    replaced = [p.key for b in (*plan.inputs, *plan.unsealed) for p in b.parts]
+    RECENT.forget(machine.blob.url, [k for k in replaced if k not in kept])
     return True, output, after
 
 
@@ -620,7 +661,12 @@ def _compact_from(
         write_id = new_id()
         with WriteLease(machine, write_id):  # a merge longer than the lease renews it
             result = run_merge(
-                machine.blob, plan, state.schema, write_id=write_id, part_bytes=part_bytes
+                machine.blob,
+                plan,
+                state.schema,
+                write_id=write_id,
+                part_bytes=part_bytes,
+                hold=True,
             )
             committed, output, after = commit_merge(machine, plan, result, state)
         report.merges.append(merge_report(plan, result, output, committed))
@@ -657,13 +703,16 @@ def maybe_compact(machine: StateMachine, *, max_merges: int = 1) -> CompactionRe
     """The small compaction a writer runs after its commit: at most ``max_merges`` merges of
     the unsealed and level kinds (never the whole-trace merge); None if nothing was due.
 
-    Decided first on the newest state this writer has seen (its own commit's, no read):
-    most commits leave nothing due, and then nothing is read. Only when that state has work
-    due, or the writer has seen none, is the head read and the work planned on it."""
+    Decided and planned on the newest state this writer has seen (its own commit's): no
+    read, as persist plans a writer's compaction on the state its append produced. Most
+    commits leave nothing due, and then nothing is read at all. When another process
+    committed since, the merge's compare-and-set fails and its commit is re-applied to the
+    newest state (refused, and the merge's parts deleted, when its inputs are gone). Only a
+    writer that has seen no state reads the head."""
     known = machine.known()
     if max_merges <= 0 or (known.version > 0 and not needs_compaction(known)):
         return None
-    state = machine.state()
+    state = known if known.version > 0 else machine.state()
     if not needs_compaction(state):
         return None
     return _compact_from(machine, state, False, max_merges, PART_TARGET_BYTES, 10)

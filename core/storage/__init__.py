@@ -8,6 +8,8 @@ Owns the two stores a shard sits on and the shape of its keys:
   (blob consensus with floor markers); `sqlconsensus`: the same contract in SQLite or
   PostgreSQL, chosen by a ``consensus=`` URL.
 - `parts`: part files in and out (the only module of `core` that calls `persistshard.format`).
+- `recent`: small parts this process just wrote, kept decoded for its own compaction (a
+  merge takes its inputs from there; reads never do).
 - `layout`: the key layout under a location, ids, the clock and shared defaults.
 - `metrics`: per-process counters and store latency histograms (``persistshard.metrics()``,
   a Prometheus collector), the counting wrappers every `Shard` puts around its blob and

@@ -37,6 +37,7 @@ from persistshard.core.statemachine.state import MAX_INLINE_PART_BYTES, PartRef,
 from persistshard.core.storage.blob import Blob
 from persistshard.core.storage.layout import part_key
 from persistshard.core.storage.metrics import run_in_context
+from persistshard.core.storage.recent import RECENT
 from persistshard.errors import CorruptData
 from persistshard.format import PartReader, encode_part
 
@@ -120,10 +121,13 @@ def write_part(
     metadata: dict[str, str] | None = None,
     inline_max: int = 0,
     puts: PutsBehind | None = None,
+    hold: bool = False,
 ) -> PartRef:
     """Write one part of ``table`` (already sorted by (row, time) and consolidated); when its
     bytes are at most ``inline_max``, return them as an inline part instead (nothing stored).
-    With ``puts`` the part is put behind (`PutsBehind`): stored only once ``puts`` closes."""
+    With ``puts`` the part is put behind (`PutsBehind`): stored only once ``puts`` closes.
+    With ``hold`` a small part's updates are kept decoded for this process's compaction
+    (`persistshard.core.storage.recent`)."""
     columns = row_columns(table.schema)
     data, info = encode_part(
         table,
@@ -139,6 +143,8 @@ def write_part(
         min_time=info.min_time if info.min_time is not None else 0,
         max_time=info.max_time if info.max_time is not None else 0,
     )
+    if hold:
+        RECENT.hold(blob.url, ref, table)
     if len(data) <= min(inline_max, MAX_INLINE_PART_BYTES):
         return replace(ref, inline=bytes(data), inline_crc=crc32c.crc32c(data))
     if puts is not None:
@@ -177,18 +183,19 @@ def fit_inline(
 
 
 def write_parts(
-    blob: Blob, write_id: str, table: pa.Table, *, inline_max: int = 0
+    blob: Blob, write_id: str, table: pa.Table, *, inline_max: int = 0, hold: bool = False
 ) -> list[PartRef]:
     """Write ``table`` (sorted, consolidated) as parts of at most about `PART_TARGET_BYTES`;
-    a table that encodes to at most ``inline_max`` bytes is one inline part (nothing stored)."""
+    a table that encodes to at most ``inline_max`` bytes is one inline part (nothing stored).
+    ``hold``: see `write_part` (only a table written as one part can be small enough)."""
     if table.num_rows == 0:
         return []
     if inline_max > 0 and table.nbytes <= 4 * inline_max:
-        return [write_part(blob, write_id, table, inline_max=inline_max)]
+        return [write_part(blob, write_id, table, inline_max=inline_max, hold=hold)]
     n_parts = max(1, -(-table.nbytes // PART_TARGET_BYTES))
     step = -(-table.num_rows // n_parts)
     if n_parts == 1:
-        return [write_part(blob, write_id, table)]
+        return [write_part(blob, write_id, table, hold=hold)]
     with PutsBehind(blob) as puts:  # each part's sync overlaps the next one's encoding
         return [
             write_part(blob, write_id, table.slice(start, step), puts=puts)
