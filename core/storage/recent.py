@@ -73,20 +73,33 @@ class HeldPart:
     holds for kept inputs too), each with its row count, times and a share of the part's
     stored size as its ``length`` (what a merge counts as bytes read)."""
 
-    def __init__(self, key: str, batch: pa.RecordBatch, size: int, chunk_bytes: int) -> None:
+    def __init__(self, key: str, entry: _Entry, chunk_bytes: int) -> None:
         self.name = key
-        self.size = size
+        self.size = entry.size
+        batch = entry.batch
         n = batch.num_rows
-        per_row = max(1.0, batch.nbytes / max(1, n))
-        step = max(1, min(n, int(chunk_bytes // per_row)))
+        step = max(1, min(n, int(chunk_bytes // max(1.0, entry.nbytes / max(1, n)))))
+        if step >= n:
+            self._pieces = [batch]
+            self.chunks = [HeldChunk(n, entry.min_time, entry.max_time, entry.size)]
+            return
         self._pieces = [batch.slice(start, step) for start in range(0, n, step)]
         self.chunks = [
-            HeldChunk(p.num_rows, *_time_bounds(p), size * p.num_rows // max(1, n))
+            HeldChunk(p.num_rows, *_time_bounds(p), entry.size * p.num_rows // n)
             for p in self._pieces
         ]
 
     def read_chunk(self, index: int) -> pa.RecordBatch:
         return self._pieces[index]
+
+
+@dataclass(frozen=True)
+class _Entry:
+    batch: pa.RecordBatch
+    size: int  # the part's stored bytes
+    nbytes: int  # the batch's decoded bytes
+    min_time: int | None
+    max_time: int | None
 
 
 class RecentParts:
@@ -125,18 +138,16 @@ class RecentParts:
         size = batch[0].get_total_buffer_size()  # a slice keeps its whole buffers alive
         if not self.fits(size):
             return
-        self._memo.put((url, ref.key), (batch[0], ref.size), size)
+        entry = _Entry(batch[0], ref.size, batch[0].nbytes, *_time_bounds(batch[0]))
+        self._memo.put((url, ref.key), entry, size)
 
     def held(self, url: str, ref: PartRef, chunk_bytes: int) -> HeldPart | None:
         """The kept part ``ref`` at ``url``, read in chunks of about ``chunk_bytes``; None
         when it is not kept (or, never expected, kept with another size or row count)."""
         found = self._memo.get((url, ref.key))
-        if found is None:
+        if found is None or found.size != ref.size or found.batch.num_rows != ref.num_rows:
             return None
-        batch, size = found
-        if size != ref.size or batch.num_rows != ref.num_rows:
-            return None
-        return HeldPart(ref.key, batch, size, chunk_bytes)
+        return HeldPart(ref.key, found, chunk_bytes)
 
     def forget(self, url: str, keys: Iterable[str]) -> None:
         """Drop the entries of ``keys`` at ``url`` (parts a commit replaced or deleted)."""
