@@ -391,7 +391,7 @@ def consolidate_through(
 
 
 def settle_below_bound(
-    table: pa.Table, columns: Sequence[str], *, expect_ties: bool = False
+    table: pa.Table, columns: Sequence[str], *, expect_ties: bool = False, sort_rest: bool = False
 ) -> tuple[pa.Table, pa.Table | None]:
     """One step of a merge of sorted runs. Row 0 of ``table`` is the *bound*: a copy of the
     smallest frontier among the runs with rows left, with diff 0. Every row that sorts
@@ -401,21 +401,22 @@ def settle_below_bound(
     (rows at or after the bound, the bound itself left out), unsorted and unconsolidated: the
     next step sorts them with the next slice anyway; None when nothing is left. The sort is
     stable, so the bound precedes rows equal to it and those stay for the next step.
-    ``expect_ties``: see `sort_indices`.
+    ``expect_ties``: see `sort_indices`. ``sort_rest``: the rest comes in (row, time) order
+    (not consolidated), for a caller that keeps sorted pieces (`split_sorted_below`).
     """
     if not expect_ties and columns and table.num_rows > 1:
-        settled = _settle_distinct(table, columns)
+        settled = _settle_distinct(table, columns, sort_rest)
         if settled is not None:
             return settled
     idx = np.asarray(
         sort_indices(table, columns, expect_ties=expect_ties).to_numpy(), dtype=np.int64
     )
     q = int(np.flatnonzero(idx == 0)[0])
-    return _split(table, columns, idx[:q], idx[q + 1 :])
+    return _split(table, columns, idx[:q], idx[q + 1 :], sort_rest)
 
 
 def _settle_distinct(
-    table: pa.Table, columns: Sequence[str]
+    table: pa.Table, columns: Sequence[str], sort_rest: bool = False
 ) -> tuple[pa.Table, pa.Table | None] | None:
     """`settle_below_bound` when the rows after the bound have pairwise distinct first-column
     keys numpy can sort (`distinct_order`); None otherwise.
@@ -442,17 +443,75 @@ def _settle_distinct(
         pair = pa.concat_tables([table.slice(0, 1), rest.take(pa.array([perm[q]]))])
         if int(sort_indices(pair, columns, expect_ties=True)[0].as_py()) == 1:
             q += 1  # that row sorts strictly before the bound: it is final too
-    return _split(rest, columns, perm[:q], perm[q:])
+    return _split(rest, columns, perm[:q], perm[q:], sort_rest)
+
+
+def split_sorted_below(
+    pieces: Sequence[tuple[pa.Table, int]], bound: pa.Table, columns: Sequence[str]
+) -> tuple[pa.Table | None, list[tuple[pa.Table, int]]] | None:
+    """One step of a merge of sorted runs whose buffer is kept as *sorted pieces* (each in
+    (row, time) order): the rows whose first-column key is strictly below ``bound``'s (a
+    one-row table, the smallest frontier among the runs with rows left), consolidated and in
+    order (None if there are none), and what is left of each piece, still sorted.
+
+    Only when the first row column is a numpy-comparable key (`_numpy_key`: integer or
+    temporal, no nulls) in ``bound`` and every piece; None otherwise (the caller settles
+    exactly, `settle_below_bound`). Correct because any row a run can still deliver sorts at
+    or after its frontier, so its first key is at least the bound's: every update of a row
+    with a smaller first key is in the buffer. Conservative for rows that share the bound's
+    first key (they wait, even those strictly before the bound); a caller falls back to the
+    exact settle when nothing is final here, so progress never depends on the first key.
+
+    Unlike `settle_below_bound`, the rows that wait are neither sorted again nor copied: each
+    piece is cut by binary search. A piece is ``(rows, kept)``: ``kept`` is the bytes of the
+    table it is a view of (what it keeps alive); a left-over piece under half of that is
+    copied, so the buffer never keeps alive more than twice its rows' bytes.
+    """
+    first = key_array(bound.column(columns[0])) if columns else None
+    bound_key = _numpy_key(first) if first is not None else None
+    if bound_key is None:
+        return None
+    cuts = []
+    for piece, _ in pieces:
+        key = key_array(piece.column(columns[0]))
+        values = _numpy_key(key) if key is not None else None
+        if values is None:
+            return None
+        cuts.append(int(np.searchsorted(values, bound_key[0], side="left")))
+    finals = [p.slice(0, q) for (p, _), q in zip(pieces, cuts, strict=True) if q]
+    if not finals:
+        return None, list(pieces)
+    waiting = []
+    for (piece, kept), q in zip(pieces, cuts, strict=True):
+        if q == piece.num_rows:
+            continue
+        if not q:
+            waiting.append((piece, kept))
+            continue
+        rest = piece.slice(q)
+        size = rest.nbytes
+        if size * 2 < kept:
+            rest = rest.take(pa.array(np.arange(rest.num_rows, dtype=np.int64)))
+            kept = size
+        waiting.append((rest, kept))
+    return consolidate(pa.concat_tables(finals), columns), waiting
 
 
 def _split(
-    table: pa.Table, columns: Sequence[str], final: np.ndarray, waiting: np.ndarray
+    table: pa.Table,
+    columns: Sequence[str],
+    final: np.ndarray,
+    waiting: np.ndarray,
+    sort_rest: bool = False,
 ) -> tuple[pa.Table, pa.Table | None]:
     """The rows ``final`` (in order) consolidated, and the rows ``waiting`` in their input
-    order (None if there are none): the two results of `settle_below_bound`."""
+    order, or with ``sort_rest`` in the order given (None if there are none): the two
+    results of `settle_below_bound`."""
     done = consolidate_through(table, final, columns)
     if waiting.size == 0:
         return done, None
+    if sort_rest:
+        return done, table.take(pa.array(waiting, pa.int64()))
     mask = np.zeros(table.num_rows, dtype=bool)
     mask[waiting] = True
     return done, table.filter(pa.array(mask))

@@ -230,3 +230,53 @@ def test_a_table_in_key_order_is_consolidated_without_a_copy() -> None:
     assert below is table and above.num_rows == 0
     below, above = split_at(table, 5)
     assert below.num_rows == 0 and above is table
+
+
+@pytest.mark.parametrize("case", [c for c, _ in _bound_cases()])
+@pytest.mark.parametrize("tied", [False, True])
+def test_split_sorted_below_cuts_sorted_pieces_at_the_bounds_first_key(
+    case: str, tied: bool
+) -> None:
+    """Pieces in (row, time) order are cut by binary search: rows whose first key is below
+    the bound's are final (consolidated across pieces, in order), every other row waits in
+    its piece, still sorted; rows that share the bound's first key wait even when they sort
+    before it (conservative). With ``tied``, keys repeat within and across pieces."""
+    bound = dict(_bound_cases())[case]
+    rng = np.random.default_rng(9)
+    keys = rng.integers(0, 100, 300) * 2 if tied else rng.permutation(np.arange(0, 600, 2))
+    body = pa.table(
+        {
+            "k": pa.array(keys, pa.int64()),
+            "v": pa.array(rng.integers(0, 3, len(keys)), pa.int64()),
+            "_time": pa.array(rng.integers(3, 8, len(keys)), pa.int64()),
+            "_diff": pa.array(rng.choice([-1, 1, 2], len(keys)), pa.int64()),
+        }
+    )
+    pieces = [rows.sort_table(body.slice(i, 100), ["k", "v"]) for i in range(0, 300, 100)]
+    head = pa.table({n: pa.array([bound[n]], pa.int64()) for n in ("k", "v", "_time")})
+    split = rows.split_sorted_below([(p, p.nbytes) for p in pieces], head, ["k", "v"])
+    assert split is not None
+    done, waiting = split
+
+    def key(r: dict[str, Any]) -> tuple[int, int, int]:
+        return (r["k"], r["v"], r["_time"])
+
+    below = body.filter(pa.array([r["k"] < bound["k"] for r in body.to_pylist()]))
+    got = [] if done is None else done.to_pylist()
+    assert [(r["k"], r["v"], r["_time"], r["_diff"]) for r in got] == _model(below)
+    left = [r for t, _ in waiting for r in t.to_pylist()]
+    assert sorted(map(key, left)) == sorted(
+        key(r) for r in body.to_pylist() if r["k"] >= bound["k"]
+    )
+    for t, kept in waiting:
+        listed = [key(r) for r in t.to_pylist()]
+        assert listed == sorted(listed) and t.num_rows and kept >= t.nbytes
+
+
+def test_split_sorted_below_declines_keys_numpy_cannot_compare() -> None:
+    piece = pa.table({"k": pa.array(["a", "b"]), "_time": [1, 1], "_diff": [1, 1]})
+    bound = pa.table({"k": pa.array(["b"]), "_time": [1]})
+    assert rows.split_sorted_below([(piece, piece.nbytes)], bound, ["k"]) is None
+    nulls = pa.table({"k": pa.array([None, 3], pa.int64()), "_time": [1, 1], "_diff": [1, 1]})
+    bound = pa.table({"k": pa.array([3], pa.int64()), "_time": [1]})
+    assert rows.split_sorted_below([(nulls, nulls.nbytes)], bound, ["k"]) is None

@@ -56,6 +56,7 @@ from persistshard.core.rows import (
     run_starts,
     settle_below_bound,
     sort_indices,
+    split_sorted_below,
 )
 from persistshard.core.statemachine.leases import WriteLease
 from persistshard.core.statemachine.machine import StateMachine
@@ -302,21 +303,28 @@ def _open_input(blob: Blob, ref: PartRef) -> PartReader | HeldPart:
 
 
 def _merge_runs(runs: list[_Run], columns: list[str], stats: MergeStats) -> Iterator[pa.Table]:
-    """Yield the merged, consolidated updates of ``runs`` in (row, time) order, in pieces."""
+    """Yield the merged, consolidated updates of ``runs`` in (row, time) order, in pieces.
+
+    The buffer is a list of sorted pieces (what each run delivered, less what was emitted):
+    a step cuts each piece below the bound by binary search (`split_sorted_below`), so a
+    waiting row is neither copied nor sorted again; only when that finds nothing final (the
+    first column is not a plain numeric key, or the bound shares its first key with what is
+    left) is the whole buffer settled exactly (`settle_below_bound`), leaving one sorted piece.
+    """
     schema = runs[0].schema if runs else None
     if schema is None:
         return
-    empty = schema.empty_table()
-    pending = empty
+    pending: list[tuple[pa.Table, int]] = []  # sorted pieces, the bytes each keeps alive
     # After its first delivery a run either has a frontier or is exhausted.
     arriving = [t for t in (r.deliver() for r in runs) if t is not None]
     while True:
         active = [r for r in runs if r.has_more and r.frontier is not None]
-        pieces = [pending, *arriving]
+        pieces = [*pending, *((t, t.nbytes) for t in arriving)]
+        held = sum(kept for _, kept in pieces)
+        stats.peak_buffered_bytes = max(stats.peak_buffered_bytes, held)
         if not active:
-            table = pa.concat_tables(pieces)
-            stats.peak_buffered_bytes = max(stats.peak_buffered_bytes, table.nbytes)
-            out = consolidate(table, columns)
+            tables = [t for t, _ in pieces]
+            out = consolidate(pa.concat_tables(tables) if tables else schema.empty_table(), columns)
             if out.num_rows:
                 yield out
             return
@@ -325,13 +333,18 @@ def _merge_runs(runs: list[_Run], columns: list[str], stats: MergeStats) -> Iter
         first = int(order[0])
         slowest = active[first]
         bound = frontiers.slice(first, 1)
-        bound = bound.append_column(DIFF, pa.array([0], pa.int64())).cast(schema)
-        table = pa.concat_tables([bound, *pieces])
-        stats.peak_buffered_bytes = max(stats.peak_buffered_bytes, table.nbytes)
-        done, rest = settle_below_bound(table, columns)
-        if done.num_rows:
-            yield done
-        pending = rest if rest is not None else empty
+        split = split_sorted_below(pieces, bound, columns) if pieces else None
+        if split is not None and split[0] is not None:
+            if split[0].num_rows:
+                yield split[0]
+            pending = split[1]
+        elif pieces:
+            bound = bound.append_column(DIFF, pa.array([0], pa.int64())).cast(schema)
+            table = pa.concat_tables([bound, *(t for t, _ in pieces)])
+            done, rest = settle_below_bound(table, columns, sort_rest=True)
+            if done.num_rows:
+                yield done
+            pending = [(rest, rest.nbytes)] if rest is not None else []
         nxt = slowest.deliver()
         arriving = [nxt] if nxt is not None else []
 

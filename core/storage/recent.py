@@ -111,9 +111,7 @@ class RecentParts:
         total_bytes: int = RECENT_BYTES,
         parts: int = RECENT_PARTS,
     ) -> None:
-        self._memo: BytesMemo[tuple[pa.RecordBatch, int]] = BytesMemo(
-            parts, part_bytes, total_bytes
-        )
+        self._memo: BytesMemo[_Entry] = BytesMemo(parts, part_bytes, total_bytes)
 
     @property
     def bytes(self) -> int:
