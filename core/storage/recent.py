@@ -43,7 +43,7 @@ log = logging.getLogger("persistshard.core.storage.recent")
 
 #: A part whose decoded buffers are larger than this is never kept (merges of large parts
 #: are decode-light per row; their cost is sorting and encoding).
-RECENT_PART_BYTES = 1 << 20
+RECENT_PART_BYTES = 4 << 20
 #: At most this many decoded bytes are kept per process.
 RECENT_BYTES = 32 << 20
 #: At most this many parts are kept per process.
