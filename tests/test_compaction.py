@@ -598,3 +598,32 @@ def test_writer_compaction_on_a_stale_state_lands_on_the_newest(tmp_path):
     assert state.upper == 9 and len(state.trace) == 2
     assert mine.snapshot().equals(other.snapshot())
     assert 1000 in mine.snapshot().column("id").to_pylist()
+
+
+def test_a_writers_merges_share_a_young_write_id(tmp_path, clock, monkeypatch):
+    """Merges of one writer put their parts under one write id while it is young (no new
+    directory per merge), and under a new one once it is `MERGE_WRITE_ID_SECONDS` old, or an
+    eighth of a (shortened) implicit lease: every merge starts with most of its lease."""
+    from persistshard.core.statemachine import leases
+    from persistshard.core.statemachine.state import part_write_id
+
+    shard = ps.open_shard(str(tmp_path / "s"), maintenance=False)
+
+    def merge_ids() -> list[str | None]:
+        for _ in range(8):
+            clock.advance(1)
+            shard.append(updates([(shard.upper * 100 + r, "x", shard.upper, 1) for r in range(3)]))
+        report = shard.maybe_compact()
+        assert report is not None and report.committed == 1
+        newest = max(shard.state().trace, key=lambda b: b.upper)
+        return [part_write_id(p.key) for p in newest.parts]
+
+    first, second = merge_ids(), merge_ids()
+    assert first == second
+    clock.advance(int(cm.MERGE_WRITE_ID_SECONDS * 1000))
+    third = merge_ids()
+    assert third != second
+    monkeypatch.setattr(leases, "implicit_lease_ms", lambda: 8_000)  # an eighth: 1 s
+    clock.advance(1_000)
+    assert merge_ids() != third
+    assert shard.snapshot().num_rows == 4 * 8 * 3

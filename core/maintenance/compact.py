@@ -58,12 +58,13 @@ from persistshard.core.rows import (
     sort_indices,
     split_sorted_below,
 )
+from persistshard.core.statemachine import leases
 from persistshard.core.statemachine.leases import WriteLease
 from persistshard.core.statemachine.machine import StateMachine
 from persistshard.core.statemachine.state import Batch, Commit, PartRef, ShardState
-from persistshard.core.storage import metrics
+from persistshard.core.storage import layout, metrics
 from persistshard.core.storage.blob import Blob
-from persistshard.core.storage.layout import new_id, part_key
+from persistshard.core.storage.layout import id_time_ms, new_id, part_key
 from persistshard.core.storage.parts import (
     CHUNK_BYTES,
     PART_TARGET_BYTES,
@@ -642,6 +643,32 @@ def merge_report(
     )
 
 
+#: A machine's merges share one write id (so one ``parts/<write id>/`` directory) for at
+#: most this long, and at most an eighth of the implicit write lease.
+MERGE_WRITE_ID_SECONDS = 10.0
+
+
+def merge_write_id(machine: StateMachine) -> str:
+    """The write id for this machine's next merge: the one its last merge used while that is
+    young, else a new one.
+
+    Each merge of a writer used to open a directory of its own, and creating one costs a
+    ``mkdir`` and a sync of ``parts/`` on top of the sync of the directory holding the part
+    (about 0.5 ms of a 4 ms merge of eight small batches). Sharing is safe because what gc
+    and the commit check go by is the write id's time and lease: a shared id is at most
+    `MERGE_WRITE_ID_SECONDS` older than a merge that uses it, and at most an eighth of the
+    implicit lease, so every merge still starts with most of its lease ahead (and renews it
+    through `WriteLease` when it runs long); a merge that fails or loses deletes the parts it
+    wrote, never the directory, and gc deletes parts one by one.
+    """
+    wid = machine.merge_write_id
+    born = id_time_ms(wid) if wid is not None else None
+    limit_ms = min(MERGE_WRITE_ID_SECONDS * 1000, leases.implicit_lease_ms() / 8)
+    if wid is None or born is None or layout.now_ms() - born >= limit_ms:
+        wid = machine.merge_write_id = new_id()
+    return wid
+
+
 def compact_shard(
     machine: StateMachine,
     *,
@@ -671,7 +698,7 @@ def _compact_from(
         plan = trace.next_plan(state, full=full)
         if plan is None:
             break
-        write_id = new_id()
+        write_id = merge_write_id(machine)
         with WriteLease(machine, write_id):  # a merge longer than the lease renews it
             result = run_merge(
                 machine.blob,

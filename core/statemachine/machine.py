@@ -120,6 +120,9 @@ class StateMachine:
         self.consensus = consensus
         self._state = ShardState()
         self._rollup: tuple[int, str | None] = (0, None)
+        # The write id this machine's compaction merges put their outputs under, while young
+        # (`persistshard.core.maintenance.compact.merge_write_id`).
+        self.merge_write_id: str | None = None
 
     # --- reading ------------------------------------------------------------------------
 
