@@ -29,6 +29,8 @@ PURE = {
     "persistshard.core.statemachine.state": "pure state transitions; the state machine logs "
     "commits landed and refused",
     "persistshard.core.storage.layout": "key names, ids and the clock",
+    "persistshard.core.storage.recent": "an in-memory store of decoded parts; compaction logs "
+    "the merges that take inputs from it",
     "persistshard.core.statemachine.retention": "the pure since-from-retention rule; the "
     "commits that apply it are logged by the state machine",
     "persistshard.core.write.validate": "input checks that raise; the caller reports them",

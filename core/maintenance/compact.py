@@ -13,19 +13,24 @@ times is monotone, so a run stays sorted after it. A run's *frontier* is the las
 it has delivered; a run with chunks left can still deliver keys at or after its frontier,
 and nothing below. So every buffered update strictly below the smallest frontier among runs
 with chunks left is final: it is emitted, and the buffer keeps the rest. Then the run with
-the smallest frontier delivers its next non-empty chunk. The buffer is re-sorted and
-consolidated with each new chunk (one stable sort with the bound row placed first, so its
-position counts the keys below it; with distinct numeric first keys, see
-`persistshard.core.rows.settle_below_bound`).
+the smallest frontier delivers its next non-empty chunk. The buffer is a list of sorted
+pieces (what each run delivered, less what was emitted): when the first row column is a
+plain numeric key, each piece is cut by binary search below the bound's first key
+(`persistshard.core.rows.split_sorted_below`), so a waiting row is neither sorted nor copied
+again; otherwise, or when that cut finds nothing final, the whole buffer is settled exactly
+(one stable sort with the bound row placed first, `persistshard.core.rows.settle_below_bound`)
+and left as one sorted piece. Inputs this process wrote moments before come decoded from
+memory (`persistshard.core.storage.recent`), in chunks of the same size as stored ones.
 
 Memory bound (measured by `MergeStats.peak_buffered_bytes`, checked by the tests): a run's
-buffered updates come from its most recently delivered chunk only (older chunks ended at or
-below an earlier bound, and everything below a bound was emitted; keys equal to the bound
-were consolidated into one update), so the buffer holds at most ``k`` chunks plus one update,
-for ``k`` input parts: about ``k * CHUNK_BYTES`` of decoded Arrow data, and twice that while
-sorting. The output side adds the part writer's two encoded chunks in flight and the
-compressed bytes of the one output part being assembled (blobs are written with one ``put``):
-at most the compressed size of ``part_bytes`` of data. None of it depends on batch sizes.
+buffered updates come from its most recently delivered chunk, plus the rows of its older
+chunks that share the bound's first key (everything below a bound was emitted), so the
+buffer holds about ``k`` chunks for ``k`` input parts: about ``k * CHUNK_BYTES`` of decoded
+Arrow data, and twice that while sorting; a left-over piece under half of the chunk it is a
+view of is copied, so views never keep more than twice the buffered bytes alive. The output
+side adds the part writer's two encoded chunks in flight and the compressed bytes of the one
+output part being assembled (blobs are written with one ``put``): at most the compressed
+size of ``part_bytes`` of data. None of it depends on batch sizes.
 
 Unsealed trimming: an unsealed batch straddling the plan's upper is rewritten part by part,
 streaming, keeping only updates at or after the upper (each part stays sorted and
@@ -321,8 +326,8 @@ def _merge_runs(runs: list[_Run], columns: list[str], stats: MergeStats) -> Iter
     while True:
         active = [r for r in runs if r.has_more and r.frontier is not None]
         pieces = [*pending, *((t, t.nbytes) for t in arriving)]
-        held = sum(kept for _, kept in pieces)
-        stats.peak_buffered_bytes = max(stats.peak_buffered_bytes, held)
+        buffered = sum(kept for _, kept in pieces)
+        stats.peak_buffered_bytes = max(stats.peak_buffered_bytes, buffered)
         if not active:
             tables = [t for t, _ in pieces]
             out = consolidate(pa.concat_tables(tables) if tables else schema.empty_table(), columns)
@@ -552,6 +557,9 @@ def run_merge(
             for ref in u.parts
             if ref.num_rows and ref.min_time < plan.upper_at_plan
         ]
+        if log.isEnabledFor(logging.DEBUG):
+            kept = sum(isinstance(r.reader, HeldPart) for r in runs)
+            log.debug("merge %s: %d of %d input parts from memory", write_id, kept, len(runs))
         for piece in _merge_runs(runs, row_columns(schema), stats):
             writer.write(piece)
         writer.close_part()

@@ -28,7 +28,6 @@ Invariants:
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -38,8 +37,6 @@ import pyarrow.compute as pc
 from persistshard.core.rows import TIME
 from persistshard.core.statemachine.state import PartRef
 from persistshard.format.memo import BytesMemo
-
-log = logging.getLogger("persistshard.core.storage.recent")
 
 #: A part whose decoded buffers are larger than this is never kept (merges of large parts
 #: are decode-light per row; their cost is sorting and encoding).
