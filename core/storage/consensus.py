@@ -185,6 +185,10 @@ class BlobConsensus(Consensus):
         self._seen: tuple[int, str] | None = None
         # The highest floor this object has read (the floor only rises).
         self._floor_seen = 0
+        # The entries the last `head` read while probing for the head, kept for the `scan`
+        # that follows it (a state read scans what the probe just read: with the hint and
+        # the rollups both every 16 versions, up to 15 gets twice). Consumed by that scan.
+        self._probed: dict[int, tuple[str | None, VersionedData]] = {}
 
     def entry_name(self, version: int) -> str:
         return _key(version)
@@ -229,11 +233,13 @@ class BlobConsensus(Consensus):
         found = self._read(start)
         if found is None:
             return None
+        self._probed[start] = found
         while True:
             nxt = self._read(found[1].version + 1)
             if nxt is None:
                 return found
             found = nxt
+            self._probed[found[1].version] = found
 
     def _versions(self) -> list[int]:
         out = []
@@ -268,6 +274,7 @@ class BlobConsensus(Consensus):
         return None
 
     def head(self) -> VersionedData | None:
+        self._probed = {}
         start = self._read_hint()
         for _ in range(MAX_RESTARTS):
             found = self._untrusted_head(start)
@@ -361,19 +368,30 @@ class BlobConsensus(Consensus):
         return successor[0] == digest
 
     def scan(self, from_version: int, limit: int | None = None) -> list[VersionedData]:
-        out = self._untrusted_scan(from_version, limit)
+        # Entries the last head probe read count as read by this scan: they were read before
+        # the floor read below, which is all the check needs (entries are never rewritten; a
+        # version below the floor may be a stale re-creation, and is dropped either way).
+        probed, self._probed = self._probed, {}
+        out = self._untrusted_scan(from_version, limit, probed)
         floor = self.floor()
         # Entries read before this floor and at or above it are the originals; below it they
         # may be stale re-creations, so they are dropped (the caller sees the log start later).
         return [e for e in out if e.version >= floor]
 
-    def _untrusted_scan(self, from_version: int, limit: int | None) -> list[VersionedData]:
+    def _untrusted_scan(
+        self,
+        from_version: int,
+        limit: int | None,
+        probed: dict[int, tuple[str | None, VersionedData]] | None = None,
+    ) -> list[VersionedData]:
+        known = probed or {}
         start = max(from_version, 1, self._floor_seen)
-        first = self._read(start)
+        first = known.get(start) or self._read(start)
         if first is not None:  # contiguous from here: probe upward, no listing
             out = [first[1]]
             while limit is None or len(out) < limit:
-                nxt = self._read(out[-1].version + 1)
+                version = out[-1].version + 1
+                nxt = known.get(version) or self._read(version)
                 if nxt is None:
                     break
                 out.append(nxt[1])
