@@ -75,6 +75,7 @@ from persistshard.core.storage.parts import (
     PART_TARGET_BYTES,
     adapt_part_table,
     open_part,
+    written_ref,
 )
 from persistshard.core.storage.recent import RECENT, HeldPart
 from persistshard.core.write.validate import update_schema
@@ -371,7 +372,6 @@ class _RunWriter:
         self.blob = blob
         self.hold = hold
         self._held: list[pa.Table] | None = [] if hold else None
-        self._held_bytes = 0
         self.write_id = write_id
         self.schema = schema
         self.columns = row_columns(schema)
@@ -399,14 +399,13 @@ class _RunWriter:
         if table.num_rows == 0:
             return
         self._open().write(table)
+        self._bytes += table.nbytes
         if self._held is not None:
             # The part's updates, kept while they stay small enough to hold (`close_part`).
-            self._held_bytes += table.nbytes
-            if RECENT.fits(self._held_bytes):
+            if RECENT.fits(self._bytes):
                 self._held.append(table)
             else:
                 self._held = None
-        self._bytes += table.nbytes
         self.stats.rows_written += table.num_rows
         self._last_row = table.slice(table.num_rows - 1, 1)
 
@@ -446,21 +445,14 @@ class _RunWriter:
             return
         info = self._writer.close()
         data = self._sink.getvalue()
-        key = part_key(self.write_id)
-        self.blob.put(key, data)
+        ref = written_ref(part_key(self.write_id), len(data), info)
+        self.blob.put(ref.key, data)
         self.stats.bytes_written += len(data)
-        ref = PartRef(
-            key=key,
-            size=len(data),
-            num_rows=info.num_rows,
-            min_time=info.min_time if info.min_time is not None else 0,
-            max_time=info.max_time if info.max_time is not None else 0,
-        )
         self.parts.append(ref)
         if self._held:
             RECENT.hold(self.blob.url, ref, pa.concat_tables(self._held))
         self._writer, self._sink, self._bytes = None, None, 0
-        self._held, self._held_bytes = ([] if self.hold else None), 0
+        self._held = [] if self.hold else None
 
     def abort(self) -> None:
         if self._writer is not None:

@@ -39,7 +39,7 @@ from persistshard.core.storage.layout import part_key
 from persistshard.core.storage.metrics import run_in_context
 from persistshard.core.storage.recent import RECENT
 from persistshard.errors import CorruptData
-from persistshard.format import PartReader, encode_part
+from persistshard.format import PartInfo, PartReader, encode_part
 
 log = logging.getLogger("persistshard.core.storage.parts")
 
@@ -113,6 +113,18 @@ class PutsBehind:
             self._wait(0)  # the write failed: let the puts under way end, report its error
 
 
+def written_ref(key: str, size: int, info: PartInfo) -> PartRef:
+    """The reference to a part of ``size`` bytes just written under ``key``, from the summary
+    its writer returned (a part without times reads as at time 0)."""
+    return PartRef(
+        key=key,
+        size=size,
+        num_rows=info.num_rows,
+        min_time=info.min_time if info.min_time is not None else 0,
+        max_time=info.max_time if info.max_time is not None else 0,
+    )
+
+
 def write_part(
     blob: Blob,
     write_id: str,
@@ -135,23 +147,16 @@ def write_part(
         chunk_bytes=CHUNK_BYTES,
         metadata=metadata,
     )
-    key = part_key(write_id)
-    ref = PartRef(
-        key=key,
-        size=len(data),
-        num_rows=table.num_rows,
-        min_time=info.min_time if info.min_time is not None else 0,
-        max_time=info.max_time if info.max_time is not None else 0,
-    )
+    ref = written_ref(part_key(write_id), len(data), info)
     if hold:
         RECENT.hold(blob.url, ref, table)
     if len(data) <= min(inline_max, MAX_INLINE_PART_BYTES):
         return replace(ref, inline=bytes(data), inline_crc=crc32c.crc32c(data))
     if puts is not None:
-        puts.put(key, data)
+        puts.put(ref.key, data)
     else:
-        blob.put(key, data)
-    log.debug("wrote part %s: %d rows, %d bytes", key, table.num_rows, len(data))
+        blob.put(ref.key, data)
+    log.debug("wrote part %s: %d rows, %d bytes", ref.key, table.num_rows, len(data))
     return ref
 
 
