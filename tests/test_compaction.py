@@ -23,6 +23,7 @@ from persistshard.conformance.model import make_shard_machine
 from persistshard.core.maintenance import compact as cm
 from persistshard.core.maintenance import trace
 from persistshard.core.rows import advance_times, consolidate, row_columns
+from persistshard.core.statemachine.state import Batch, PartRef
 from persistshard.core.storage import parts as parts_mod
 from persistshard.core.storage.layout import new_id
 from persistshard.core.write.validate import user_schema
@@ -142,6 +143,39 @@ def test_levels_form_a_counter_in_base_fan_in(tmp_path):
         digits = _digits(n, f)
         assert [levels.count(d) for d in range(len(digits))] == digits
         assert [b.num_rows for b in state.trace] == [3 * f**lvl for lvl in levels]
+
+
+def test_wide_batches_merge_in_fours(monkeypatch):
+    """Batches of at least WIDE_FAN_IN_ROWS updates merge WIDE_FAN_IN at a time, smaller ones
+    FAN_IN at a time: with 3-row appends and a threshold of 24 rows, the levels count n in the
+    mixed radix (FAN_IN, WIDE_FAN_IN, WIDE_FAN_IN, ...)."""
+    f, w = trace.FAN_IN, trace.WIDE_FAN_IN
+    assert 1 < w < f
+    monkeypatch.setattr(trace, "WIDE_FAN_IN_ROWS", 3 * f)
+    shard = ps.open_shard(f"memory://wide-{uuid.uuid4().hex}", maintenance=False)
+    for n in range(1, 3 * f * w + 2):
+        _append_batches(shard, 1, 3)
+        shard.compact(full=False)
+        state = shard.state()
+        state.check()
+        levels = trace.levels(state)
+        digits = [n % f, *_digits(n // f, w)]
+        assert [levels.count(d) for d in range(len(digits))] == digits
+        assert [b.num_rows for b in state.trace] == [
+            3 * (f * w ** (lvl - 1) if lvl else 1) for lvl in levels
+        ]
+
+    # A group is wide only when all of its first WIDE_FAN_IN batches are: one small batch
+    # among them makes the level wait for FAN_IN.
+    def batch(rows: int) -> Batch:
+        return Batch(new_id(), 0, 1, (PartRef(f"parts/{new_id()}.part", 1, rows, 0, 0),), 1)
+
+    small = [batch(3 * f - 1)]
+    wide = [batch(3 * f) for _ in range(w)]
+    assert trace.fan_in(wide) == w
+    assert trace.fan_in(small + wide) == f
+    assert trace.fan_in(small + wide, 1) == w
+    assert trace.fan_in(wide[:-1]) == f
 
 
 @pytest.mark.parametrize("budget", [1, None])

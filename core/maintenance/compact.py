@@ -734,7 +734,7 @@ def _describe(report: CompactionReport) -> str:
 
 
 def needs_compaction(state: ShardState) -> bool:
-    """Whether a writer-triggered compaction has work: a same-level group (``FAN_IN``
+    """Whether a writer-triggered compaction has work: a same-level group (`trace.fan_in`
     batches) or unsealed updates the upper has passed (cheap: looks at the state only)."""
     return bool(trace.level_plans(state) or trace.unsealed_plans(state))
 

@@ -17,17 +17,23 @@ compaction level. Three kinds of merge, in the order a full compaction tries the
     are grouped into one merge; groups touch disjoint trace ranges. The output keeps the level
     of its oldest trace input.
 ``level``
-    A tiered Spine rule: appended batches enter at level 0; ``FAN_IN`` consecutive batches at
-    the same level L merge into one at L + 1 if the result holds more updates than each
-    input, else at L. The oldest such group goes first; fewer than ``FAN_IN`` batches at a
-    level wait. Every update is rewritten at most once per level, and a level only fills up
-    by a factor of ``FAN_IN``, so with uniformly sized appends each update is rewritten
-    O(log N / log FAN_IN) times over N appends, in N / (FAN_IN - 1) merges; the trace holds
-    at most ``FAN_IN - 1`` batches per level. (With ``FAN_IN = 2`` this is the binary Spine;
-    a larger fan-in trades a few more batches per read for fewer merges, whose fixed costs
-    dominate when batches are small.) When merges consolidate heavily (since close behind
-    upper) a batch can stay at its level while absorbing small ones; that is the rule's known
-    weakness, and it is bounded by the ``max_merges`` budget of writer-triggered compaction.
+    A tiered Spine rule: appended batches enter at level 0; consecutive batches at the same
+    level L merge into one at L + 1 if the result holds more updates than each input, else at
+    L. How many merge at once depends on their size: ``FAN_IN`` small ones, or
+    ``WIDE_FAN_IN`` when each holds at least ``WIDE_FAN_IN_ROWS`` updates. The oldest such
+    group goes first; a level with fewer batches waits. Every update is rewritten at most once
+    per level, and a level only fills up by a factor of its fan-in, so with uniformly sized
+    appends each update is rewritten O(log N) times over N appends, and the trace holds at
+    most ``FAN_IN - 1`` batches per level of small batches and ``WIDE_FAN_IN - 1`` per level of
+    wide ones. (With a fan-in of 2 this is the binary Spine.) The two fan-ins answer the two
+    costs: a merge has a fixed cost (a part written and synced, a compare-and-set) that
+    dominates when its inputs are small, so small batches merge eight at a time; a read pays
+    per batch (a footer, a chunk decoded whole, too small to decode in parallel well), so
+    batches big enough for the merge's work per row to dominate merge four at a time,
+    leaving fewer of them per read for about one more rewrite of each update. When merges
+    consolidate heavily (since close behind upper) a batch can stay at its level while
+    absorbing small ones; that is the rule's known weakness, and it is bounded by the
+    ``max_merges`` budget of writer-triggered compaction.
 ``full``
     What an idle Spine converges to: the whole trace merged into one sorted, consolidated run
     with every time below ``since`` forwarded, so a row updated many times before ``since``
@@ -59,6 +65,7 @@ bound their updates' times.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -68,6 +75,11 @@ Reason = Literal["unsealed", "level", "full"]
 
 #: How many consecutive batches of one level a ``level`` merge takes (see the module docstring).
 FAN_IN = 8
+#: How many it takes when each holds at least ``WIDE_FAN_IN_ROWS`` updates.
+WIDE_FAN_IN = 4
+#: Batches of this many updates and more merge ``WIDE_FAN_IN`` at a time: a 4-way merge of
+#: them writes at least 16,384 updates, enough for its work per row to outweigh its fixed cost.
+WIDE_FAN_IN_ROWS = 4_096
 
 #: Ids of batches whose parts form one sorted run (compaction outputs) end with this.
 RUN_SUFFIX = "-run"
@@ -195,16 +207,26 @@ def unsealed_plans(state: ShardState) -> list[MergePlan]:
     return [_plan(state, "unsealed", list(state.trace[lo : hi + 1]), g) for lo, hi, g in ranges]
 
 
+def fan_in(batches: Sequence[Batch], start: int = 0) -> int:
+    """How many consecutive same-level batches from ``batches[start]`` on merge at once:
+    ``WIDE_FAN_IN`` when the first that many each hold at least ``WIDE_FAN_IN_ROWS`` updates,
+    else ``FAN_IN``."""
+    head = batches[start : start + WIDE_FAN_IN]
+    wide = len(head) == WIDE_FAN_IN and all(b.num_rows >= WIDE_FAN_IN_ROWS for b in head)
+    return WIDE_FAN_IN if wide else FAN_IN
+
+
 def level_plans(state: ShardState) -> list[MergePlan]:
-    """Groups of ``FAN_IN`` consecutive same-level batches, oldest first, disjoint."""
+    """Groups of `fan_in` consecutive same-level batches, oldest first, disjoint."""
     out = []
     i = 0
     trace = state.trace
-    while i + FAN_IN <= len(trace):
-        group = trace[i : i + FAN_IN]
-        if all(b.level == group[0].level for b in group):
+    while i < len(trace):
+        f = fan_in(trace, i)
+        group = trace[i : i + f]
+        if len(group) == f and all(b.level == group[0].level for b in group):
             out.append(_plan(state, "level", list(group), []))
-            i += FAN_IN
+            i += len(group)
         else:
             i += 1
     return out
