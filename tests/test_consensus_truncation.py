@@ -8,11 +8,15 @@ trying again could apply the same commit twice: the commit is reported `Indeterm
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 from conformance_helpers import rows_of, updates
 
 import persistshard as ps
-from persistshard.core.storage.consensus import BlobConsensus
+from persistshard.core.statemachine import machine as machine_mod
+from persistshard.core.statemachine.machine import SHARED_STATES, SharedStates
+from persistshard.core.storage.consensus import BlobConsensus, VersionedData
 from persistshard.core.storage.layout import ROLLUP_EVERY
 from persistshard.errors import Indeterminate
 
@@ -57,6 +61,7 @@ def test_a_state_read_gets_each_log_entry_once(tmp_path):
     writer = ps.open_shard(location, maintenance=False)
     for t in range(ROLLUP_EVERY + 5):
         writer.append(updates([(t, "x", writer.upper, 1)]))
+    SHARED_STATES.clear()  # as in a fresh process: else the writer's state is shared
     reader = ps.open_shard(location)
     blob = reader.machine.consensus.blob
     gets: list[str] = []
@@ -71,3 +76,84 @@ def test_a_state_read_gets_each_log_entry_once(tmp_path):
     entries = [k for k in gets if k.startswith("consensus/v")]
     assert entries and len(entries) == len(set(entries)), entries
     assert rows_of(reader.snapshot()) == rows_of(writer.snapshot())
+
+
+def _no_state_rebuilt(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: object, **kwargs: object) -> None:
+        pytest.fail("the state was rebuilt from the log")
+
+    monkeypatch.setattr(machine_mod.StateMachine, "load_rollup", refuse)
+    monkeypatch.setattr(machine_mod.st, "fold", refuse)
+
+
+def test_handles_share_the_state_at_an_unchanged_head(tmp_path, monkeypatch):
+    """A fresh handle whose head read finds the entry this process last committed or read
+    takes that state: no rollup loaded and no entry folded, however long the log. A commit
+    by one handle is shared with the others the same way."""
+    location = str(tmp_path / "s")
+    writer = ps.open_shard(location, maintenance=False)
+    for t in range(ROLLUP_EVERY + 5):
+        writer.append(updates([(t, "x", writer.upper, 1)]))
+    expected = rows_of(writer.snapshot())
+    with monkeypatch.context() as m:
+        _no_state_rebuilt(m)
+        reader = ps.open_shard(location)
+        assert reader.state() is writer.state()
+        assert rows_of(reader.snapshot()) == expected
+        writer.append(updates([(99, "y", writer.upper, 1)]))
+        assert rows_of(ps.open_shard(location).snapshot())[(99, "y")] == 1
+    SHARED_STATES.clear()
+    with monkeypatch.context() as m:
+        _no_state_rebuilt(m)
+        with pytest.raises(pytest.fail.Exception, match="rebuilt"):
+            ps.open_shard(location).state()
+    assert ps.open_shard(location).state() == writer.state()
+
+
+def test_a_log_written_anew_at_the_same_location_is_read_anew(tmp_path):
+    """Another log at the same location and the same version (the shard deleted and written
+    again behind this process's back) has other bytes at its head: the shared state is not
+    taken for it."""
+    here, there = str(tmp_path / "here"), str(tmp_path / "there")
+    for location, name in ((here, "first"), (there, "second")):
+        shard = ps.open_shard(location, maintenance=False)
+        for t in range(3):
+            shard.append(updates([(t, name, t, 1)]))
+    assert {r for r, _ in rows_of(ps.open_shard(here).snapshot())} == {0, 1, 2}
+    assert ps.open_shard(here).state().version == ps.open_shard(there).state().version
+    shutil.rmtree(here)
+    shutil.copytree(there, here)
+    assert rows_of(ps.open_shard(here).snapshot()) == rows_of(ps.open_shard(there).snapshot())
+    assert {n for _, n in rows_of(ps.open_shard(here).snapshot())} == {"second"}
+
+
+def test_shared_states_keep_the_newest_of_the_most_recent_logs():
+    """Only an exact (version, digest) match is shared; an older state never replaces a
+    newer one; the least recently used log is dropped beyond the capacity; a consensus
+    without a cache key shares nothing."""
+
+    class Named(BlobConsensus):
+        def __init__(self, key: str | None) -> None:
+            self.key = key
+
+        @property
+        def cache_key(self) -> str | None:
+            return self.key
+
+    shared = SharedStates(capacity=2)
+    a, b, c, none = Named("a"), Named("b"), Named("c"), Named(None)
+    s1 = ps.open_shard("memory://shared-states-1").state()
+    v5, v6 = VersionedData(5, b"five"), VersionedData(6, b"six")
+    shared.put(a, v5, s1, (0, None))
+    assert shared.get(a, v5) == (s1, (0, None))
+    assert shared.get(a, VersionedData(5, b"other")) is None
+    assert shared.get(a, v6) is None
+    shared.put(a, v6, s1, (0, None))
+    shared.put(a, v5, s1, (0, None))  # older: ignored
+    assert shared.get(a, v5) is None and shared.get(a, v6) is not None
+    shared.put(b, v5, s1, (0, None))
+    shared.get(a, v6)  # a is now the most recently used
+    shared.put(c, v5, s1, (0, None))
+    assert shared.get(b, v5) is None and shared.get(a, v6) and shared.get(c, v5)
+    shared.put(none, v5, s1, (0, None))
+    assert shared.get(none, v5) is None

@@ -17,6 +17,7 @@ import pytest
 from conformance_helpers import rows_of, updates
 
 import persistshard as ps
+from persistshard.core.statemachine.machine import SHARED_STATES
 from persistshard.core.statemachine.state import Entry, decode_rollup, encode_rollup, fold
 from persistshard.core.storage.layout import ROLLUP_EVERY
 
@@ -39,7 +40,10 @@ def build(location: str) -> ps.Shard:
 
 
 def answers(location: str) -> tuple:
-    """Everything a reader can ask, through a fresh handle (nothing cached)."""
+    """Everything a reader can ask, through a fresh handle, as a fresh process would (the
+    states this process shared between handles forgotten: damage behind a state held in
+    memory is not read)."""
+    SHARED_STATES.clear()
     shard = ps.open_shard(location)
     state = shard.state()
     snaps = tuple(

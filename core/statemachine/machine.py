@@ -41,7 +41,9 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import replace
 
@@ -93,6 +95,71 @@ MAX_STORAGE_FAILURES = 8
 MAX_STATE_READS = 16
 #: The first pause after a failed read-back; it doubles with each further failure (cap 1 s).
 BACKOFF_SECONDS = 0.01
+
+
+class SharedStates:
+    """The newest state each log was read or committed at in this process, shared by every
+    handle on that log (as persist's process-wide state cache is): a handle whose head read
+    finds exactly that entry, the same version with the same digest, takes that state instead
+    of loading a rollup and folding the entries after it, however many handles were opened
+    on the shard. Keyed by `Consensus.cache_key` (objects without one share nothing); at most
+    ``capacity`` logs, the least recently used dropped. Thread-safe; states are immutable.
+
+    Sound because the head entry's digest names one position in one log: every entry holds
+    a commit with its own random id, so a log written again at the same location (deleted
+    and recreated, or repaired) has different bytes at that version and misses."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._lock = threading.Lock()
+        self._states: OrderedDict[str, tuple[int, str, ShardState, tuple[int, str | None]]] = (
+            OrderedDict()
+        )
+
+    def get(
+        self, consensus: Consensus, head: VersionedData
+    ) -> tuple[ShardState, tuple[int, str | None]] | None:
+        """The state at ``head`` and its rollup, if this process holds exactly that entry's."""
+        key = consensus.cache_key
+        if key is None:
+            return None
+        with self._lock:
+            held = self._states.get(key)
+            if held is None or held[0] != head.version:
+                return None
+            self._states.move_to_end(key)
+        if held[1] != head.digest:
+            return None
+        return held[2], held[3]
+
+    def put(
+        self,
+        consensus: Consensus,
+        head: VersionedData,
+        state: ShardState,
+        rollup: tuple[int, str | None],
+    ) -> None:
+        """Remember ``state`` as the state at ``head`` (unless a newer one is held)."""
+        key = consensus.cache_key
+        if key is None:
+            return
+        digest = head.digest
+        with self._lock:
+            held = self._states.get(key)
+            if held is not None and held[0] > head.version:
+                return
+            self._states[key] = (head.version, digest, state, rollup)
+            self._states.move_to_end(key)
+            while len(self._states) > self.capacity:
+                self._states.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._states.clear()
+
+
+#: The process's shared states (`SharedStates`).
+SHARED_STATES = SharedStates(capacity=64)
 
 
 def repair_hint(error: CorruptData, location: str) -> CorruptData:
@@ -165,6 +232,10 @@ class StateMachine:
             return self._state
         if head.version == self._state.version:
             return self._state
+        shared = SHARED_STATES.get(self.consensus, head)
+        if shared is not None:
+            self._state, self._rollup = shared
+            return self._state
         entry = Entry.decode(head.data, self.consensus.entry_name(head.version), self.location)
         base = self._state if 0 < self._state.version < head.version else None
         # Entries up to the head only (``limit``): nothing past it is folded, so probing for
@@ -195,6 +266,7 @@ class StateMachine:
             )
         self._state = folded
         self._rollup = (entry.rollup_version, entry.rollup_key)
+        SHARED_STATES.put(self.consensus, head, folded, self._rollup)
         return folded
 
     def load_rollup(self, version: int, key: str | None) -> ShardState:
@@ -347,8 +419,9 @@ class StateMachine:
             done = metrics.commit_metrics(current, new, attempts - 1)
             stamped = replace(stamped, args={**stamped.args, "metrics": done})
             entry = Entry(stamped, rollup[0], rollup[1], at_ms=now)
+            encoded = entry.encode()
             try:
-                ok = self.consensus.compare_and_set(current.version or None, entry.encode())
+                ok = self.consensus.compare_and_set(current.version or None, encoded)
             except (Indeterminate, OSError) as e:
                 if ambiguous_after is None:
                     ambiguous_after = current.version
@@ -359,6 +432,7 @@ class StateMachine:
                 continue
             if ok:
                 self._state, self._rollup = new, rollup
+                SHARED_STATES.put(self.consensus, VersionedData(new.version, encoded), new, rollup)
                 return new
             losses += 1
             metrics.REGISTRY.inc("commit_retries")

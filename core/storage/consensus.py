@@ -96,6 +96,15 @@ class Consensus(ABC):
         implementation."""
         return True
 
+    @property
+    def cache_key(self) -> str | None:
+        """A name under which every consensus object of this process reading the same log
+        may share the states read from it (`persistshard.core.statemachine.machine`), or
+        None (the default: the states of this object are its own). Sharing is only ever
+        done on an exact match of the head entry's version and digest, so a key that two
+        different logs share costs misses, never a wrong state."""
+        return None
+
     @abstractmethod
     def head(self) -> VersionedData | None:
         """The newest entry, or None for an empty log."""
@@ -192,6 +201,10 @@ class BlobConsensus(Consensus):
 
     def entry_name(self, version: int) -> str:
         return _key(version)
+
+    @property
+    def cache_key(self) -> str:
+        return f"blob:{self.blob.url}"
 
     @property
     def shared(self) -> bool:

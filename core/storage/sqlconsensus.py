@@ -133,6 +133,10 @@ class _SqlConsensus(Consensus):
 
     __str__ = __repr__
 
+    @property
+    def cache_key(self) -> str:
+        return f"{type(self).__name__}:{self._url}#{self.shard}"
+
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_conn"] = None  # a connection belongs to one process
