@@ -55,8 +55,8 @@ def test_an_ambiguous_commit_truncated_past_is_indeterminate_not_applied_twice(t
 
 def test_a_state_read_gets_each_log_entry_once(tmp_path):
     """A fresh handle finds the head by probing up from the hint, then folds the entries
-    after the newest rollup: the same entries (hint and rollups both every 16 versions). The
-    scan takes them from the probe: one get per entry, not two (on S3, 15 requests fewer)."""
+    after the newest rollup, the probe's among them (the hint is at or above the rollup). The
+    scan takes those from the probe: one get per entry, not two."""
     location = str(tmp_path / "s")
     writer = ps.open_shard(location, maintenance=False)
     for t in range(ROLLUP_EVERY + 5):

@@ -21,6 +21,7 @@ from conformance_helpers import rows_of, updates
 import persistshard as ps
 from benchmarks.inline_bench import appends, counting_shard
 from persistshard.core.storage import layout
+from persistshard.core.storage.consensus import HINT_EVERY
 from persistshard.core.storage.parts import DEFAULT_INLINE_CAP
 from persistshard.errors import InvalidOption
 
@@ -154,18 +155,21 @@ def _counts(shard: Any, n: int) -> list[int]:
 
 
 def _ok_per_append(calls: list[int], limit: int) -> None:
-    """``limit`` calls or fewer per append, except at the rollup versions (+ rollup + hint)."""
+    """``limit`` calls or fewer per append, except at the rollup versions (+ rollup) and the
+    hint versions (+ hint)."""
     for version, n in enumerate(calls, start=2):
-        extra = 2 if version % layout.ROLLUP_EVERY == 0 else 0
+        extra = (version % layout.ROLLUP_EVERY == 0) + (version % HINT_EVERY == 0)
         assert n <= limit + extra, f"append at version {version} made {n} store calls: {calls}"
 
 
 def test_request_count_per_one_row_append_on_s3(s3_options):
     location = f"s3://{BUCKET}/inline-{uuid.uuid4().hex[:8]}"
     calls = _counts(counting_shard(location, **s3_options), layout.ROLLUP_EVERY + 2)
-    # put-if-absent the entry (with the row), list the floor; + rollup and hint every 16th
+    # put-if-absent the entry (with the row), list the floor; + the hint every 4th, + the
+    # rollup every 16th
     _ok_per_append(calls, 2)
-    assert sum(calls) <= 2 * len(calls) + 2
+    extra = sum(1 for v in range(2, len(calls) + 2) if v % HINT_EVERY == 0) + 1
+    assert sum(calls) <= 2 * len(calls) + extra
     before = _counts(counting_shard(f"{location}-before", before=True, **s3_options), 4)
     assert min(before) >= 8  # what the same append cost before (part + two head reads)
 

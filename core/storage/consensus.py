@@ -43,10 +43,11 @@ and the floor check rejects a probe that ended on a stale re-creation (probing t
 again from the floor). Each head and scan lists ``consensus/floor/`` (a few markers at most)
 once, each compare-and-set once after its put (and once before, unless it builds on the entry
 this object wrote or trusted last).
-``consensus/HEAD`` is rewritten only at version 1 and every `HINT_EVERY`-th version (the
-versions that also write a rollup, so a small commit between them costs its two requests:
-put-if-absent, floor list), so a fresh reader probes at most `HINT_EVERY` entries
-past it; readers never write it (a reader needs no write permission). It is written without
+``consensus/HEAD`` is rewritten only at version 1 and every `HINT_EVERY`-th version (4: a
+quarter of the commits pay a third request beside their put-if-absent and floor list), so a
+fresh reader probes at most `HINT_EVERY` entries past it (each probe one get: the trade is a
+put on one commit in four for up to twelve gets fewer on every fresh head read); readers
+never write it (a reader needs no write permission). It is written without
 syncing (`Blob.put_hint`): after a crash it may be missing, older, empty or torn, and any of
 those only makes a reader probe from lower or list. `HINT_EVERY` divides
 `persistshard.core.storage.layout.ROLLUP_EVERY`, so the hint is never below the newest rollup and
@@ -130,7 +131,7 @@ class Consensus(ABC):
 
 
 #: ``consensus/HEAD`` is written at version 1 and at every multiple of this (see above).
-HINT_EVERY = 16
+HINT_EVERY = 4
 assert ROLLUP_EVERY % HINT_EVERY == 0
 
 _ENTRY = re.compile(r"^v(\d{20})\.json$")
@@ -195,8 +196,8 @@ class BlobConsensus(Consensus):
         # The highest floor this object has read (the floor only rises).
         self._floor_seen = 0
         # The entries the last `head` read while probing for the head, kept for the `scan`
-        # that follows it (a state read scans what the probe just read: with the hint and
-        # the rollups both every 16 versions, up to 15 gets twice). Consumed by that scan.
+        # that follows it (a state read scans the entries from the newest rollup on, the
+        # probe's among them: up to `HINT_EVERY` gets twice). Consumed by that scan.
         self._probed: dict[int, tuple[str | None, VersionedData]] = {}
 
     def entry_name(self, version: int) -> str:
