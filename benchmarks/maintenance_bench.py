@@ -10,6 +10,10 @@ followed by the writer's bounded after-commit maintenance
 2. ``table read``: ``scan().to_arrow()`` of a freshly opened handle of that shard (the rows,
    each repeated by its count, in no promised order: what a Spark read and a Python scan
    return) against the same read of a shard holding the same updates written by one append.
+   Each handle reads the head; the state at it is the one the writer's handle committed,
+   shared in this process (`persistshard.core.statemachine.machine.SharedStates`), as in
+   the writer's own process (a reader in a process of its own also loads the newest rollup
+   and folds the entries after it).
    ``9 * rounds`` reads each (a read takes 10 to 20 ms: many pairs see through a shared
    machine's pace), alternating. Target: at most 1.2.
    The rows: ids distinct and drawn at random from ``[0, 2**40)``, names drawn at random from
@@ -168,8 +172,8 @@ def run(appends: int = 1000, rounds: int = 3) -> dict[str, Any]:
             "anchor_rounds": reads["read"][1],
             "target": 1.2,
             "note": (
-                "random ids, names and amounts; each read opens the shard anew (head, newest "
-                "rollup, later entries)"
+                "random ids, names and amounts; each read opens the shard anew and reads "
+                "the head (the state at it shared with the writer's handle in this process)"
             ),
         },
         {
