@@ -41,9 +41,7 @@ from __future__ import annotations
 
 import logging
 import random
-import threading
 import time
-from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import replace
 
@@ -69,6 +67,7 @@ from persistshard.errors import (
     StateConflict,
     UpperMismatch,
 )
+from persistshard.format.memo import BytesMemo
 
 log = logging.getLogger("persistshard.core.statemachine.machine")
 
@@ -110,10 +109,9 @@ class SharedStates:
     and recreated, or repaired) has different bytes at that version and misses."""
 
     def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self._lock = threading.Lock()
-        self._states: OrderedDict[str, tuple[int, str, ShardState, tuple[int, str | None]]] = (
-            OrderedDict()
+        # Each log counts as one byte: the memo's entry bound is the only one that applies.
+        self._memo: BytesMemo[tuple[int, str, ShardState, tuple[int, str | None]]] = BytesMemo(
+            entries=capacity, max_bytes=1, total_bytes=capacity
         )
 
     def get(
@@ -121,14 +119,8 @@ class SharedStates:
     ) -> tuple[ShardState, tuple[int, str | None]] | None:
         """The state at ``head`` and its rollup, if this process holds exactly that entry's."""
         key = consensus.cache_key
-        if key is None:
-            return None
-        with self._lock:
-            held = self._states.get(key)
-            if held is None or held[0] != head.version:
-                return None
-            self._states.move_to_end(key)
-        if held[1] != head.digest:
+        held = self._memo.get(key) if key is not None else None
+        if held is None or held[0] != head.version or held[1] != head.digest:
             return None
         return held[2], held[3]
 
@@ -139,23 +131,17 @@ class SharedStates:
         state: ShardState,
         rollup: tuple[int, str | None],
     ) -> None:
-        """Remember ``state`` as the state at ``head`` (unless a newer one is held)."""
+        """Remember ``state`` as the state at ``head`` (unless a newer one is held: two
+        handles racing here may still leave the older, which only costs a miss)."""
         key = consensus.cache_key
         if key is None:
             return
-        digest = head.digest
-        with self._lock:
-            held = self._states.get(key)
-            if held is not None and held[0] > head.version:
-                return
-            self._states[key] = (head.version, digest, state, rollup)
-            self._states.move_to_end(key)
-            while len(self._states) > self.capacity:
-                self._states.popitem(last=False)
+        held = self._memo.get(key)
+        if held is None or held[0] <= head.version:
+            self._memo.put(key, (head.version, head.digest, state, rollup), 1)
 
     def clear(self) -> None:
-        with self._lock:
-            self._states.clear()
+        self._memo.clear()
 
 
 #: The process's shared states (`SharedStates`).
