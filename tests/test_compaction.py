@@ -10,6 +10,7 @@ import random
 import struct
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 
 import pyarrow as pa
 import pytest
@@ -128,21 +129,27 @@ def _digits(n: int, base: int) -> list[int]:
     return out
 
 
-def test_levels_form_a_counter_in_base_fan_in(tmp_path):
-    shard = ps.open_shard(f"memory://levels-{uuid.uuid4().hex}", maintenance=False)
-    f = trace.FAN_IN
-    for n in range(1, 3 * f * f + 2):
+def _levels_after_appends(name: str, appends: int) -> Iterator[tuple[int, list[int], list[int]]]:
+    """After each of ``appends`` appends of 3 distinct rows to a fresh shard, each followed by
+    a level compaction: (appends so far, the trace's levels, its batches' row counts)."""
+    shard = ps.open_shard(f"memory://{name}-{uuid.uuid4().hex}", maintenance=False)
+    for n in range(1, appends + 1):
         _append_batches(shard, 1, 3)
         shard.compact(full=False)
         state = shard.state()
         state.check()
+        yield n, trace.levels(state), [b.num_rows for b in state.trace]
+
+
+def test_levels_form_a_counter_in_base_fan_in(tmp_path):
+    f = trace.FAN_IN
+    for n, levels, rows in _levels_after_appends("levels", 3 * f * f + 1):
         # Equal-size appends that never consolidate: digit d of n in base FAN_IN is the
         # number of batches at level d, each of 3 * FAN_IN**d rows.
-        levels = trace.levels(state)
         assert sorted(levels, reverse=True) == levels
         digits = _digits(n, f)
         assert [levels.count(d) for d in range(len(digits))] == digits
-        assert [b.num_rows for b in state.trace] == [3 * f**lvl for lvl in levels]
+        assert rows == [3 * f**lvl for lvl in levels]
 
 
 def test_wide_batches_merge_in_fours(monkeypatch):
@@ -152,18 +159,10 @@ def test_wide_batches_merge_in_fours(monkeypatch):
     f, w = trace.FAN_IN, trace.WIDE_FAN_IN
     assert 1 < w < f
     monkeypatch.setattr(trace, "WIDE_FAN_IN_ROWS", 3 * f)
-    shard = ps.open_shard(f"memory://wide-{uuid.uuid4().hex}", maintenance=False)
-    for n in range(1, 3 * f * w + 2):
-        _append_batches(shard, 1, 3)
-        shard.compact(full=False)
-        state = shard.state()
-        state.check()
-        levels = trace.levels(state)
+    for n, levels, rows in _levels_after_appends("wide", 3 * f * w + 1):
         digits = [n % f, *_digits(n // f, w)]
         assert [levels.count(d) for d in range(len(digits))] == digits
-        assert [b.num_rows for b in state.trace] == [
-            3 * (f * w ** (lvl - 1) if lvl else 1) for lvl in levels
-        ]
+        assert rows == [3 * (f * w ** (lvl - 1) if lvl else 1) for lvl in levels]
 
     # A group is wide only when all of its first WIDE_FAN_IN batches are: one small batch
     # among them makes the level wait for FAN_IN.
