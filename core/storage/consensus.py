@@ -56,6 +56,7 @@ gc's truncation (which keeps the versions from the newest rollup on) never remov
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -78,9 +79,10 @@ class VersionedData:
     version: int
     data: bytes
 
-    @property
+    @functools.cached_property
     def digest(self) -> str:
-        """A short content hash, by which the next entry names this one."""
+        """A short content hash, by which the next entry names this one (computed once per
+        object: a head read and the shared state it is matched against ask for it twice)."""
         return hashlib.sha256(self.data).hexdigest()[:32]
 
 
