@@ -1,0 +1,244 @@
+"""gc under the faults of issue 36: a writer stalled between its rollup and its
+compare-and-set, other writers' temporary files, reads that lose a race with gc, out-of-range
+arguments, and gc's cost on a long retained log."""
+
+from __future__ import annotations
+
+import math
+
+import pyarrow as pa
+import pytest
+from conformance_helpers import rows_of
+
+import persistshard as ps
+from persistshard.conformance.faults import FaultyBlob
+from persistshard.cli import main as cli
+from persistshard.core.storage import layout
+from persistshard.core.storage.blob import BlobWrapper, open_blob, temporary_name
+from persistshard.core.storage.layout import ROLLUP_EVERY
+from persistshard.errors import CorruptData, InvalidOption, StateConflict
+
+
+def table(t: int) -> pa.Table:
+    return pa.table({"id": [t], "_time": [t], "_diff": [1]})
+
+
+def test_gc_never_deletes_the_rollup_of_a_commit_in_flight(tmp_path, clock):
+    location = str(tmp_path / "s")
+    shard = ps.open_shard(location, maintenance=False)
+    for t in range(ROLLUP_EVERY - 1):
+        shard.append(table(t))
+        clock.advance(10)
+    ran: list[ps.GcReport] = []
+
+    def gc_while_stalled() -> None:
+        # The writer's rollup of version ROLLUP_EVERY is written; its entry is not yet.
+        if ran or not shard.blob.list("rollups/"):
+            return
+        clock.advance(1000)
+        ran.append(ps.open_shard(location).gc(dry_run=False, retention_seconds=0))
+
+    stalling = FaultyBlob(
+        open_blob(location),
+        operations=frozenset({"put_if_absent"}),
+        stall=1.0,
+        on_stall=gc_while_stalled,
+    )
+    writer = ps.Shard(location, blob=stalling, maintenance=False)
+    writer.append(table(ROLLUP_EVERY - 1))
+    assert ran, "gc did not run while the writer was stalled"
+    assert not ran[0].rollups
+    fresh = ps.open_shard(location)
+    assert fresh.state().version == ROLLUP_EVERY
+    assert len(rows_of(fresh.snapshot())) == ROLLUP_EVERY
+    assert fresh.verify().ok
+    fresh.gc(dry_run=False, retention_seconds=0)  # and gc itself still reads the shard
+
+
+def test_gc_keeps_temporary_files_younger_than_the_write_lease(tmp_path, clock):
+    location = tmp_path / "s"
+    shard = ps.open_shard(str(location), maintenance=False)
+    shard.append(table(0))
+    in_flight = location / "parts" / temporary_name()  # another writer's put, not published yet
+    in_flight.write_bytes(b"partial")
+    clock.advance(5000)
+    shard.append(table(1))
+    report = shard.gc(dry_run=False, retention_seconds=0)
+    assert not report.temporary and in_flight.exists()
+
+
+def _replace_parts_under_a_pinned_read(location: str, clock) -> tuple[ps.Shard, ps.Scan]:
+    shard = ps.open_shard(location, maintenance=False)
+    for t in range(4):
+        shard.append(table(t))
+    scan = shard.scan()  # pins this version
+    shard.compact()  # replaces every part the pinned version reads
+    clock.advance(2000)
+    shard.append(table(4))
+    report = ps.open_shard(location).gc(dry_run=False, retention_seconds=0)
+    assert report.parts  # the pinned version's parts are gone
+    return shard, scan
+
+
+def test_a_read_that_loses_a_race_with_gc_is_retryable_not_corrupt(tmp_path, clock):
+    shard, scan = _replace_parts_under_a_pinned_read(str(tmp_path / "s"), clock)
+    with pytest.raises(StateConflict) as info:
+        scan.to_arrow()
+    assert not isinstance(info.value, CorruptData)
+    assert "read again" in str(info.value)
+    assert shard.scan().to_arrow().num_rows == 5  # reading again works
+
+
+def test_a_part_missing_from_the_newest_version_is_still_corrupt(tmp_path, clock):
+    location = tmp_path / "s"
+    shard = ps.open_shard(str(location), maintenance=False)
+    for t in range(3):
+        shard.append(table(t))
+    key = shard.state().trace[0].parts[0].key
+    (location / key).unlink()
+    with pytest.raises(CorruptData):
+        shard.snapshot()
+    with pytest.raises(CorruptData):
+        shard.scan().to_arrow()
+
+
+# --- arguments ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", [-1.0, -0.001, math.nan, math.inf, -math.inf])
+def test_out_of_range_retention_is_invalid_option(tmp_path, bad):
+    shard = ps.open_shard(str(tmp_path / "s"), maintenance=False)
+    shard.append(table(0))
+    before = {m.key for m in shard.blob.list("")}
+    with pytest.raises(InvalidOption, match="retention"):
+        shard.gc(dry_run=False, retention_seconds=bad)
+    with pytest.raises(InvalidOption, match="retention"):
+        shard.set_retention(seconds=bad)
+    assert {m.key for m in shard.blob.list("")} == before
+
+
+def test_retention_zero_stays_valid_and_set_retention_zero_is_invalid_option(tmp_path):
+    shard = ps.open_shard(str(tmp_path / "s"), maintenance=False)
+    shard.append(table(0))
+    shard.gc(dry_run=False, retention_seconds=0)
+    with pytest.raises(InvalidOption):
+        shard.set_retention(seconds=0)  # a history window of nothing: not a retention
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["gc", "--retention-seconds", "-5"], "--retention-seconds"),
+        (["gc", "--retention-seconds", "nan"], "--retention-seconds"),
+        (["gc", "--apply", "--retention-seconds", "inf"], "--retention-seconds"),
+        (["retention", "--seconds", "-1"], "--seconds"),
+        (["retention", "--seconds", "nan"], "--seconds"),
+    ],
+)
+def test_cli_refuses_out_of_range_seconds_in_one_line(tmp_path, capsys, argv, flag):
+    location = str(tmp_path / "s")
+    ps.open_shard(location, maintenance=False).append(table(0))
+    code = cli([argv[0], location, *argv[1:]])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert len(err.splitlines()) == 1 and flag in err, err
+
+
+# --- clocks ------------------------------------------------------------------------------
+
+DAY_MS = 24 * 3600 * 1000
+
+
+def _with_an_orphan(location: str) -> ps.Shard:
+    """A shard with one write that never committed (gc fences before deleting it)."""
+    shard = ps.open_shard(location, maintenance=False)
+    shard.append(table(0))
+    shard.write_updates(
+        table(1), lower=1, new_upper=2, write_id=layout.new_id(), schema=shard.schema
+    )
+    return shard
+
+
+def test_gc_with_now_ms_far_ahead_is_invalid_option(tmp_path, clock):
+    shard = _with_an_orphan(str(tmp_path / "s"))
+    with pytest.raises(InvalidOption, match="now_ms"):
+        shard.gc(dry_run=False, now_ms=clock.ms + DAY_MS)
+    shard.append(table(1))
+
+
+@pytest.mark.parametrize("inline", [False, True])
+def test_a_gc_whose_clock_is_ahead_blocks_no_write(tmp_path, clock, monkeypatch, inline):
+    if inline:
+        from persistshard.core.storage import parts
+
+        monkeypatch.setattr(parts, "DEFAULT_INLINE_BYTES", 1 << 16)
+    location = str(tmp_path / "s")
+    shard = _with_an_orphan(location)
+    real = clock.ms
+    clock.ms = real + DAY_MS  # the gc process's clock runs a day ahead
+    ps.open_shard(location, maintenance=False).gc(dry_run=False, retention_seconds=0)
+    clock.ms = real + 1000  # every other process has the right time
+    writer = ps.open_shard(location, maintenance=False)
+    writer.append(table(1))
+    writer.append(table(2))
+    assert len(rows_of(ps.open_shard(location).snapshot())) == 3
+    assert shard.state().lease_fence_ms <= real + 1000 + layout.CLOCK_LEAD_MS
+
+
+def test_a_gc_clock_behind_or_jumping_loses_no_commit(tmp_path, clock):
+    location = str(tmp_path / "s")
+    shard = ps.open_shard(location, maintenance=False)
+    for t in range(ROLLUP_EVERY * 2):
+        start = clock.ms
+        if t % 5 == 0:
+            clock.ms = start - DAY_MS  # a gc whose clock is a day behind
+            ps.open_shard(location).gc(dry_run=False, retention_seconds=0)
+        elif t % 5 == 2:
+            clock.ms = start + 3_600_000  # a gc whose clock jumps an hour ahead
+            ps.open_shard(location).gc(dry_run=False, retention_seconds=0)
+        clock.ms = start + 100
+        shard.append(table(t))
+        shard.compact()
+    fresh = ps.open_shard(location)
+    assert len(rows_of(fresh.snapshot())) == ROLLUP_EVERY * 2
+    assert fresh.verify().ok
+
+
+# --- cost --------------------------------------------------------------------------------
+
+
+class LogReads(BlobWrapper):
+    """Counts the log entries read (gets of ``consensus/v...``)."""
+
+    def __init__(self, inner) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(inner)
+        self.reads = 0
+
+    def get(self, key: str) -> bytes | None:
+        if key.startswith("consensus/v"):
+            self.reads += 1
+        return self.inner.get(key)
+
+
+def test_gc_reads_only_the_entries_since_its_last_run(tmp_path, clock):
+    location = str(tmp_path / "s")
+    shard = ps.open_shard(location, maintenance=False)
+    shard.append(table(0))
+    retained = 30 * ROLLUP_EVERY
+    for t in range(retained):
+        shard.seal(t + 2)  # cheap commits; all inside gc's retention window
+    counting = LogReads(open_blob(location))
+    gc = ps.Shard(location, blob=counting, maintenance=False)
+    gc.gc(dry_run=False)
+    first = counting.reads
+    assert first >= retained  # the first run reads the retained log once
+    counting.reads = 0
+    gc.gc(dry_run=False)
+    assert counting.reads <= 2 * ROLLUP_EVERY, counting.reads
+    for t in range(5):
+        shard.seal(retained + 2 + t)
+    counting.reads = 0
+    report = ps.Shard(location, blob=counting, maintenance=False).gc(dry_run=False)
+    assert counting.reads <= 2 * ROLLUP_EVERY + 5, counting.reads
+    assert report.head_version == shard.state().version
+    assert len(rows_of(ps.open_shard(location).snapshot())) == 1
