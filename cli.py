@@ -37,6 +37,7 @@ import dataclasses
 import datetime as dt
 import json
 import logging
+import math
 import os
 import sys
 from collections.abc import Iterator, Sequence
@@ -49,6 +50,7 @@ from persistshard.core.storage.layout import DEFAULT_RETENTION_SECONDS
 from persistshard.errors import (
     CorruptData,
     Indeterminate,
+    InvalidOption,
     NoShard,
     PersistShardError,
     is_access_error,
@@ -662,6 +664,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"(default {DEFAULT_RETENTION_SECONDS:g})",
             )
     args = parser.parse_args(argv)
+    refused = _seconds_flag_problem(args)
+    if refused is not None:
+        print(str(refused), file=sys.stderr)
+        return 2
     try:
         options = parse_storage_options(args.storage_option)
     except argparse.ArgumentTypeError as e:
@@ -670,6 +676,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         options["consensus"] = args.consensus
     with _logging_to_stderr(args.verbose):
         return _run(args, options)
+
+
+def _seconds_flag_problem(args: argparse.Namespace) -> InvalidOption | None:
+    """The `InvalidOption` (one line, naming the flag) for an out-of-range seconds flag:
+    ``gc --retention-seconds`` must be finite and >= 0 (0 is valid: keep only what a live
+    version, hold or lease needs), ``retention --seconds`` finite and > 0."""
+    if args.command == "gc":
+        value, flag, least = args.retention_seconds, "--retention-seconds", ">= 0"
+        bad = not math.isfinite(value) or value < 0
+    elif args.command == "retention" and args.seconds is not None:
+        value, flag, least = args.seconds, "--seconds", "> 0"
+        bad = not math.isfinite(value) or value <= 0
+    else:
+        return None
+    if not bad:
+        return None
+    return InvalidOption(
+        f"{flag} {value:g} is out of range: give a finite number of seconds {least}",
+        location=args.location,
+    )
 
 
 #: The environment variable that turns the library's log on for the CLI (``debug``, ``info``,

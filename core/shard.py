@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -942,26 +943,31 @@ def split_at(table: pa.Table, upper: int) -> tuple[pa.Table, pa.Table]:
 
 def retention_of(seconds: float | None, versions: int | None, location: str) -> Retention | None:
     """The `Retention` of `Shard.set_retention`'s arguments (None when both are None);
-    `InvalidUpdates` naming the value when one is not positive."""
+    `InvalidOption` naming the value when one is not a positive finite number (or integer)."""
     if seconds is None and versions is None:
         return None
     ms = None
     if seconds is not None:
-        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds <= 0:
-            raise InvalidUpdates(
-                f"retention seconds {seconds!r} is not a positive number; give a window in "
-                "seconds, or None to keep no window",
+        if (
+            isinstance(seconds, bool)
+            or not isinstance(seconds, (int, float))
+            or not math.isfinite(seconds)
+            or seconds <= 0
+        ):
+            raise InvalidOption(
+                f"retention seconds {seconds!r} is not a positive finite number; give a "
+                "window in seconds, or None to keep no window",
                 location=location,
             )
         ms = max(1, round(seconds * 1000))
     if versions is not None and (isinstance(versions, bool) or not isinstance(versions, int)):
-        raise InvalidUpdates(
+        raise InvalidOption(
             f"retention versions {versions!r} is not an integer", location=location
         )
     retention = Retention(ms=ms, versions=versions)
     problem = retention.problem()
     if problem is not None:
-        raise InvalidUpdates(f"{problem}; choose a smaller or positive value", location=location)
+        raise InvalidOption(f"{problem}; choose a smaller or positive value", location=location)
     return retention
 
 

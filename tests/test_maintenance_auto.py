@@ -147,7 +147,7 @@ def test_retention_survives_reopen_and_rollups(tmp_path):
 def test_bad_retention_values_are_refused(tmp_path):
     shard = ps.open_shard(str(tmp_path / "s"))
     for kwargs in ({"seconds": 0}, {"seconds": -1}, {"versions": 0}, {"versions": 10**6}):
-        with pytest.raises(ps.InvalidUpdates, match=r"^InvalidUpdates: retention"):
+        with pytest.raises(ps.InvalidOption, match=r"^InvalidOption: retention"):
             shard.set_retention(**kwargs)
     assert shard.state().version == 0
 

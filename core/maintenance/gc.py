@@ -41,8 +41,9 @@ If the live versions cannot be rebuilt (a rollup or log entry missing), gc raise
 
 from __future__ import annotations
 
-import itertools
+import json
 import logging
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -51,15 +52,18 @@ from persistshard.core.statemachine import state as st
 from persistshard.core.statemachine.machine import StateMachine
 from persistshard.core.statemachine.state import Entry, ShardState
 from persistshard.core.storage import layout, metrics
-from persistshard.core.storage.blob import temporary_time_ms
+from persistshard.core.storage.blob import BlobMeta, temporary_time_ms
+from persistshard.core.storage.consensus import VersionedData
 from persistshard.core.storage.layout import (
+    CLOCK_LEAD_MS,
     DEFAULT_RETENTION_SECONDS,
+    ROLLUP_EVERY,
     PARTS_PREFIX,
     ROLLUPS_PREFIX,
     part_write_time_ms,
     rollup_write_time_ms,
 )
-from persistshard.errors import CorruptData
+from persistshard.errors import CorruptData, InvalidOption
 
 log = logging.getLogger("persistshard.core.maintenance.gc")
 
@@ -106,78 +110,257 @@ class GcReport:
         return out
 
 
-def _live_versions(
-    machine: StateMachine, now_ms: int, retention_ms: int
-) -> tuple[int, int, int, str | None, list[tuple[int, Entry]]] | None:
-    """(head, earliest live version E, rollup version R, rollup key, entries) or None."""
-    entries = machine.entries(1)
-    if not entries:
-        return None
-    head = entries[-1][0]
-    floor = now_ms - retention_ms
-    earliest = head
-    for (prev_version, _), (_, entry) in itertools.pairwise(entries):
-        if entry.at_ms is None or entry.at_ms > floor:
-            earliest = prev_version
-            break
-    by_version = dict(entries)
-    anchor = by_version[earliest]
-    return head, earliest, anchor.rollup_version, anchor.rollup_key, entries
+#: Where gc keeps what it learnt of the log (`_Log`), under the shard's own prefix. Not a
+#: rollup (its name has no version), so gc never deletes it.
+CHECKPOINT_KEY = f"{ROLLUPS_PREFIX}gc/checkpoint.json"
+#: The checkpoint's format; a checkpoint of any other format is ignored (the log is read).
+CHECKPOINT_FORMAT = 1
+#: Commit kinds gc itself makes: their times are gc's clock, so they never count as the
+#: shard's newest commit time (a gc clock ahead would otherwise lift its own bound).
+GC_COMMITS = frozenset({"sweep_leases"})
+#: A block's time when a version in it has none (logs from before commit times): live.
+_UNKNOWN_MS = 1 << 62
 
 
-def _fold_from(
-    machine: StateMachine,
-    entries: list[tuple[int, Entry]],
-    rollup_version: int,
-    rollup_key: str | None,
-) -> ShardState | None:
-    """The state at ``rollup_version`` if the log after it is complete, else None."""
-    if rollup_version + 1 < entries[0][0]:
-        return None
-    return machine.load_rollup(rollup_version, rollup_key)
-
-
-def _referenced(
-    machine: StateMachine,
-    earliest: int,
-    rollup_version: int,
-    rollup_key: str | None,
-    entries: list[tuple[int, Entry]],
-) -> tuple[set[str], set[str]]:
-    """(part keys of every live version, part keys only older retained versions reference).
-
-    Live versions are rebuilt from the rollup the earliest live version names; older retained
-    versions, when the log reaches back far enough, from the oldest rebuildable point (they
-    only tell replaced parts from never-committed ones in the report).
-    """
-    state = _fold_from(machine, entries, 0, None) if entries[0][0] == 1 else None
-    if state is None:
-        first = entries[0][1]
-        state = _fold_from(machine, entries, first.rollup_version, first.rollup_key)
-    if state is None or state.version > rollup_version:
-        state = _fold_from(machine, entries, rollup_version, rollup_key)
-    if state is None:
-        raise CorruptData(
-            f"cannot rebuild live version {earliest}: the log starts at {entries[0][0]} and "
-            f"the rollup it needs is version {rollup_version}; gc deleted nothing",
-            location=machine.location,
+def check_retention_seconds(value: object, name: str = "retention_seconds") -> float:
+    """``value`` as gc's retention: a finite number >= 0 (0: delete now what no live version,
+    hold or lease needs), else `InvalidOption` naming ``name``."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value < 0
+    ):
+        raise InvalidOption(
+            f"{name} {value!r} is not a finite number of seconds >= 0 (0 keeps only what a "
+            "live version, hold or write lease needs)"
         )
-    live: set[str] = set()
-    dead: set[str] = set()
-    (live if state.version >= earliest else dead).update(state.part_keys())
-    for version, entry in entries:
-        if version <= state.version:
-            continue
-        if version != state.version + 1:
-            raise CorruptData(
-                f"consensus log has a gap before version {version}; gc deleted nothing",
+    return float(value)
+
+
+@dataclass
+class _Log:
+    """What gc knows of the log, through version ``version`` (whose entry has ``digest``).
+
+    - ``state``: the state at ``version`` (rebuilt, never stored);
+    - ``rollup``: the rollup entry ``version`` names (rebuilding ``state`` starts there);
+    - ``first``: the oldest version ``blocks`` cover (the log's oldest retained entry);
+    - ``blocks``: ``version // ROLLUP_EVERY`` -> the latest commit time of the versions of
+      that block (at or after ``first``): enough to place the retention floor within a block,
+      never later than the exact answer;
+    - ``newest_ms``: the latest commit time of any commit gc did not make;
+    - ``removed``: part key -> the version whose commit removed it from the state (the part
+      is referenced by versions before it), for parts that may still exist;
+    - ``named``: rollup key -> (its version, first and last version whose entry names it).
+    Every field is a fact about the log up to ``version``; none depends on what gc deleted,
+    so a checkpoint written before deleting stays true after a crash.
+    """
+
+    version: int
+    digest: str
+    rollup: tuple[int, str | None]
+    state: ShardState
+    first: int
+    blocks: dict[int, int] = field(default_factory=dict)
+    newest_ms: int | None = None
+    removed: dict[str, int] = field(default_factory=dict)
+    named: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+
+    def advance(self, entries: list[VersionedData], location: str) -> None:
+        """Fold ``entries`` (the versions right after ``version``, oldest first) in."""
+        for raw in entries:
+            if raw.version <= self.version:
+                continue
+            if raw.version != self.version + 1:
+                raise CorruptData(
+                    f"consensus log has a gap before version {raw.version}; gc deleted nothing",
+                    location=location,
+                )
+            entry = Entry.decode(raw.data, f"consensus version {raw.version}", location)
+            # fold: apply, then check the invariants (canonical part keys: an aliased key
+            # would make gc delete the live part it names).
+            new = st.fold(self.state, [entry.commit], location)
+            for key in self.state.part_keys() - new.part_keys():
+                self.removed[key] = raw.version
+            at = entry.at_ms if entry.at_ms is not None else _UNKNOWN_MS
+            block = raw.version // ROLLUP_EVERY
+            self.blocks[block] = max(self.blocks.get(block, at), at)
+            if entry.at_ms is not None and entry.commit.kind not in GC_COMMITS:
+                self.newest_ms = max(self.newest_ms or entry.at_ms, entry.at_ms)
+            if entry.rollup_key:
+                rv, lo, _ = self.named.get(entry.rollup_key, (entry.rollup_version, raw.version, 0))
+                self.named[entry.rollup_key] = (rv, lo, raw.version)
+            self.state, self.version, self.digest = new, raw.version, raw.digest
+            self.rollup = (entry.rollup_version, entry.rollup_key)
+
+    def earliest_live(self, floor: int) -> int:
+        """The earliest live version for the retention ``floor`` (at or before the exact one:
+        the first version of the first block with a commit after the floor, less one)."""
+        for block in sorted(self.blocks):
+            if self.blocks[block] > floor:
+                return min(self.version, max(self.first, block * ROLLUP_EVERY - 1))
+        return self.version
+
+    def anchor(self, earliest: int) -> tuple[int, str | None]:
+        """The newest rollup an entry at or before ``earliest`` names: every version from
+        ``earliest`` on is rebuilt from it and the entries after it."""
+        best: tuple[int, str | None] = (0, None)
+        for key, (rv, lo, _) in self.named.items():
+            if lo <= earliest and rv <= earliest and rv > best[0]:
+                best = (rv, key)
+        return best
+
+    def live_parts(self, earliest: int) -> set[str]:
+        """Parts some version from ``earliest`` to ``version`` references."""
+        live = self.state.part_keys()
+        live.update(k for k, v in self.removed.items() if v > earliest)
+        return live
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": CHECKPOINT_FORMAT,
+            "version": self.version,
+            "digest": self.digest,
+            "rollup": [self.rollup[0], self.rollup[1]],
+            "first": self.first,
+            "blocks": sorted([b, t] for b, t in self.blocks.items()),
+            "newest_ms": self.newest_ms,
+            "removed": dict(sorted(self.removed.items())),
+            "named": {k: list(v) for k, v in sorted(self.named.items())},
+        }
+
+
+def _read_log(machine: StateMachine) -> _Log | None:
+    """What gc knows of the log through its head: from the checkpoint of gc's last run when
+    it verifies (its version's entry is still in the log with the same digest), reading only
+    the entries after the rollup that version names; else from the whole retained log.
+    None when the log is empty."""
+    found = _from_checkpoint(machine)
+    if found is not None:
+        return found
+    raws = machine.consensus.scan(1)
+    if not raws:
+        return None
+    location = machine.location
+    decoded = [
+        (r, Entry.decode(r.data, machine.consensus.entry_name(r.version), location))
+        for r in raws
+    ]
+    first = raws[0].version
+    start: ShardState | None = ShardState() if first == 1 else None
+    if start is None:
+        # The oldest rollup a retained entry names from which the log after it is complete.
+        for _, entry in decoded:
+            rv = entry.rollup_version
+            if entry.rollup_key and first - 1 <= rv:
+                start = machine.load_rollup(rv, entry.rollup_key)
+                break
+    if start is None:
+        raise CorruptData(
+            f"cannot rebuild any retained version: the log starts at {first} and no entry "
+            "names a rollup the log continues from; gc deleted nothing",
+            location=location,
+        )
+    log_ = _Log(version=start.version, digest="", rollup=(0, None), state=start, first=first)
+    log_.advance([r for r, _ in decoded if r.version > start.version], location)
+    if log_.version != raws[-1].version:
+        raise CorruptData(
+            f"cannot rebuild version {raws[-1].version}; gc deleted nothing", location=location
+        )
+    return log_
+
+
+def _from_checkpoint(machine: StateMachine) -> _Log | None:
+    """The `_Log` of gc's last run brought up to the head, or None when there is none, it
+    does not parse, or the log no longer holds its version with the same digest."""
+    try:
+        data = machine.blob.get(CHECKPOINT_KEY)
+    except FileNotFoundError:
+        data = None
+    if data is None:
+        return None
+    try:
+        d = json.loads(data)
+        if d.get("format") != CHECKPOINT_FORMAT:
+            return None
+        version, digest = int(d["version"]), str(d["digest"])
+        rv, rkey = int(d["rollup"][0]), d["rollup"][1]
+        first = int(d["first"])
+        blocks = {int(b): int(t) for b, t in d["blocks"]}
+        newest = d["newest_ms"]
+        removed = {str(k): int(v) for k, v in d["removed"].items()}
+        named = {str(k): (int(v[0]), int(v[1]), int(v[2])) for k, v in d["named"].items()}
+        if not (0 <= rv <= version and first <= version and (rkey is None or rv > 0)):
+            return None
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError):
+        log.info("%s: gc checkpoint unreadable; reading the whole log", machine.location)
+        return None
+    raws = machine.consensus.scan(rv + 1) if rv < version else machine.consensus.scan(version)
+    at = {r.version: r for r in raws}
+    mine = at.get(version)
+    if mine is None or mine.digest != digest or (rv < version and rv + 1 not in at):
+        log.info("%s: gc checkpoint does not match the log; reading it all", machine.location)
+        return None
+    location = machine.location
+    state = machine.load_rollup(rv, rkey if isinstance(rkey, str) else None)
+    commits = [
+        Entry.decode(r.data, machine.consensus.entry_name(r.version), location).commit
+        for r in raws
+        if rv < r.version <= version
+    ]
+    state = st.fold(state, commits, location)
+    if state.version != version:
+        return None
+    oldest = raws[0].version if rv >= version else min(at)
+    log_ = _Log(
+        version=version,
+        digest=digest,
+        rollup=(rv, rkey if isinstance(rkey, str) else None),
+        state=state,
+        first=max(first, min(oldest, first)),
+        blocks=blocks,
+        newest_ms=int(newest) if newest is not None else None,
+        removed=removed,
+        named=named,
+    )
+    log_.advance([r for r in raws if r.version > version], location)
+    return log_
+
+
+def _write_checkpoint(machine: StateMachine, log_: _Log) -> None:
+    """Store ``log_`` for the next run (a failure only costs the next run a full read)."""
+    try:
+        machine.blob.put(CHECKPOINT_KEY, json.dumps(log_.to_json()).encode())
+    except OSError as e:
+        log.warning("%s: could not write gc's checkpoint: %s", machine.location, e)
+
+
+def _clock(
+    machine: StateMachine, log_: _Log | None, now_ms: int | None
+) -> tuple[int, int]:
+    """(gc's clock, the time gc judges by): the clock is ``now_ms`` or this process's; the
+    time judged by is the clock, but never more than `CLOCK_LEAD_MS` after the shard's newest
+    commit time (commits gc makes aside). A ``now_ms`` later than both this process's clock
+    and the newest commit time by more than that is `InvalidOption`."""
+    process = layout.now_ms()
+    if now_ms is not None:
+        if isinstance(now_ms, bool) or not isinstance(now_ms, int):
+            raise InvalidOption(
+                f"now_ms {now_ms!r} is not an integer (ms since the epoch)",
                 location=machine.location,
             )
-        # fold: apply, then check the invariants (canonical part keys: an aliased key
-        # would make gc delete the live part it names).
-        state = st.fold(state, [entry.commit], machine.location)
-        (live if version >= earliest else dead).update(state.part_keys())
-    return live, dead - live
+        newest = log_.newest_ms if log_ is not None and log_.newest_ms is not None else 0
+        if now_ms > max(process, newest) + CLOCK_LEAD_MS:
+            raise InvalidOption(
+                f"now_ms {now_ms} is {now_ms - max(process, newest)} ms ahead of both this "
+                f"process's clock and the shard's newest commit time ({newest}); gc's fences "
+                "and cutoffs may not lie in the future: leave now_ms unset",
+                location=machine.location,
+            )
+    clock = process if now_ms is None else now_ms
+    if log_ is None or log_.newest_ms is None:
+        return clock, clock
+    return clock, min(clock, log_.newest_ms + CLOCK_LEAD_MS)
 
 
 def collect(
@@ -189,66 +372,89 @@ def collect(
 ) -> GcReport:
     """Find (and unless ``dry_run``, delete) what no live version needs; see the module
     docstring for what is deleted, in which order, and why that is safe."""
-    now_ms = layout.now_ms() if now_ms is None else now_ms
+    try:
+        retention_seconds = check_retention_seconds(retention_seconds)
+    except InvalidOption as e:
+        raise InvalidOption(e.detail, location=machine.location) from None
     retention_ms = int(retention_seconds * 1000)
-    floor = now_ms - retention_ms
     report = GcReport(dry_run=dry_run, retention_seconds=retention_seconds)
-    _plan_temporary(machine, floor, report)
+    temporary = machine.blob.list_temporary()
     # Read before the log: every commit up to this state's fence is in the log read next.
     head_state = machine.state()
-    found = _live_versions(machine, now_ms, retention_ms)
-    if found is None:
+    log_ = _read_log(machine)
+    _, now = _clock(machine, log_, now_ms)
+    floor = now - retention_ms
+    _plan_temporary(temporary, now - max(retention_ms, leases.implicit_lease_ms()), report)
+    if log_ is None:
         _delete_temporary(machine, report)
         return _summary(machine, report)
-    head, earliest, rollup_version, rollup_key, entries = found
+    head = log_.version
+    earliest = log_.earliest_live(floor)
+    rollup_version, rollup_key = log_.anchor(earliest)
     report.head_version, report.earliest_live_version = head, earliest
-    live, dead = _referenced(machine, earliest, rollup_version, rollup_key, entries)
+    live = log_.live_parts(earliest)
 
     part_sizes: dict[str, int] = {}
+    listed: set[str] = set()
     for meta in machine.blob.list(PARTS_PREFIX):
+        listed.add(meta.key)
         if meta.key in live:
             continue
         written = part_write_time_ms(meta.key)
         if written is None:
             report.young_parts += 1
             continue
-        if meta.key in dead:
+        if meta.key in log_.removed:  # only versions before the earliest live one name it
             if written >= floor:
                 report.young_parts += 1
                 continue
         else:
             write_id = st.part_write_id(meta.key)
-            if write_id is None or leases.live(head_state, write_id, now_ms):
+            if write_id is None or leases.live(head_state, write_id, now):
                 report.leased_parts += 1
                 continue
             report.orphaned_parts.append(meta.key)
         part_sizes[meta.key] = meta.size
 
-    first = min(entries[0][0], machine.consensus.oldest_stored() or entries[0][0])
+    oldest = machine.consensus.oldest_stored()
+    first = min(log_.first, oldest) if oldest is not None else log_.first
     if rollup_version > first:
         report.consensus_below = rollup_version
         report.consensus_versions = rollup_version - first
 
-    named = {e.rollup_key for v, e in entries if v >= rollup_version and e.rollup_key}
+    named = {k for k, (_, _, last) in log_.named.items() if last >= rollup_version}
     if rollup_key:
         named.add(rollup_key)
     rollup_sizes: dict[str, int] = {}
     for meta in machine.blob.list(ROLLUPS_PREFIX):
         if meta.key in named:
             continue
+        version = layout.rollup_version_of(meta.key)
         written = rollup_write_time_ms(meta.key)
-        if written is None or written >= floor:
+        if version is None or version >= head or written is None or written >= floor:
+            # A rollup at or above the head gc read may belong to a commit in flight (it is
+            # written before its entry); one gc cannot date is not gc's to delete.
             continue
         rollup_sizes[meta.key] = meta.size
     report.rollups = sorted(rollup_sizes)
     report.rollup_bytes = sum(rollup_sizes.values())
 
     if not dry_run and _needs_fence(head_state, report.orphaned_parts):
-        _fence_orphans(machine, now_ms, retention_ms, report, part_sizes)
+        _fence_orphans(machine, now, log_, report, part_sizes)
     report.parts = sorted(part_sizes)
     report.part_bytes = sum(part_sizes.values())
     if dry_run:
         return _summary(machine, report)
+    # The checkpoint first: it holds facts about the log only, true whatever is deleted next.
+    log_.removed = {
+        k: v for k, v in log_.removed.items() if k in listed and k not in part_sizes
+    }
+    if report.consensus_below:
+        below = report.consensus_below
+        log_.first = max(log_.first, below)
+        log_.blocks = {b: t for b, t in log_.blocks.items() if (b + 1) * ROLLUP_EVERY > below}
+        log_.named = {k: v for k, v in log_.named.items() if v[2] >= below}
+    _write_checkpoint(machine, log_)
     for key in report.parts:
         machine.blob.delete(key)
         report.deleted += 1
@@ -301,29 +507,29 @@ def _needs_fence(state: ShardState, orphans: list[str]) -> bool:
 def _fence_orphans(
     machine: StateMachine,
     now_ms: int,
-    retention_ms: int,
+    log_: _Log,
     report: GcReport,
     part_sizes: dict[str, int],
 ) -> None:
     """Commit gc's lease fence, then drop from the plan every orphan a commit adopted between
-    gc's first read of the log and the fence (the log is read again, after the fence)."""
+    gc's first read of the log and the fence (the entries after it are read and folded in)."""
     fenced = leases.fence(machine, now_ms)
     report.fence_version = fenced.version
-    found = _live_versions(machine, now_ms, retention_ms)
-    assert found is not None  # the fence itself is in the log
-    _, earliest, rollup_version, rollup_key, entries = found
-    live, _ = _referenced(machine, earliest, rollup_version, rollup_key, entries)
-    adopted = [k for k in report.orphaned_parts if k in live]
+    before = log_.version
+    log_.advance(machine.consensus.scan(before + 1), machine.location)
+    seen = log_.state.part_keys()
+    seen.update(k for k, v in log_.removed.items() if v > before)
+    adopted = [k for k in report.orphaned_parts if k in seen]
     if adopted:
         # A commit landed before the fence and references them: not orphans after all.
-        report.orphaned_parts = [k for k in report.orphaned_parts if k not in live]
+        report.orphaned_parts = [k for k in report.orphaned_parts if k not in seen]
         for key in adopted:
             part_sizes.pop(key, None)
 
 
-def _plan_temporary(machine: StateMachine, floor: int, report: GcReport) -> None:
+def _plan_temporary(temporary: list[BlobMeta], floor: int, report: GcReport) -> None:
     """Leftover temporary files written before ``floor`` go into the report."""
-    for meta in machine.blob.list_temporary():
+    for meta in temporary:
         written = meta.modified_ms if meta.modified_ms is not None else temporary_time_ms(meta.key)
         if written is None or written >= floor:
             continue

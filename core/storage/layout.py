@@ -4,7 +4,9 @@ Everything a shard stores lives under its location, in three prefixes, and nothi
 
 - ``parts/<write id>/<uuid>.part``: part files (`persistshard.format`), written once each. The
   write id (made by `new_id`) starts with its creation time, so gc can tell an orphan's age.
-- ``rollups/v<version:020d>-<id>.json``: full copies of the state every `ROLLUP_EVERY` versions.
+- ``rollups/v<version:020d>-<id>.json``: full copies of the state every `ROLLUP_EVERY` versions;
+  ``rollups/gc/checkpoint.json``: what gc learnt of the log on its last run
+  (`persistshard.core.maintenance.gc`; never trusted past what gc can verify).
 - ``consensus/v<version:020d>.json`` and ``consensus/HEAD``: the log of state versions kept by
   `persistshard.core.storage.consensus.BlobConsensus` (another consensus may keep it elsewhere), and
   ``consensus/floor/f<version:020d>``: the truncation floor markers of that log.
@@ -29,6 +31,12 @@ ROLLUP_EVERY = 16
 
 #: gc keeps superseded versions, and unreferenced objects, younger than this.
 DEFAULT_RETENTION_SECONDS = 3600.0
+
+#: How far gc's fences and cutoffs may lie ahead of the shard's newest recorded commit time
+#: (`persistshard.core.maintenance.gc`): a gc whose clock runs ahead judges leases and the
+#: retention window as if it were at most this much after the newest commit, so its fence
+#: never refuses writes of processes whose clocks are right.
+CLOCK_LEAD_MS = 60_000
 
 _ROLLUP_KEY = re.compile(r"^rollups/v(\d{20})-([0-9a-f]+)\.json$")
 
@@ -73,6 +81,12 @@ def rollup_write_time_ms(key: str) -> int | None:
     """The creation time of a rollup key made by `rollup_key`, else None."""
     m = _ROLLUP_KEY.match(key)
     return id_time_ms(m.group(2)) if m else None
+
+
+def rollup_version_of(key: str) -> int | None:
+    """The state version a rollup key made by `rollup_key` holds, else None."""
+    m = _ROLLUP_KEY.match(key)
+    return int(m.group(1)) if m else None
 
 
 def release_unused_memory() -> None:
