@@ -43,3 +43,12 @@ def updates(rows: list[tuple[int, str, int, int]]) -> pa.Table:
             "_diff": pa.array([r[3] for r in rows], pa.int64()),
         }
     )
+
+
+def tick(shard, clock: Clock, ms: int) -> None:  # type: ignore[no-untyped-def]
+    """Let ``ms`` pass on ``clock`` and record it in the shard with a commit that changes
+    nothing else (expiring a hold nobody has): gc judges time by at most
+    `persistshard.core.storage.layout.CLOCK_LEAD_MS` past the newest commit, so an idle
+    shard's clock only moves for gc when something commits."""
+    clock.advance(ms)
+    shard.expire_reader("nobody")

@@ -37,7 +37,7 @@ class LandsThenTruncated(BlobConsensus):
             other = self.others()
             for t in range(ROLLUP_EVERY + 1):
                 other.append(updates([(100 + t, "other", other.upper, 1)]))
-            other.gc(dry_run=False, now_ms=2**45)
+            other.gc(dry_run=False, retention_seconds=0)
             raise Indeterminate("timed out")
         return landed
 

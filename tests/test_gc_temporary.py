@@ -8,6 +8,7 @@ import os
 import time
 
 import pyarrow as pa
+from conformance_helpers import tick
 
 import persistshard as ps
 from persistshard.cli import main as cli
@@ -16,7 +17,7 @@ from persistshard.core.storage.blob import temporary_name, temporary_time_ms
 HOUR = 3600
 
 
-def test_leftover_temporary_files_are_collected_after_the_floor(tmp_path, capsys):
+def test_leftover_temporary_files_are_collected_after_the_floor(tmp_path, capsys, clock):
     location = tmp_path / "shard"
     shard = ps.open_shard(str(location))
     for t in range(3):
@@ -49,7 +50,8 @@ def test_leftover_temporary_files_are_collected_after_the_floor(tmp_path, capsys
     assert ps.open_shard(str(location)).snapshot() == snapshot
     assert ps.open_shard(str(location)).verify().ok
 
-    later = shard.gc(dry_run=False, now_ms=int(time.time() * 1000) + 2 * HOUR * 1000)
+    tick(shard, clock, 2 * HOUR * 1000)
+    later = shard.gc(dry_run=False)
     assert later.temporary == [str(young.relative_to(location))] and not young.exists()
 
 

@@ -11,7 +11,7 @@ import time
 import uuid
 
 import pytest
-from conformance_helpers import rows_of, updates
+from conformance_helpers import rows_of, tick, updates
 
 import persistshard as ps
 from persistshard.core.statemachine import leases
@@ -54,7 +54,7 @@ def test_write_outliving_retention_with_gc_in_between_is_refused(tmp_path, clock
     shard.append(updates([(1, "a", 0, 1)]))
     expected = shard.upper
     write_id, written = pending_write(shard)
-    clock.advance(2 * HOUR_MS)
+    tick(shard, clock, 2 * HOUR_MS)
     report = shard.gc(dry_run=False, now_ms=clock.ms)
     assert set(report.orphaned_parts) == set(written.keys())
     with pytest.raises(LeaseExpired) as info:
@@ -142,7 +142,7 @@ def test_gc_fence_refuses_a_commit_that_stalled_before_its_compare_and_set(clock
     other = ps.open_shard(location, consensus=inner)
 
     def stall_then_gc() -> None:
-        clock.advance(2 * HOUR_MS)
+        tick(other, clock, 2 * HOUR_MS)
         report = other.gc(dry_run=False, now_ms=clock.ms)
         assert report.fence_version and set(written.keys()) <= set(report.parts)
 
@@ -170,17 +170,27 @@ class CommitAfterListing(BlobWrapper):
 
 
 def test_an_orphan_adopted_before_the_fence_is_kept(tmp_path, clock):
-    """gc's clock runs ahead of the writer's: gc plans to delete a write's parts, but the
-    write commits (its own clock says the lease is live) before gc's fence. gc reads the log
-    again after the fence and keeps them."""
+    """gc's clock runs ahead of the writer's (by less than it may judge past the newest
+    commit): gc plans to delete a write's parts, but the write commits (its own clock says
+    the lease is live) before gc's fence. gc reads the log again after the fence and keeps
+    them."""
     location = str(tmp_path / "s")
     shard = ps.open_shard(location)
     shard.append(updates([(1, "a", 0, 1)]))
     expected = shard.upper
-    _, written = pending_write(shard)
-    gc_now = clock.ms + 2 * HOUR_MS
-    blob = CommitAfterListing(shard.blob, lambda: commit(shard, written, expected))
-    report = ps.Shard(location, blob=blob).gc(dry_run=False, now_ms=gc_now)
+    start = clock.ms
+    _, written = pending_write(shard)  # its lease runs out at about start + 1 h
+    tick(shard, clock, HOUR_MS - 30_000)  # the newest commit: 30 s before that
+    writer_now, gc_now = clock.ms + 10_000, start + HOUR_MS + 10_000
+
+    def writer_commits() -> None:
+        clock.ms = writer_now
+        commit(shard, written, expected)
+        clock.ms = gc_now
+
+    blob = CommitAfterListing(shard.blob, writer_commits)
+    clock.ms = gc_now
+    report = ps.Shard(location, blob=blob).gc(dry_run=False)
     assert report.fence_version and not report.orphaned_parts and not report.parts
     assert set(written.keys()) <= part_files(shard)
     fresh = ps.open_shard(location)
@@ -192,8 +202,9 @@ def test_a_dry_run_commits_no_fence(tmp_path, clock):
     shard = ps.open_shard(str(tmp_path / "s"))
     shard.append(updates([(1, "a", 0, 1)]))
     _, written = pending_write(shard)
+    tick(shard, clock, 2 * HOUR_MS)
     version = shard.state().version
-    report = shard.gc(now_ms=clock.ms + 2 * HOUR_MS)
+    report = shard.gc(now_ms=clock.ms)
     assert set(report.orphaned_parts) == set(written.keys()) and report.fence_version == 0
     assert shard.state().version == version
 
@@ -202,7 +213,7 @@ def test_a_write_that_started_after_the_fence_commits(tmp_path, clock):
     shard = ps.open_shard(str(tmp_path / "s"))
     shard.append(updates([(1, "a", 0, 1)]))
     pending_write(shard)
-    clock.advance(2 * HOUR_MS)
+    tick(shard, clock, 2 * HOUR_MS)
     assert shard.gc(dry_run=False, now_ms=clock.ms).fence_version
     shard.append(updates([(2, "b", shard.upper, 1)]))
     assert rows_of(shard.snapshot()) == {(1, "a"): 1, (2, "b"): 1}

@@ -254,7 +254,7 @@ def test_cli_retention_shows_and_sets(tmp_path, capsys):
     shown = json.loads(capsys.readouterr().out)
     assert shown["seconds"] == 86400 and shown["versions"] == 1
     assert main(["retention", location, "--versions", "0"]) == 2
-    assert "InvalidUpdates" in capsys.readouterr().err
+    assert "InvalidOption" in capsys.readouterr().err
     assert main(["retention", location, "--clear"]) == 0
     assert ps.open_shard(location).retention() is None
 

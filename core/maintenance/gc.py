@@ -57,7 +57,6 @@ from persistshard.core.storage.consensus import VersionedData
 from persistshard.core.storage.layout import (
     CLOCK_LEAD_MS,
     DEFAULT_RETENTION_SECONDS,
-    ROLLUP_EVERY,
     PARTS_PREFIX,
     ROLLUPS_PREFIX,
     part_write_time_ms,
@@ -145,9 +144,9 @@ class _Log:
     - ``state``: the state at ``version`` (rebuilt, never stored);
     - ``rollup``: the rollup entry ``version`` names (rebuilding ``state`` starts there);
     - ``first``: the oldest version ``blocks`` cover (the log's oldest retained entry);
-    - ``blocks``: ``version // ROLLUP_EVERY`` -> the latest commit time of the versions of
-      that block (at or after ``first``): enough to place the retention floor within a block,
-      never later than the exact answer;
+    - ``times``: ``(version, commit time)`` of every version (at or after ``first``) whose
+      commit time is later than that of every version before it: the first version committed
+      after any retention floor is one of them, so the earliest live version is exact;
     - ``newest_ms``: the latest commit time of any commit gc did not make;
     - ``removed``: part key -> the version whose commit removed it from the state (the part
       is referenced by versions before it), for parts that may still exist;
@@ -161,7 +160,7 @@ class _Log:
     rollup: tuple[int, str | None]
     state: ShardState
     first: int
-    blocks: dict[int, int] = field(default_factory=dict)
+    times: list[tuple[int, int]] = field(default_factory=list)
     newest_ms: int | None = None
     removed: dict[str, int] = field(default_factory=dict)
     named: dict[str, tuple[int, int, int]] = field(default_factory=dict)
@@ -183,8 +182,8 @@ class _Log:
             for key in self.state.part_keys() - new.part_keys():
                 self.removed[key] = raw.version
             at = entry.at_ms if entry.at_ms is not None else _UNKNOWN_MS
-            block = raw.version // ROLLUP_EVERY
-            self.blocks[block] = max(self.blocks.get(block, at), at)
+            if not self.times or at > self.times[-1][1]:
+                self.times.append((raw.version, at))
             if entry.at_ms is not None and entry.commit.kind not in GC_COMMITS:
                 self.newest_ms = max(self.newest_ms or entry.at_ms, entry.at_ms)
             if entry.rollup_key:
@@ -194,12 +193,23 @@ class _Log:
             self.rollup = (entry.rollup_version, entry.rollup_key)
 
     def earliest_live(self, floor: int) -> int:
-        """The earliest live version for the retention ``floor`` (at or before the exact one:
-        the first version of the first block with a commit after the floor, less one)."""
-        for block in sorted(self.blocks):
-            if self.blocks[block] > floor:
-                return min(self.version, max(self.first, block * ROLLUP_EVERY - 1))
+        """The earliest live version for the retention ``floor``: the one before the first
+        version committed after the floor (never before ``first``), else the head."""
+        for version, at in self.times:
+            if at > floor:
+                return min(self.version, max(self.first, version - 1))
         return self.version
+
+    def forget_below(self, below: int) -> None:
+        """Drop what only versions below ``below`` (truncated) need; the newest time dropped
+        is kept as that of ``below`` (later than its own, so never less live)."""
+        dropped = [t for t in self.times if t[0] < below]
+        kept = [t for t in self.times if t[0] >= below]
+        if dropped and not (kept and kept[0][0] == below):
+            kept.insert(0, (below, dropped[-1][1]))
+        self.times = kept
+        self.first = max(self.first, below)
+        self.named = {k: v for k, v in self.named.items() if v[2] >= below}
 
     def anchor(self, earliest: int) -> tuple[int, str | None]:
         """The newest rollup an entry at or before ``earliest`` names: every version from
@@ -223,7 +233,7 @@ class _Log:
             "digest": self.digest,
             "rollup": [self.rollup[0], self.rollup[1]],
             "first": self.first,
-            "blocks": sorted([b, t] for b, t in self.blocks.items()),
+            "times": [[v, t] for v, t in self.times],
             "newest_ms": self.newest_ms,
             "removed": dict(sorted(self.removed.items())),
             "named": {k: list(v) for k, v in sorted(self.named.items())},
@@ -286,7 +296,7 @@ def _from_checkpoint(machine: StateMachine) -> _Log | None:
         version, digest = int(d["version"]), str(d["digest"])
         rv, rkey = int(d["rollup"][0]), d["rollup"][1]
         first = int(d["first"])
-        blocks = {int(b): int(t) for b, t in d["blocks"]}
+        times = [(int(v), int(t)) for v, t in d["times"]]
         newest = d["newest_ms"]
         removed = {str(k): int(v) for k, v in d["removed"].items()}
         named = {str(k): (int(v[0]), int(v[1]), int(v[2])) for k, v in d["named"].items()}
@@ -318,7 +328,7 @@ def _from_checkpoint(machine: StateMachine) -> _Log | None:
         rollup=(rv, rkey if isinstance(rkey, str) else None),
         state=state,
         first=max(first, min(oldest, first)),
-        blocks=blocks,
+        times=times,
         newest_ms=int(newest) if newest is not None else None,
         removed=removed,
         named=named,
@@ -450,10 +460,7 @@ def collect(
         k: v for k, v in log_.removed.items() if k in listed and k not in part_sizes
     }
     if report.consensus_below:
-        below = report.consensus_below
-        log_.first = max(log_.first, below)
-        log_.blocks = {b: t for b, t in log_.blocks.items() if (b + 1) * ROLLUP_EVERY > below}
-        log_.named = {k: v for k, v in log_.named.items() if v[2] >= below}
+        log_.forget_below(report.consensus_below)
     _write_checkpoint(machine, log_)
     for key in report.parts:
         machine.blob.delete(key)
