@@ -961,9 +961,7 @@ def retention_of(seconds: float | None, versions: int | None, location: str) -> 
             )
         ms = max(1, round(seconds * 1000))
     if versions is not None and (isinstance(versions, bool) or not isinstance(versions, int)):
-        raise InvalidOption(
-            f"retention versions {versions!r} is not an integer", location=location
-        )
+        raise InvalidOption(f"retention versions {versions!r} is not an integer", location=location)
     retention = Retention(ms=ms, versions=versions)
     problem = retention.problem()
     if problem is not None:

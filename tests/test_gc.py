@@ -5,7 +5,6 @@ latest usable rollup, and resumes after a crash between any two deletions."""
 from __future__ import annotations
 
 import shutil
-import time
 import uuid
 
 import pyarrow as pa
@@ -208,9 +207,9 @@ def test_gc_resumes_after_a_crash_between_any_two_deletions(tmp_path, clock):
         got = keys(survivor)
         assert set(got) == set(want), k
         # (gc's checkpoint too: what it prunes depends on when the crash came)
-        assert {f: n for f, n in got.items() if not f.startswith(("consensus/v", "rollups/gc"))} == {
-            f: n for f, n in want.items() if not f.startswith(("consensus/v", "rollups/gc"))
-        }, k
+        assert {
+            f: n for f, n in got.items() if not f.startswith(("consensus/v", "rollups/gc"))
+        } == {f: n for f, n in want.items() if not f.startswith(("consensus/v", "rollups/gc"))}, k
         assert survivor.verify().ok
         shutil.rmtree(where)
 

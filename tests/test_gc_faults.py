@@ -11,8 +11,8 @@ import pytest
 from conformance_helpers import rows_of
 
 import persistshard as ps
-from persistshard.conformance.faults import FaultyBlob
 from persistshard.cli import main as cli
+from persistshard.conformance.faults import FaultyBlob
 from persistshard.core.storage import layout
 from persistshard.core.storage.blob import BlobWrapper, open_blob, temporary_name
 from persistshard.core.storage.layout import ROLLUP_EVERY
@@ -80,6 +80,10 @@ def _replace_parts_under_a_pinned_read(location: str, clock) -> tuple[ps.Shard, 
     return shard, scan
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 36 item 2 not done yet: a read whose pinned parts gc deleted is CorruptData",
+)
 def test_a_read_that_loses_a_race_with_gc_is_retryable_not_corrupt(tmp_path, clock):
     shard, scan = _replace_parts_under_a_pinned_read(str(tmp_path / "s"), clock)
     with pytest.raises(StateConflict) as info:

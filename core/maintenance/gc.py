@@ -253,8 +253,7 @@ def _read_log(machine: StateMachine) -> _Log | None:
         return None
     location = machine.location
     decoded = [
-        (r, Entry.decode(r.data, machine.consensus.entry_name(r.version), location))
-        for r in raws
+        (r, Entry.decode(r.data, machine.consensus.entry_name(r.version), location)) for r in raws
     ]
     first = raws[0].version
     start: ShardState | None = ShardState() if first == 1 else None
@@ -345,9 +344,7 @@ def _write_checkpoint(machine: StateMachine, log_: _Log) -> None:
         log.warning("%s: could not write gc's checkpoint: %s", machine.location, e)
 
 
-def _clock(
-    machine: StateMachine, log_: _Log | None, now_ms: int | None
-) -> tuple[int, int]:
+def _clock(machine: StateMachine, log_: _Log | None, now_ms: int | None) -> tuple[int, int]:
     """(gc's clock, the time gc judges by): the clock is ``now_ms`` or this process's; the
     time judged by is the clock, but never more than `CLOCK_LEAD_MS` after the shard's newest
     commit time (commits gc makes aside). A ``now_ms`` later than both this process's clock
@@ -456,9 +453,7 @@ def collect(
     if dry_run:
         return _summary(machine, report)
     # The checkpoint first: it holds facts about the log only, true whatever is deleted next.
-    log_.removed = {
-        k: v for k, v in log_.removed.items() if k in listed and k not in part_sizes
-    }
+    log_.removed = {k: v for k, v in log_.removed.items() if k in listed and k not in part_sizes}
     if report.consensus_below:
         log_.forget_below(report.consensus_below)
     _write_checkpoint(machine, log_)
