@@ -22,11 +22,30 @@ go:
 - log entries older than the rollup R that the earliest live version is rebuilt from
   (``consensus.truncate(R)``: every live version is rebuilt from R plus later entries).
 - rollups under ``rollups/`` that no log entry at or after R names, written before the floor
-  (older rollups, and rollups of commits that lost their race).
+  and of a version below the head gc read (older rollups, and rollups of commits that lost
+  their race). A commit writes its rollup before its compare-and-set, so a rollup at or
+  above the head may be a commit in flight: never deleted, whatever the retention or clock.
 - temporary ``.tmp-`` files that a put writes before publishing its object, left behind when
   the process died in between; written (by the listing's modification time, else the time in
-  their name) before the floor. Nothing ever references them; a put still in progress is far
-  younger than any retention window. One without a known write time is never deleted.
+  their name) before the floor and more than a write lease ago (another writer's put in
+  progress is younger). One without a known write time is never deleted.
+
+Time. gc judges leases and the retention floor by its clock (or ``now_ms``) but never more
+than `CLOCK_LEAD_MS` after the shard's newest commit time (``at_ms`` in the log; gc's own
+fence commits aside): a gc whose clock runs ahead cannot commit a fence in the future (which
+would refuse every write with `LeaseExpired`) nor treat live writes as orphans. The price: on
+a shard nobody commits to, what becomes collectable only later waits for the next commit.
+A clock ahead may still end a reader's retention window early by up to that bound. A
+``now_ms`` ahead of both this process's clock and the newest commit time by more than the
+bound is `InvalidOption`, as is a retention that is negative, NaN or infinite (0 is valid).
+
+Cost. gc keeps what it learnt of the log in ``rollups/gc/checkpoint.json`` (`_Log`: the
+version it covers and that entry's digest, when each retained part was removed, the commit
+times that place any floor, the rollups entries name). A run that finds the entry of that
+version unchanged in the log reads only the entries after the rollup that version names;
+anything it cannot verify (missing, unparsable, another history) makes it read the whole
+retained log as before. The checkpoint holds facts about the log only, so it is written
+before anything is deleted and a crash leaves it true.
 
 What always holds, whenever gc stops (crash, error, or completion):
 - Nothing a live version references is deleted, and every live version can still be rebuilt:
