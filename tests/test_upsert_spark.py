@@ -265,12 +265,15 @@ def test_crashes_and_replays_commit_each_micro_batch_once(
         assert shard.state().writers["w"] == batch_id
         assert shard.upper == batch_id + 1
     # The crashed writes' parts are kept while their write leases live; once those ran out
-    # (gc's clock past them), gc sweeps every part no version references.
+    # (gc's clock past them, and a commit recording that time: gc judges time by at most a
+    # small lead past the newest commit), gc sweeps every part no version references.
     from persistshard.core.statemachine.leases import DEFAULT_WRITE_LEASE_SECONDS
-    from persistshard.core.storage.layout import now_ms
+    from persistshard.core.storage import layout
 
-    later = now_ms() + int(DEFAULT_WRITE_LEASE_SECONDS * 1000) + 60_000
-    shard.gc(dry_run=False, retention_seconds=0, now_ms=later)
+    later = layout.now_ms() + int(DEFAULT_WRITE_LEASE_SECONDS * 1000) + 60_000
+    monkeypatch.setattr(layout, "now_ms", lambda: later)
+    shard.expire_reader("nobody")
+    shard.gc(dry_run=False, retention_seconds=0)
     assert {m.key for m in shard.blob.list("parts/")} == shard.state().part_keys()
 
 
