@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -92,9 +91,10 @@ __all__ = ["Shard", "VerifyReport", "WrittenUpdates", "new_id", "open_shard"]
 
 
 def _as_location(location: str) -> str:
-    """The canonical location of ``location`` (`persistshard.core.storage.layout.canonical_location`):
-    every spelling of one place gives one string, the shard's name in logs, caches and the
-    keys of database logs written before shard ids."""
+    """The canonical location of ``location``
+    (`persistshard.core.storage.layout.canonical_location`): every spelling of one place
+    gives one string, the shard's name in logs, caches and the keys of database logs written
+    before shard ids."""
     return layout.canonical_location(location)
 
 

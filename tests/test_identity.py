@@ -130,7 +130,7 @@ def test_another_sqlite_database_is_refused_and_writes_nothing(tmp_path, sqlite_
     marker = ps.open_shard(home, consensus=sqlite_url).blob.get(LOG_HOME_KEY)
     other_path = f"{tmp_path}/other.db"
     other = ps.open_shard(home, consensus=f"sqlite:///{other_path}")
-    with pytest.raises(InvalidOption, match="another database|log.db"):
+    with pytest.raises(InvalidOption, match="another database"):
         other.state()
     with pytest.raises(InvalidOption):
         other.append(_row(2))
@@ -221,7 +221,9 @@ def _make_legacy(tmp_path, url: str, home: str) -> tuple[str, bytes]:
     old_key = "file://" + os.path.abspath(home)
     with sqlite3.connect(url[len("sqlite:///") :]) as db:
         for table in ("persistshard_consensus", "persistshard_heads"):
-            db.execute(f"UPDATE {table} SET shard = ? WHERE shard = ?", (old_key, marker["shard_id"]))
+            db.execute(
+                f"UPDATE {table} SET shard = ? WHERE shard = ?", (old_key, marker["shard_id"])
+            )
         db.execute("DROP TABLE persistshard_identity")
     shard.blob.delete(LOG_HOME_KEY)
     old_marker = url.encode()  # the redacted URL (a SQLite URL has nothing to redact)

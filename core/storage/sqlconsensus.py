@@ -69,7 +69,6 @@ from typing import Any
 
 from persistshard.core.storage.blob import Blob
 from persistshard.core.storage.consensus import (
-    DATABASE_LOG,
     Consensus,
     DatabaseLog,
     LogHome,
