@@ -24,7 +24,8 @@ import pytest
 from conformance_helpers import rows_of
 
 import persistshard as ps
-from persistshard.core.shard import _as_location
+from persistshard.core.shard import Shard, _as_location
+from persistshard.core.storage.blob import Blob, BlobMeta, BlobWrapper, open_blob
 from persistshard.core.storage.consensus import LEGACY_LOG_HOME_KEY, LOG_HOME_KEY, mark_log_home
 from persistshard.core.storage.sqlconsensus import open_consensus
 from persistshard.errors import InvalidOption
@@ -136,7 +137,7 @@ def test_another_sqlite_database_is_refused_and_writes_nothing(tmp_path, sqlite_
         other.append(_row(2))
     with pytest.raises(InvalidOption):
         other.compare_and_append(_row(2).append_column("_time", pa.array([0])), 0, 1)
-    assert _db_rows(other_path) == []  # nothing in the other database
+    assert not os.path.exists(other_path)  # nothing in (or of) the other database
     shard = ps.open_shard(home, consensus=sqlite_url)
     assert shard.blob.get(LOG_HOME_KEY) == marker  # the marker was not re-pointed
     assert _ids(shard) == [1]
@@ -249,7 +250,7 @@ def test_a_shard_logged_before_ids_keeps_working(tmp_path, sqlite_url):
     other = f"{tmp_path}/other.db"
     with pytest.raises(InvalidOption):
         ps.open_shard(home, consensus=f"sqlite:///{other}").append(_row(9))
-    assert _db_rows(other) == []
+    assert not os.path.exists(other)
     assert _ids(ps.open_shard(home, consensus=sqlite_url)) == list(range(5))
 
 
@@ -266,7 +267,8 @@ def test_another_postgres_database_is_refused(postgres_url, tmp_path):
     with pytest.raises(InvalidOption, match="another database"):
         ps.open_shard(home, consensus=other_url).append(_row(3))
     with psycopg.connect(other_url, autocommit=True) as db:
-        assert db.execute("SELECT count(*) FROM persistshard_consensus").fetchone() == (0,)
+        # Not even the tables: the check reads, it never creates.
+        assert db.execute("SELECT to_regclass('persistshard_consensus')").fetchone() == (None,)
     assert _ids(ps.open_shard(home, consensus=postgres_url)) == [1, 2]
 
 
@@ -276,3 +278,50 @@ def test_a_raw_consensus_keeps_the_key_it_was_given(tmp_path, sqlite_url):
     c = open_consensus(sqlite_url, "any-key")
     assert c.compare_and_set(None, b"1")
     assert _db_rows(f"{tmp_path}/log.db") == [("any-key", 1)]
+
+
+class _Recording(BlobWrapper):
+    """Records which keys were read, created or listed."""
+
+    def __init__(self, inner: Blob) -> None:
+        super().__init__(inner)
+        self.calls: list[tuple[str, str]] = []
+
+    def get(self, key: str) -> bytes | None:
+        self.calls.append(("get", key))
+        return self.inner.get(key)
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        self.calls.append(("put_if_absent", key))
+        return self.inner.put_if_absent(key, data)
+
+    def list(self, prefix: str = "") -> list[BlobMeta]:
+        self.calls.append(("list", prefix))
+        return self.inner.list(prefix)
+
+    def marker_calls(self) -> list[tuple[str, str]]:
+        return [c for c in self.calls if c[1] in (LOG_HOME_KEY, LEGACY_LOG_HOME_KEY)]
+
+
+def test_costs_one_get_per_open_of_a_database_shard_and_nothing_per_blob_commit(
+    tmp_path, sqlite_url
+):
+    home = str(tmp_path / "d")
+    ps.open_shard(home, consensus=sqlite_url).append(_row(0))
+    blob = _Recording(open_blob(_as_location(home)))
+    shard = Shard(home, consensus=sqlite_url, blob=blob)
+    shard.state()
+    shard.append(_row(1))
+    shard.append(_row(2))
+    assert _ids(shard) == [0, 1, 2]
+    assert blob.marker_calls() == [("get", LOG_HOME_KEY)]  # one get for the handle's life
+    assert not [c for c in blob.calls if c[0] == "list"]
+
+    beside = str(tmp_path / "b")
+    ps.open_shard(beside).append(_row(0))
+    blob = _Recording(open_blob(_as_location(beside)))
+    shard = Shard(beside, blob=blob)
+    for i in range(1, 4):
+        shard.append(_row(i))
+    assert _ids(shard) == [0, 1, 2, 3]
+    assert blob.marker_calls() == []  # the blob consensus commit path never reads it

@@ -577,6 +577,12 @@ class DatabaseLog(ABC):
         """The database's own random id, made when its tables were made (never changes)."""
 
     @abstractmethod
+    def existing_database_id(self) -> str | None:
+        """`database_id` without creating anything: None for a database that has none (a
+        new file or database, or tables made before database ids), which therefore holds
+        no log a `LogHome` names. What a check that must write nothing asks."""
+
+    @abstractmethod
     def attach(self, home: Blob) -> None:
         """Key the log by the id of the shard whose data (and identity marker) is in
         ``home``, unless this object already reads a shard's marker."""
@@ -630,11 +636,14 @@ def refuse_other_home(home: LogHome, consensus: Consensus, location: str) -> Non
                 f"{consensus.redacted}: open it with that consensus",
                 location=location,
             )
-        if not home.legacy and home.database_id != consensus.database_id():
+        if home.legacy:
+            return
+        mine = consensus.existing_database_id()  # nothing is created in another database
+        if home.database_id != mine:
             raise InvalidOption(
                 f"the shard keeps its log in another database: {home.consensus} (database id "
                 f"{home.database_id}), not {consensus.redacted} (database id "
-                f"{consensus.database_id()}); open it with the consensus that holds its log. "
+                f"{mine or 'none yet'}); open it with the consensus that holds its log. "
                 "Nothing was written",
                 location=location,
             )

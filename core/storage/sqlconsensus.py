@@ -182,7 +182,12 @@ class _SqlConsensus(Consensus, DatabaseLog):
     def database_id(self) -> str:
         with self._lock:
             self._connect_for("read the database id")
-            assert self._database is not None  # set by every successful connect
+            assert self._database is not None  # set by every connect that may create
+            return self._database
+
+    def existing_database_id(self) -> str | None:
+        with self._lock:
+            self._connect_for("read the database id", create=False)
             return self._database
 
     def bind_log(self, shard_id: str) -> None:
@@ -213,15 +218,14 @@ class _SqlConsensus(Consensus, DatabaseLog):
         shard's first write never landed: it is made anew on this database, if the legacy
         marker names this database; else `InvalidOption`)."""
         same = self._names_this_database(home.consensus)
-        keys = [k for k in self._keys() if _same_place(k, self.shard)]
         if same is False:
-            held = f"; this database also holds a log for it ({', '.join(keys)})" if keys else ""
             raise InvalidOption(
                 f"the shard keeps its log in another database: {home.consensus}, not "
-                f"{self.redacted}{held}; open it with the consensus that holds its log. Nothing "
-                "was written",
+                f"{self.redacted}; open it with the consensus that holds its log. Nothing was "
+                "written",
                 location=self.shard,
             )
+        keys = [k for k in self._keys() if _same_place(k, self.shard)]
         if not keys:
             if same is None:
                 raise InvalidOption(
@@ -263,7 +267,10 @@ class _SqlConsensus(Consensus, DatabaseLog):
         """Every log key in this database (only to find a legacy shard's)."""
         raise NotImplementedError
 
-    def _connect_for(self, doing: str) -> Any:
+    def _connect_for(self, doing: str, create: bool = True) -> Any:
+        """The connection (`_unreachable` if it fails). ``create``: make the tables and the
+        database id if missing; without it nothing is written (a SQLite file that does not
+        exist is not created, and ``_database`` stays None for a database without an id)."""
         raise NotImplementedError
 
     def __getstate__(self) -> dict[str, Any]:
@@ -384,13 +391,26 @@ class SqliteConsensus(_SqlConsensus):
         self.path = os.path.abspath(os.path.expanduser(path))
 
     def _connect(self) -> sqlite3.Connection:
+        conn = self._open(create=True)
+        assert conn is not None
+        return conn
+
+    def _open(self, create: bool) -> sqlite3.Connection | None:
+        """The connection, set up (`_set_up`) when ``create`` or when the database has an id
+        already; without ``create``, a missing file is not created (None) and a database
+        without an id is left untouched (``_database`` None) until a call that may create."""
         if self._conn is not None and self._pid == os.getpid():
-            return self._conn  # type: ignore[no-any-return]
-        self._conn = None
-        # One connection per object, used under its lock from whichever thread calls.
-        conn = sqlite3.connect(
-            self.path, timeout=60.0, isolation_level=None, check_same_thread=False
-        )
+            if self._database is not None or not create:
+                return self._conn  # type: ignore[no-any-return]
+            conn = self._conn  # opened by a call that did not create: set it up now
+        else:
+            self._conn, self._database = None, None
+            if not create and not os.path.exists(self.path):
+                return None
+            # One connection per object, used under its lock from whichever thread calls.
+            conn = sqlite3.connect(
+                self.path, timeout=60.0, isolation_level=None, check_same_thread=False
+            )
         # Switching a new file to WAL and creating the tables take locks for which SQLite
         # does not always wait (it answers "database is locked" at once when several
         # processes open a new database together): retry those, with backoff, up to the
@@ -399,7 +419,9 @@ class SqliteConsensus(_SqlConsensus):
         attempt = 0
         while True:
             try:
-                self._set_up(conn)
+                self._database = _peek_database_id(conn, sqlite3.OperationalError)
+                if create or self._database is not None:
+                    self._set_up(conn)
                 break
             except sqlite3.OperationalError as e:
                 if "locked" not in str(e) or time.monotonic() >= deadline:
@@ -413,9 +435,9 @@ class SqliteConsensus(_SqlConsensus):
         self._conn, self._pid = conn, os.getpid()
         return conn
 
-    def _connect_for(self, doing: str) -> Any:
+    def _connect_for(self, doing: str, create: bool = True) -> Any:
         try:
-            return self._connect()
+            return self._open(create)
         except sqlite3.Error as e:
             raise self._unreachable(doing, e) from e
 
@@ -564,28 +586,37 @@ class PostgresConsensus(_SqlConsensus):
         rest = url.split(":", 1)[1]
         self._dsn = "postgresql:" + rest  # libpq knows postgresql:// and postgres:// only
 
-    def _connect(self) -> Any:
+    def _connect(self, create: bool = True) -> Any:
+        """The connection. A database with an id needs no DDL (its tables were made with
+        it); one without gets the tables and an id when ``create``, else is left untouched
+        (``_database`` None)."""
         if self._conn is not None and self._pid == os.getpid() and not self._conn.closed:
-            return self._conn
-        self._conn = None
-        psycopg = self._psycopg()
-        kwargs: dict[str, Any] = {"autocommit": True}
-        if "connect_timeout" not in self._dsn:
-            kwargs["connect_timeout"] = 10
-        conn = psycopg.connect(self._dsn, **kwargs)
+            if self._database is not None or not create:
+                return self._conn
+            conn = self._conn
+        else:
+            self._conn, self._database = None, None
+            psycopg = self._psycopg()
+            kwargs: dict[str, Any] = {"autocommit": True}
+            if "connect_timeout" not in self._dsn:
+                kwargs["connect_timeout"] = 10
+            conn = psycopg.connect(self._dsn, **kwargs)
         try:
-            _create_tables(conn)
-            self._database = _read_database_id(conn, "%s")
+            self._database = _peek_database_id(conn, self._psycopg().errors.UndefinedTable)
+            if self._database is None and create:
+                _create_tables(conn)
+                self._database = _read_database_id(conn, "%s")
         except BaseException:
             conn.close()
+            self._conn, self._database = None, None
             raise
         self._conn, self._pid = conn, os.getpid()
         return conn
 
-    def _connect_for(self, doing: str) -> Any:
+    def _connect_for(self, doing: str, create: bool = True) -> Any:
         errors = self._errors()
         try:
-            return self._connect()
+            return self._connect(create)
         except errors as e:
             raise self._unreachable(doing, e) from e
 
@@ -717,6 +748,18 @@ def _create_tables(conn: Any) -> None:
             conn.execute(ddl)
         except (psycopg.errors.UniqueViolation, psycopg.errors.DuplicateTable):
             pass  # created by a racing connection between the check and the create
+
+
+def _peek_database_id(conn: Any, missing: type[BaseException]) -> str | None:
+    """The database's id, or None when it has none (no ``persistshard_identity`` table:
+    ``missing`` is the driver's error for that, or no row). Writes nothing."""
+    try:
+        row = conn.execute(f"SELECT value FROM {IDENTITY} WHERE name = 'database_id'").fetchone()
+    except missing as e:
+        if "no such table" in str(e) or "does not exist" in str(e):
+            return None
+        raise
+    return None if row is None else str(row[0])
 
 
 def _read_database_id(conn: Any, mark: str) -> str:
