@@ -50,6 +50,11 @@ def _db_rows(path: str) -> list[tuple[str, int]]:
             return []  # no tables: nothing was ever written
 
 
+def _everything(shard: ps.Shard) -> dict[str, bytes | None]:
+    """Every stored object of the shard with its bytes (what "writes nothing" compares)."""
+    return {m.key: shard.blob.get(m.key) for m in shard.blob.list("")}
+
+
 def _spellings(tmp_path, name: str) -> list[str]:
     """Other spellings of the directory ``tmp_path/name``: file URLs, slashes, a dot, a link."""
     real = str(tmp_path / name)
@@ -128,7 +133,8 @@ def test_another_sqlite_database_is_refused_and_writes_nothing(tmp_path, sqlite_
     """Today another database reads empty, takes the append and re-points the marker."""
     home = str(tmp_path / "d")
     ps.open_shard(home, consensus=sqlite_url).append(_row(1))
-    marker = ps.open_shard(home, consensus=sqlite_url).blob.get(LOG_HOME_KEY)
+    before = _everything(ps.open_shard(home, consensus=sqlite_url))
+    marker = before[LOG_HOME_KEY]
     other_path = f"{tmp_path}/other.db"
     other = ps.open_shard(home, consensus=f"sqlite:///{other_path}")
     with pytest.raises(InvalidOption, match="another database"):
@@ -140,6 +146,7 @@ def test_another_sqlite_database_is_refused_and_writes_nothing(tmp_path, sqlite_
     assert not os.path.exists(other_path)  # nothing in (or of) the other database
     shard = ps.open_shard(home, consensus=sqlite_url)
     assert shard.blob.get(LOG_HOME_KEY) == marker  # the marker was not re-pointed
+    assert _everything(shard) == before  # no part, no marker, nothing
     assert _ids(shard) == [1]
 
 
@@ -167,13 +174,13 @@ def test_the_same_sqlite_file_under_another_spelling_is_the_same_database(tmp_pa
 def test_a_database_for_a_blob_logged_shard_writes_nothing(tmp_path, sqlite_url):
     home = str(tmp_path / "d")
     ps.open_shard(home).append(_row(1))
-    before = sorted(m.key for m in ps.open_shard(home).blob.list("consensus/"))
+    before = _everything(ps.open_shard(home))
     wrong = ps.open_shard(home, consensus=sqlite_url)
     for call in (wrong.state, lambda: wrong.append(_row(2))):
         with pytest.raises(InvalidOption, match="next to its data"):
             call()
     assert _db_rows(f"{tmp_path}/log.db") == []
-    assert sorted(m.key for m in ps.open_shard(home).blob.list("consensus/")) == before
+    assert _everything(ps.open_shard(home)) == before
     assert _ids(ps.open_shard(home)) == [1]
 
 
@@ -181,10 +188,10 @@ def test_no_consensus_for_a_database_shard_writes_nothing(tmp_path, sqlite_url):
     home = str(tmp_path / "d")
     ps.open_shard(home, consensus=sqlite_url).append(_row(1))
     wrong = ps.open_shard(home)
-    before = {m.key: wrong.blob.get(m.key) for m in wrong.blob.list("consensus/")}
+    before = _everything(wrong)
     with pytest.raises(InvalidOption, match="keeps its log in a database"):
         wrong.append(_row(2))
-    assert {m.key: wrong.blob.get(m.key) for m in wrong.blob.list("consensus/")} == before
+    assert _everything(wrong) == before
 
 
 def test_the_first_write_records_one_id_and_a_crash_before_the_entry_is_completed(
