@@ -332,3 +332,42 @@ def test_costs_one_get_per_open_of_a_database_shard_and_nothing_per_blob_commit(
         shard.append(_row(i))
     assert _ids(shard) == [0, 1, 2, 3]
     assert blob.marker_calls() == []  # the blob consensus commit path never reads it
+
+
+def test_first_writers_with_different_consensuses_race_on_one_marker(tmp_path, sqlite_url):
+    """Both checked an empty location; the other's first write lands before this one marks
+    its home: the marker is not re-pointed (today it was overwritten), the late writer is
+    refused before its log holds anything."""
+    home = str(tmp_path / "d")
+    late_db = ps.open_shard(home, consensus=sqlite_url)
+    assert late_db.upper == 0
+    ps.open_shard(home).append(_row(1))  # the blob consensus's first write lands
+    marker = ps.open_shard(home).blob.get(LOG_HOME_KEY)
+    with pytest.raises(InvalidOption, match="next to its data"):
+        mark_log_home(late_db.blob, late_db.consensus, late_db.location)
+    assert ps.open_shard(home).blob.get(LOG_HOME_KEY) == marker
+    assert _db_rows(f"{tmp_path}/log.db") == []
+
+    other = str(tmp_path / "e")
+    late_blob = ps.open_shard(other)
+    assert late_blob.upper == 0
+    ps.open_shard(other, consensus=sqlite_url).append(_row(1))
+    with pytest.raises(InvalidOption, match="keeps its log in a database"):
+        mark_log_home(late_blob.blob, late_blob.consensus, late_blob.location)
+    assert not [m.key for m in late_blob.blob.list("consensus/") if m.key.endswith(".json")]
+    assert _ids(ps.open_shard(other, consensus=sqlite_url)) == [1]
+
+
+def test_a_database_consensus_travels_with_its_key(tmp_path, sqlite_url):
+    """Pickled (to another process), the object keeps its resolved key and reads the same
+    log; its connection is not pickled."""
+    import pickle
+
+    home = str(tmp_path / "d")
+    shard = ps.open_shard(home, consensus=sqlite_url)
+    shard.append(_row(1))
+    consensus = open_consensus(sqlite_url, shard.location, open_blob(shard.location))
+    assert consensus.head() is not None
+    copy = pickle.loads(pickle.dumps(consensus))
+    head = copy.head()
+    assert head is not None and head.version == shard.state().version
