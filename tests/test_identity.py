@@ -371,3 +371,17 @@ def test_a_database_consensus_travels_with_its_key(tmp_path, sqlite_url):
     copy = pickle.loads(pickle.dumps(consensus))
     head = copy.head()
     assert head is not None and head.version == shard.state().version
+
+
+def test_spark_writes_through_aliases_reach_one_log(spark, tmp_path, sqlite_url):
+    """A Spark write under other spellings of the location (a file URL with a trailing slash,
+    a symbolic link) lands in the one log the Python API reads."""
+    home = str(tmp_path / "orders")
+    ps.open_shard(home, consensus=sqlite_url).append(_row(1))
+    os.symlink(home, tmp_path / "alias")
+    for n, where in enumerate((f"file://{home}/", str(tmp_path / "alias")), start=2):
+        df = spark.createDataFrame([(n,)], "id BIGINT")
+        df.write.format("persistshard").mode("append").option("consensus", sqlite_url).save(where)
+    assert _ids(ps.open_shard(home, consensus=sqlite_url)) == [1, 2, 3]
+    read = spark.read.format("persistshard").option("consensus", sqlite_url)
+    assert sorted(r.id for r in read.load(f"{tmp_path}//alias/.").collect()) == [1, 2, 3]
