@@ -402,7 +402,7 @@ class SqliteConsensus(_SqlConsensus):
         if self._conn is not None and self._pid == os.getpid():
             if self._database is not None or not create:
                 return self._conn  # type: ignore[no-any-return]
-            conn = self._conn  # opened by a call that did not create: set it up now
+            conn: sqlite3.Connection = self._conn  # opened without creating: set it up now
         else:
             self._conn, self._database = None, None
             if not create and not os.path.exists(self.path):
@@ -426,11 +426,13 @@ class SqliteConsensus(_SqlConsensus):
             except sqlite3.OperationalError as e:
                 if "locked" not in str(e) or time.monotonic() >= deadline:
                     conn.close()
+                    self._conn, self._database = None, None
                     raise
                 attempt += 1
                 time.sleep(min(1.0, 0.01 * 2**attempt) * random.random())
             except BaseException:
                 conn.close()
+                self._conn, self._database = None, None
                 raise
         self._conn, self._pid = conn, os.getpid()
         return conn
