@@ -31,7 +31,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -73,7 +72,7 @@ from persistshard.core.statemachine.state import (
 from persistshard.core.storage import layout, metrics
 from persistshard.core.storage import parts as part_store
 from persistshard.core.storage.blob import Blob, open_blob
-from persistshard.core.storage.consensus import BlobConsensus, Consensus
+from persistshard.core.storage.consensus import BlobConsensus, Consensus, DatabaseLog
 from persistshard.core.storage.layout import DEFAULT_RETENTION_SECONDS, new_id
 from persistshard.core.storage.parts import fit_inline, write_parts
 from persistshard.core.storage.sqlconsensus import CONSENSUS_OPTION, open_consensus
@@ -93,13 +92,11 @@ __all__ = ["Shard", "VerifyReport", "WrittenUpdates", "new_id", "open_shard"]
 
 
 def _as_location(location: str) -> str:
-    """A URL for ``location``: local paths (also Spark's qualified ``file:/...``) become
-    absolute ``file://`` URLs; other URLs are kept as they are."""
-    if location.startswith("file:") and not location.startswith("file://"):
-        location = location[len("file:") :]
-    if "://" in location:
-        return location
-    return "file://" + os.path.abspath(os.path.expanduser(location))
+    """The canonical location of ``location``
+    (`persistshard.core.storage.layout.canonical_location`): every spelling of one place
+    gives one string, the shard's name in logs, caches and the keys of database logs written
+    before shard ids."""
+    return layout.canonical_location(location)
 
 
 @dataclass
@@ -174,11 +171,15 @@ class Shard:
         #: they are not the defaults (`open_blob` ignores those keys).
         self.storage_options = storage_options
         blob = blob if blob is not None else open_blob(self.location, **storage_options)
+        blob = metrics.counting_blob(blob)  # store requests counted per operation
         if isinstance(consensus, str):
             url = consensus
-            consensus = open_consensus(url, self.location)
+            # Keyed by the shard id recorded next to the data (read on first use), so every
+            # spelling of the location finds one log, and another database is refused.
+            consensus = open_consensus(url, self.location, blob)
             self.storage_options = {**storage_options, CONSENSUS_OPTION: url}
-        blob = metrics.counting_blob(blob)  # store requests counted per operation
+        elif isinstance(consensus, DatabaseLog):
+            consensus.attach(blob)
         if (inline_bytes, inline_cap) != (
             part_store.DEFAULT_INLINE_BYTES,
             part_store.DEFAULT_INLINE_CAP,

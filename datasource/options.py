@@ -64,6 +64,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from persistshard.core.storage.layout import canonical_location
 from persistshard.errors import (
     Indeterminate,
     InvalidOption,
@@ -206,13 +207,11 @@ def consensus_url(
         return str(value)
     if schema is None or location is None:
         return None
-    from persistshard.core.shard import _as_location
-
     for f in getattr(schema, "fields", None) or []:
         meta = f.metadata or {}
-        if CONSENSUS_KEY in meta and _as_location(str(meta.get(LOCATION_KEY))) == _as_location(
-            location
-        ):
+        if CONSENSUS_KEY in meta and canonical_location(
+            str(meta.get(LOCATION_KEY))
+        ) == canonical_location(location):
             return str(meta[CONSENSUS_KEY])
     return None
 
@@ -581,7 +580,9 @@ class WriteOptions:
                 f"option upper ({upper}) must be above option expected_upper "
                 f"({expected_upper}): a write moves the upper forward"
             )
-        location = write_location(options, schema)
+        # One canonical spelling (`canonical_location`): every task, message and consensus
+        # lookup of this write names the shard the way the Python API does.
+        location = canonical_location(write_location(options, schema))
         check_shared(location)
         memory_budget = _int(options, "memory_budget", minimum=1)
         return WriteOptions(
@@ -650,7 +651,7 @@ class ReadOptions:
     @staticmethod
     def parse(options: Mapping[str, str], schema: Any = None) -> ReadOptions:
         check_known(options, READ_OPTIONS | COMMON_OPTIONS | TABLE_OPTIONS, "read")
-        location = require_location(options, schema)
+        location = canonical_location(require_location(options, schema))
         check_shared(location)
         partition_bytes = _int(options, "partition_bytes", minimum=1)
         max_partitions = _int(options, "max_partitions", minimum=1)

@@ -62,11 +62,17 @@ import json
 import logging
 import re
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from persistshard.core.storage.blob import Blob
-from persistshard.core.storage.layout import CONSENSUS_PREFIX, ROLLUP_EVERY
+from persistshard.core.storage.layout import (
+    CONSENSUS_PREFIX,
+    IDENTITY_KEY,
+    LEGACY_LOG_HOME_KEY,
+    ROLLUP_EVERY,
+    new_id,
+)
 from persistshard.errors import CorruptData, Indeterminate, InvalidOption, StorageUnsupported
 
 log = logging.getLogger("persistshard.core.storage.consensus")
@@ -500,41 +506,217 @@ class MemoryConsensus(Consensus):
             return len(doomed)
 
 
-#: Next to the data of a shard whose log lives elsewhere (a database consensus): the log's
-#: redacted URL. See `mark_log_home`.
-LOG_HOME_KEY = f"{_PREFIX}ELSEWHERE"
+#: Next to the data of every shard written since shard ids: its identity (`LogHome`: the
+#: shard id and where its log is), created once by `mark_log_home` and never rewritten.
+LOG_HOME_KEY = IDENTITY_KEY
+
+#: A `LogHome.log` value: the log is next to the data (`BlobConsensus`).
+BLOB_LOG = "blob"
+#: A `LogHome.log` value: the log is in a database (a `DatabaseLog`: SQLite, PostgreSQL).
+DATABASE_LOG = "database"
+#: A `LogHome.log` value: another consensus without an identity of its own (`MemoryConsensus`).
+OTHER_LOG = "other"
 
 
-def mark_log_home(blob: Blob, consensus: Consensus, location: str) -> None:
-    """Before a shard's first version is created on a consensus other than the blob's own,
-    record next to the data where the log is (`LOG_HOME_KEY`), so that opening the location
-    without that consensus is refused (`check_log_home`) instead of starting a second,
-    independent log over the same parts. Idempotent; the blob consensus needs no marker."""
+@dataclass(frozen=True)
+class LogHome:
+    """A shard's identity as recorded next to its data (`LOG_HOME_KEY`, one JSON line).
+
+    ``log`` says where its log is (`BLOB_LOG`, `DATABASE_LOG`, `OTHER_LOG`); ``shard_id`` is
+    the key its log has in a database (a `new_id` made on the first write; on storage without
+    an atomic put-if-absent the canonical location, see `mark_log_home`); ``database_id``
+    names the one database that holds it (`DatabaseLog.database_id`); ``consensus`` is the
+    redacted URL (or the type) the log was made with, for messages. ``legacy``: read from
+    `LEGACY_LOG_HOME_KEY` (a database log from before shard ids, keyed by the location; only
+    ``consensus`` is known)."""
+
+    log: str
+    shard_id: str | None
+    database_id: str | None
+    consensus: str
+    legacy: bool = False
+
+    def encode(self) -> bytes:
+        fields: dict[str, Any] = {"format": 1, "log": self.log, "shard_id": self.shard_id}
+        if self.database_id is not None:
+            fields["database_id"] = self.database_id
+        fields["consensus"] = self.consensus
+        return json.dumps(fields, sort_keys=True).encode() + b"\n"
+
+    @staticmethod
+    def decode(raw: bytes, location: str) -> LogHome:
+        try:
+            fields = json.loads(raw)
+            log_kind, shard_id = fields["log"], fields["shard_id"]
+            database_id = fields.get("database_id")
+            if not isinstance(log_kind, str) or not isinstance(shard_id, str) or not shard_id:
+                raise TypeError("log and shard_id must be strings")
+            if log_kind == DATABASE_LOG and not isinstance(database_id, str):
+                raise TypeError("a database log names its database_id")
+        except (ValueError, KeyError, TypeError) as e:
+            raise CorruptData(
+                f"the shard's identity marker is unreadable ({e}); it is written once, before "
+                "the shard's first version, and never rewritten",
+                file=LOG_HOME_KEY,
+                location=location,
+            ) from e
+        return LogHome(log_kind, shard_id, database_id, str(fields.get("consensus", "")))
+
+
+class DatabaseLog(ABC):
+    """A consensus that keeps the logs of many shards in one database, each under a key, and
+    has an identity of its own (`database_id`), so that a shard's `LogHome` names exactly the
+    database that holds its log, whatever URL spells it. Implemented by
+    `persistshard.core.storage.sqlconsensus`."""
+
+    #: The consensus URL without secrets (what messages and the marker show).
+    redacted: str
+
+    @abstractmethod
+    def database_id(self) -> str:
+        """The database's own random id, made when its tables were made (never changes)."""
+
+    @abstractmethod
+    def existing_database_id(self) -> str | None:
+        """`database_id` without creating anything: None for a database that has none (a
+        new file or database, or tables made before database ids), which therefore holds
+        no log a `LogHome` names. What a check that must write nothing asks."""
+
+    @abstractmethod
+    def attach(self, home: Blob) -> None:
+        """Key the log by the id of the shard whose data (and identity marker) is in
+        ``home``, unless this object already reads a shard's marker."""
+
+    @abstractmethod
+    def bind_log(self, shard_id: str) -> None:
+        """Key this object's log by ``shard_id`` (the id `mark_log_home` found or made)."""
+
+
+def read_log_home(blob: Blob, location: str) -> LogHome | None:
+    """The shard's recorded identity: `LOG_HOME_KEY`, else a legacy `LEGACY_LOG_HOME_KEY`
+    (a `LogHome` with ``legacy`` set), else None (nothing written yet, or a shard logged next
+    to its data before shard ids). One get; a second only when the first finds nothing."""
+    raw = blob.get(LOG_HOME_KEY)
+    if raw is not None:
+        return LogHome.decode(raw, location)
+    old = blob.get(LEGACY_LOG_HOME_KEY)
+    if old is None:
+        return None
+    return LogHome(DATABASE_LOG, None, None, old.decode(errors="replace").strip(), legacy=True)
+
+
+def _name_of(consensus: Consensus) -> str:
+    return str(getattr(consensus, "redacted", type(consensus).__name__))
+
+
+def refuse_other_home(home: LogHome, consensus: Consensus, location: str) -> None:
+    """`InvalidOption` naming where the shard's log is, unless ``home`` is ``consensus``'s:
+    the same kind of log and, for a database, the same database (by its id; a legacy marker
+    is checked by the database consensus itself, which knows its URL forms)."""
     if isinstance(consensus, BlobConsensus):
+        if home.log == BLOB_LOG:
+            return
+        where = "a database" if home.log == DATABASE_LOG else "another consensus"
+        raise InvalidOption(
+            f"the shard keeps its log in {where} ({home.consensus}), not next to its data: "
+            "open it with that consensus (Python "
+            "consensus=URL, Spark option consensus, CLI --consensus URL)",
+            location=location,
+        )
+    if home.log == BLOB_LOG:
+        raise InvalidOption(
+            "the shard keeps its log next to its data (the default consensus), not in "
+            f"{_name_of(consensus)}: open it without the consensus option",
+            location=location,
+        )
+    if isinstance(consensus, DatabaseLog):
+        if home.log != DATABASE_LOG:
+            raise InvalidOption(
+                f"the shard keeps its log in {home.consensus}, not in the database "
+                f"{consensus.redacted}: open it with that consensus",
+                location=location,
+            )
+        if home.legacy:
+            return
+        mine = consensus.existing_database_id()  # nothing is created in another database
+        if home.database_id != mine:
+            raise InvalidOption(
+                f"the shard keeps its log in another database: {home.consensus} (database id "
+                f"{home.database_id}), not {consensus.redacted} (database id "
+                f"{mine or 'none yet'}); open it with the consensus that holds its log. "
+                "Nothing was written",
+                location=location,
+            )
         return
-    home = getattr(consensus, "redacted", type(consensus).__name__)
-    blob.put(LOG_HOME_KEY, str(home).encode())
+    if home.log == DATABASE_LOG:
+        raise InvalidOption(
+            f"the shard keeps its log in a database ({home.consensus}), not in "
+            f"{_name_of(consensus)}: open it with that consensus",
+            location=location,
+        )
+
+
+def mark_log_home(blob: Blob, consensus: Consensus, location: str) -> LogHome:
+    """Before a shard's first version is created: make sure its identity is recorded next to
+    the data (`LOG_HOME_KEY`) and names ``consensus``, and key a database log by its id.
+
+    - The marker is created with put-if-absent, never rewritten: every kind of consensus
+      races on this one key, so of two first writers with different consensuses one loses
+      here, before its log holds anything. A marker that exists already (another writer's,
+      or this shard's from a writer that crashed before its first entry: the next writer
+      completes that state, with the same id) must name ``consensus``, else `InvalidOption`
+      and nothing is written: the marker is never re-pointed.
+    - On storage without an atomic put-if-absent (only possible with a database log: the
+      blob consensus refuses such storage) the id is the canonical ``location`` itself, so
+      racing first writers on one database agree on the key without the storage's help; the
+      marker is then a get, a put if absent, and a get to confirm (two *different* databases
+      racing the first write there cannot be told apart by such storage: best effort).
+    Returns the recorded identity. Costs one put-if-absent (a get more if it exists)."""
+    if isinstance(consensus, BlobConsensus):
+        mine = LogHome(BLOB_LOG, None, None, "the default consensus, next to its data")
+    elif isinstance(consensus, DatabaseLog):
+        mine = LogHome(DATABASE_LOG, None, consensus.database_id(), consensus.redacted)
+    else:
+        mine = LogHome(OTHER_LOG, None, None, _name_of(consensus))
+    found: LogHome | None
+    if blob.supports_atomic_create:
+        record = replace(mine, shard_id=new_id())
+        created = blob.put_if_absent(LOG_HOME_KEY, record.encode())
+        found = record if created else read_log_home(blob, location)
+    else:
+        found = read_log_home(blob, location)
+        if found is None or found.legacy:
+            blob.put(LOG_HOME_KEY, replace(mine, shard_id=location).encode())
+            found = read_log_home(blob, location)
+    if found is None or found.legacy:
+        raise OSError(
+            f"{location}: the shard's identity marker {LOG_HOME_KEY} could not be read back "
+            "after it was created; nothing was committed, try again"
+        )
+    refuse_other_home(found, consensus, location)
+    if isinstance(consensus, DatabaseLog) and found.shard_id is not None:
+        consensus.bind_log(found.shard_id)
+    return found
 
 
 def check_log_home(blob: Blob, consensus: Consensus, location: str) -> None:
     """Called when ``consensus`` holds no version of the shard: refuse if the shard's log is
     somewhere else (`InvalidOption` naming where), so a shard opened with the wrong consensus
-    never looks empty and never takes a first write that forks its history. Costs one get
-    (blob consensus) or one listing (any other) only on an empty log."""
-    if isinstance(consensus, BlobConsensus):
-        home = blob.get(LOG_HOME_KEY)
-        if home is None:
+    never looks empty and never takes a first write that forks its history.
+
+    The blob consensus reads the marker (`read_log_home`: one get, two when there is none);
+    a database consensus has read it already (it keys its log by the id in it) and lists the
+    log's prefix for entries of a shard logged next to its data before shard ids (one
+    listing). Only on an empty log: a shard with versions costs nothing here."""
+    if isinstance(consensus, BlobConsensus) or not isinstance(consensus, DatabaseLog):
+        home = read_log_home(blob, location)
+        if home is not None:
+            refuse_other_home(home, consensus, location)
+        if isinstance(consensus, BlobConsensus):
             return
-        raise InvalidOption(
-            f"the shard keeps its log in a database ({home.decode(errors='replace')}), not "
-            "next to its data: open it with that consensus (Python consensus=URL, Spark "
-            "option consensus, CLI --consensus URL)",
-            location=location,
-        )
     if any(_ENTRY.match(m.key[len(_PREFIX) :]) for m in blob.list(_PREFIX)):
         raise InvalidOption(
             "the shard keeps its log next to its data (the default consensus), not in "
-            f"{getattr(consensus, 'redacted', type(consensus).__name__)}: open it without the "
-            "consensus option",
+            f"{_name_of(consensus)}: open it without the consensus option",
             location=location,
         )

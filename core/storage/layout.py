@@ -10,6 +10,10 @@ Everything a shard stores lives under its location, in three prefixes, and nothi
 - ``consensus/v<version:020d>.json`` and ``consensus/HEAD``: the log of state versions kept by
   `persistshard.core.storage.consensus.BlobConsensus` (another consensus may keep it elsewhere), and
   ``consensus/floor/f<version:020d>``: the truncation floor markers of that log.
+- ``consensus/IDENTITY`` (`IDENTITY_KEY`): the shard's identity, created once (put-if-absent)
+  before its first log entry and never rewritten: its id and where its log is
+  (`persistshard.core.storage.consensus.mark_log_home`). ``consensus/ELSEWHERE``
+  (`LEGACY_LOG_HOME_KEY`): what shards logged in a database before shard ids have instead.
 
 Invariant relied on by gc: every key under ``parts/`` and ``rollups/`` embeds an id from
 `new_id`, so its write time is known without reading it.
@@ -17,14 +21,21 @@ Invariant relied on by gc: every key under ``parts/`` and ``rollups/`` embeds an
 
 from __future__ import annotations
 
+import os
 import re
 import time
 import uuid
 from typing import Any
 
+from persistshard.errors import InvalidOption
+
 PARTS_PREFIX = "parts/"
 ROLLUPS_PREFIX = "rollups/"
 CONSENSUS_PREFIX = "consensus/"
+#: The shard's identity marker (see the module docstring); never rewritten once created.
+IDENTITY_KEY = f"{CONSENSUS_PREFIX}IDENTITY"
+#: The marker of a shard logged in a database before shard ids: the redacted consensus URL.
+LEGACY_LOG_HOME_KEY = f"{CONSENSUS_PREFIX}ELSEWHERE"
 
 #: A full copy of the state is written every this many versions.
 ROLLUP_EVERY = 16
@@ -39,6 +50,45 @@ DEFAULT_RETENTION_SECONDS = 3600.0
 CLOCK_LEAD_MS = 60_000
 
 _ROLLUP_KEY = re.compile(r"^rollups/v(\d{20})-([0-9a-f]+)\.json$")
+
+
+#: URL schemes that fsspec maps to one filesystem, and the one spelling a location takes.
+_SCHEME_SPELLINGS = {"s3a": "s3", "gcs": "gs"}
+
+
+def canonical_location(location: str) -> str:
+    """The canonical location of ``location``: every spelling of one place gives one string,
+    the shard's name in logs, caches and legacy database keys.
+
+    - A local path (plain, ``file:/p``, ``file:///p``, ``file://localhost/p``, any case of
+      ``file``) becomes ``file://`` plus its real path: absolute, ``~`` expanded, symbolic
+      links resolved (`os.path.realpath`), no ``.``/``..``, no doubled or trailing slash.
+    - A URL keeps its host as given and takes one spelling of the rest: the scheme in lower
+      case (``s3a``/``gcs`` as ``s3``/``gs``), no doubled slash in the path, no trailing
+      slash. A chained URL (``a::b``) is canonical in each link.
+    """
+    if "::" in location:
+        return "::".join(canonical_location(link) for link in location.split("::"))
+    if location[:5].lower() == "file:":
+        path = location[5:]
+        if path.startswith("//"):
+            host, sep, rest = path[2:].partition("/")
+            if host not in ("", "localhost"):
+                raise InvalidOption(
+                    f"location {location!r} names the host {host!r}: a file URL names a local "
+                    "path (file:///path)",
+                    location=location,
+                )
+            path = sep + rest
+        return "file://" + os.path.realpath(os.path.expanduser(path or "/"))
+    scheme, sep, rest = location.partition("://")
+    if not sep:
+        return "file://" + os.path.realpath(os.path.expanduser(location))
+    scheme = scheme.lower()
+    scheme = _SCHEME_SPELLINGS.get(scheme, scheme)
+    host, slash, path = rest.partition("/")
+    path = "/".join(p for p in path.split("/") if p)
+    return f"{scheme}://{host}{slash if path else ''}{path}"
 
 
 def now_ms() -> int:
