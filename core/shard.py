@@ -325,6 +325,49 @@ class Shard:
         # Anything else (I/O errors, Indeterminate) may have landed: the parts stay; gc
         # removes them later if no state references them.
 
+    def check_written(self, written: WrittenUpdates, *, expected_upper: int, new_upper: int) -> None:
+        """Check parts written elsewhere before a commit names them
+        (`persistshard.core.storage.parts.check_parts`): every stored part present with its
+        recorded size (else `CorruptData` naming it), every sealed part's times in
+        ``[expected_upper, new_upper)`` and every unsealed part's at or above ``new_upper``
+        (else `InvalidUpdates`). One listing per write directory, in parallel; nothing is
+        committed or deleted. `commit_written` trusts its parts (this process wrote them);
+        Spark's driver-side commits and `commit_checked` call this first."""
+        part_store.check_parts(
+            self.blob,
+            [(written.sealed, expected_upper, new_upper), (written.unsealed, new_upper, None)],
+            location=self.location,
+        )
+
+    def commit_checked(
+        self,
+        written: WrittenUpdates,
+        *,
+        expected_upper: int,
+        new_upper: int,
+        schema: pa.Schema | None,
+        commit_id: str | None = None,
+        writer: tuple[str, int] | None = None,
+        rebase: bool = False,
+        label: str | None = None,
+    ) -> ShardState:
+        """`commit_written` of parts that came from elsewhere (written by other processes or
+        built by the caller): `check_written` first, so a commit naming a missing part, a part
+        of another size than recorded, or a part whose times lie outside its batch is refused
+        (`CorruptData`, `InvalidUpdates`) with nothing applied and nothing deleted. The entry
+        for external callers that assemble a `WrittenUpdates` themselves."""
+        self.check_written(written, expected_upper=expected_upper, new_upper=new_upper)
+        return self.commit_written(
+            written,
+            expected_upper=expected_upper,
+            new_upper=new_upper,
+            schema=schema,
+            commit_id=commit_id,
+            writer=writer,
+            rebase=rebase,
+            label=label,
+        )
+
     def fit_inline(self, written: WrittenUpdates, state: ShardState) -> WrittenUpdates:
         """``written`` with its inline parts stored as files where this shard's
         ``inline_bytes``/``inline_cap`` say so (`persistshard.core.storage.parts.fit_inline`);
