@@ -325,7 +325,9 @@ class Shard:
         # Anything else (I/O errors, Indeterminate) may have landed: the parts stay; gc
         # removes them later if no state references them.
 
-    def check_written(self, written: WrittenUpdates, *, expected_upper: int, new_upper: int) -> None:
+    def check_written(
+        self, written: WrittenUpdates, *, expected_upper: int, new_upper: int
+    ) -> None:
         """Check parts written elsewhere before a commit names them
         (`persistshard.core.storage.parts.check_parts`): every stored part present with its
         recorded size (else `CorruptData` naming it), every sealed part's times in

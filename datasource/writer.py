@@ -16,8 +16,9 @@ The protocol, after Materialize's persist sink:
    each present with its reported size, its times inside the batch; one listing per write
    directory), then one compare-and-append of every task's parts. If it is refused
    (`UpperMismatch`, bad input), nothing becomes visible and the write's parts are deleted
-   (a failed check deletes nothing: `CorruptData` or `InvalidUpdates`, nothing applied). A *plain* write (no time column, ``upper`` or ``expected_upper``) is committed
-   with ``rebase``: if the upper moved since step 1 it lands at the new upper, its parts read
+   (a failed check deletes nothing: `CorruptData` or `InvalidUpdates`, nothing applied). A
+   *plain* write (no time column, ``upper`` or ``expected_upper``) is committed with
+   ``rebase``: if the upper moved since step 1 it lands at the new upper, its parts read
    at that time (`persistshard.core.statemachine.state`), instead of failing. Parts of failed task
    attempts (Spark has no per-task abort) carry the write id and are swept at commit and
    abort, and by ``gc`` if the driver died.

@@ -53,8 +53,7 @@ def test_an_empty_directory_is_no_shard_too(tmp_path):
     shard = ps.open_shard(str(tmp_path))
     with pytest.raises(NoShard):
         shard.snapshot()
-    report_error = pytest.raises(NoShard)
-    with report_error:
+    with pytest.raises(NoShard):
         shard.verify()  # used to say "ok": a typo looked like a healthy empty table
     assert _files(str(tmp_path)) == []
 
@@ -96,9 +95,7 @@ def test_a_handle_made_before_the_first_write_sees_the_shard_after_it(tmp_path):
     assert early.snapshot().to_pydict() == {"id": [7], "_diff": [1]}
 
 
-def test_spark_read_of_a_path_without_shard_is_no_shard_with_or_without_a_schema(
-    spark, tmp_path
-):
+def test_spark_read_of_a_path_without_shard_is_no_shard_with_or_without_a_schema(spark, tmp_path):
     missing = str(tmp_path / "nothing")
     with pytest.raises(Exception, match=r"NoShard: no shard at"):
         spark.read.format("persistshard").load(missing).collect()

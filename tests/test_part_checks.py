@@ -162,7 +162,7 @@ class Recording(BlobWrapper):
 
 def test_one_listing_per_write_directory_and_nothing_else(shard):
     ids = [new_id() for _ in range(3)]
-    refs = [p for i, w in enumerate(ids) for p in _written(shard, [10 * i + j for j in range(4)], 1, w)]
+    refs = [p for i, w in enumerate(ids) for p in _written(shard, [10 * i, 10 * i + 1], 1, w)]
     refs += [p for w in ids for p in _written(shard, [100], 1, w)]  # more parts per directory
     blob = Recording(shard.blob)
     check_parts(blob, [(refs, 1, 2)], location=shard.location)

@@ -473,7 +473,8 @@ def check_parts(
             if ref.rewrite_time is not None:
                 lo = hi = ref.rewrite_time
             if (lower is not None and lo < lower) or (upper is not None and hi >= upper):
-                bounds = f"[{'-inf' if lower is None else lower}, {'inf' if upper is None else upper})"
+                low = "-inf" if lower is None else str(lower)
+                bounds = f"[{low}, {'inf' if upper is None else upper})"
                 raise InvalidUpdates(
                     f"commit refused, nothing applied: part {ref.key} holds update times "
                     f"{lo}..{hi}, outside its batch's times {bounds} (a task that wrote at "
