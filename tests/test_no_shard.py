@@ -102,3 +102,21 @@ def test_spark_read_of_a_path_without_shard_is_no_shard_with_or_without_a_schema
     with pytest.raises(Exception, match=r"NoShard: no shard at"):
         spark.read.format("persistshard").schema("id BIGINT").load(missing).collect()
     assert not os.path.exists(missing)
+
+
+def test_a_sql_table_created_over_an_empty_location_reads_zero_rows(spark, tmp_path):
+    loc = str(tmp_path / "fresh")
+    name = "no_shard_yet"
+    spark.sql(
+        f"CREATE TABLE {name} USING persistshard LOCATION '{loc}' "
+        "OPTIONS (columns 'id BIGINT, item STRING')"
+    )
+    try:
+        df = spark.table(name)
+        assert df.columns == ["id", "item"] and df.collect() == []
+        with pytest.raises(NoShard):  # the table exists in the catalog; the shard does not yet
+            ps.open_shard(loc).snapshot()
+        spark.sql(f"INSERT INTO {name} VALUES (1, 'apple')")
+        assert [tuple(r) for r in spark.table(name).collect()] == [(1, "apple")]
+    finally:
+        spark.sql(f"DROP TABLE IF EXISTS {name}")
