@@ -354,8 +354,9 @@ def check_image(open_image: Callable[[], Any], run: CrashRun, step: int, label: 
     assert (upper, tuple(rows)) in known, (
         f"{where}: the image's state (upper {upper}) is none an operation produced"
     )
-    report = shard.verify()
-    assert report.ok, f"{where}: verify found {report.problems}"
+    if version:  # an image from before the first commit holds no shard: nothing to verify
+        report = shard.verify()
+        assert report.ok, f"{where}: verify found {report.problems}"
     shard.seal(upper + 1)
     assert shard.upper == upper + 1, f"{where}: the shard does not take a new commit"
 

@@ -17,7 +17,13 @@ from hypothesis import strategies as hs
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from persistshard.core.shard import Shard
-from persistshard.errors import InvalidUpdates, NotSealed, SinceViolation, UpperMismatch
+from persistshard.errors import (
+    InvalidUpdates,
+    NoShard,
+    NotSealed,
+    SinceViolation,
+    UpperMismatch,
+)
 
 Row = tuple[int, str]
 
@@ -25,12 +31,14 @@ ROW_SCHEMA = pa.schema([pa.field("k", pa.int64()), pa.field("v", pa.string())])
 
 
 class ReferenceShard:
-    """The model: every update kept as is; reads sum diffs by row."""
+    """The model: every update kept as is; reads sum diffs by row. Before its first commit
+    (``created``) the location holds no shard: reads are `NoShard`."""
 
     def __init__(self) -> None:
         self.updates: list[tuple[Row, int, int]] = []
         self.upper = 0
         self.since = 0
+        self.created = False
 
     def compare_and_append(
         self, updates: list[tuple[Row, int, int]], expected: int, new_upper: int
@@ -41,6 +49,12 @@ class ReferenceShard:
             raise InvalidUpdates("time below lower")
         self.updates.extend(updates)
         self.upper = new_upper
+        self.created = True
+
+    def seal(self, upper: int) -> None:
+        if upper > self.upper:  # sealing at the upper itself commits nothing
+            self.upper = upper
+            self.created = True
 
     def advance_since(self, since: int) -> None:
         if since > self.upper:
@@ -48,6 +62,8 @@ class ReferenceShard:
         self.since = max(self.since, since)
 
     def snapshot(self, as_of: int) -> Counter[Row]:
+        if not self.created:
+            raise NoShard("no shard")
         if as_of < self.since:
             raise SinceViolation(as_of, self.since)
         if as_of >= self.upper:
@@ -59,6 +75,8 @@ class ReferenceShard:
         return Counter({r: d for r, d in out.items() if d != 0})
 
     def changes(self, lo: int, hi: int) -> dict[tuple[Row, int], int]:
+        if not self.created:
+            raise NoShard("no shard")
         if hi > self.upper:
             raise NotSealed(hi - 1, self.upper)
         if 0 < lo <= self.since:
@@ -94,7 +112,7 @@ def snapshot_counter(table: pa.Table) -> Counter[Row]:
 def _outcome(fn: Callable[[], Any]) -> tuple[str, Any]:
     try:
         return "ok", fn()
-    except (UpperMismatch, NotSealed, SinceViolation, InvalidUpdates) as e:
+    except (UpperMismatch, NotSealed, SinceViolation, InvalidUpdates, NoShard) as e:
         return type(e).__name__, None
 
 
@@ -152,7 +170,7 @@ def make_shard_machine(
         def seal(self, step: int) -> None:
             target = self.model.upper + step
             self.shard.seal(target)
-            self.model.upper = target
+            self.model.seal(target)
 
         @rule(back=hs.integers(0, 3))
         def advance_since(self, back: int) -> None:

@@ -81,6 +81,7 @@ from persistshard.errors import (
     CorruptData,
     InvalidOption,
     InvalidUpdates,
+    NoShard,
     PersistShardError,
     UpperMismatch,
     WriterAlreadyCommitted,
@@ -222,6 +223,26 @@ class Shard:
         """The user columns (without ``_time``/``_diff``), or None before the first write."""
         return self.machine.state().schema
 
+    def _require_shard(self, state: ShardState | None = None) -> ShardState:
+        """``state`` (default: the newest, unless this handle already knows a committed one),
+        or `NoShard` when nothing was ever committed at this location.
+
+        Every read, inspection and maintenance call but ``upper``/``since``/``schema``/``state``
+        starts here: a mistyped location must not read as an empty table (API.md, `NoShard`).
+        A shard is created only by a data write (its first commit); it is never removed, so
+        once this handle knows a version above 0 no request is needed."""
+        if state is None:
+            state = self.machine.known()
+            if state.version == 0:
+                state = self.machine.state()
+        if state.version == 0:
+            raise NoShard(
+                f"no shard at {self.location}: no state was ever committed there (a mistyped "
+                "location, or the wrong storage options or consensus?); a data write creates "
+                "a shard, reads and maintenance never do"
+            )
+        return state
+
     # --- writes -------------------------------------------------------------------------
 
     def write_updates(
@@ -305,6 +326,51 @@ class Shard:
             raise
         # Anything else (I/O errors, Indeterminate) may have landed: the parts stay; gc
         # removes them later if no state references them.
+
+    def check_written(
+        self, written: WrittenUpdates, *, expected_upper: int, new_upper: int
+    ) -> None:
+        """Check parts written elsewhere before a commit names them
+        (`persistshard.core.storage.parts.check_parts`): every stored part present with its
+        recorded size (else `CorruptData` naming it), every sealed part's times in
+        ``[expected_upper, new_upper)`` and every unsealed part's at or above ``new_upper``
+        (else `InvalidUpdates`). One listing per write directory, in parallel; nothing is
+        committed or deleted. `commit_written` trusts its parts (this process wrote them);
+        Spark's driver-side commits and `commit_checked` call this first."""
+        part_store.check_parts(
+            self.blob,
+            [(written.sealed, expected_upper, new_upper), (written.unsealed, new_upper, None)],
+            location=self.location,
+        )
+
+    def commit_checked(
+        self,
+        written: WrittenUpdates,
+        *,
+        expected_upper: int,
+        new_upper: int,
+        schema: pa.Schema | None,
+        commit_id: str | None = None,
+        writer: tuple[str, int] | None = None,
+        rebase: bool = False,
+        label: str | None = None,
+    ) -> ShardState:
+        """`commit_written` of parts that came from elsewhere (written by other processes or
+        built by the caller): `check_written` first, so a commit naming a missing part, a part
+        of another size than recorded, or a part whose times lie outside its batch is refused
+        (`CorruptData`, `InvalidUpdates`) with nothing applied and nothing deleted. The entry
+        for external callers that assemble a `WrittenUpdates` themselves."""
+        self.check_written(written, expected_upper=expected_upper, new_upper=new_upper)
+        return self.commit_written(
+            written,
+            expected_upper=expected_upper,
+            new_upper=new_upper,
+            schema=schema,
+            commit_id=commit_id,
+            writer=writer,
+            rebase=rebase,
+            label=label,
+        )
 
     def fit_inline(self, written: WrittenUpdates, state: ShardState) -> WrittenUpdates:
         """``written`` with its inline parts stored as files where this shard's
@@ -607,6 +673,7 @@ class Shard:
 
     def readers(self) -> dict[str, tuple[int, int]]:
         """``{reader_id: (since, lease expiry in ms since the epoch)}`` of the live holds."""
+        self._require_shard()
         holds = self.machine.state().live_holds(layout.now_ms())
         return {r: (h.since, h.expires_ms) for r, h in sorted(holds.items())}
 
@@ -620,6 +687,7 @@ class Shard:
     ) -> Listen:
         """Iterate ``(updates, frontier)`` from ``as_of`` on, holding since while open; see
         `persistshard.core.read.listen.Listen`."""
+        self._require_shard()
         return Listen(
             self, as_of, timeout=timeout, reader_id=reader_id, lease_seconds=lease_seconds
         )
@@ -636,7 +704,7 @@ class Shard:
     def snapshot(self, as_of: int | None = None) -> pa.Table:
         """Rows + ``_diff`` at ``as_of`` (default upper - 1): one row per distinct row, diffs
         summed over all times ``<= as_of``, zero sums dropped, sorted by row."""
-        state = self.machine.state()
+        state = self._require_shard(self.machine.state())
         if state.schema is None:
             if as_of is not None:
                 check_as_of(state, as_of, self.location)
@@ -654,7 +722,7 @@ class Shard:
         Exact only when ``from_time`` is 0 or later than since (otherwise updates from before
         ``from_time`` may have been forwarded into the range): else `SinceViolation`.
         """
-        state = self.machine.state()
+        state = self._require_shard(self.machine.state())
         check_updates_range(state, from_time, to_time, self.location)
         if state.schema is None:
             return pa.schema(
@@ -677,7 +745,7 @@ class Shard:
         compute expression or a `Pred`), each row repeated by its count unless ``with_diff``
         (then rows + ``_diff``). Checks the time now (`SinceViolation`, `NotSealed`); reads
         nothing until consumed. See `persistshard.core.read.scan`."""
-        state = self.machine.state()
+        state = self._require_shard(self.machine.state())
         if as_of is not None or (state.upper > 0 and state.schema is not None):
             at = state.upper - 1 if as_of is None else as_of
             query = snapshot_query(state, at, self.location, with_diff=with_diff)
@@ -695,7 +763,7 @@ class Shard:
         """A lazy, streamed change read: the `updates` in ``[from_time, to_time)`` (rows +
         ``_time`` + ``_diff``), only ``columns`` and rows passing ``filter`` (which may also
         read ``_time`` and ``_diff``). Checks the range now; reads nothing until consumed."""
-        state = self.machine.state()
+        state = self._require_shard(self.machine.state())
         check_updates_range(state, from_time, to_time, self.location)
         q = updates_query(state, from_time, to_time, self.location)
         return Scan(self.blob, self.location, state, q, columns=columns, filter=filter)
@@ -706,6 +774,7 @@ class Shard:
         """The commits still in the log, oldest first: version, what it did (``kind``: one of
         `HISTORY_KINDS`), the commit kind of the state machine (``commit``), id, time and a
         one-line summary."""
+        self._require_shard()
         out = []
         for version, entry in self.machine.entries(1):
             out.append(
@@ -727,7 +796,7 @@ class Shard:
         from persistshard.core.storage.parts import open_part
 
         problems: list[str] = []
-        state = self.machine.state()
+        state = self._require_shard(self.machine.state())
         try:
             state.check()
         except CorruptData as e:
@@ -766,7 +835,7 @@ class Shard:
 
     def describe(self) -> dict[str, Any]:
         """Upper, since, batches by level, sizes, unsealed updates (for `persistshard inspect`)."""
-        state = self.machine.state()
+        state = self._require_shard(self.machine.state())
         now = layout.now_ms()
         levels: dict[int, dict[str, int]] = {}
         for b in state.trace:
@@ -804,12 +873,14 @@ class Shard:
     def compact(self, *, full: bool = True, max_merges: int | None = None) -> CompactionReport:
         """Merge trace batches (unsealed updates, same-level pairs, and with ``full`` every
         batch below since) until the trace is tidy. See `persistshard.core.maintenance.trace`."""
+        self._require_shard()
         return compact_shard(self.machine, full=full, max_merges=max_merges)
 
     @metrics.operation_method("compact")
     def maybe_compact(self, max_merges: int = 1) -> CompactionReport | None:
         """The small compaction a writer may run after its commit; None if nothing was due
         (`persistshard.core.maintenance.compact.maybe_compact`)."""
+        self._require_shard()
         return maybe_compact_shard(self.machine, max_merges=max_merges)
 
     @metrics.operation_method("gc")
@@ -822,6 +893,7 @@ class Shard:
     ) -> GcReport:
         """List (and with ``dry_run=False`` delete) parts, rollups and log entries no live
         version needs. See `persistshard.core.maintenance.gc`."""
+        self._require_shard()
         return collect(
             self.machine, dry_run=dry_run, retention_seconds=retention_seconds, now_ms=now_ms
         )

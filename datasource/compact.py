@@ -40,6 +40,7 @@ from persistshard.core.shard import Shard
 from persistshard.core.statemachine.leases import holding
 from persistshard.core.statemachine.state import schema_from_b64, schema_to_b64
 from persistshard.core.storage.layout import new_id
+from persistshard.core.storage.parts import check_parts
 
 log = logging.getLogger("persistshard.datasource.compact")
 
@@ -90,6 +91,11 @@ def compact(
     done (the same report as `Shard.compact`). ``full`` as in `Shard.compact`."""
     shard = Shard(location, **storage_options)
     state = shard.state()
+    if state.version == 0:  # a mistyped path must not look like a compacted empty table
+        raise errors.NoShard(
+            f"no shard at {shard.location}: no state was ever committed there (a mistyped "
+            "location, or the wrong storage options?); compaction never creates a shard"
+        )
     report = CompactionReport(levels_before=trace.levels(state), batches_before=len(state.trace))
     rounds = 0
     while state.schema is not None and (max_rounds is None or rounds < max_rounds):
@@ -124,6 +130,18 @@ def compact(
                     failures.append(task_error(outcome["error"], shard.location))
                     continue
                 result = MergeResult.from_json(outcome["result"])
+                try:  # the task's parts came in its message: check them before naming them
+                    check_parts(
+                        shard.blob,
+                        [
+                            (result.parts, plan.lower, plan.upper),
+                            *((b.parts, b.lower, b.upper) for b in result.unsealed_outputs),
+                        ],
+                        location=shard.location,
+                    )
+                except errors.PersistShardError as e:  # as a failed task: nothing committed
+                    failures.append(e)
+                    continue
                 committed, output, _ = commit_merge(shard.machine, plan, result)
                 report.merges.append(merge_report(plan, result, output, committed))
                 report.stats.add(result.stats)

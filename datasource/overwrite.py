@@ -287,6 +287,7 @@ def overwrite(
                 parts, task_stats = outcome
                 written.sealed.extend(parts)
                 stats.add(task_stats)
+            shard.check_written(written, expected_upper=time, new_upper=time + 1)  # tasks' parts
             shard.commit_written(
                 written,
                 expected_upper=time,

@@ -94,7 +94,7 @@ from persistshard.core.statemachine.state import ShardState
 from persistshard.core.storage.blob import Blob
 from persistshard.datasource.options import LOCATION_KEY, ReadOptions, StorageOptions
 from persistshard.datasource.types import arrow_schema_of, conform, spark_schema_of
-from persistshard.errors import InvalidUpdates
+from persistshard.errors import InvalidUpdates, NoShard
 
 log = logging.getLogger("persistshard.datasource.reader")
 
@@ -477,8 +477,14 @@ class PersistShardReader(DataSourceReader):
         state = shard.state()
         if state.schema is None:
             if not declared_table(self.schema):
+                if state.version == 0:  # a mistyped path must not read as an empty table
+                    raise NoShard(
+                        f"no shard at {shard.location}: nothing was ever written there (a "
+                        "mistyped path, or the wrong storage options?); write to it first"
+                    )
                 raise InvalidUpdates(
-                    f"no shard at {shard.location}: nothing was ever written there"
+                    f"the shard at {shard.location} has no columns yet: nothing but seals "
+                    "was written there; write rows to it first"
                 )
             # A created table nothing was written to yet is an empty table with its declared
             # columns: an explicit time is checked as an empty shard's, no task reads anything.

@@ -60,7 +60,7 @@ from persistshard.core.rows import DIFF, TIME, consolidate
 from persistshard.core.shard import Shard, WrittenUpdates, open_shard
 from persistshard.core.statemachine.leases import WriteLease, holding
 from persistshard.core.storage.layout import new_id
-from persistshard.core.storage.parts import read_parts, write_parts
+from persistshard.core.storage.parts import check_parts, read_parts, write_parts
 from persistshard.core.write.validate import update_schema
 from persistshard.datasource.options import WriteOptions, storage_errors
 from persistshard.datasource.writer import (
@@ -248,6 +248,9 @@ def _apply(
 ) -> None:
     target = d.target if d.target is not None else d.incoming
     staged = [ref for m in messages if m is not None for ref in m.sealed]
+    # The tasks' staged parts came in messages: present with their sizes before they are read
+    # (their times are dropped: the delta is written at the commit's time).
+    check_parts(shard.blob, [(staged, None, None)], location=shard.location)
     incoming = read_parts(shard.blob, staged, update_schema(target)).drop_columns([TIME])
     up.check_unique_keys(incoming, spec.keys, shard.location, diffs=True)
     for attempt in range(COMMIT_RETRIES + 1):

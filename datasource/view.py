@@ -39,6 +39,7 @@ from pyspark.sql.types import StructType
 from persistshard.core.shard import WrittenUpdates, open_shard
 from persistshard.core.statemachine.leases import WriteLease, holding
 from persistshard.core.storage.layout import new_id
+from persistshard.core.storage.parts import check_parts
 from persistshard.core.write.diff import DiffRun, current_runs, diff_parts
 from persistshard.datasource.options import WriteOptions, storage_errors
 from persistshard.datasource.writer import describe_write, sweep_write
@@ -68,6 +69,11 @@ def commit_complete(
                 shard.machine, [m.write_id for m in present], check=True, location=shard.location
             ),
         ):
+            # The staged chains came in the tasks' messages: present with their sizes before
+            # the diff reads them (their times are dropped: the diff is at the commit's time).
+            check_parts(
+                shard.blob, [(m.sealed, None, None) for m in present], location=shard.location
+            )
             last: UpperMismatch | None = None
             for _ in range(MAX_ATTEMPTS):
                 state = shard.state()

@@ -12,10 +12,13 @@ The protocol, after Materialize's persist sink:
    sorted runs spilled to local files and merged), then write sorted, consolidated parts under
    ``parts/<write id>/``: updates below the new upper as sealed parts, the rest as unsealed.
    The message back is the parts' metadata (a "hollow batch").
-3. *Append* (driver, in ``commit()``): one compare-and-append of every task's parts. If it is
-   refused (`UpperMismatch`, bad input), nothing becomes visible and the write's parts are
-   deleted. A *plain* write (no time column, ``upper`` or ``expected_upper``) is committed
-   with ``rebase``: if the upper moved since step 1 it lands at the new upper, its parts read
+3. *Append* (driver, in ``commit()``): the tasks' parts are checked (`Shard.check_written`:
+   each present with its reported size, its times inside the batch; one listing per write
+   directory), then one compare-and-append of every task's parts. If it is refused
+   (`UpperMismatch`, bad input), nothing becomes visible and the write's parts are deleted
+   (a failed check deletes nothing: `CorruptData` or `InvalidUpdates`, nothing applied). A
+   *plain* write (no time column, ``upper`` or ``expected_upper``) is committed with
+   ``rebase``: if the upper moved since step 1 it lands at the new upper, its parts read
    at that time (`persistshard.core.statemachine.state`), instead of failing. Parts of failed task
    attempts (Spark has no per-task abort) carry the write id and are swept at commit and
    abort, and by ``gc`` if the driver died.
@@ -521,6 +524,8 @@ def _commit_write(
             new_upper = max(max_time, d.lower) + 1
         else:
             new_upper = d.lower + 1
+        # The tasks' parts came in messages: check them before anything reads or names them.
+        shard.check_written(written, expected_upper=d.lower, new_upper=new_upper)
         state = shard.state()
         if d.overwrite:
             if state.upper != d.lower:

@@ -223,6 +223,7 @@ def test_random_history_never_loses_a_live_version(tmp_path, clock, seed):
 
     rng = random.Random(seed)
     shard = ps.open_shard(str(tmp_path / "s"))
+    shard.compare_and_append(None, 0, 0)  # the empty shard: gc and compaction need one
     history: list[tuple[ShardState, int | None]] = []  # (version, when it stopped being head)
 
     def record() -> None:

@@ -203,6 +203,7 @@ def test_random_holds_never_lose_a_readers_history(tmp_path, clock, seed):
     equal the model's), and since is never above a live hold."""
     rng = random.Random(seed)
     shard = ps.open_shard(str(tmp_path / "s"))
+    shard.compare_and_append(None, 0, 0)  # the empty shard: gc and compaction need one
     model: list[tuple[tuple[int, str], int, int]] = []  # (row, time, diff)
     handles: dict[str, ps.core.statemachine.holds.ReaderHold] = {}
 

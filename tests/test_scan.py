@@ -325,6 +325,9 @@ def test_negative_count_is_refused_when_read(tmp_path: Any) -> None:
 
 def test_empty_shards(tmp_path: Any) -> None:
     s = ps.open_shard(str(tmp_path / "empty"), maintenance=False)
+    with pytest.raises(ps.NoShard):  # nothing committed: no shard, not an empty table
+        s.scan()
+    s.compare_and_append(None, 0, 0)  # the empty shard
     assert s.scan().to_arrow().num_rows == 0
     s.append(updates(rows(3), 0, 1), new_upper=1)
     assert s.scan_updates(1, 1).to_arrow().num_rows == 0

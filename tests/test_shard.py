@@ -29,6 +29,9 @@ def part_files(shard: ps.Shard) -> list[str]:
 
 def test_new_shard(shard):
     assert (shard.upper, shard.since, shard.schema) == (0, 0, None)
+    with pytest.raises(ps.NoShard):  # nothing written: a mistyped path reads as no shard
+        shard.snapshot()
+    shard.seal(1)  # a first write creates the shard, which reads empty
     assert shard.snapshot().num_rows == 0
 
 

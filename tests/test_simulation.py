@@ -47,6 +47,7 @@ from persistshard.errors import (
     CorruptData,
     Indeterminate,
     InvalidUpdates,
+    NoShard,
     NotSealed,
     SinceViolation,
     StateConflict,
@@ -123,6 +124,8 @@ class Simulation:
             getattr(self, action)(shard)
         except (OSError, Indeterminate, StateConflict, UpperMismatch):
             pass  # a failed maintenance or read step: nothing to check, nothing lost
+        except NoShard:  # maintenance before the first commit; never after one was acked
+            assert not self.acked, f"{action}: NoShard after an acknowledged append"
 
     def append(self, shard: Shard) -> None:
         row = self.next_id

@@ -38,7 +38,13 @@ from persistshard.core.storage.blob import Blob
 from persistshard.core.storage.layout import part_key
 from persistshard.core.storage.metrics import run_in_context
 from persistshard.core.storage.recent import RECENT
-from persistshard.errors import CorruptData
+from persistshard.errors import (
+    CorruptData,
+    InvalidUpdates,
+    PersistShardError,
+    is_storage_error,
+    storage_error,
+)
 from persistshard.format import PartInfo, PartReader, encode_part
 
 log = logging.getLogger("persistshard.core.storage.parts")
@@ -422,3 +428,100 @@ def read_parts(
     return pa.concat_tables(
         [adapt_part_table(t, r, schema) for t, r in zip(tables, wanted, strict=True)]
     )
+
+
+#: A group of parts a commit names and the times their updates must lie in: ``(parts, lower,
+#: upper)``, every time ``t`` of every part with ``lower <= t < upper`` (None: unbounded).
+PartsWithin = tuple[Sequence[PartRef], int | None, int | None]
+
+#: At most this many write directories are listed at once by `check_parts`.
+CHECK_THREADS = 16
+
+
+def check_parts(
+    blob: Blob,
+    groups: Sequence[PartsWithin],
+    *,
+    location: str,
+    threads: int = CHECK_THREADS,
+) -> None:
+    """Check parts that a commit is about to name but that this process did not write (Spark
+    task messages, an external caller's `WrittenUpdates`); raise before anything is committed.
+
+    - Times: each part's recorded update times (``min_time``..``max_time``, or its
+      ``rewrite_time``) lie inside its group's ``[lower, upper)``; a part without rows has
+      none. Else `InvalidUpdates` naming the part, its times and the bounds. No request.
+    - Stored parts (not inline): present, with the recorded ``size``. Else `CorruptData`
+      naming the part (the commit records what the storage does not hold: a length that does
+      not match, or a file that is gone, is what `CorruptData` means, and what every reader
+      of the commit would have met). One listing per write directory (``parts/<write id>/``,
+      the directory of the key), the directories listed in parallel (``threads``): a commit of
+      many parts from few writes costs a few requests, not one per part. A listing the
+      storage refuses or fails is `StorageError`.
+
+    Determinate: on any error nothing was committed and nothing was deleted (the caller's
+    parts stay; gc sweeps those no commit names once their write's lease is over).
+    Relies on: a part is written once under a fresh key and never rewritten, so its listed
+    size is its size; a listing holds every object put before it began (read-after-write
+    listing: local files, S3 since 2020).
+    """
+    for parts, lower, upper in groups:
+        for ref in parts:
+            if ref.num_rows == 0:
+                continue
+            lo, hi = ref.min_time, ref.max_time
+            if ref.rewrite_time is not None:
+                lo = hi = ref.rewrite_time
+            if (lower is not None and lo < lower) or (upper is not None and hi >= upper):
+                low = "-inf" if lower is None else str(lower)
+                bounds = f"[{low}, {'inf' if upper is None else upper})"
+                raise InvalidUpdates(
+                    f"commit refused, nothing applied: part {ref.key} holds update times "
+                    f"{lo}..{hi}, outside its batch's times {bounds} (a task that wrote at "
+                    "another upper than the commit's, or a part reference built by hand)",
+                    location=location,
+                )
+    by_dir: dict[str, list[PartRef]] = {}
+    for parts, _, _ in groups:
+        for ref in parts:
+            if ref.inline is None:
+                by_dir.setdefault(ref.key.rpartition("/")[0] + "/", []).append(ref)
+    if not by_dir:
+        return
+
+    def listed(directory: str) -> dict[str, int]:
+        return {m.key: m.size for m in blob.list(directory)}
+
+    try:
+        if len(by_dir) == 1:
+            sizes = [listed(next(iter(by_dir)))]
+        else:
+            with ThreadPoolExecutor(max_workers=max(1, min(threads, len(by_dir)))) as pool:
+                sizes = list(pool.map(run_in_context(listed), by_dir))
+    except PersistShardError:
+        raise
+    except Exception as e:
+        if not is_storage_error(e):
+            raise
+        raise storage_error(e, location, "check the parts of a commit") from e
+    problems: list[tuple[PartRef, str]] = []
+    for refs, found in zip(by_dir.values(), sizes, strict=True):
+        for ref in refs:
+            size = found.get(ref.key)
+            if size is None:
+                problems.append((ref, f"part {ref.key} is missing from storage"))
+            elif size != ref.size:
+                problems.append(
+                    (ref, f"part {ref.key} has {size} bytes, the commit records {ref.size}")
+                )
+    if problems:
+        ref, first = problems[0]
+        more = f" (and {len(problems) - 1} more such parts)" if len(problems) > 1 else ""
+        log.warning("%s: a commit names %d unsound parts: %s", location, len(problems), first)
+        raise CorruptData(
+            f"commit refused, nothing applied: {first}{more}; the parts a commit names must be "
+            "stored as their writer reported (deleted by someone, a write whose lease ran out "
+            "and gc swept, or another store than the shard's?)",
+            file=ref.key,
+            location=location,
+        )
