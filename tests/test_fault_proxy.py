@@ -85,3 +85,47 @@ def test_strip_if_none_match_makes_a_lying_store(proxy, via, location):
 def test_unknown_action_is_refused():
     with pytest.raises(ValueError, match="unknown proxy action"):
         Rule("explode")
+
+
+# --- item 1 on S3: the log entry's conditional PUT applied, its answer lost -----------------
+
+import pyarrow as pa  # noqa: E402
+from conformance_helpers import rows_of  # noqa: E402
+
+from persistshard.core.shard import Shard  # noqa: E402
+from persistshard.errors import Indeterminate  # noqa: E402
+
+
+@pytest.mark.parametrize(
+    ("action", "inline"),
+    [("drop", False), ("drop", True), ("error500", False)],
+    ids=["drop-parts", "drop-inline", "error500-parts"],
+)
+def test_lost_response_on_log_entry_s3(action, inline, proxy, via, s3_direct, location):
+    """The server applies the ``If-None-Match`` PUT of a log entry, the answer is lost (the
+    connection closes, or a 500 comes back), s3fs retries by itself and gets 412. Every
+    append must be told success (or Indeterminate, resolved by reading), every row must be
+    there once, and every read must work. Before the fix: `UpperMismatch` for a commit that
+    landed, its parts deleted (`CorruptData` on every later read)."""
+    shard = Shard(location, inline_bytes=None if inline else 0, **via)
+    times = 3 if action == "drop" else 2  # botocore backs off ~0.5 s after a 500
+    proxy.set_rules(
+        Rule(action, path_contains="/consensus/v", probability=0.5, times=times, **CONDITIONAL_PUT)
+    )
+    n = 6
+    for i in range(n):
+        while True:
+            try:
+                shard.compare_and_append(
+                    pa.table({"id": [i], "_time": [i], "_diff": [1]}), i, i + 1
+                )
+                break
+            except Indeterminate:
+                if shard.upper > i:
+                    break
+    assert proxy.hits[action] == times
+    proxy.set_rules()
+    clean = Shard(location, **s3_direct)
+    assert clean.upper == n
+    assert rows_of(clean.snapshot()) == {(i,): 1 for i in range(n)}
+    assert clean.verify().ok

@@ -13,6 +13,12 @@ What always holds:
   the *same* commit (same id, same parts) to the newer state; data blobs are never rewritten on
   retry. A precondition failure (`UpperMismatch`, `StateConflict`, ...) is raised at once and
   is determinate: nothing landed.
+- A race reported lost is not trusted blindly either (a consensus may have been misled by a
+  request its client library retried): the next attempt returns at once if the newest
+  state's last commit is this commit (free), and a precondition failure after a lost race is
+  reported only once the log after the version that race built on is read and does not hold
+  the commit id (that path only): an acknowledged-then-"lost" commit is neither refused nor
+  applied twice.
 - An ambiguous attempt (the consensus raised `Indeterminate` or an `OSError`) is resolved by
   looking for the commit's id in the log before anything else: if it landed, its state is
   returned; if not, the commit is tried again. Only when the outcome stays unknown (the
@@ -352,6 +358,7 @@ class StateMachine:
         compare-and-set and no read).
         """
         ambiguous_after: int | None = None  # the head before the first ambiguous attempt
+        lost_after: int | None = None  # the version the first lost race built on
         unknown: BaseException | None = None
         failures = 0
         losses = 0
@@ -369,6 +376,8 @@ class StateMachine:
                     landed = self.find_commit(commit.id, ambiguous_after)
                     if landed is not None:
                         return landed
+                elif lost_after is not None and current.last_commit == commit.id:
+                    return current  # the "lost" race was lost to this very commit: landed
             except OSError as e:
                 if ambiguous_after is None:
                     raise  # nothing was tried yet: determinate, nothing landed
@@ -387,13 +396,25 @@ class StateMachine:
             try:
                 leases.check_commit(current, stamped, self.location)
                 new = st.apply(current, stamped, self.location)
+                st.check_transition(current, new, stamped, self.location)  # before any write
             except DETERMINATE_REFUSALS:
                 if fresh:
                     # Planned on ``base``, which may be stale (a renewal, a seal or a merge by
                     # another handle since): refuse only on the newest state.
                     continue
+                if lost_after is not None and ambiguous_after is None:
+                    # A race reported lost may have been lost to this commit itself (a
+                    # consensus misled by a retried request): a precondition failing now
+                    # may be its own effect. Look before refusing (this path only).
+                    landed = self.find_commit(commit.id, lost_after)
+                    if landed is not None:
+                        log.warning(
+                            "%s: commit %s was reported as a lost race but had landed",
+                            self.location,
+                            commit.id,
+                        )
+                        return landed
                 raise
-            st.check_transition(current, new, stamped, self.location)  # before any write
             rollup = self._rollup
             if new.version % ROLLUP_EVERY == 0:
                 key = rollup_key(new.version)
@@ -421,6 +442,8 @@ class StateMachine:
                 SHARED_STATES.put(self.consensus, VersionedData(new.version, encoded), new, rollup)
                 return new
             losses += 1
+            if lost_after is None:
+                lost_after = current.version
             metrics.REGISTRY.inc("commit_retries")
             log.info(
                 "%s: commit %s lost a race at version %d; retrying",

@@ -193,7 +193,15 @@ def _publish_local(
             except OSError:
                 pass
         if not published:
-            publish(tmp, path)
+            try:
+                publish(tmp, path)
+            except FileExistsError:
+                # NFS: a link() the server applied whose reply was lost is retried by the
+                # client, and the retry reports EEXIST for the name it just made. The name
+                # on our temporary's inode is ours: created by this call.
+                if publish is not os.link or not _same_file(tmp, path):
+                    raise
+                log.info("%s: link reported EEXIST but the name is this put's own file", path)
     finally:
         try:
             os.unlink(tmp)
@@ -201,6 +209,14 @@ def _publish_local(
             pass  # replaced onto the key
     if sync:
         _sync_dirs([directory, *created])
+
+
+def _same_file(a: str, b: str) -> bool:
+    """Whether ``a`` and ``b`` name the same file (inode), False if either is gone."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def _sync_dirs(directories: builtins.list[str]) -> None:

@@ -33,6 +33,12 @@ relies on:
   trusted, tells which case it was: each entry's header names its predecessor's digest, so a
   successor naming another entry proves a re-creation (False), one naming this entry proves
   the commit landed and the log moved on (True); no trusted successor: `Indeterminate`.
+- A put-if-absent that reports "exists", or fails, is never taken at its word: client
+  libraries retry behind our back (S3: the first PUT applied, its answer lost, the retry
+  gets 412; NFS: EEXIST from a retried link), so the entry is read back, and if it holds
+  this call's own bytes (unique: the commit carries its id and time) it was created by this
+  call. Other bytes are a lost race (False); nothing readable is `Indeterminate`. One get,
+  on that path only.
 
 Finding the head does not list the log: versions are created one after another and only ever
 deleted from below, so the retained versions are contiguous up to the head. A hint (the last
@@ -344,9 +350,10 @@ class BlobConsensus(Consensus):
         except StorageUnsupported:
             raise
         except OSError as e:
-            raise Indeterminate(
-                f"writing consensus version {new_version} failed ({e}); it may have been applied"
-            ) from e
+            created = self._read_back(new_version, raw, e)
+        else:
+            if not created:
+                created = self._read_back(new_version, raw, None)
         if not created:
             return False
         digest = VersionedData(new_version, data).digest
@@ -365,6 +372,49 @@ class BlobConsensus(Consensus):
         self._seen = (new_version, digest)
         self._write_hint(new_version)
         return True
+
+    def _read_back(self, version: int, raw: bytes, error: OSError | None) -> bool:
+        """Whether the entry of ``version`` is the one this call tried to create (``raw``),
+        after its put-if-absent reported "exists" (``error`` None) or failed (``error``).
+
+        A client library retries behind our back: the server applied the first request, its
+        answer was lost, and the retry reports "exists" (S3: 412; NFS: EEXIST) for our own
+        object, or the call times out after it was applied. The entry's bytes are unique
+        (the commit carries its own id and time), so equal bytes prove it is ours: True.
+        Other bytes: another writer won, certainly (False). Missing, or unreadable: nothing
+        tells, `Indeterminate` (the caller resolves it by the commit id). Costs one get, on
+        this path only."""
+        try:
+            stored = self.blob.get(_key(version))
+        except OSError as e:
+            raise Indeterminate(
+                f"writing consensus version {version} "
+                + (f"failed ({error})" if error is not None else "reported it exists")
+                + f" and reading it back failed ({e}); it may have been applied",
+                location=self.blob.url,
+            ) from (error or e)
+        if stored == raw:
+            log.info(
+                "%s: consensus version %d %s, but holds this call's own entry (a retried "
+                "request whose first answer was lost): created",
+                self.blob.url,
+                version,
+                f"failed ({error})" if error is not None else "reported it exists",
+            )
+            return True
+        if stored is not None:
+            return False  # another writer's entry: a lost race, certainly
+        if error is None:
+            # It existed, and is gone: truncated since (the log moved past it).
+            raise Indeterminate(
+                f"consensus version {version} reported it exists, and was truncated before it "
+                "could be read back; whether it was this commit is unknown",
+                location=self.blob.url,
+            )
+        raise Indeterminate(
+            f"writing consensus version {version} failed ({error}); it may have been applied",
+            location=self.blob.url,
+        ) from error
 
     def _built_on(self, version: int, digest: str) -> bool:
         """Whether the entry this object created at ``version``, now below the floor, was the
