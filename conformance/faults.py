@@ -40,7 +40,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 from persistshard.core.storage.blob import Blob, BlobWrapper
@@ -150,6 +150,12 @@ class FaultyBlob(BlobWrapper):
         if lie:
             self.lied += 1
         return lie
+
+    def probe_key(self) -> Hashable | None:
+        """The inner's, unless this wrapper lies about conditional creates: then its own."""
+        if self.ignore_condition:
+            return ("faulty-ignores-condition", id(self))
+        return self.inner.probe_key()
 
     def get(self, key: str) -> bytes | None:
         result: bytes | None = self._run("get", self.inner.get, key)

@@ -82,6 +82,7 @@ from persistshard.errors import (
     InvalidOption,
     InvalidUpdates,
     PersistShardError,
+    StorageUnsupported,
     UpperMismatch,
     WriterAlreadyCommitted,
 )
@@ -297,9 +298,10 @@ class Shard:
         except WriterAlreadyCommitted:
             self.delete_parts(self._unnamed(written.stored_keys()))
             return self.machine.state()
-        except DETERMINATE_REFUSALS:
-            # Certainly not applied: the parts are garbage now, unless a landed entry names
-            # them (never deleted: see `_unnamed`).
+        except (*DETERMINATE_REFUSALS, StorageUnsupported):
+            # Certainly not applied (StorageUnsupported: the store failed the atomic-create
+            # probe before the first entry): the parts are garbage now, unless a landed
+            # entry names them (never deleted: see `_unnamed`).
             self.delete_parts(self._unnamed(written.stored_keys()))
             raise
         # Anything else (I/O errors, Indeterminate) may have landed: the parts stay; gc

@@ -129,3 +129,26 @@ def test_lost_response_on_log_entry_s3(action, inline, proxy, via, s3_direct, lo
     assert clean.upper == n
     assert rows_of(clean.snapshot()) == {(i,): 1 for i in range(n)}
     assert clean.verify().ok
+
+
+# --- item 4 on S3: an endpoint that ignores If-None-Match -------------------------------------
+
+from persistshard.core.storage import consensus as consensus_module  # noqa: E402
+from persistshard.errors import StorageUnsupported  # noqa: E402
+
+
+def test_endpoint_ignoring_if_none_match_is_refused(proxy, via, s3_direct, location):
+    """The proxy strips ``If-None-Match`` from every PUT, so moto overwrites: a real lying
+    endpoint. The first write is refused and nothing is published at the location."""
+    getattr(consensus_module, "ATOMIC_CREATE_CHECKED", set()).clear()
+    proxy.set_rules(Rule("strip_if_none_match", method="PUT"))
+    shard = Shard(location, inline_bytes=0, **via)
+    with pytest.raises(StorageUnsupported, match=r"ignores the condition|second exclusive"):
+        shard.compare_and_append(pa.table({"id": [1], "_time": [0], "_diff": [1]}), 0, 1)
+    direct = open_blob(location, **s3_direct)
+    assert [m.key for m in (*direct.list(""), *direct.list_temporary())] == []
+    proxy.set_rules()
+    getattr(consensus_module, "ATOMIC_CREATE_CHECKED", set()).clear()
+    Shard(location, **via).compare_and_append(
+        pa.table({"id": [1], "_time": [0], "_diff": [1]}), 0, 1
+    )

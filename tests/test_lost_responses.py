@@ -174,6 +174,10 @@ class LostAckConsensus(MemoryConsensus):
         super().__init__()
         self.times = times
 
+    @property
+    def certain_lost_races(self) -> bool:
+        return False  # it lies about them
+
     def compare_and_set(self, expected: int | None, data: bytes) -> bool:
         ok = super().compare_and_set(expected, data)
         if ok and self.times > 0:

@@ -67,13 +67,23 @@ import hashlib
 import json
 import logging
 import re
+import threading
+import time
+import uuid
 from abc import ABC, abstractmethod
+from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any
 
-from persistshard.core.storage.blob import Blob
+from persistshard.core.storage.blob import Blob, is_certain_refusal, temporary_name
 from persistshard.core.storage.layout import CONSENSUS_PREFIX, ROLLUP_EVERY
-from persistshard.errors import CorruptData, Indeterminate, InvalidOption, StorageUnsupported
+from persistshard.errors import (
+    CorruptData,
+    Indeterminate,
+    InvalidOption,
+    StorageUnsupported,
+    storage_error,
+)
 
 log = logging.getLogger("persistshard.core.storage.consensus")
 
@@ -104,6 +114,15 @@ class Consensus(ABC):
         """Whether other processes see the same log (what Spark needs); declared by each
         implementation."""
         return True
+
+    @property
+    def certain_lost_races(self) -> bool:
+        """Whether a False from `compare_and_set` is certain: nothing of the call landed
+        (an implementation that checks what its storage reports, as `BlobConsensus` reads
+        back every "exists"). False (the default): a lost race may be a retried request that
+        met its own first delivery, so the state machine looks for the commit in the log
+        before it reports a refusal after one."""
+        return False
 
     @property
     def cache_key(self) -> str | None:
@@ -137,6 +156,10 @@ class Consensus(ABC):
         first = self.scan(1, 1)
         return first[0].version if first else None
 
+
+#: How long after this object wrote or trusted an entry a compare-and-set building on it
+#: skips the floor read before its put (see `BlobConsensus.compare_and_set`).
+TRUST_OWN_ENTRY_SECONDS = 0.5
 
 #: ``consensus/HEAD`` is written at version 1 and at every multiple of this (see above).
 HINT_EVERY = 4
@@ -179,6 +202,84 @@ def _unwrap(raw: bytes, key: str, location: str | None = None) -> tuple[str | No
     return prev, payload
 
 
+#: The stores (`Blob.probe_key`) this process found honouring a conditional create.
+ATOMIC_CREATE_CHECKED: set[Hashable] = set()
+_CHECKED_LOCK = threading.Lock()
+
+
+def _created(blob: Blob, key: str, data: bytes) -> bool:
+    """`Blob.put_if_absent`, read back when it says "exists" (a retried request may have
+    met its own first delivery). An ``OSError`` that the read-back cannot settle propagates."""
+    try:
+        created = blob.put_if_absent(key, data)
+    except StorageUnsupported:
+        raise
+    except OSError:
+        if blob.get(key) == data:
+            return True
+        raise
+    return created or blob.get(key) == data
+
+
+def probe_atomic_create(blob: Blob) -> None:
+    """Create a fresh key, create it again with other bytes, read it: raise
+    `StorageUnsupported` unless the second create was refused and the first bytes stayed
+    (an S3-compatible endpoint that ignores ``If-None-Match`` accepts both).
+
+    The key is ``consensus/.tmp-<time><random>-probe``: inside the shard's own prefixes and a
+    temporary name, so a crash that leaves it behind leaves neither a foreign file (which
+    would refuse creating a shard) nor anything a shard reads; gc removes old temporaries.
+    It is deleted afterwards. Lost responses and the client's own retries are tolerated
+    (read back); an ``OSError`` that leaves the answer unknown propagates."""
+    key = f"{CONSENSUS_PREFIX}{temporary_name()}-probe"
+    first, second = f"probe {uuid.uuid4().hex}".encode(), b"second"
+    try:
+        if not _created(blob, key, first):
+            raise StorageUnsupported(
+                "an exclusive create of a new key reported that the key exists; the default "
+                "consensus needs an atomic put-if-absent",
+                location=blob.url,
+            )
+        try:
+            again: bool | None = blob.put_if_absent(key, second)
+        except StorageUnsupported:
+            raise
+        except OSError:
+            again = None  # what is stored now tells
+        kept = blob.get(key)
+    finally:
+        try:
+            blob.delete(key)
+        except OSError as e:
+            log.info("%s: could not remove the probe %s (%s); gc removes it", blob.url, key, e)
+    if again or kept != first:
+        log.warning("%s: the storage accepted a second exclusive create of %s", blob.url, key)
+        raise StorageUnsupported(
+            "the storage accepted a second exclusive create of the same key (it ignores the "
+            "condition If-None-Match, or has no atomic put-if-absent): two writers could both "
+            "commit the same version and acknowledged commits would be lost. Use storage "
+            "with an atomic put-if-absent (S3, local files) or a database consensus "
+            "(consensus=postgresql://... or sqlite:///...)",
+            location=blob.url,
+        )
+
+
+def check_atomic_create(blob: Blob) -> None:
+    """`probe_atomic_create`, once per process and store (`Blob.probe_key`; a blob without a
+    key is probed each time). Only a passing probe is remembered: a store that failed it is
+    refused again on every write."""
+    key = blob.probe_key()
+    if key is not None:
+        with _CHECKED_LOCK:
+            if key in ATOMIC_CREATE_CHECKED:
+                return
+    probe_atomic_create(blob)
+    log.debug("%s: conditional create honoured (probed)", blob.url)
+    if key is not None:
+        with _CHECKED_LOCK:
+            ATOMIC_CREATE_CHECKED.add(key)
+
+
 class BlobConsensus(Consensus):
     """The default consensus: one object per version under ``consensus/`` of the shard's blob.
 
@@ -201,8 +302,11 @@ class BlobConsensus(Consensus):
         # (version, digest) of the newest *trusted* entry this object read or wrote (checked
         # against the floor): the predecessor digest of its next compare-and-set.
         self._seen: tuple[int, str] | None = None
+        self._seen_at = 0.0  # when ``_seen`` was read or written (monotonic clock)
         # The highest floor this object has read (the floor only rises).
         self._floor_seen = 0
+        # Whether this object's store passed the atomic-create probe (before its first write).
+        self._create_checked = False
         # The entries the last `head` read while probing for the head, kept for the `scan`
         # that follows it (a state read scans the entries from the newest rollup on, the
         # probe's among them: up to `HINT_EVERY` gets twice). Consumed by that scan.
@@ -210,6 +314,10 @@ class BlobConsensus(Consensus):
 
     def entry_name(self, version: int) -> str:
         return _key(version)
+
+    @property
+    def certain_lost_races(self) -> bool:
+        return True  # every "exists" and every failed create is read back (`_read_back`)
 
     @property
     def cache_key(self) -> str:
@@ -316,6 +424,7 @@ class BlobConsensus(Consensus):
                 # truncated before that read, or the floor would be above it.
                 self._hint = found.version
                 self._seen = (found.version, found.digest)
+                self._seen_at = time.monotonic()
                 return found
             start = floor  # a stale re-creation: the log moved on and was truncated
         raise Indeterminate(
@@ -325,14 +434,41 @@ class BlobConsensus(Consensus):
         )
 
     def compare_and_set(self, expected: int | None, data: bytes) -> bool:
+        try:
+            return self._compare_and_set(expected, data)
+        except OSError as e:
+            # Raised before the put-if-absent (every later error is read back or wrapped):
+            # nothing was written. A certain refusal is said so, once.
+            if is_certain_refusal(e):
+                raise storage_error(e, self.blob.url, "commit (nothing was applied)") from e
+            raise
+
+    def _compare_and_set(self, expected: int | None, data: bytes) -> bool:
+        if not self._create_checked:
+            # Before the first write: a store that ignores the condition is refused here,
+            # before anything is published. Probed on the store itself, not through the
+            # request counting of operations (its cost is once per process and store).
+            from persistshard.core.storage.metrics import unwrap_blob
+
+            check_atomic_create(unwrap_blob(self.blob))
+            self._create_checked = True
         base = expected or 0
         prev_digest: str | None = None
-        if base > 0 and self._seen is not None and self._seen[0] == base:
-            # The entry this object last wrote or trusted (entries are immutable): no floor
-            # read first. If truncation passed ``base`` since, the put-if-absent below either
-            # finds the entry after it (the floor is at most the head: False) or re-creates a
-            # truncated one, which the floor read after it withdraws. A writer committing
-            # again and again thus pays two requests and a floor list, not two lists.
+        if (
+            base > 0
+            and self._seen is not None
+            and self._seen[0] == base
+            and time.monotonic() - self._seen_at < TRUST_OWN_ENTRY_SECONDS
+        ):
+            # The entry this object last wrote or trusted, moments ago (entries are
+            # immutable): no floor read first. If truncation passed ``base`` since, the
+            # put-if-absent below either finds the entry after it (the floor is at most the
+            # head: False) or re-creates a truncated one, which the floor read after it
+            # withdraws (a truncation inside this short window may leave that
+            # `Indeterminate`, as any truncation racing the call does). A writer committing
+            # again and again thus pays two requests and a floor list, not two lists. An
+            # older entry may predate a whole truncation: the floor is read first, so a
+            # handle whose state is older than a truncation gets a determinate False.
             prev_digest = self._seen[1]
         else:
             if base > 0:
@@ -370,6 +506,7 @@ class BlobConsensus(Consensus):
                 f"failed ({e}); it may have been applied"
             ) from e
         self._seen = (new_version, digest)
+        self._seen_at = time.monotonic()
         self._write_hint(new_version)
         return True
 
@@ -404,6 +541,9 @@ class BlobConsensus(Consensus):
             return True
         if stored is not None:
             return False  # another writer's entry: a lost race, certainly
+        if error is not None and is_certain_refusal(error):
+            # Permission denied, read-only, disk full: refused, and nothing is there.
+            raise storage_error(error, self.blob.url, "commit (nothing was applied)") from error
         if error is None:
             # It existed, and is gone: truncated since (the log moved past it).
             raise Indeterminate(
@@ -516,6 +656,10 @@ class MemoryConsensus(Consensus):
     @property
     def shared(self) -> bool:
         return False  # a list in this process
+
+    @property
+    def certain_lost_races(self) -> bool:
+        return True  # a list under a lock: nothing is lost between the call and its answer
 
     def head(self) -> VersionedData | None:
         with self._lock:
