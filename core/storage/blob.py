@@ -19,6 +19,11 @@ Contract (every implementation; tested by `persistshard.conformance`):
 - ``list(prefix)`` returns every key under ``prefix`` with its size, in key order, except
   temporary ``.tmp-`` objects of puts in progress (`list_temporary` lists those, for gc).
 - There are no appends and no in-place rewrites.
+- Errors are ``OSError`` (`is_certain_refusal` tells those that certainly applied nothing),
+  except that a local put whose own temporary file was deleted twice before it could be
+  published (gc with a retention shorter than the write) is `StorageError` (nothing
+  published); once, it is written again. A local ``put_if_absent`` whose ``link`` reports
+  EEXIST for the put's own file (NFS: a retried link whose first reply was lost) is created.
 - Durability: once ``put`` or ``put_if_absent`` returns, the object survives a crash of the
   process or the machine (local files: the data and the directory entry were fsynced, see
   `_publish_local`; S3: a successful PutObject is durable; memory: nothing survives the

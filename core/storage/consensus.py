@@ -27,8 +27,10 @@ relies on:
   first. So an entry is trusted only if a floor read *after* reading (or creating) it is
   ``<= v``; `head` and `scan` check that, and a compare-and-set that created ``v`` does too.
 - A compare-and-set reads the floor after its put-if-absent, and before it too unless it
-  builds on the entry the same object last wrote or trusted (an expected version below the
-  floor is no longer the head: False, nothing written). A created entry that fails the
+  builds on the entry the same object last wrote or trusted less than
+  `TRUST_OWN_ENTRY_SECONDS` ago (an expected version below the floor is no longer the head:
+  False, nothing written; so a handle whose state predates a truncation is refused
+  determinately, never left `Indeterminate`). A created entry that fails the
   check is withdrawn (it is below the floor either way) and its successor, if that is
   trusted, tells which case it was: each entry's header names its predecessor's digest, so a
   successor naming another entry proves a re-creation (False), one naming this entry proves
@@ -48,7 +50,12 @@ The hint may be stale but never makes the answer wrong: probing always reaches t
 and the floor check rejects a probe that ended on a stale re-creation (probing then starts
 again from the floor). Each head and scan lists ``consensus/floor/`` (a few markers at most)
 once, each compare-and-set once after its put (and once before, unless it builds on the entry
-this object wrote or trusted last).
+this object wrote or trusted last, moments ago).
+Before its first write, each `BlobConsensus` makes sure its store honours a conditional
+create (`check_atomic_create`: a probe under a temporary key, once per process and store), so
+storage that ignores ``If-None-Match`` is `StorageUnsupported` before anything is published.
+A certain refusal of the storage (permission denied, read-only, disk full) before or at the
+put is `StorageError` (nothing applied), never `Indeterminate`.
 ``consensus/HEAD`` is rewritten only at version 1 and every `HINT_EVERY`-th version (4: a
 quarter of the commits pay a third request beside their put-if-absent and floor list), so a
 fresh reader probes at most `HINT_EVERY` entries past it (each probe one get: the trade is a
