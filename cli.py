@@ -45,7 +45,7 @@ from typing import Any
 
 from persistshard.core.shard import Shard
 from persistshard.core.storage import layout
-from persistshard.core.storage.blob import Blob, BlobWrapper, open_blob
+from persistshard.core.storage.blob import Blob, BlobWrapper, is_certain_refusal, open_blob
 from persistshard.core.storage.layout import DEFAULT_RETENTION_SECONDS
 from persistshard.errors import (
     CorruptData,
@@ -53,6 +53,7 @@ from persistshard.errors import (
     InvalidOption,
     NoShard,
     PersistShardError,
+    StorageError,
     is_access_error,
     is_storage_error,
     storage_cause,
@@ -747,6 +748,14 @@ def _run(args: argparse.Namespace, options: dict[str, Any]) -> int:
             return 2
         doing = DOING.get(args.command, f"run {args.command}")
         print(str(storage_error(cause, args.location, doing)), file=sys.stderr)
+        return 2
+    except StorageError as e:
+        # A certain refusal the library named: said with this command's words.
+        if e.cause is None or not is_certain_refusal(e.cause):
+            print(str(e), file=sys.stderr)
+            return 2
+        doing = DOING.get(args.command, f"run {args.command}")
+        print(str(storage_error(e.cause, args.location, doing)), file=sys.stderr)
         return 2
     except PersistShardError as e:
         print(str(e), file=sys.stderr)

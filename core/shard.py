@@ -83,6 +83,7 @@ from persistshard.errors import (
     InvalidUpdates,
     NoShard,
     PersistShardError,
+    StorageUnsupported,
     UpperMismatch,
     WriterAlreadyCommitted,
 )
@@ -318,11 +319,13 @@ class Shard:
         try:
             return self.machine.commit(commit, base=base)
         except WriterAlreadyCommitted:
-            self.delete_parts(written.stored_keys())
+            self.delete_parts(self._unnamed(written.stored_keys()))
             return self.machine.state()
-        except DETERMINATE_REFUSALS:
-            # Certainly not applied: the parts are garbage now.
-            self.delete_parts(written.stored_keys())
+        except (*DETERMINATE_REFUSALS, StorageUnsupported):
+            # Certainly not applied (StorageUnsupported: the store failed the atomic-create
+            # probe before the first entry): the parts are garbage now, unless a landed
+            # entry names them (never deleted: see `_unnamed`).
+            self.delete_parts(self._unnamed(written.stored_keys()))
             raise
         # Anything else (I/O errors, Indeterminate) may have landed: the parts stay; gc
         # removes them later if no state references them.
@@ -433,6 +436,21 @@ class Shard:
         )
         self.delete_parts(staged.keys())
         return WrittenUpdates(sealed=parts)
+
+    def _unnamed(self, keys: list[str]) -> list[str]:
+        """``keys`` without those the newest state this handle read names (free: the refusal
+        was decided on that state). A refusal is only determinate when its commit did not
+        land, but a part a landed entry names must never be deleted, whatever misled the
+        commit; parts named only by entries compacted away since are gc's to delete."""
+        named = self.machine.known().stored_part_keys()
+        kept = [k for k in keys if k in named]
+        if kept:
+            log.warning(
+                "%s: a refused commit's parts %s are named by the shard; kept",
+                self.location,
+                kept[:3],
+            )
+        return [k for k in keys if k not in named]
 
     def delete_parts(self, keys: list[str]) -> None:
         """Delete parts that no state references (after a refused commit)."""

@@ -64,11 +64,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from persistshard.core.storage.blob import is_certain_refusal
 from persistshard.core.storage.layout import canonical_location
 from persistshard.errors import (
     Indeterminate,
     InvalidOption,
     InvalidUpdates,
+    StorageError,
     StorageUnsupported,
     is_access_error,
     is_storage_error,
@@ -280,6 +282,11 @@ def storage_errors(location: str | None, doing: str) -> Iterator[None]:
         if cause is None or not is_access_error(cause):
             raise
         raise storage_error(cause, location, doing) from None
+    except StorageError as e:
+        # A certain refusal the library named: said with this operation's words.
+        if e.cause is None or not is_certain_refusal(e.cause):
+            raise
+        raise storage_error(e.cause, location, doing) from e.cause
     except Exception as e:
         if not is_storage_error(e):
             raise

@@ -100,7 +100,7 @@ class PersistShardStreamReader(DataSourceStreamReader):
             return None
         try:
             return self._hold_or_renew(shard)
-        except (Indeterminate, OSError) as e:
+        except (Indeterminate, OSError, StorageError) as e:
             cause = storage_cause(e)
             if cause is None or not is_access_error(cause):
                 raise

@@ -13,6 +13,13 @@ What always holds:
   the *same* commit (same id, same parts) to the newer state; data blobs are never rewritten on
   retry. A precondition failure (`UpperMismatch`, `StateConflict`, ...) is raised at once and
   is determinate: nothing landed.
+- A race reported lost is not trusted blindly either (a consensus may have been misled by a
+  request its client library retried): the next attempt returns at once if the newest
+  state's last commit is this commit (free), and, unless the consensus declares its lost
+  races certain (`Consensus.certain_lost_races`: the blob consensus reads every "exists"
+  back), a precondition failure after a lost race is reported only once the log after the
+  version that race built on is read and does not hold the commit id (that path only): a
+  landed-then-"lost" commit is neither refused nor applied twice.
 - An ambiguous attempt (the consensus raised `Indeterminate` or an `OSError`) is resolved by
   looking for the commit's id in the log before anything else: if it landed, its state is
   returned; if not, the commit is tried again. Only when the outcome stays unknown (the
@@ -49,7 +56,7 @@ from persistshard.core.statemachine import leases
 from persistshard.core.statemachine import state as st
 from persistshard.core.statemachine.state import Commit, Entry, ShardState
 from persistshard.core.storage import layout, metrics
-from persistshard.core.storage.blob import Blob
+from persistshard.core.storage.blob import Blob, is_certain_refusal
 from persistshard.core.storage.consensus import (
     Consensus,
     VersionedData,
@@ -66,6 +73,7 @@ from persistshard.errors import (
     NotSealed,
     StateConflict,
     UpperMismatch,
+    storage_error,
 )
 from persistshard.format.memo import BytesMemo
 
@@ -352,6 +360,7 @@ class StateMachine:
         compare-and-set and no read).
         """
         ambiguous_after: int | None = None  # the head before the first ambiguous attempt
+        lost_after: int | None = None  # the version the first lost race built on
         unknown: BaseException | None = None
         failures = 0
         losses = 0
@@ -369,9 +378,14 @@ class StateMachine:
                     landed = self.find_commit(commit.id, ambiguous_after)
                     if landed is not None:
                         return landed
+                elif lost_after is not None and current.last_commit == commit.id:
+                    return current  # the "lost" race was lost to this very commit: landed
             except OSError as e:
                 if ambiguous_after is None:
-                    raise  # nothing was tried yet: determinate, nothing landed
+                    # Nothing was tried yet: determinate, nothing landed.
+                    if is_certain_refusal(e):
+                        raise storage_error(e, self.location, f"commit {commit.kind}") from e
+                    raise
                 unknown = e
                 failures += 1
                 if failures >= MAX_STORAGE_FAILURES:
@@ -387,17 +401,45 @@ class StateMachine:
             try:
                 leases.check_commit(current, stamped, self.location)
                 new = st.apply(current, stamped, self.location)
+                st.check_transition(current, new, stamped, self.location)  # before any write
             except DETERMINATE_REFUSALS:
                 if fresh:
                     # Planned on ``base``, which may be stale (a renewal, a seal or a merge by
                     # another handle since): refuse only on the newest state.
                     continue
+                if (
+                    lost_after is not None
+                    and ambiguous_after is None
+                    and not self.consensus.certain_lost_races
+                ):
+                    # A race reported lost may have been lost to this commit itself (a
+                    # consensus misled by a retried request): a precondition failing now
+                    # may be its own effect. Look before refusing (this path only).
+                    landed = self.find_commit(commit.id, lost_after)
+                    if landed is not None:
+                        log.warning(
+                            "%s: commit %s was reported as a lost race but had landed",
+                            self.location,
+                            commit.id,
+                        )
+                        return landed
                 raise
-            st.check_transition(current, new, stamped, self.location)  # before any write
             rollup = self._rollup
             if new.version % ROLLUP_EVERY == 0:
                 key = rollup_key(new.version)
-                self.blob.put(key, st.encode_rollup(new))
+                try:
+                    self.blob.put(key, st.encode_rollup(new))
+                except OSError as e:
+                    if ambiguous_after is None:  # determinate: this commit wrote no entry
+                        if is_certain_refusal(e):
+                            raise storage_error(e, self.location, f"commit {commit.kind}") from e
+                        raise
+                    # An earlier attempt may have landed: unknown, as a failed read-back.
+                    unknown = e
+                    failures += 1
+                    if failures >= MAX_STORAGE_FAILURES:
+                        break
+                    continue
                 rollup = (new.version, key)
             if current.version == 0:
                 mark_log_home(self.blob, self.consensus, self.location)
@@ -421,6 +463,8 @@ class StateMachine:
                 SHARED_STATES.put(self.consensus, VersionedData(new.version, encoded), new, rollup)
                 return new
             losses += 1
+            if lost_after is None:
+                lost_after = current.version
             metrics.REGISTRY.inc("commit_retries")
             log.info(
                 "%s: commit %s lost a race at version %d; retrying",
@@ -449,6 +493,20 @@ class StateMachine:
         )
 
     def delete_parts(self, keys: Iterable[str]) -> None:
-        """Delete parts that no state references (after a refused commit)."""
+        """Delete parts that no state references (after a refused commit). Best effort: a
+        delete the storage refuses (read-only, permissions) or fails leaves the rest to gc,
+        logged once, and never hides the refusal the caller is about to see."""
+        failed: list[tuple[str, OSError]] = []
         for key in keys:
-            self.blob.delete(key)
+            try:
+                self.blob.delete(key)
+            except OSError as e:
+                failed.append((key, e))
+        if failed:
+            log.warning(
+                "%s: could not delete %d unreferenced parts (first %s: %s); gc removes them",
+                self.location,
+                len(failed),
+                failed[0][0],
+                failed[0][1],
+            )

@@ -19,6 +19,11 @@ Contract (every implementation; tested by `persistshard.conformance`):
 - ``list(prefix)`` returns every key under ``prefix`` with its size, in key order, except
   temporary ``.tmp-`` objects of puts in progress (`list_temporary` lists those, for gc).
 - There are no appends and no in-place rewrites.
+- Errors are ``OSError`` (`is_certain_refusal` tells those that certainly applied nothing),
+  except that a local put whose own temporary file was deleted twice before it could be
+  published (gc with a retention shorter than the write) is `StorageError` (nothing
+  published); once, it is written again. A local ``put_if_absent`` whose ``link`` reports
+  EEXIST for the put's own file (NFS: a retried link whose first reply was lost) is created.
 - Durability: once ``put`` or ``put_if_absent`` returns, the object survives a crash of the
   process or the machine (local files: the data and the directory entry were fsynced, see
   `_publish_local`; S3: a successful PutObject is durable; memory: nothing survives the
@@ -30,6 +35,7 @@ Contract (every implementation; tested by `persistshard.conformance`):
 from __future__ import annotations
 
 import builtins
+import errno
 import logging
 import os
 import posixpath
@@ -37,7 +43,7 @@ import threading
 import time
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,7 +51,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
-from persistshard.errors import StorageUnsupported
+from persistshard.errors import StorageError, StorageUnsupported, is_access_error
 
 log = logging.getLogger("persistshard.core.storage.blob")
 
@@ -73,6 +79,24 @@ def _s3fs_atomic() -> bool:
     except ImportError:
         return False
     return _version_tuple(getattr(s3fs, "__version__", "0")) >= MIN_S3FS
+
+
+#: errno values by which a storage refuses a request for certain, having applied nothing
+#: (besides permission errors: `is_certain_refusal`).
+REFUSAL_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT})
+
+
+def is_certain_refusal(error: BaseException) -> bool:
+    """Whether ``error`` (raised by a storage request) is a refusal that certainly applied
+    nothing and that retrying the same way cannot help: permission denied (also an S3 403,
+    which s3fs raises as `PermissionError`), a read-only file system, a full disk or quota,
+    missing or refused credentials. Timeouts, resets and other errors are not: the request
+    may have been applied."""
+    if isinstance(error, PermissionError):
+        return True
+    if isinstance(error, OSError) and error.errno in REFUSAL_ERRNOS:
+        return True
+    return is_access_error(error) and not isinstance(error, TimeoutError)
 
 
 def temporary_name() -> str:
@@ -153,6 +177,33 @@ def _make_dirs(directory: str) -> list[str]:
 def _publish_local(
     path: str, data: bytes, publish: Callable[[str, str], None], *, sync: bool = True
 ) -> None:
+    """`_publish_once`, written again once if its own temporary file vanished before it was
+    published (gc with a small retention, or a clock far ahead, took it for an abandoned
+    one): nothing was published then, so trying again is safe. Vanishing twice is
+    `StorageError` (nothing published), never a raw ``FileNotFoundError``."""
+    for attempt in range(2):
+        try:
+            _publish_once(path, data, publish, sync=sync)
+            return
+        except _TemporaryVanished as e:
+            log.warning("%s: its temporary file vanished before it was published (%s)", path, e)
+            if attempt:
+                raise StorageError(
+                    f"cannot write {path}: its temporary file was deleted twice before it "
+                    "could be published (is gc running with a retention shorter than a "
+                    "write takes, or a clock far ahead?); nothing was published, retry",
+                    location=os.path.dirname(path),
+                    cause=e,
+                ) from e
+
+
+class _TemporaryVanished(FileNotFoundError):
+    """The temporary file of a put was gone when it was to be published."""
+
+
+def _publish_once(
+    path: str, data: bytes, publish: Callable[[str, str], None], *, sync: bool = True
+) -> None:
     """Write ``data`` to a temporary sibling of ``path``, then ``publish(tmp, path)`` it
     (``os.replace``: atomic overwrite; ``os.link``: atomic create-if-absent). Readers never
     see a partial file; the temporary file is always removed.
@@ -193,7 +244,19 @@ def _publish_local(
             except OSError:
                 pass
         if not published:
-            publish(tmp, path)
+            try:
+                publish(tmp, path)
+            except FileNotFoundError as e:
+                if os.path.isdir(directory) and not os.path.lexists(tmp):
+                    raise _TemporaryVanished(e.errno, e.strerror, tmp) from e
+                raise
+            except FileExistsError:
+                # NFS: a link() the server applied whose reply was lost is retried by the
+                # client, and the retry reports EEXIST for the name it just made. The name
+                # on our temporary's inode is ours: created by this call.
+                if publish is not os.link or not _same_file(tmp, path):
+                    raise
+                log.info("%s: link reported EEXIST but the name is this put's own file", path)
     finally:
         try:
             os.unlink(tmp)
@@ -201,6 +264,14 @@ def _publish_local(
             pass  # replaced onto the key
     if sync:
         _sync_dirs([directory, *created])
+
+
+def _same_file(a: str, b: str) -> bool:
+    """Whether ``a`` and ``b`` name the same file (inode), False if either is gone."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def _sync_dirs(directories: builtins.list[str]) -> None:
@@ -324,6 +395,13 @@ class Blob(ABC):
         before cleaning up (with their write time where known); none by default."""
         return []
 
+    def probe_key(self) -> Hashable | None:
+        """What names the store behind this blob for the atomic-create probe
+        (`persistshard.core.storage.consensus.check_atomic_create`): every blob with the same
+        key honours a conditional create if one does, so a process probes each key once.
+        None (the default): unknown, probed once per consensus object."""
+        return None
+
 
 class BlobWrapper(Blob):
     """A blob that forwards every call to ``inner``: subclass it and override what changes
@@ -370,6 +448,11 @@ class BlobWrapper(Blob):
 
     def list_temporary(self) -> builtins.list[BlobMeta]:
         return self.inner.list_temporary()
+
+    def probe_key(self) -> Hashable | None:
+        """The inner's: a wrapper observes or fails calls but keeps their meaning (one that
+        changes what a conditional create does must return its own key, or None)."""
+        return self.inner.probe_key()
 
 
 class FsspecBlob(Blob):
@@ -520,6 +603,22 @@ class FsspecBlob(Blob):
             rel = path[len(root) :].lstrip("/") if root else path.lstrip("/")
             out.append((rel, int(info.get("size") or 0), _info_ms(info)))
         return out
+
+    def probe_key(self) -> Hashable:
+        """(protocol, endpoint, bucket): S3 and other object stores by their endpoint and
+        bucket (the first path segment); local files by the file system (its device)."""
+        if self._local:
+            path = self.root or "/"
+            while not os.path.exists(path) and os.path.dirname(path) != path:
+                path = os.path.dirname(path)
+            try:
+                return ("file", "", os.stat(path).st_dev)
+            except OSError:
+                return ("file", "", path)
+        options = getattr(self.fs, "storage_options", {}) or {}
+        client = options.get("client_kwargs") or {}
+        endpoint = client.get("endpoint_url") or options.get("endpoint_url") or ""
+        return (self._protocol, str(endpoint), self.root.strip("/").split("/", 1)[0])
 
     def list(self, prefix: str = "") -> list[BlobMeta]:
         out = [

@@ -27,12 +27,20 @@ relies on:
   first. So an entry is trusted only if a floor read *after* reading (or creating) it is
   ``<= v``; `head` and `scan` check that, and a compare-and-set that created ``v`` does too.
 - A compare-and-set reads the floor after its put-if-absent, and before it too unless it
-  builds on the entry the same object last wrote or trusted (an expected version below the
-  floor is no longer the head: False, nothing written). A created entry that fails the
+  builds on the entry the same object last wrote or trusted less than
+  `TRUST_OWN_ENTRY_SECONDS` ago (an expected version below the floor is no longer the head:
+  False, nothing written; so a handle whose state predates a truncation is refused
+  determinately, never left `Indeterminate`). A created entry that fails the
   check is withdrawn (it is below the floor either way) and its successor, if that is
   trusted, tells which case it was: each entry's header names its predecessor's digest, so a
   successor naming another entry proves a re-creation (False), one naming this entry proves
   the commit landed and the log moved on (True); no trusted successor: `Indeterminate`.
+- A put-if-absent that reports "exists", or fails, is never taken at its word: client
+  libraries retry behind our back (S3: the first PUT applied, its answer lost, the retry
+  gets 412; NFS: EEXIST from a retried link), so the entry is read back, and if it holds
+  this call's own bytes (unique: the commit carries its id and time) it was created by this
+  call. Other bytes are a lost race (False); nothing readable is `Indeterminate`. One get,
+  on that path only.
 
 Finding the head does not list the log: versions are created one after another and only ever
 deleted from below, so the retained versions are contiguous up to the head. A hint (the last
@@ -42,7 +50,12 @@ The hint may be stale but never makes the answer wrong: probing always reaches t
 and the floor check rejects a probe that ended on a stale re-creation (probing then starts
 again from the floor). Each head and scan lists ``consensus/floor/`` (a few markers at most)
 once, each compare-and-set once after its put (and once before, unless it builds on the entry
-this object wrote or trusted last).
+this object wrote or trusted last, moments ago).
+Before its first write, each `BlobConsensus` makes sure its store honours a conditional
+create (`check_atomic_create`: a probe under a temporary key, once per process and store), so
+storage that ignores ``If-None-Match`` is `StorageUnsupported` before anything is published.
+A certain refusal of the storage (permission denied, read-only, disk full) before or at the
+put is `StorageError` (nothing applied), never `Indeterminate`.
 ``consensus/HEAD`` is rewritten only at version 1 and every `HINT_EVERY`-th version (4: a
 quarter of the commits pay a third request beside their put-if-absent and floor list), so a
 fresh reader probes at most `HINT_EVERY` entries past it (each probe one get: the trade is a
@@ -61,11 +74,15 @@ import hashlib
 import json
 import logging
 import re
+import threading
+import time
+import uuid
 from abc import ABC, abstractmethod
+from collections.abc import Hashable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from persistshard.core.storage.blob import Blob
+from persistshard.core.storage.blob import Blob, is_certain_refusal, temporary_name
 from persistshard.core.storage.layout import (
     CONSENSUS_PREFIX,
     IDENTITY_KEY,
@@ -73,7 +90,13 @@ from persistshard.core.storage.layout import (
     ROLLUP_EVERY,
     new_id,
 )
-from persistshard.errors import CorruptData, Indeterminate, InvalidOption, StorageUnsupported
+from persistshard.errors import (
+    CorruptData,
+    Indeterminate,
+    InvalidOption,
+    StorageUnsupported,
+    storage_error,
+)
 
 log = logging.getLogger("persistshard.core.storage.consensus")
 
@@ -104,6 +127,15 @@ class Consensus(ABC):
         """Whether other processes see the same log (what Spark needs); declared by each
         implementation."""
         return True
+
+    @property
+    def certain_lost_races(self) -> bool:
+        """Whether a False from `compare_and_set` is certain: nothing of the call landed
+        (an implementation that checks what its storage reports, as `BlobConsensus` reads
+        back every "exists"). False (the default): a lost race may be a retried request that
+        met its own first delivery, so the state machine looks for the commit in the log
+        before it reports a refusal after one."""
+        return False
 
     @property
     def cache_key(self) -> str | None:
@@ -137,6 +169,10 @@ class Consensus(ABC):
         first = self.scan(1, 1)
         return first[0].version if first else None
 
+
+#: How long after this object wrote or trusted an entry a compare-and-set building on it
+#: skips the floor read before its put (see `BlobConsensus.compare_and_set`).
+TRUST_OWN_ENTRY_SECONDS = 0.5
 
 #: ``consensus/HEAD`` is written at version 1 and at every multiple of this (see above).
 HINT_EVERY = 4
@@ -179,6 +215,84 @@ def _unwrap(raw: bytes, key: str, location: str | None = None) -> tuple[str | No
     return prev, payload
 
 
+#: The stores (`Blob.probe_key`) this process found honouring a conditional create.
+ATOMIC_CREATE_CHECKED: set[Hashable] = set()
+_CHECKED_LOCK = threading.Lock()
+
+
+def _created(blob: Blob, key: str, data: bytes) -> bool:
+    """`Blob.put_if_absent`, read back when it says "exists" (a retried request may have
+    met its own first delivery). An ``OSError`` that the read-back cannot settle propagates."""
+    try:
+        created = blob.put_if_absent(key, data)
+    except StorageUnsupported:
+        raise
+    except OSError:
+        if blob.get(key) == data:
+            return True
+        raise
+    return created or blob.get(key) == data
+
+
+def probe_atomic_create(blob: Blob) -> None:
+    """Create a fresh key, create it again with other bytes, read it: raise
+    `StorageUnsupported` unless the second create was refused and the first bytes stayed
+    (an S3-compatible endpoint that ignores ``If-None-Match`` accepts both).
+
+    The key is ``consensus/.tmp-<time><random>-probe``: inside the shard's own prefixes and a
+    temporary name, so a crash that leaves it behind leaves neither a foreign file (which
+    would refuse creating a shard) nor anything a shard reads; gc removes old temporaries.
+    It is deleted afterwards. Lost responses and the client's own retries are tolerated
+    (read back); an ``OSError`` that leaves the answer unknown propagates."""
+    key = f"{CONSENSUS_PREFIX}{temporary_name()}-probe"
+    first, second = f"probe {uuid.uuid4().hex}".encode(), b"second"
+    try:
+        if not _created(blob, key, first):
+            raise StorageUnsupported(
+                "an exclusive create of a new key reported that the key exists; the default "
+                "consensus needs an atomic put-if-absent",
+                location=blob.url,
+            )
+        try:
+            again: bool | None = blob.put_if_absent(key, second)
+        except StorageUnsupported:
+            raise
+        except OSError:
+            again = None  # what is stored now tells
+        kept = blob.get(key)
+    finally:
+        try:
+            blob.delete(key)
+        except OSError as e:
+            log.info("%s: could not remove the probe %s (%s); gc removes it", blob.url, key, e)
+    if again or kept != first:
+        log.warning("%s: the storage accepted a second exclusive create of %s", blob.url, key)
+        raise StorageUnsupported(
+            "the storage accepted a second exclusive create of the same key (it ignores the "
+            "condition If-None-Match, or has no atomic put-if-absent): two writers could both "
+            "commit the same version and acknowledged commits would be lost. Use storage "
+            "with an atomic put-if-absent (S3, local files) or a database consensus "
+            "(consensus=postgresql://... or sqlite:///...)",
+            location=blob.url,
+        )
+
+
+def check_atomic_create(blob: Blob) -> None:
+    """`probe_atomic_create`, once per process and store (`Blob.probe_key`; a blob without a
+    key is probed each time). Only a passing probe is remembered: a store that failed it is
+    refused again on every write."""
+    key = blob.probe_key()
+    if key is not None:
+        with _CHECKED_LOCK:
+            if key in ATOMIC_CREATE_CHECKED:
+                return
+    probe_atomic_create(blob)
+    log.debug("%s: conditional create honoured (probed)", blob.url)
+    if key is not None:
+        with _CHECKED_LOCK:
+            ATOMIC_CREATE_CHECKED.add(key)
+
+
 class BlobConsensus(Consensus):
     """The default consensus: one object per version under ``consensus/`` of the shard's blob.
 
@@ -201,8 +315,11 @@ class BlobConsensus(Consensus):
         # (version, digest) of the newest *trusted* entry this object read or wrote (checked
         # against the floor): the predecessor digest of its next compare-and-set.
         self._seen: tuple[int, str] | None = None
+        self._seen_at = 0.0  # when ``_seen`` was read or written (monotonic clock)
         # The highest floor this object has read (the floor only rises).
         self._floor_seen = 0
+        # Whether this object's store passed the atomic-create probe (before its first write).
+        self._create_checked = False
         # The entries the last `head` read while probing for the head, kept for the `scan`
         # that follows it (a state read scans the entries from the newest rollup on, the
         # probe's among them: up to `HINT_EVERY` gets twice). Consumed by that scan.
@@ -210,6 +327,10 @@ class BlobConsensus(Consensus):
 
     def entry_name(self, version: int) -> str:
         return _key(version)
+
+    @property
+    def certain_lost_races(self) -> bool:
+        return True  # every "exists" and every failed create is read back (`_read_back`)
 
     @property
     def cache_key(self) -> str:
@@ -316,6 +437,7 @@ class BlobConsensus(Consensus):
                 # truncated before that read, or the floor would be above it.
                 self._hint = found.version
                 self._seen = (found.version, found.digest)
+                self._seen_at = time.monotonic()
                 return found
             start = floor  # a stale re-creation: the log moved on and was truncated
         raise Indeterminate(
@@ -325,14 +447,41 @@ class BlobConsensus(Consensus):
         )
 
     def compare_and_set(self, expected: int | None, data: bytes) -> bool:
+        try:
+            return self._compare_and_set(expected, data)
+        except OSError as e:
+            # Raised before the put-if-absent (every later error is read back or wrapped):
+            # nothing was written. A certain refusal is said so, once.
+            if is_certain_refusal(e):
+                raise storage_error(e, self.blob.url, "commit (nothing was applied)") from e
+            raise
+
+    def _compare_and_set(self, expected: int | None, data: bytes) -> bool:
+        if not self._create_checked:
+            # Before the first write: a store that ignores the condition is refused here,
+            # before anything is published. Probed on the store itself, not through the
+            # request counting of operations (its cost is once per process and store).
+            from persistshard.core.storage.metrics import unwrap_blob
+
+            check_atomic_create(unwrap_blob(self.blob))
+            self._create_checked = True
         base = expected or 0
         prev_digest: str | None = None
-        if base > 0 and self._seen is not None and self._seen[0] == base:
-            # The entry this object last wrote or trusted (entries are immutable): no floor
-            # read first. If truncation passed ``base`` since, the put-if-absent below either
-            # finds the entry after it (the floor is at most the head: False) or re-creates a
-            # truncated one, which the floor read after it withdraws. A writer committing
-            # again and again thus pays two requests and a floor list, not two lists.
+        if (
+            base > 0
+            and self._seen is not None
+            and self._seen[0] == base
+            and time.monotonic() - self._seen_at < TRUST_OWN_ENTRY_SECONDS
+        ):
+            # The entry this object last wrote or trusted, moments ago (entries are
+            # immutable): no floor read first. If truncation passed ``base`` since, the
+            # put-if-absent below either finds the entry after it (the floor is at most the
+            # head: False) or re-creates a truncated one, which the floor read after it
+            # withdraws (a truncation inside this short window may leave that
+            # `Indeterminate`, as any truncation racing the call does). A writer committing
+            # again and again thus pays two requests and a floor list, not two lists. An
+            # older entry may predate a whole truncation: the floor is read first, so a
+            # handle whose state is older than a truncation gets a determinate False.
             prev_digest = self._seen[1]
         else:
             if base > 0:
@@ -350,9 +499,10 @@ class BlobConsensus(Consensus):
         except StorageUnsupported:
             raise
         except OSError as e:
-            raise Indeterminate(
-                f"writing consensus version {new_version} failed ({e}); it may have been applied"
-            ) from e
+            created = self._read_back(new_version, raw, e)
+        else:
+            if not created:
+                created = self._read_back(new_version, raw, None)
         if not created:
             return False
         digest = VersionedData(new_version, data).digest
@@ -369,8 +519,55 @@ class BlobConsensus(Consensus):
                 f"failed ({e}); it may have been applied"
             ) from e
         self._seen = (new_version, digest)
+        self._seen_at = time.monotonic()
         self._write_hint(new_version)
         return True
+
+    def _read_back(self, version: int, raw: bytes, error: OSError | None) -> bool:
+        """Whether the entry of ``version`` is the one this call tried to create (``raw``),
+        after its put-if-absent reported "exists" (``error`` None) or failed (``error``).
+
+        A client library retries behind our back: the server applied the first request, its
+        answer was lost, and the retry reports "exists" (S3: 412; NFS: EEXIST) for our own
+        object, or the call times out after it was applied. The entry's bytes are unique
+        (the commit carries its own id and time), so equal bytes prove it is ours: True.
+        Other bytes: another writer won, certainly (False). Missing, or unreadable: nothing
+        tells, `Indeterminate` (the caller resolves it by the commit id). Costs one get, on
+        this path only."""
+        try:
+            stored = self.blob.get(_key(version))
+        except OSError as e:
+            raise Indeterminate(
+                f"writing consensus version {version} "
+                + (f"failed ({error})" if error is not None else "reported it exists")
+                + f" and reading it back failed ({e}); it may have been applied",
+                location=self.blob.url,
+            ) from (error or e)
+        if stored == raw:
+            log.info(
+                "%s: consensus version %d %s, but holds this call's own entry (a retried "
+                "request whose first answer was lost): created",
+                self.blob.url,
+                version,
+                f"failed ({error})" if error is not None else "reported it exists",
+            )
+            return True
+        if stored is not None:
+            return False  # another writer's entry: a lost race, certainly
+        if error is not None and is_certain_refusal(error):
+            # Permission denied, read-only, disk full: refused, and nothing is there.
+            raise storage_error(error, self.blob.url, "commit (nothing was applied)") from error
+        if error is None:
+            # It existed, and is gone: truncated since (the log moved past it).
+            raise Indeterminate(
+                f"consensus version {version} reported it exists, and was truncated before it "
+                "could be read back; whether it was this commit is unknown",
+                location=self.blob.url,
+            )
+        raise Indeterminate(
+            f"writing consensus version {version} failed ({error}); it may have been applied",
+            location=self.blob.url,
+        ) from error
 
     def _built_on(self, version: int, digest: str) -> bool:
         """Whether the entry this object created at ``version``, now below the floor, was the
@@ -472,6 +669,10 @@ class MemoryConsensus(Consensus):
     @property
     def shared(self) -> bool:
         return False  # a list in this process
+
+    @property
+    def certain_lost_races(self) -> bool:
+        return True  # a list under a lock: nothing is lost between the call and its answer
 
     def head(self) -> VersionedData | None:
         with self._lock:

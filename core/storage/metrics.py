@@ -41,7 +41,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from persistshard.core.storage.blob import Blob, BlobMeta, BlobWrapper
+from persistshard.core.storage.blob import Blob, BlobMeta, BlobWrapper, is_certain_refusal
+from persistshard.errors import storage_error
 
 if TYPE_CHECKING:
     from persistshard.core.statemachine.state import ShardState
@@ -215,13 +216,23 @@ T = TypeVar("T")
 
 
 def operation_method(name: str) -> Callable[[F], F]:
-    """Decorate a method so that each call runs in its own operation scope (`operation`)."""
+    """Decorate a method so that each call runs in its own operation scope (`operation`).
+    A storage refusal that is certain (`persistshard.core.storage.blob.is_certain_refusal`:
+    permission denied, read-only, disk full) escaping the operation is `StorageError`,
+    named after the operation and the object's ``location``: every path that writes before
+    it commits (parts, rollups, merged parts) refuses the same way."""
 
     def wrap(fn: F) -> F:
         @functools.wraps(fn)
         def inner(*args: Any, **kwargs: Any) -> Any:
             with operation(name):
-                return fn(*args, **kwargs)
+                try:
+                    return fn(*args, **kwargs)
+                except OSError as e:
+                    if not is_certain_refusal(e):
+                        raise
+                    location = getattr(args[0], "location", None) if args else None
+                    raise storage_error(e, location, name) from e
 
         return inner  # type: ignore[return-value]
 

@@ -1,0 +1,130 @@
+"""A storage refusal that is certain (permission denied, read-only, disk full) is
+`StorageError` with nothing applied, logged once, never `Indeterminate` (issue 36, item 4);
+a put whose own temporary file vanished is retried once or refused, never a raw
+`FileNotFoundError` (item 2's last part).
+
+Tests run as root, where a read-only directory is writable anyway: the refusals are injected
+by a blob wrapper that raises exactly what the operating system raises."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+
+import pyarrow as pa
+import pytest
+
+from persistshard.core.shard import Shard
+from persistshard.core.storage import blob as blob_module
+from persistshard.core.storage.blob import Blob, BlobWrapper
+from persistshard.errors import Indeterminate, StorageError
+
+REFUSALS = {
+    "EROFS": lambda key: OSError(errno.EROFS, "Read-only file system", key),
+    "EACCES": lambda key: PermissionError(errno.EACCES, "Permission denied", key),
+    "ENOSPC": lambda key: OSError(errno.ENOSPC, "No space left on device", key),
+}
+
+
+class Refusing(BlobWrapper):
+    """Every write is refused by the storage with ``error`` (reads work): a read-only mount,
+    a directory without write permission, a full disk."""
+
+    def __init__(self, inner: Blob, error: str) -> None:
+        super().__init__(inner)
+        self.make = REFUSALS[error]
+        self.refused = 0
+
+    def _refuse(self, key: str) -> OSError:
+        self.refused += 1
+        return self.make(key)
+
+    def put(self, key: str, data: bytes) -> None:
+        raise self._refuse(key)
+
+    def put_hint(self, key: str, data: bytes) -> None:
+        raise self._refuse(key)
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        raise self._refuse(key)
+
+    def delete(self, key: str) -> None:
+        raise self._refuse(key)
+
+
+def store_errors(caplog) -> int:
+    return sum("store error" in r.getMessage() for r in caplog.records)
+
+
+@pytest.fixture
+def existing(tmp_path) -> str:
+    """A shard with a few versions, written before its storage turned read-only."""
+    location = str(tmp_path / "shard")
+    shard = Shard(location)
+    for i in range(3):
+        shard.compare_and_append(pa.table({"id": [i], "_time": [i], "_diff": [1]}), i, i + 1)
+    return location
+
+
+@pytest.mark.parametrize("error", sorted(REFUSALS))
+@pytest.mark.parametrize("inline", [True, False], ids=["inline", "parts"])
+def test_append_on_refusing_storage_is_storage_error(existing, caplog, error, inline):
+    """Before: ~1000 "store error" lines, then `Indeterminate` (inline) or a raw OSError."""
+    caplog.set_level(logging.WARNING)
+    blob = Refusing(Blob(existing), error)
+    shard = Shard(existing, blob=blob, inline_bytes=None if inline else 0)
+    with pytest.raises(StorageError) as info:
+        shard.append(pa.table({"id": [9]}))
+    assert not isinstance(info.value, Indeterminate)
+    assert os.strerror(REFUSALS[error]("k").errno) in str(info.value)
+    assert blob.refused <= 3 and store_errors(caplog) <= 3
+    assert Shard(existing).upper == 3  # nothing applied
+
+
+@pytest.mark.parametrize("error", ["EROFS", "EACCES"])
+def test_first_write_on_refusing_storage_is_storage_error(tmp_path, caplog, error):
+    caplog.set_level(logging.WARNING)
+    location = str(tmp_path / "new")
+    shard = Shard(location, blob=Refusing(Blob(location), error))
+    with pytest.raises(StorageError):
+        shard.append(pa.table({"id": [1]}))
+    assert store_errors(caplog) <= 3
+
+
+@pytest.mark.parametrize("error", ["EROFS", "ENOSPC"])
+def test_compact_on_refusing_storage_is_storage_error(existing, error):
+    """Before: a raw OSError."""
+    shard = Shard(existing, blob=Refusing(Blob(existing), error))
+    with pytest.raises(StorageError):
+        shard.compact()
+    assert Shard(existing).upper == 3
+
+
+def test_put_whose_temporary_vanished_is_retried(tmp_path, monkeypatch):
+    """gc (with a small retention) deleted a young ``.tmp-`` file between its write and its
+    link: the put writes it again once; when it keeps vanishing, `StorageError`."""
+    real_link = os.link
+    vanish = {"times": 1}
+
+    def link(src: str, dst: str) -> None:
+        if vanish["times"] > 0 and os.path.basename(src).startswith(".tmp-"):
+            vanish["times"] -= 1
+            os.unlink(src)  # what gc did
+        real_link(src, dst)
+
+    monkeypatch.setattr(blob_module.os, "link", link)
+    blob = Blob(str(tmp_path / "b"))
+    blob.put_if_absent("consensus/v1", b"one")
+    assert blob.get("consensus/v1") == b"one"
+    vanish["times"] = 1
+    blob.put("parts/p", b"part")
+    assert blob.get("parts/p") == b"part"
+    vanish["times"] = 10
+    with pytest.raises(StorageError, match="temporary"):
+        blob.put_if_absent("consensus/v2", b"two")
+    assert blob.get("consensus/v2") is None
+    shard_location = str(tmp_path / "shard")
+    vanish["times"] = 1
+    Shard(shard_location, inline_bytes=0).append(pa.table({"id": [1]}))
+    assert Shard(shard_location).upper == 1
