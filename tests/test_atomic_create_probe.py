@@ -51,11 +51,11 @@ def test_probe_runs_once_per_process_and_store(tmp_path):
 
     first = Shard(str(tmp_path / "a"), blob=Counting(Blob(str(tmp_path / "a"))))
     first.compare_and_append(ROWS, 0, 1)
-    assert Counting.creates == 3  # the probe's two, then the entry
+    assert Counting.creates == 4  # the probe's two, the identity marker, then the entry
     second = Shard(str(tmp_path / "b"), blob=Counting(Blob(str(tmp_path / "b"))))
     second.compare_and_append(ROWS, 0, 1)
     second.compare_and_append(ROWS.set_column(1, "_time", pa.array([1])), 1, 2)
-    assert Counting.creates == 5  # same file system: no second probe
+    assert Counting.creates == 7  # same file system: no second probe (marker, 2 entries)
     assert len(consensus_module.ATOMIC_CREATE_CHECKED) == 1
 
 

@@ -405,7 +405,13 @@ class Blob(ABC):
 
 class BlobWrapper(Blob):
     """A blob that forwards every call to ``inner``: subclass it and override what changes
-    (fault injection, crash simulation, progress counting). Capabilities are the inner's."""
+    (fault injection, crash simulation, progress counting). Capabilities are the inner's.
+
+    A wrapper that only observes (counts or times requests, changes no answer) sets
+    ``observes_only``; `unobserved` looks through such wrappers, and only through them."""
+
+    #: True for a wrapper whose every answer is its inner's (request counting).
+    observes_only = False
 
     def __init__(self, inner: Blob) -> None:
         self.inner = inner
@@ -453,6 +459,15 @@ class BlobWrapper(Blob):
         """The inner's: a wrapper observes or fails calls but keeps their meaning (one that
         changes what a conditional create does must return its own key, or None)."""
         return self.inner.probe_key()
+
+
+def unobserved(blob: Blob) -> Blob:
+    """``blob`` without the wrappers that only observe it (`BlobWrapper.observes_only`), for
+    requests that must not be counted as an operation's (the atomic-create probe). Wrappers
+    that change answers (fault injection, crash cuts) stay."""
+    while isinstance(blob, BlobWrapper) and blob.observes_only:
+        blob = blob.inner
+    return blob
 
 
 class FsspecBlob(Blob):

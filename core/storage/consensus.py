@@ -82,7 +82,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from persistshard.core.storage.blob import Blob, is_certain_refusal, temporary_name
+from persistshard.core.storage.blob import Blob, is_certain_refusal, temporary_name, unobserved
 from persistshard.core.storage.layout import (
     CONSENSUS_PREFIX,
     IDENTITY_KEY,
@@ -456,15 +456,17 @@ class BlobConsensus(Consensus):
                 raise storage_error(e, self.blob.url, "commit (nothing was applied)") from e
             raise
 
-    def _compare_and_set(self, expected: int | None, data: bytes) -> bool:
+    def check_store(self) -> None:
+        """Refuse a store whose conditional create is not exclusive (`check_atomic_create`)
+        before this object's first write of anything: the shard's identity marker
+        (`mark_log_home`) or a log entry. Probed on the store itself, not through the request
+        counting of operations (its cost is once per process and store)."""
         if not self._create_checked:
-            # Before the first write: a store that ignores the condition is refused here,
-            # before anything is published. Probed on the store itself, not through the
-            # request counting of operations (its cost is once per process and store).
-            from persistshard.core.storage.metrics import unwrap_blob
-
-            check_atomic_create(unwrap_blob(self.blob))
+            check_atomic_create(unobserved(self.blob))
             self._create_checked = True
+
+    def _compare_and_set(self, expected: int | None, data: bytes) -> bool:
+        self.check_store()  # before the first write: nothing is published on a lying store
         base = expected or 0
         prev_digest: str | None = None
         if (
@@ -874,6 +876,7 @@ def mark_log_home(blob: Blob, consensus: Consensus, location: str) -> LogHome:
       racing the first write there cannot be told apart by such storage: best effort).
     Returns the recorded identity. Costs one put-if-absent (a get more if it exists)."""
     if isinstance(consensus, BlobConsensus):
+        consensus.check_store()  # a store that ignores the condition gets no marker either
         mine = LogHome(BLOB_LOG, None, None, "the default consensus, next to its data")
     elif isinstance(consensus, DatabaseLog):
         mine = LogHome(DATABASE_LOG, None, consensus.database_id(), consensus.redacted)
@@ -882,7 +885,17 @@ def mark_log_home(blob: Blob, consensus: Consensus, location: str) -> LogHome:
     found: LogHome | None
     if blob.supports_atomic_create:
         record = replace(mine, shard_id=new_id())
-        created = blob.put_if_absent(LOG_HOME_KEY, record.encode())
+        try:
+            created = blob.put_if_absent(LOG_HOME_KEY, record.encode())
+        except OSError as e:
+            # The answer may be lost while the marker was made: read it back (ours, or a
+            # racing writer's, decides as "exists" would); nothing there: the error stands.
+            if is_certain_refusal(e):
+                raise
+            log.info("%s: creating %s failed (%s); reading it back", location, LOG_HOME_KEY, e)
+            if read_log_home(blob, location) is None:
+                raise
+            created = False
         found = record if created else read_log_home(blob, location)
     else:
         found = read_log_home(blob, location)

@@ -267,6 +267,8 @@ class CountingBlob(BlobWrapper):
     otherwise exactly its inner blob (same contract, capabilities and errors; other
     attributes, such as an fsspec blob's ``fs`` and ``root``, are the inner's)."""
 
+    observes_only = True
+
     def __getattr__(self, name: str) -> Any:
         if name == "inner":  # not set yet (unpickling): never recurse
             raise AttributeError(name)
