@@ -709,7 +709,13 @@ class Shard:
         check_updates_range(state, from_time, to_time, self.location)
         q = updates_query(state, from_time, to_time, self.location)
         return Scan(
-            self.blob, self.location, state, q, columns=columns, filter=filter, newest=self.machine.state
+            self.blob,
+            self.location,
+            state,
+            q,
+            columns=columns,
+            filter=filter,
+            newest=self.machine.state,
         )
 
     # --- inspection ---------------------------------------------------------------------

@@ -98,9 +98,7 @@ def test_a_change_scan_consumed_after_gc_is_version_collected(tmp_path, clock):
     assert shard.scan_updates(0, 4).to_arrow().num_rows == 4
 
 
-def test_a_scan_that_meets_a_collected_part_while_iterating_is_version_collected(
-    tmp_path, clock
-):
+def test_a_scan_that_meets_a_collected_part_while_iterating_is_version_collected(tmp_path, clock):
     location = str(tmp_path / "s")
     shard = ps.open_shard(location, maintenance=False)
     n = 30  # more parts than a scan reads ahead of its consumer
@@ -133,14 +131,12 @@ def test_listen_that_loses_a_race_with_gc_delivers_on_the_next_call(tmp_path, cl
     with reader.listen(3, timeout=0) as listener:
         with pytest.raises(VersionCollected) as info:
             next(listener)
-        assert "read again" in str(info.value)
+        assert "read again" in str(info.value) and location in str(info.value)
         updates, frontier = next(listener)  # nothing was delivered: it reads again
         assert frontier == 4 and updates.num_rows == 4
 
 
-def test_the_spark_reader_task_that_meets_a_collected_part_is_version_collected(
-    tmp_path, clock
-):
+def test_the_spark_reader_task_that_meets_a_collected_part_is_version_collected(tmp_path, clock):
     from pyspark.sql.types import LongType, StructField, StructType
 
     from persistshard.datasource.reader import PersistShardReader, read_partition
@@ -172,7 +168,8 @@ def test_a_part_missing_from_the_newest_version_stays_corrupt_on_every_path(tmp_
     shard = ps.open_shard(str(location), maintenance=False)
     for t in range(3):
         shard.append(table(t))
-    reader = PersistShardReader({"path": str(location)}, StructType([StructField("id", LongType())]))
+    schema = StructType([StructField("id", LongType())])
+    reader = PersistShardReader({"path": str(location)}, schema)
     partitions = reader.partitions()
     scan = shard.scan()
     (location / shard.state().trace[0].parts[0].key).unlink()
@@ -188,9 +185,7 @@ def test_a_part_missing_from_the_newest_version_stays_corrupt_on_every_path(tmp_
         assert not isinstance(info.value, StateConflict)
 
 
-def test_a_missing_part_of_the_newest_version_is_corrupt_even_when_pinned_earlier(
-    tmp_path, clock
-):
+def test_a_missing_part_of_the_newest_version_is_corrupt_even_when_pinned_earlier(tmp_path, clock):
     """The pinned version was replaced, but not its part: the newest version names it too,
     so its absence is damage, not a race."""
     location = tmp_path / "s"

@@ -57,7 +57,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from persistshard.core.read.filters import Pred, bind, conjunction, disjunction, evaluate
-from persistshard.core.read.race import Newest, pinned_read
 from persistshard.core.read.plan import (
     READ_AHEAD,
     Job,
@@ -73,6 +72,7 @@ from persistshard.core.read.plan import (
     run_ahead,
     with_snapshot_time,
 )
+from persistshard.core.read.race import Newest, pinned_read
 from persistshard.core.rows import DIFF, TIME
 from persistshard.core.statemachine.state import ShardState
 from persistshard.core.write.correction import Correction
