@@ -197,3 +197,51 @@ def test_a_missing_part_of_the_newest_version_is_corrupt_even_when_pinned_earlie
     (location / shard.state().trace[0].parts[0].key).unlink()
     with pytest.raises(CorruptData):
         scan.to_arrow()
+
+
+class GcAtFirstRollupRead(BlobWrapper):
+    """A blob that runs ``before`` once, just before the first read of a state rollup."""
+
+    def __init__(self, location: str, before: Callable[[], None]) -> None:
+        super().__init__(open_blob(location))
+        self.before: Callable[[], None] | None = before
+
+    def get(self, key: str) -> bytes | None:
+        if key.startswith("rollups/") and self.before is not None:
+            before, self.before = self.before, None
+            before()
+        return super().get(key)
+
+
+def test_a_state_read_whose_rollup_gc_removed_while_the_head_moved_reads_the_new_head(
+    tmp_path, clock
+):
+    """One level down: the state read itself (a head whose entry names a rollup, which gc
+    removes once writers moved past the next rollup) starts again from the new head rather
+    than report `CorruptData` (`StateMachine._read_state`)."""
+    from persistshard.core.statemachine.machine import SHARED_STATES
+    from persistshard.core.storage.layout import ROLLUP_EVERY
+
+    location = str(tmp_path / "s")
+    writer = ps.open_shard(location, maintenance=False)
+    for t in range(ROLLUP_EVERY + 1):  # the head names the rollup of version ROLLUP_EVERY
+        writer.append(table(t))
+    removed: list[str] = []
+
+    def move_on_and_collect() -> None:
+        other = ps.open_shard(location, maintenance=False)
+        for _ in range(ROLLUP_EVERY):
+            other.append(table(other.upper))
+        clock.advance(2000)
+        other.append(table(other.upper))
+        removed.extend(other.gc(dry_run=False, retention_seconds=0).rollups)
+        SHARED_STATES.clear()
+
+    SHARED_STATES.clear()  # as in a fresh process: the reader rebuilds the state from a rollup
+    reader = ps.Shard(
+        location, blob=GcAtFirstRollupRead(location, move_on_and_collect), maintenance=False
+    )
+    state = reader.state()
+    assert removed, "gc removed no rollup under the reader"
+    assert state.version == 2 * ROLLUP_EVERY + 2 == ps.open_shard(location).state().version
+    assert reader.snapshot().num_rows == 2 * ROLLUP_EVERY + 2
