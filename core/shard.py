@@ -645,7 +645,7 @@ class Shard:
             if state.upper == 0:
                 return _snapshot_schema(state.schema).empty_table()
             as_of = state.upper - 1
-        with pinned_read(state.version, self.machine.state, self.location):  # collected: VersionCollected
+        with pinned_read(state.version, self.machine.state, self.location):  # VersionCollected
             return read_query(self.blob, state, snapshot_query(state, as_of, self.location))
 
     def updates(self, from_time: int, to_time: int) -> pa.Table:
@@ -664,7 +664,7 @@ class Shard:
         if from_time == to_time:
             return update_schema(state.schema).empty_table()
         q = updates_query(state, from_time, to_time, self.location)
-        with pinned_read(state.version, self.machine.state, self.location):  # collected: VersionCollected
+        with pinned_read(state.version, self.machine.state, self.location):  # VersionCollected
             return read_query(self.blob, state, q)
 
     def scan(
