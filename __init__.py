@@ -28,6 +28,7 @@ from persistshard.errors import (
     StorageError,
     StorageUnsupported,
     UpperMismatch,
+    VersionCollected,
 )
 
 __version__ = "0.1.0"
@@ -52,6 +53,7 @@ __all__ = [
     "StorageUnsupported",
     "UpperMismatch",
     "VerifyReport",
+    "VersionCollected",
     "__version__",
     "metrics",
     "metrics_collector",

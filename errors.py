@@ -71,7 +71,12 @@ class InvalidUpdates(PersistShardError):
 
 
 class CorruptData(PersistShardError):
-    """Stored bytes fail a checksum, magic number or length check; names the file and chunk."""
+    """Stored bytes fail a checksum, magic number or length check; names the file and chunk.
+
+    ``missing`` says the file is absent rather than damaged (a part the read's state names
+    is not on storage). A read pinned to an older version tells a race with gc from damage
+    by it (`persistshard.core.read.race`): the first becomes `VersionCollected`.
+    """
 
     def __init__(
         self,
@@ -80,9 +85,11 @@ class CorruptData(PersistShardError):
         file: str | None = None,
         chunk: int | None = None,
         location: str | None = None,
+        missing: bool = False,
     ) -> None:
         self.file = file
         self.chunk = chunk
+        self.missing = missing
         where = []
         if file is not None:
             where.append(f"file {file}")
@@ -143,6 +150,31 @@ class StateConflict(PersistShardError):
 
     Determinate: nothing was applied; the outputs it wrote are deleted.
     """
+
+
+class VersionCollected(StateConflict):
+    """A read lost a race with gc: the state version it pinned was replaced (by a compaction,
+    an overwrite) more than the retention window ago, and gc deleted a part only that version
+    named. Nothing is wrong with the shard and nothing was returned: read again (a new read
+    pins the newest version). Names the shard, the pinned and newest versions and the part.
+
+    A `StateConflict` (its input is no longer current, run it again); a part that the newest
+    version still names and storage lacks stays `CorruptData`.
+    """
+
+    def __init__(
+        self, version: int, newest: int, part: str, *, location: str | None = None
+    ) -> None:
+        self.version = version
+        self.newest = newest
+        self.part = part
+        super().__init__(
+            f"the read pinned version {version}, which was replaced (the shard is at version "
+            f"{newest}) longer ago than the retention window, and gc has deleted its part "
+            f"{part}; the read lost a race with gc and returned nothing, the shard is intact: "
+            "read again (a read pinned longer than gc's retention_seconds can meet this)",
+            location=location,
+        )
 
 
 class NoShard(PersistShardError):
@@ -311,5 +343,6 @@ __all__ = [
     "StorageError",
     "StorageUnsupported",
     "UpperMismatch",
+    "VersionCollected",
     "WriterAlreadyCommitted",
 ]

@@ -54,6 +54,7 @@ from persistshard.core.read.plan import (
     snapshot_query,
     updates_query,
 )
+from persistshard.core.read.race import pinned_read
 from persistshard.core.read.scan import Scan
 from persistshard.core.rows import DIFF, TIME, consolidate
 from persistshard.core.statemachine import state as st
@@ -731,7 +732,8 @@ class Shard:
             if state.upper == 0:
                 return _snapshot_schema(state.schema).empty_table()
             as_of = state.upper - 1
-        return read_query(self.blob, state, snapshot_query(state, as_of, self.location))
+        with pinned_read(state.version, self.machine.state, self.location):  # VersionCollected
+            return read_query(self.blob, state, snapshot_query(state, as_of, self.location))
 
     def updates(self, from_time: int, to_time: int) -> pa.Table:
         """Rows + ``_time`` + ``_diff`` for every update whose time, forwarded to since, is in
@@ -749,7 +751,8 @@ class Shard:
         if from_time == to_time:
             return update_schema(state.schema).empty_table()
         q = updates_query(state, from_time, to_time, self.location)
-        return read_query(self.blob, state, q)
+        with pinned_read(state.version, self.machine.state, self.location):  # VersionCollected
+            return read_query(self.blob, state, q)
 
     def scan(
         self,
@@ -769,7 +772,15 @@ class Shard:
             query = snapshot_query(state, at, self.location, with_diff=with_diff)
         else:  # nothing written or sealed yet: an empty answer
             query = Query("snapshot", as_of=-1, since=state.since, with_diff=with_diff)
-        return Scan(self.blob, self.location, state, query, columns=columns, filter=filter)
+        return Scan(
+            self.blob,
+            self.location,
+            state,
+            query,
+            columns=columns,
+            filter=filter,
+            newest=self.machine.state,
+        )
 
     def scan_updates(
         self,
@@ -784,7 +795,15 @@ class Shard:
         state = self._require_shard(self.machine.state())
         check_updates_range(state, from_time, to_time, self.location)
         q = updates_query(state, from_time, to_time, self.location)
-        return Scan(self.blob, self.location, state, q, columns=columns, filter=filter)
+        return Scan(
+            self.blob,
+            self.location,
+            state,
+            q,
+            columns=columns,
+            filter=filter,
+            newest=self.machine.state,
+        )
 
     # --- inspection ---------------------------------------------------------------------
 

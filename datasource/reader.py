@@ -88,6 +88,7 @@ from persistshard.core.read.plan import (
     updates_query,
     with_snapshot_time,
 )
+from persistshard.core.read.race import pinned_read
 from persistshard.core.rows import DIFF, TIME
 from persistshard.core.shard import Shard, open_shard
 from persistshard.core.statemachine.state import ShardState
@@ -207,9 +208,17 @@ def plan_partitions(
 def read_partition(
     p: ShardPartition, blob: Blob | None = None, *, as_multiset: bool = False
 ) -> pa.Table:
-    """The consolidated rows of one partition (`core.read.read_task`)."""
+    """The consolidated rows of one partition (`core.read.read_task`). A part gc collected
+    after the driver pinned the partition's version is `VersionCollected` (run the query
+    again), a part the newest version names that is missing `CorruptData`
+    (`persistshard.core.read.race`)."""
     blob = blob if blob is not None else open_shard(p.location, **p.storage_options).blob
-    return read_task(blob, p.task, as_multiset=as_multiset)
+
+    def newest() -> ShardState:
+        return open_shard(p.location, **p.storage_options).state()
+
+    with pinned_read(p.version, newest, p.location):
+        return read_task(blob, p.task, as_multiset=as_multiset)
 
 
 # --- the where option ----------------------------------------------------------------------
@@ -513,18 +522,21 @@ class PersistShardReader(DataSourceReader):
         q = partition.query
         target = arrow_schema_of(self.schema)
         result_filter = partition.result_filter
-        blob = open_shard(partition.location, **partition.storage_options).blob
+        shard = open_shard(partition.location, **partition.storage_options)
         multiset = DIFF not in target.names
-        for table in iter_task(blob, partition.task, as_multiset=multiset):
-            if result_filter is not None:
-                table = filter_table(with_snapshot_time(table, q), result_filter)
-            if q.mode == "snapshot" and multiset:
-                table = expand_rows(table, partition.location, q.as_of)
-            if TIME in target.names:
-                table = with_snapshot_time(table, q)
-            check_not_null(table, target, partition.location)
-            table = conform(table, target)
-            yield from table.to_batches(max_chunksize=BATCH_ROWS)
+        # The driver pinned the version in partitions(): a part gc collected since is
+        # VersionCollected (the text Spark shows starts with it: run the query again).
+        with pinned_read(partition.version, shard.state, partition.location):
+            for table in iter_task(shard.blob, partition.task, as_multiset=multiset):
+                if result_filter is not None:
+                    table = filter_table(with_snapshot_time(table, q), result_filter)
+                if q.mode == "snapshot" and multiset:
+                    table = expand_rows(table, partition.location, q.as_of)
+                if TIME in target.names:
+                    table = with_snapshot_time(table, q)
+                check_not_null(table, target, partition.location)
+                table = conform(table, target)
+                yield from table.to_batches(max_chunksize=BATCH_ROWS)
 
 
 def check_not_null(table: pa.Table, target: pa.Schema, location: str) -> None:

@@ -87,6 +87,18 @@ def state_conflict(shard: ps.Shard, tmp_path) -> None:
     shard.machine.commit(Commit("compact", new_id(), args))
 
 
+def version_collected(shard: ps.Shard, tmp_path) -> None:
+    """A scan pinned to a version that a compaction replaced and gc then collected."""
+    import time
+
+    scan = shard.scan()
+    shard.compact()
+    time.sleep(0.01)  # the replaced version's parts are older than gc's floor
+    shard.append(updates([(3, "c", 2, 1)]))
+    assert shard.gc(dry_run=False, retention_seconds=0).parts
+    scan.to_arrow()
+
+
 def hold_expired(shard: ps.Shard, tmp_path) -> None:
     hold = shard.register_reader("r")
     hold.expire()
@@ -171,6 +183,7 @@ TRIGGERS: dict[str, Callable[..., None]] = {
     "StorageUnsupported": storage_unsupported,
     "Indeterminate": indeterminate,
     "StateConflict": state_conflict,
+    "VersionCollected": version_collected,
     "HoldExpired": hold_expired,
     "WriterAlreadyCommitted": writer_already_committed,
     "NegativeDiff": negative_diff,
@@ -181,7 +194,13 @@ TRIGGERS: dict[str, Callable[..., None]] = {
     "CommitDeadline": commit_deadline,
 }
 #: What changes the shard by design before the error (so "unchanged" is judged after it).
-CHANGES_FIRST = {"SinceViolation", "HoldExpired", "WriterAlreadyCommitted", "NegativeDiff"}
+CHANGES_FIRST = {
+    "SinceViolation",
+    "HoldExpired",
+    "WriterAlreadyCommitted",
+    "NegativeDiff",
+    "VersionCollected",
+}
 
 
 def test_every_error_class_has_a_trigger():

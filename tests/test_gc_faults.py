@@ -80,10 +80,6 @@ def _replace_parts_under_a_pinned_read(location: str, clock) -> tuple[ps.Shard, 
     return shard, scan
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 36 item 2 not done yet: a read whose pinned parts gc deleted is CorruptData",
-)
 def test_a_read_that_loses_a_race_with_gc_is_retryable_not_corrupt(tmp_path, clock):
     shard, scan = _replace_parts_under_a_pinned_read(str(tmp_path / "s"), clock)
     with pytest.raises(StateConflict) as info:

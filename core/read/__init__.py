@@ -5,6 +5,8 @@
 - `filters`: exact row predicates and statistics-based chunk skipping.
 - `scan`: lazy, streamed, projected and filtered reads for Python engines.
 - `listen`: a subscription to a shard's changes, holding since while it runs.
+- `race`: a read whose pinned version gc collected under it gets `VersionCollected` (read
+  again); a part the newest version names that is missing stays `CorruptData`.
 
 Invariant: a read sees exactly one state version, never a mix.
 """

@@ -13,7 +13,9 @@ What always holds:
   block) releases the hold; a listener that dies lets its lease run out.
 - A delivery is never lost to a failure after its updates were read: moving the hold is
   best effort (a failed move keeps since lower until the next delivery moves it), and a
-  failure before the read leaves the frontier where it was, so the next call reads again.
+  failure before the read leaves the frontier where it was, so the next call reads again:
+  a read that lost a race with gc (`VersionCollected`, `persistshard.core.read.race`) is
+  such a failure, and the next call delivers.
 - Waiting polls the shard's upper with exponential backoff and renews the lease while it waits;
   ``timeout`` (seconds, None for ever) ends the iteration when nothing new arrives in time.
 """

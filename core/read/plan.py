@@ -27,7 +27,9 @@ Invariants this module keeps:
 What it relies on: parts are sorted by (row, time) and consolidated within themselves
 (`persistshard.core.storage.parts`); chunk statistics bound the values they describe
 (`persistshard.format.stats`); every part a pinned state references stays on storage while the
-read runs (GC keeps what recent versions reference).
+read runs (GC keeps what recent versions reference). A read that outlives that finds a part
+missing (`CorruptData` with ``missing``); its caller, which knows how to read the newest state,
+turns that into `VersionCollected` when gc collected it (`persistshard.core.read.race`).
 """
 
 from __future__ import annotations

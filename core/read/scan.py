@@ -7,9 +7,11 @@ is consumed (`to_batches`, `to_arrow_batch_reader`, `to_arrow`, `to_pandas`, `to
 DuckDB, Polars, ``pyarrow.table``). Every consumption re-reads the same pinned version, so a
 scan can be consumed many times (DuckDB opens the stream once per query) and always answers
 the same. What it relies on: the pinned version's parts are still on storage, which gc
-guarantees only for its retention (an hour by default) after a newer version replaced them;
-a scan consumed later than that may meet `CorruptData` naming a collected part (hold the
-shard with `Shard.register_reader` to keep them longer).
+guarantees only for its retention (an hour by default) after a newer version replaced them.
+A scan consumed later than that may meet a part gc collected, at any point of the stream:
+it then raises `VersionCollected` (a `StateConflict`: read again with a new scan) naming the
+part, while a part the newest version still names that is missing stays `CorruptData`
+(`persistshard.core.read.race`; a reader hold keeps since, not replaced parts).
 
 What always holds:
 - The answer is the one `Shard.snapshot` / `Shard.updates` give for the same times, restricted
@@ -70,6 +72,7 @@ from persistshard.core.read.plan import (
     run_ahead,
     with_snapshot_time,
 )
+from persistshard.core.read.race import Newest, pinned_read
 from persistshard.core.rows import DIFF, TIME
 from persistshard.core.statemachine.state import ShardState
 from persistshard.core.write.correction import Correction
@@ -397,10 +400,14 @@ class Scan:
         columns: Sequence[str] | None = None,
         filter: Pred | pc.Expression | None = None,
         task_bytes: int | None = None,
+        newest: Newest | None = None,
     ) -> None:
         self._blob = blob
         self.location = location
         self._state = state
+        #: Reads the shard's newest state: tells a part gc collected from a damaged shard
+        #: (`persistshard.core.read.race`); None: every missing part is `CorruptData`.
+        self._newest = newest
         self.query = query
         self._task_bytes = SCAN_TASK_BYTES if task_bytes is None else task_bytes
         stored = update_schema(state.schema if state.schema is not None else pa.schema([]))
@@ -504,6 +511,12 @@ class Scan:
     # --- consuming --------------------------------------------------------------------
 
     def _pieces(self) -> Iterator[pa.Table]:
+        """`_read_pieces`, where a part gc collected under the pinned version, met at any
+        point of the stream, is `VersionCollected` (`persistshard.core.read.race`)."""
+        with pinned_read(self._state.version, self._newest, self.location):
+            yield from self._read_pieces()
+
+    def _read_pieces(self) -> Iterator[pa.Table]:
         """The answer in consolidated pieces, shaped (`_shape`), in task order: a piece per
         chunk of a task that streams (`chunk_jobs`), the whole answer of one that does not,
         computed a few pieces ahead of the consumer (`run_ahead`)."""

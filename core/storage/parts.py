@@ -265,9 +265,12 @@ def open_part(
 ) -> PartReader:
     """A reader over ``ref`` that fetches bytes with ranged gets.
 
-    A part the state references but the storage lacks is `CorruptData` naming it (the state
-    promises it exists: something deleted it), never a raw ``FileNotFoundError``. An inline
-    part is read from its bytes in the state (no request).
+    A part the state references but the storage lacks is `CorruptData` naming it, with
+    ``missing`` set (the state promises it exists: something deleted it), never a raw
+    ``FileNotFoundError``. Whether that is damage or a read that outlived its version (gc
+    collected it) only the newest state can tell: readers that pinned a version ask
+    `persistshard.core.read.race`. An inline part is read from its bytes in the state (no
+    request).
 
     With ``mapped``, a part in a local directory (``blob.local_file``) is memory-mapped on its
     first read and every range is a view of the mapping: no copy into a new buffer (the
@@ -290,6 +293,7 @@ def open_part(
                 f"part {ref.key} is referenced by the shard's state but missing from storage",
                 file=ref.key,
                 location=blob.url,
+                missing=True,
             ) from None
 
     local = getattr(blob, "local_file", None)
