@@ -46,6 +46,7 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 #: The hash of a null value (any type).
 _NULL = np.uint64(0x6A09E667F3BCC909)
 _S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
+_ONES = np.uint64(_MASK)
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
@@ -54,11 +55,14 @@ def _mix(x: np.ndarray) -> np.ndarray:
     x = x * _M1
     x = x ^ (x >> _S27)
     x = x * _M2
-    return x ^ (x >> _S31)
+    out: np.ndarray = x ^ (x >> _S31)
+    return out
 
 
 def _seed(text: str) -> np.uint64:
-    return np.uint64(int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little"))
+    return np.uint64(
+        int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
+    )
 
 
 def _valid(arr: pa.Array) -> np.ndarray | None:
@@ -83,31 +87,38 @@ def _sum_runs(h: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray
     cs = np.empty(len(h) + 1, np.uint64)
     cs[0] = 0
     np.cumsum(h, out=cs[1:])  # unsigned: wraps modulo 2^64
-    return cs[ends] - cs[starts]
+    out: np.ndarray = cs[ends] - cs[starts]
+    return out
 
 
 def _bytes(offsets: np.ndarray, data: np.ndarray) -> np.ndarray:
     """Hashes of the byte strings ``data[offsets[i]:offsets[i + 1]]``, read 8 bytes at a time:
-    each word (zero-padded past the string's end) is mixed with its position in the string,
-    the words are summed and the sum mixed with the length."""
+    each word (zero-padded past the string's end) is mixed with how many bytes of the string
+    are left from it on (with the length, its position), the words are summed and the sum
+    mixed with the length."""
     offsets = offsets.astype(np.int64)
+    # Only this array's bytes (a slice shares its parent's whole buffer).
+    data = data[int(offsets[0]) : int(offsets[-1])]
+    offsets = offsets - offsets[0]
     starts, lens = offsets[:-1], offsets[1:] - offsets[:-1]
     words_per = (lens + 7) // 8
     first = np.cumsum(words_per) - words_per
-    total = int(words_per.sum()) if len(words_per) else 0
+    total = int(first[-1] + words_per[-1]) if len(words_per) else 0
     if total:
-        k = np.arange(total, dtype=np.int64) - np.repeat(first, words_per)
-        at = np.repeat(starts, words_per) + 8 * k
-        padded = np.zeros(len(data) + 8, np.uint8)
+        eights = np.arange(0, 8 * total, 8, dtype=np.int64)
+        at = np.repeat(starts - 8 * first, words_per) + eights
+        left = np.repeat(lens + 8 * first, words_per) - eights  # bytes left from this word on
+        padded = np.empty(len(data) + 8, np.uint8)
         padded[: len(data)] = data
+        padded[len(data) :] = 0
         unaligned = np.ndarray((len(padded) - 7,), dtype="<u8", buffer=padded, strides=(1,))
         words = unaligned[at]
-        left = np.repeat(lens, words_per) - 8 * k  # bytes of the string from this word on
-        short = left < 8
-        if short.any():
-            bits = (left[short] * 8).astype(np.uint64)
-            words[short] &= (np.uint64(1) << bits) - np.uint64(1)
-        h = _mix(words ^ _mix(k.astype(np.uint64) + _GOLDEN))
+        # Keep only the string's bytes of its last word (little-endian: the low ones).
+        nonempty = words_per > 0
+        last = (first + words_per - 1)[nonempty]
+        tail = (lens - 8 * (words_per - 1))[nonempty].astype(np.uint64)  # 1..8 bytes
+        words[last] &= _ONES >> (np.uint64(64) - tail * np.uint64(8))
+        h = _mix(words ^ (left.astype(np.uint64) * _GOLDEN))
     else:
         h = np.zeros(0, np.uint64)
     sums = _sum_runs(h, first, first + words_per)
@@ -140,8 +151,11 @@ def column_hashes(arr: pa.Array) -> np.ndarray:
     if pa.types.is_boolean(t):
         bits = np.asarray(pc.fill_null(arr, False).to_numpy(zero_copy_only=False), np.uint64)
         h = _mix(bits + _GOLDEN)
-    elif pa.types.is_string(t) or pa.types.is_binary(t) or pa.types.is_large_string(t) or (
-        pa.types.is_large_binary(t)
+    elif (
+        pa.types.is_string(t)
+        or pa.types.is_binary(t)
+        or pa.types.is_large_string(t)
+        or (pa.types.is_large_binary(t))
     ):
         wide = pa.types.is_large_string(t) or pa.types.is_large_binary(t)
         offsets = np.frombuffer(
@@ -151,10 +165,14 @@ def column_hashes(arr: pa.Array) -> np.ndarray:
         data = np.frombuffer(data_buf, np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
         h = _bytes(offsets, data)
     elif pa.types.is_string_view(t) or pa.types.is_binary_view(t):
-        return column_hashes(arr.cast(pa.large_string() if pa.types.is_string_view(t) else pa.large_binary()))
+        return column_hashes(
+            arr.cast(pa.large_string() if pa.types.is_string_view(t) else pa.large_binary())
+        )
     elif pa.types.is_fixed_size_binary(t) and not pa.types.is_decimal(t):
         width = t.byte_width
-        data = np.frombuffer(arr.buffers()[1], np.uint8)[arr.offset * width : (arr.offset + n) * width]
+        data = np.frombuffer(arr.buffers()[1], np.uint8)[
+            arr.offset * width : (arr.offset + n) * width
+        ]
         h = _bytes(np.arange(n + 1, dtype=np.int64) * width, data)
     elif pa.types.is_struct(t):
         h = np.full(n, _seed(str(t.num_fields)), np.uint64)
@@ -197,12 +215,13 @@ def row_hashes(batch: pa.RecordBatch | pa.Table) -> np.ndarray:
         column = batch.column(i)
         chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
         values = (
-            np.concatenate([column_hashes(c) for c in chunks])
-            if chunks
-            else np.zeros(0, np.uint64)
+            np.concatenate([column_hashes(c) for c in chunks]) if chunks else np.zeros(0, np.uint64)
         )
-        h = _mix(h + _mix(values ^ _seed(f"{i} {name}")))
-    return h
+        # Column hashes are already mixed: fold them in as a polynomial (an odd multiplier,
+        # so order matters and nothing is lost), then mix the row once.
+        h *= _M1
+        h += values ^ _seed(f"{i} {name}")
+    return _mix(h)
 
 
 @dataclass(frozen=True)

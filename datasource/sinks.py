@@ -22,8 +22,8 @@ from persistshard.core.statemachine.leases import holding
 from persistshard.core.statemachine.state import WriterBatch, WriterVerdict, judge_writer_batch
 from persistshard.core.storage.layout import new_id
 from persistshard.datasource import reclock
-from persistshard.datasource.replay import DigestedTask, Digesting, identity_of, task_query_id
 from persistshard.datasource.options import WriteOptions, find_location, storage_errors
+from persistshard.datasource.replay import DigestedTask, Digesting, identity_of, task_query_id
 from persistshard.datasource.view import commit_complete
 from persistshard.datasource.writer import (
     TaskWritten,
@@ -191,7 +191,8 @@ def judge_micro_batch(
         what,
         writer[1],
         writer[0],
-        "query" if recorded is not None and recorded.query_id == writer.identity.query_id
+        "query"
+        if recorded is not None and recorded.query_id == writer.identity.query_id
         else "rows",
     )
     for m in present:
@@ -207,8 +208,9 @@ class PersistShardStreamWriter(DataSourceStreamArrowWriter):
     Spark's checkpoint). Only the recorded batch id can be a replay, and only of the same
     query or the same rows: then it is a no-op and its parts are deleted. A lower id, or the
     recorded one with other rows from another query, means the checkpoint was lost: the
-    commit is refused naming it, nothing written (`judge_writer_batch`). Rows without a time column are written at the shard's upper as seen by
-    the micro-batch's tasks (micro-batches run one after the other).
+    commit is refused naming it, nothing written (`judge_writer_batch`). Rows without a time
+    column are written at the shard's upper as seen by the micro-batch's tasks (micro-batches
+    run one after the other).
 
     In ``outputMode("complete")`` each micro-batch's output is the desired contents of the
     table: its rows are staged, and the commit writes only the difference from the shard's

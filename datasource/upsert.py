@@ -262,8 +262,7 @@ def _apply(
             )
             if verdict == WriterVerdict.REPLAY:
                 log.info(
-                    "%s: upsert batch %d of writer %s already committed; a replay, nothing "
-                    "written",
+                    "%s: upsert batch %d of writer %s already committed; a replay, nothing written",
                     shard.location,
                     writer[1],
                     writer[0],
@@ -350,9 +349,7 @@ class UpsertStreamWriter(DataSourceStreamArrowWriter):
     def write(self, iterator: Any) -> DigestedTask:
         from persistshard.datasource.sinks import _batch_id
 
-        return upsert_stream_task(
-            self.options, self.schema, iterator, _batch_id(), task_query_id()
-        )
+        return upsert_stream_task(self.options, self.schema, iterator, _batch_id(), task_query_id())
 
     def commit(self, messages: list[Any], batchId: int) -> None:
         _, spec, d = plan_upsert(self.options, self.schema, False, streaming=True)

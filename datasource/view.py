@@ -14,13 +14,12 @@ micro-batch.
    (`persistshard.datasource.replay`), the micro-batch was committed before (Spark replays a
    batch whose commit it did not see): nothing is written. A lower batch id, or this one with
    other rows from another query, means the checkpoint was lost: refused naming it, nothing
-   written (`persistshard.core.statemachine.state.judge_writer_batch`). Otherwise the staged chains are
-   merged, streaming and within ``memory_budget``, against the parts of the newest state
-   (`persistshard.core.write.diff`), the difference is written at ``t = upper``, and one
-   compare-and-append moves the upper to ``t + 1`` and records ``(writer_id, batchId)``
-   with the batch's identity.
-   If another writer moved the upper in between, the diff is computed again against the
-   newer contents (the desired contents do not depend on the shard's time).
+   written (`persistshard.core.statemachine.state.judge_writer_batch`). Otherwise the staged
+   chains are merged, streaming and within ``memory_budget``, against the parts of the newest
+   state (`persistshard.core.write.diff`), the difference is written at ``t = upper``, and one
+   compare-and-append moves the upper to ``t + 1`` and records ``(writer_id, batchId)`` with
+   the batch's identity. If another writer moved the upper in between, the diff is computed
+   again against the newer contents (the desired contents do not depend on the shard's time).
 
 Invariants: after the commit of micro-batch ``b`` at time ``t``, the snapshot at ``t`` is
 exactly ``b``'s output; ``updates(t_a + 1, t_b + 1)`` between two micro-batches holds only

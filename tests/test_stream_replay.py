@@ -22,6 +22,7 @@ from persistshard.datasource.options import WriteOptions
 from persistshard.datasource.sinks import PersistShardStreamWriter
 from persistshard.errors import InvalidUpdates
 
+
 @pytest.fixture
 def location(tmp_path) -> str:
     return str(tmp_path / "shard")
@@ -52,7 +53,6 @@ def ids_of(shard: ps.Shard) -> Counter:
 
 
 # --- the digest -----------------------------------------------------------------------------
-
 
 
 def table() -> pa.Table:
@@ -90,7 +90,9 @@ def test_digest_ignores_partitioning_and_row_order():
     assert whole.rows == t.num_rows
     # Sliced arrays (offsets inside a shared buffer) hash as their values.
     assert replay.Digest.of_batches([t.slice(1).combine_chunks().to_batches()[0]]) == (
-        replay.Digest.of_batches(pa.Table.from_pylist(t.slice(1).to_pylist(), t.schema).to_batches())
+        replay.Digest.of_batches(
+            pa.Table.from_pylist(t.slice(1).to_pylist(), t.schema).to_batches()
+        )
     )
 
 
@@ -279,12 +281,16 @@ def test_stream_restarted_without_checkpoint_never_drops_rows(spark, tmp_path):
             .trigger(availableNow=True)
             .start(out)
         )
-        q.awaitTermination(180)
+        try:
+            q.awaitTermination(180)
+        except Exception as e:  # a failed query raises here
+            return e
         return q.exception()
 
     assert run("earliest", "ingest") is None
     shard = ps.open_shard(out)
     assert shard.state().writers["ingest"] == 1
+    assert shard.state().writer_batches["ingest"].query_id  # Spark's query id reached the sink
     shutil.rmtree(chk)
     append_records(str(src), "t", 0, ["r4", "r5"])
     error = run('{"t:0": 4}', "ingest")

@@ -343,7 +343,7 @@ class WriterBatch(tuple[str, int]):
         self.identity = identity
         return self
 
-    def __getnewargs__(self) -> tuple[str, int, BatchIdentity]:  # type: ignore[override]
+    def __getnewargs__(self) -> tuple[str, int, BatchIdentity]:
         return (self[0], self[1], self.identity)
 
 
