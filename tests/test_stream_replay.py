@@ -300,3 +300,66 @@ def test_stream_restarted_without_checkpoint_never_drops_rows(spark, tmp_path):
     assert run('{"t:0": 4}', "ingest-2") is None
     got = Counter(r["v"] for r in shard.snapshot().to_pylist() for _ in range(r["_diff"]))
     assert got == Counter(f"r{i}" for i in range(6))
+
+
+# --- the record in the state (the compare-and-set's own check) -------------------------------
+
+
+def test_state_records_the_identity_and_judges_at_the_compare_and_set(location, clock):
+    """The sink's check before the commit can race; the state machine applies the same rule,
+    so a commit that raced a lost checkpoint is refused there, and a raced replay is a no-op.
+    The record is additive: a state without identities encodes and decodes as before."""
+    from conformance_helpers import updates
+
+    from persistshard.core.statemachine import state as st
+    from persistshard.errors import WriterAlreadyCommitted
+
+    shard = ps.open_shard(location)
+    first = st.BatchIdentity(digest="v1:1:00000000000000aa", query_id="q-1")
+
+    def append(writer) -> None:
+        t = shard.upper
+        shard.compare_and_append(updates([(t, "x", t, 1)]), t, t + 1, writer=writer)
+
+    def attempt(writer):
+        state = shard.state()
+        batch = st.Batch("b", state.upper, state.upper + 1, ())
+        return st.apply(
+            state, st.append_commit("c", state.upper, state.upper + 1, batch, None, None, writer)
+        )
+
+    append(("plain", 0))
+    assert "writer_batches" not in shard.state().to_json()  # encoded as before identities
+    append(st.WriterBatch("w", 0, first))
+    state = shard.state()
+    assert state.writer_batches == {"w": first}
+    assert st.ShardState.from_json(state.to_json()).writer_batches == {"w": first}
+    old = state.to_json()
+    del old["writer_batches"]  # a state stored before this change
+    assert st.ShardState.from_json(old).writer_batches == {}
+
+    for same in (
+        st.WriterBatch("w", 0, first),  # the same batch again
+        st.WriterBatch("w", 0, st.BatchIdentity(digest="v1:2:01", query_id="q-1")),  # same query
+        st.WriterBatch("w", 0, st.BatchIdentity(digest=first.digest, query_id="q-2")),  # rows
+        ("w", 0),  # a caller that does not know the identity
+    ):
+        with pytest.raises(WriterAlreadyCommitted):
+            attempt(same)
+    other = st.BatchIdentity(digest="v1:1:00000000000000bb", query_id="q-2")
+    with pytest.raises(InvalidUpdates, match="restarted without its checkpoint"):
+        attempt(st.WriterBatch("w", 0, other))
+    version = shard.state().version
+    with pytest.raises(InvalidUpdates, match="checkpoint"):
+        append(st.WriterBatch("w", 0, other))  # through the shard: refused, nothing applied
+    assert shard.state().version == version
+    append(("w", 1))  # a batch of unknown identity: the old identity goes with the old batch
+    assert "w" not in shard.state().writer_batches
+    with pytest.raises(InvalidUpdates, match="below the last one it committed"):
+        attempt(("w", 0))
+    # Records expire with their identities (the state check refuses an orphaned identity).
+    append(st.WriterBatch("w", 2, first))
+    clock.ms += st.WRITER_RECORD_MS + 1
+    for _ in range(st.PRUNE_EVERY):
+        shard.append(updates([(9, "plain", shard.upper, 1)]))
+    assert shard.state().writers == {} and shard.state().writer_batches == {}
