@@ -19,8 +19,11 @@ value, a string's bytes and length, a list's elements and their positions, a str
 `Digest.text` is versioned (``v1:...``), and a digest of another version parses as unknown
 (`Digest.parse` gives None), never as a different value. The hash is a checksum, not a
 cryptographic one: it tells a replay from a different batch, not from an adversary.
-Cost: about 30 ms per million rows of (int64, ~16-byte string, float64) on one core (see
-tests/test_stream_replay.py), next to writing the same rows as a part.
+Cost, measured (process CPU time, medians, pyarrow 26, 10,000-row batches as Spark hands them
+over): about 40 ms per million rows of (BIGINT, 16-character STRING, DOUBLE), against about
+110-130 ms for the task's own sort, encode and write of the same rows (`write_task`); a
+minimal Arrow writer through Spark (local[2]) takes about 0.5 s per million such rows before
+any sink work. Strings cost most (8 bytes per step); fixed-width columns a few ms.
 """
 
 from __future__ import annotations

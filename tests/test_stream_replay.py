@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 import shutil
 from collections import Counter
+from decimal import Decimal
 
 import pyarrow as pa
 import pytest
@@ -69,6 +70,20 @@ def table() -> pa.Table:
             ),
             "bin": pa.array([b"\x00", b"\x00\x00", None, b"", b"xyz", b"\x00"]),
             "d": pa.array([1, 2, 3, 4, 5, 1], pa.date32()),
+            "dec": pa.array(
+                [Decimal("1.50"), Decimal("-2.00"), None, Decimal("0"), Decimal("9.99")]
+                + [Decimal("1.50")],
+                pa.decimal128(10, 2),
+            ),
+            "ls": pa.array([["ab", "c"], ["abc"], [], None, ["c", "ab"], ["ab", "c"]]),
+            "m": pa.array(
+                [[("k", 1)], [], None, [("k", 2), ("j", 1)], [("j", 1)], [("k", 1)]],
+                pa.map_(pa.string(), pa.int32()),
+            ),
+            "ts": pa.array([10, 20, None, 40, 50, 10], pa.timestamp("us", tz="UTC")),
+            "big": pa.array(["x" * 20, "y", None, "", "x" * 19, "x" * 20], pa.large_string()),
+            "fsb": pa.array([b"ab", b"ba", None, b"aa", b"bb", b"ab"], pa.binary(2)),
+            "_diff": pa.array([1, 1, 2, -1, 1, 1], pa.int64()),
         }
     )
 
