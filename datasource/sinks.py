@@ -152,9 +152,7 @@ def stream_task(
     )
 
 
-def judge_micro_batch(
-    shard: Shard, writer: WriterBatch, present: list[Any], what: str = "micro-batch"
-) -> bool:
+def judge_micro_batch(shard: Shard, writer: WriterBatch, present: list[Any]) -> bool:
     """Whether ``writer``'s micro-batch must be committed (True) or is a replay (False: its
     staged ``present`` parts are deleted, and it is logged); a batch that is neither is
     refused (`InvalidUpdates` naming the checkpoint, `judge_writer_batch`) after its parts
@@ -176,24 +174,22 @@ def judge_micro_batch(
         and recorded.digest != writer.identity.digest
     ):
         log.warning(
-            "%s: %s %d of writer %s replayed by the same query with other rows (%s, recorded "
-            "%s): a nondeterministic query; the committed rows stay",
+            "%s: micro-batch %d of writer %s replayed by the same query with other rows (%s, "
+            "recorded %s): a nondeterministic query; the committed rows stay",
             shard.location,
-            what,
             writer[1],
             writer[0],
             writer.identity.digest,
             recorded.digest,
         )
+    same_query = recorded is not None and recorded.query_id is not None
+    same_query = same_query and recorded.query_id == writer.identity.query_id
     log.info(
-        "%s: %s %d of writer %s already committed (same %s); a replay, nothing written",
+        "%s: micro-batch %d of writer %s already committed (%s); a replay, nothing written",
         shard.location,
-        what,
         writer[1],
         writer[0],
-        "query"
-        if recorded is not None and recorded.query_id == writer.identity.query_id
-        else "rows",
+        "same query" if same_query else "same rows, or identity not recorded",
     )
     for m in present:
         sweep_write(shard, m.write_id, set())

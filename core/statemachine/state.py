@@ -388,7 +388,7 @@ def judge_writer_batch(
         what = (
             f"micro-batch {batch_id} of streaming writer {writer_id!r} is the batch id the "
             f"shard recorded last, but with other rows ({_digest_rows(identity.digest)} vs "
-            f"{_digest_rows(recorded.digest)} recorded) from another query"
+            f"{_digest_rows(recorded.digest)} recorded), not from the same query"
         )
     else:
         what = (
