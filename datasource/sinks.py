@@ -182,8 +182,8 @@ def judge_micro_batch(shard: Shard, writer: WriterBatch, present: list[Any]) -> 
             writer.identity.digest,
             recorded.digest,
         )
-    same_query = recorded is not None and recorded.query_id is not None
-    same_query = same_query and recorded.query_id == writer.identity.query_id
+    recorded_query = recorded.query_id if recorded is not None else None
+    same_query = recorded_query is not None and recorded_query == writer.identity.query_id
     log.info(
         "%s: micro-batch %d of writer %s already committed (%s); a replay, nothing written",
         shard.location,

@@ -65,14 +65,19 @@ def table() -> pa.Table:
             "b": pa.array([True, False, None, True, False, True]),
             "l": pa.array([[1, 2], [], None, [3], [2, 1], [1, 2]], pa.list_(pa.int32())),
             "st": pa.array(
-                [{"x": 1, "y": "p"}, None, {"x": None, "y": "q"}, {"x": 2, "y": None}] * 1
-                + [{"x": 1, "y": "p"}, {"x": 1, "y": "p"}]
+                [
+                    {"x": 1, "y": "p"},
+                    None,
+                    {"x": None, "y": "q"},
+                    {"x": 2, "y": None},
+                    {"x": 1, "y": "p"},
+                    {"x": 1, "y": "p"},
+                ]
             ),
             "bin": pa.array([b"\x00", b"\x00\x00", None, b"", b"xyz", b"\x00"]),
             "d": pa.array([1, 2, 3, 4, 5, 1], pa.date32()),
             "dec": pa.array(
-                [Decimal("1.50"), Decimal("-2.00"), None, Decimal("0"), Decimal("9.99")]
-                + [Decimal("1.50")],
+                [Decimal(x) if x else None for x in ("1.50", "-2", "", "0", "9.99", "1.50")],
                 pa.decimal128(10, 2),
             ),
             "ls": pa.array([["ab", "c"], ["abc"], [], None, ["c", "ab"], ["ab", "c"]]),
