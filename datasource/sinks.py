@@ -17,14 +17,15 @@ from typing import Any
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter
 from pyspark.sql.types import StructType
 
-from persistshard.core.shard import open_shard
+from persistshard.core.shard import Shard, open_shard
 from persistshard.core.statemachine.leases import holding
+from persistshard.core.statemachine.state import WriterBatch, WriterVerdict, judge_writer_batch
 from persistshard.core.storage.layout import new_id
 from persistshard.datasource import reclock
 from persistshard.datasource.options import WriteOptions, find_location, storage_errors
+from persistshard.datasource.replay import DigestedTask, Digesting, identity_of, task_query_id
 from persistshard.datasource.view import commit_complete
 from persistshard.datasource.writer import (
-    StreamTaskWritten,
     TaskWritten,
     apply_retention,
     check_location,
@@ -118,13 +119,94 @@ def _batch_id() -> int:
     return int(value)
 
 
+def stream_task(
+    opts: WriteOptions,
+    schema: StructType,
+    complete: bool,
+    batches: Any,
+    batch_id: int,
+    query_id: str | None,
+) -> DigestedTask:
+    """One task of micro-batch ``batch_id`` (not reclocked): its rows written as parts under a
+    write id naming the writer and the batch, reported with their digest and the query id."""
+    shard = open_shard(opts.location, **opts.storage_options)
+    d = describe_write(opts, schema, complete, shard)
+    write_id = f"{new_id()[:12]}{opts.writer_id}-{batch_id}-{uuid.uuid4().hex[:8]}"
+    d = replace(d, write_id=_safe_id(write_id))
+    rows = Digesting(batches)
+    try:
+        out = write_task(d, rows, d.lower)
+    except InvalidUpdates as e:
+        if BELOW_LOWER not in e.detail:
+            raise
+        raise restarted_without_checkpoint(e, shard, opts.writer_id or "", batch_id) from None
+    return DigestedTask(
+        out.sealed,
+        out.unsealed,
+        out.max_time,
+        out.rows_in,
+        d.lower,
+        d.write_id,
+        digest=rows.digest.text(),
+        query_id=query_id,
+    )
+
+
+def judge_micro_batch(shard: Shard, writer: WriterBatch, present: list[Any]) -> bool:
+    """Whether ``writer``'s micro-batch must be committed (True) or is a replay (False: its
+    staged ``present`` parts are deleted, and it is logged); a batch that is neither is
+    refused (`InvalidUpdates` naming the checkpoint, `judge_writer_batch`) after its parts
+    are deleted: nothing is written."""
+    state = shard.state()
+    try:
+        verdict = judge_writer_batch(state, writer[0], writer[1], writer.identity, shard.location)
+    except InvalidUpdates:
+        for m in present:
+            sweep_write(shard, m.write_id, set())
+        raise
+    if verdict == WriterVerdict.NEW:
+        return True
+    recorded = state.writer_batches.get(writer[0])
+    if (
+        recorded is not None
+        and recorded.digest is not None
+        and writer.identity.digest is not None
+        and recorded.digest != writer.identity.digest
+    ):
+        log.warning(
+            "%s: micro-batch %d of writer %s replayed by the same query with other rows (%s, "
+            "recorded %s): a nondeterministic query; the committed rows stay",
+            shard.location,
+            writer[1],
+            writer[0],
+            writer.identity.digest,
+            recorded.digest,
+        )
+    recorded_query = recorded.query_id if recorded is not None else None
+    same_query = recorded_query is not None and recorded_query == writer.identity.query_id
+    log.info(
+        "%s: micro-batch %d of writer %s already committed (%s); a replay, nothing written",
+        shard.location,
+        writer[1],
+        writer[0],
+        "same query" if same_query else "same rows, or identity not recorded",
+    )
+    for m in present:
+        sweep_write(shard, m.write_id, set())
+    return False
+
+
 class PersistShardStreamWriter(DataSourceStreamArrowWriter):
     """A streaming write: each micro-batch is one compare-and-append, exactly once.
 
-    Each commit records (writer id, batch id) in the shard state; a replayed batch (same
-    writer id, batch id not above the recorded one) is recognised and becomes a no-op, and its
-    parts are deleted. Rows without a time column are written at the shard's upper as seen by
-    the micro-batch's tasks (micro-batches run one after the other).
+    Each commit records (writer id, batch id) in the shard state, with what identifies the
+    batch (`persistshard.datasource.replay`: the digest of its rows and the query id kept in
+    Spark's checkpoint). Only the recorded batch id can be a replay, and only of the same
+    query or the same rows: then it is a no-op and its parts are deleted. A lower id, or the
+    recorded one with other rows from another query, means the checkpoint was lost: the
+    commit is refused naming it, nothing written (`judge_writer_batch`). Rows without a time
+    column are written at the shard's upper as seen by the micro-batch's tasks (micro-batches
+    run one after the other).
 
     In ``outputMode("complete")`` each micro-batch's output is the desired contents of the
     table: its rows are staged, and the commit writes only the difference from the shard's
@@ -158,27 +240,20 @@ class PersistShardStreamWriter(DataSourceStreamArrowWriter):
         if self.opts.remap is not None:
             self.reclock = reclock.spec_of(self.opts, schema, self.opts.location)
 
-    def write(self, iterator: Any) -> StreamTaskWritten:
+    def write(self, iterator: Any) -> TaskWritten:
+        batch_id = _batch_id()
+        if self.reclock is None:
+            return stream_task(
+                self.opts, self.schema, self.complete, iterator, batch_id, task_query_id()
+            )
+        from persistshard.core.remap import open_remap
+
         shard = open_shard(self.opts.location, **self.opts.storage_options)
         d = describe_write(self.opts, self.schema, self.complete, shard)
-        batch_id = _batch_id()
         write_id = f"{new_id()[:12]}{self.opts.writer_id}-{batch_id}-{uuid.uuid4().hex[:8]}"
         d = replace(d, write_id=_safe_id(write_id))
-        if self.reclock is not None:
-            from persistshard.core.remap import open_remap
-
-            bindings = open_remap(self.reclock.remap, **self.opts.storage_options).pinned()
-            return reclock.reclock_task(d, self.reclock, iterator, bindings)
-        try:
-            out = write_task(d, iterator, d.lower)
-        except InvalidUpdates as e:
-            if BELOW_LOWER not in e.detail:
-                raise
-            writer = self.opts.writer_id or ""
-            raise restarted_without_checkpoint(e, shard, writer, batch_id) from None
-        return StreamTaskWritten(
-            out.sealed, out.unsealed, out.max_time, out.rows_in, d.lower, d.write_id
-        )
+        bindings = open_remap(self.reclock.remap, **self.opts.storage_options).pinned()
+        return reclock.reclock_task(d, self.reclock, iterator, bindings)
 
     def commit(self, messages: list[Any], batchId: int) -> None:
         if self.reclock is not None:
@@ -201,17 +276,10 @@ class PersistShardStreamWriter(DataSourceStreamArrowWriter):
         shard = open_shard(self.opts.location, **self.opts.storage_options)
         present = [m for m in messages if m is not None]
         lowers = {m.lower for m in present}
-        state = shard.state()
-        if state.writers.get(self.opts.writer_id or "", -1) >= batchId:
-            log.info(
-                "%s: micro-batch %d of writer %s already committed; a replay, dropped",
-                shard.location,
-                batchId,
-                self.opts.writer_id,
-            )
-            for m in present:
-                sweep_write(shard, m.write_id, set())
+        writer = WriterBatch(self.opts.writer_id or "", batchId, identity_of(present))
+        if not judge_micro_batch(shard, writer, present):
             return
+        state = shard.state()
         if len(lowers) > 1:
             raise InvalidUpdates(
                 f"micro-batch {batchId} was written at different uppers; the shard changed "
@@ -228,7 +296,7 @@ class PersistShardStreamWriter(DataSourceStreamArrowWriter):
                 commit_write(
                     d,
                     present,
-                    writer=(self.opts.writer_id or "", batchId),
+                    writer=writer,
                     compact=self.opts.compact,
                     maintenance=self.opts.maintenance,
                 )

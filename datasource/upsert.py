@@ -25,11 +25,14 @@ it runs; the commit first checks that the staged writes' leases are live (else `
 gc may have swept staged rows, so nothing is read) and holds them, and the delta's own lease,
 until its commit.
 
-Exactly once. A streaming micro-batch commits with (writer id, batch id); the state records
-it and a replay of that batch id (after a crash between the tasks and the commit, or after
-the commit) is recognised before anything is computed, or by the commit itself if it raced,
-and writes nothing. A batch write inside ``foreachBatch`` gets the same with options
-``writer_id`` and ``batch_id``.
+Exactly once. A streaming micro-batch commits with (writer id, batch id) and what identifies
+the batch (the digest of its incoming rows and the query id, `persistshard.datasource.replay`);
+the state records them. A replay of the recorded batch id by the same query or with the same
+rows (after a crash between the tasks and the commit, or after the commit) is recognised
+before the delta is computed, or by the commit itself if it raced, and writes nothing; a lower
+batch id, or the recorded one with other rows from another query, is refused naming the
+checkpoint (`persistshard.core.statemachine.state.judge_writer_batch`). A batch write inside
+``foreachBatch`` gets the same with options ``writer_id`` and ``batch_id``.
 
 Spark 4.3 refuses ``outputMode("update")`` for every Python data source before the source is
 asked for a writer (``PythonWriteBuilder`` does not implement
@@ -59,13 +62,14 @@ from persistshard.core import upsert as up
 from persistshard.core.rows import DIFF, TIME, consolidate
 from persistshard.core.shard import Shard, WrittenUpdates, open_shard
 from persistshard.core.statemachine.leases import WriteLease, holding
+from persistshard.core.statemachine.state import WriterBatch, WriterVerdict, judge_writer_batch
 from persistshard.core.storage.layout import new_id
 from persistshard.core.storage.parts import check_parts, read_parts, write_parts
 from persistshard.core.write.validate import update_schema
 from persistshard.datasource.options import WriteOptions, storage_errors
+from persistshard.datasource.replay import DigestedTask, Digesting, identity_of, task_query_id
 from persistshard.datasource.writer import (
     BatchDescription,
-    StreamTaskWritten,
     TaskWritten,
     _as_updates,
     _find_column,
@@ -217,7 +221,7 @@ def commit_upserts(
     messages: list[Any],
     *,
     staged_ids: list[str],
-    writer: tuple[str, int] | None = None,
+    writer: WriterBatch | None = None,
     expected_upper: int | None = None,
     compact: bool = True,
     maintenance: bool = True,
@@ -243,7 +247,7 @@ def _apply(
     spec: UpsertSpec,
     messages: list[Any],
     *,
-    writer: tuple[str, int] | None,
+    writer: WriterBatch | None,
     expected_upper: int | None,
 ) -> None:
     target = d.target if d.target is not None else d.incoming
@@ -255,8 +259,18 @@ def _apply(
     up.check_unique_keys(incoming, spec.keys, shard.location, diffs=True)
     for attempt in range(COMMIT_RETRIES + 1):
         state = shard.state()
-        if writer is not None and state.writers.get(writer[0], -1) >= writer[1]:
-            return  # a replay of a committed batch: nothing to do
+        if writer is not None:
+            verdict = judge_writer_batch(
+                state, writer[0], writer[1], writer.identity, shard.location
+            )
+            if verdict == WriterVerdict.REPLAY:
+                log.info(
+                    "%s: upsert batch %d of writer %s already committed; a replay, nothing written",
+                    shard.location,
+                    writer[1],
+                    writer[0],
+                )
+                return  # a replay of a committed batch: nothing to do
         if expected_upper is not None and state.upper != expected_upper:
             raise UpperMismatch(expected_upper, state.upper, location=shard.location)
         schema = state.schema if state.schema is not None else target
@@ -294,12 +308,17 @@ class UpsertWriter(DataSourceArrowWriter):
         )
 
     def write(self, iterator: Any) -> TaskWritten:
-        return stage_task(self.description, self.spec, iterator)
+        if self.spec.batch_id is None:
+            return stage_task(self.description, self.spec, iterator)
+        # A numbered batch (foreachBatch): its rows' digest identifies it (module docstring).
+        rows = Digesting(iterator)
+        out = stage_task(self.description, self.spec, rows)
+        return _digested(out, self.description.write_id, rows, task_query_id())
 
     def commit(self, messages: list[Any]) -> None:
         writer = None
         if self.spec.batch_id is not None and self.opts.writer_id is not None:
-            writer = (self.opts.writer_id, self.spec.batch_id)
+            writer = WriterBatch(self.opts.writer_id, self.spec.batch_id, identity_of(messages))
         commit_upserts(
             self.description,
             self.spec,
@@ -330,18 +349,10 @@ class UpsertStreamWriter(DataSourceStreamArrowWriter):
                 "so that a replayed micro-batch is committed exactly once"
             )
 
-    def write(self, iterator: Any) -> StreamTaskWritten:
-        from persistshard.datasource.sinks import _batch_id, _safe_id
+    def write(self, iterator: Any) -> DigestedTask:
+        from persistshard.datasource.sinks import _batch_id
 
-        _, spec, d = plan_upsert(self.options, self.schema, False, streaming=True)
-        write_id = _safe_id(
-            f"{new_id()[:12]}{self.opts.writer_id}-{_batch_id()}-{uuid.uuid4().hex[:8]}"
-        )
-        d = replace(d, write_id=write_id)
-        out = stage_task(d, spec, iterator)
-        return StreamTaskWritten(
-            out.sealed, out.unsealed, out.max_time, out.rows_in, d.lower, d.write_id
-        )
+        return upsert_stream_task(self.options, self.schema, iterator, _batch_id(), task_query_id())
 
     def commit(self, messages: list[Any], batchId: int) -> None:
         _, spec, d = plan_upsert(self.options, self.schema, False, streaming=True)
@@ -351,7 +362,7 @@ class UpsertStreamWriter(DataSourceStreamArrowWriter):
             spec,
             present,
             staged_ids=[m.write_id for m in present if m.write_id],
-            writer=(self.opts.writer_id or "", batchId),
+            writer=WriterBatch(self.opts.writer_id or "", batchId, identity_of(present)),
             compact=self.opts.compact,
             maintenance=self.opts.maintenance,
         )
@@ -361,3 +372,36 @@ class UpsertStreamWriter(DataSourceStreamArrowWriter):
         for m in messages:
             if m is not None and m.write_id:
                 sweep_write(shard, m.write_id, set())
+
+
+def upsert_stream_task(
+    options: dict[str, str],
+    schema: StructType,
+    batches: Any,
+    batch_id: int,
+    query_id: str | None,
+) -> DigestedTask:
+    """One task of streaming upsert micro-batch ``batch_id``: its rows staged under a write id
+    naming the writer and the batch, reported with their digest and the query id."""
+    from persistshard.datasource.sinks import _safe_id
+
+    opts, spec, d = plan_upsert(options, schema, False, streaming=True)
+    write_id = _safe_id(f"{new_id()[:12]}{opts.writer_id}-{batch_id}-{uuid.uuid4().hex[:8]}")
+    d = replace(d, write_id=write_id)
+    rows = Digesting(batches)
+    return _digested(stage_task(d, spec, rows), d.write_id, rows, query_id, lower=d.lower)
+
+
+def _digested(
+    out: TaskWritten, write_id: str, rows: Digesting, query_id: str | None, lower: int = 0
+) -> DigestedTask:
+    return DigestedTask(
+        out.sealed,
+        out.unsealed,
+        out.max_time,
+        out.rows_in,
+        lower,
+        write_id,
+        digest=rows.digest.text(),
+        query_id=query_id,
+    )

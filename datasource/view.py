@@ -9,14 +9,17 @@ micro-batch.
 1. *Stage* (every task, `PersistShardStreamWriter.write`): the task's rows are sorted and
    consolidated in a Correction buffer and written as one sorted chain of parts under a
    write id naming the writer and the batch (`persistshard.datasource.writer.write_task`).
-2. *Commit* (`commit_complete`, once per micro-batch): if the shard already records this
-   writer at this batch id or later, the micro-batch was committed before (Spark replays a
-   batch whose commit it did not see): nothing is written. Otherwise the staged chains are
-   merged, streaming and within ``memory_budget``, against the parts of the newest state
-   (`persistshard.core.write.diff`), the difference is written at ``t = upper``, and one
-   compare-and-append moves the upper to ``t + 1`` and records ``(writer_id, batchId)``.
-   If another writer moved the upper in between, the diff is computed again against the
-   newer contents (the desired contents do not depend on the shard's time).
+2. *Commit* (`commit_complete`, once per micro-batch): if the shard records this writer at
+   this very batch id, with the same query id or the same digest of the desired rows
+   (`persistshard.datasource.replay`), the micro-batch was committed before (Spark replays a
+   batch whose commit it did not see): nothing is written. A lower batch id, or this one with
+   other rows from another query, means the checkpoint was lost: refused naming it, nothing
+   written (`persistshard.core.statemachine.state.judge_writer_batch`). Otherwise the staged
+   chains are merged, streaming and within ``memory_budget``, against the parts of the newest
+   state (`persistshard.core.write.diff`), the difference is written at ``t = upper``, and one
+   compare-and-append moves the upper to ``t + 1`` and records ``(writer_id, batchId)`` with
+   the batch's identity. If another writer moved the upper in between, the diff is computed
+   again against the newer contents (the desired contents do not depend on the shard's time).
 
 Invariants: after the commit of micro-batch ``b`` at time ``t``, the snapshot at ``t`` is
 exactly ``b``'s output; ``updates(t_a + 1, t_b + 1)`` between two micro-batches holds only
@@ -38,10 +41,12 @@ from pyspark.sql.types import StructType
 
 from persistshard.core.shard import WrittenUpdates, open_shard
 from persistshard.core.statemachine.leases import WriteLease, holding
+from persistshard.core.statemachine.state import WriterBatch, WriterVerdict, judge_writer_batch
 from persistshard.core.storage.layout import new_id
 from persistshard.core.storage.parts import check_parts
 from persistshard.core.write.diff import DiffRun, current_runs, diff_parts
 from persistshard.datasource.options import WriteOptions, storage_errors
+from persistshard.datasource.replay import identity_of
 from persistshard.datasource.writer import describe_write, sweep_write
 from persistshard.errors import UpperMismatch
 
@@ -57,7 +62,7 @@ def commit_complete(
     """Commit one complete-mode micro-batch exactly once (module docstring)."""
     shard = open_shard(opts.location, **opts.storage_options)
     present = [m for m in messages if m is not None]
-    writer_id = opts.writer_id or ""
+    writer = WriterBatch(opts.writer_id or "", batch_id, identity_of(present))
     chains = [DiffRun(tuple(m.sealed), 1) for m in present if m.sealed]
     committed = False
     try:
@@ -77,7 +82,17 @@ def commit_complete(
             last: UpperMismatch | None = None
             for _ in range(MAX_ATTEMPTS):
                 state = shard.state()
-                if state.writers.get(writer_id, -1) >= batch_id:
+                verdict = judge_writer_batch(
+                    state, writer[0], batch_id, writer.identity, shard.location
+                )
+                if verdict == WriterVerdict.REPLAY:
+                    log.info(
+                        "%s: complete-mode batch %d of writer %s already committed; a replay, "
+                        "nothing written",
+                        shard.location,
+                        batch_id,
+                        writer[0],
+                    )
                     return  # a replay of a committed micro-batch: nothing is written twice
                 d = describe_write(opts, spark_schema, True, shard)
                 target = d.target if d.target is not None else d.incoming
@@ -100,7 +115,7 @@ def commit_complete(
                             new_upper=time + 1,
                             schema=target,
                             commit_id=write_id,
-                            writer=(writer_id, batch_id),
+                            writer=writer,
                             label="overwrite",
                         )
                 except UpperMismatch as e:  # another writer moved the upper: diff again

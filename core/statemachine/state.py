@@ -25,7 +25,9 @@ Invariants of a `ShardState` (checked by `ShardState.check`):
 Commit kinds, all in `apply` (their preconditions are classes named ``Assert...``):
 - `append`: expected upper == upper; adds a trace batch ``[expected, new)`` and optionally an
   unsealed batch; may set the schema (first write), widen it by nullable columns appended at
-  the end (schema evolution), and record a streaming writer's progress. A *plain* append
+  the end (schema evolution), and record a streaming writer's progress: its batch id and,
+  when the commit says, what identifies that batch (`BatchIdentity`); a batch id at or below
+  the record is a replay only as `judge_writer_batch` rules, else refused. A *plain* append
   (``rebase``: all its updates at ``expected``, new upper ``expected + 1``, nothing
   unsealed) that finds the upper moved is applied at the current upper instead: its batch
   becomes ``[upper, upper + 1)`` and its parts carry ``rewrite_time = upper``.
@@ -299,6 +301,118 @@ class Hold:
 
 
 @dataclass(frozen=True)
+class BatchIdentity:
+    """What identifies a streaming writer's micro-batch besides its number (each part None
+    when unknown): ``digest``, a multiset hash of the batch's rows as the sink received them
+    (`persistshard.datasource.replay.Digest`, versioned text), and ``query_id``, the id of the
+    Spark query that ran it (kept in the query's checkpoint: a new checkpoint has a new one)."""
+
+    digest: str | None = None
+    query_id: str | None = None
+
+    def known(self) -> bool:
+        return self.digest is not None or self.query_id is not None
+
+    def to_json(self) -> dict[str, str]:
+        out = {}
+        if self.digest is not None:
+            out["digest"] = self.digest
+        if self.query_id is not None:
+            out["query"] = self.query_id
+        return out
+
+    @staticmethod
+    def from_json(d: dict[str, Any] | None) -> BatchIdentity:
+        if not d:
+            return BatchIdentity()
+        digest, query = d.get("digest"), d.get("query")
+        return BatchIdentity(
+            digest=str(digest) if digest is not None else None,
+            query_id=str(query) if query is not None else None,
+        )
+
+
+class WriterBatch(tuple[str, int]):
+    """A ``(writer id, batch id)`` pair that also carries its batch's `BatchIdentity`; it goes
+    wherever such a pair goes (``writer=`` of a commit) and `append_commit` records both."""
+
+    identity: BatchIdentity
+
+    def __new__(cls, writer_id: str, batch_id: int, identity: BatchIdentity) -> WriterBatch:
+        self = super().__new__(cls, (writer_id, batch_id))
+        self.identity = identity
+        return self
+
+    def __getnewargs__(self) -> tuple[str, int, BatchIdentity]:
+        return (self[0], self[1], self.identity)
+
+
+class WriterVerdict:
+    """What `judge_writer_batch` says of a micro-batch: commit it, or it is a replay."""
+
+    NEW = "new"
+    REPLAY = "replay"
+
+
+def judge_writer_batch(
+    state: ShardState,
+    writer_id: str,
+    batch_id: int,
+    identity: BatchIdentity,
+    location: str | None,
+) -> str:
+    """Whether micro-batch ``batch_id`` of ``writer_id`` is new (`WriterVerdict.NEW`) or a
+    replay of the batch the shard recorded last (`WriterVerdict.REPLAY`); raises
+    `InvalidUpdates` naming the checkpoint when it is neither.
+
+    Only the recorded batch id itself can be a replay: Spark writes its commit log entry for
+    batch N after the sink committed N, so after a crash it re-runs at most that batch. It is a
+    replay when both name the same query (the same checkpoint: Spark re-runs a batch over the
+    same offsets, whatever a nondeterministic query then computes), or when the rows' digests
+    are equal; when either side does not know its identity (a record or a caller from before
+    identities were kept) the equal id alone decides, as it always did. An id below the record
+    means the checkpoint that numbered the batches was lost or replaced (Spark numbers them
+    from 0 again): refused, as is the recorded id with other rows from another query.
+    """
+    last = state.writers.get(writer_id)
+    if last is None or batch_id > last:
+        return WriterVerdict.NEW
+    if batch_id == last:
+        recorded = state.writer_batches.get(writer_id, BatchIdentity())
+        if not recorded.known() or not identity.known():
+            return WriterVerdict.REPLAY
+        if recorded.query_id is not None and recorded.query_id == identity.query_id:
+            return WriterVerdict.REPLAY
+        if recorded.digest is not None and recorded.digest == identity.digest:
+            return WriterVerdict.REPLAY
+        what = (
+            f"micro-batch {batch_id} of streaming writer {writer_id!r} is the batch id the "
+            f"shard recorded last, but with other rows ({_digest_rows(identity.digest)} vs "
+            f"{_digest_rows(recorded.digest)} recorded), not from the same query"
+        )
+    else:
+        what = (
+            f"micro-batch {batch_id} of streaming writer {writer_id!r} is below the last one "
+            f"it committed ({last})"
+        )
+    raise InvalidUpdates(
+        f"{what}: the query was restarted without its checkpoint (the checkpoint was lost, "
+        "deleted or replaced, or a new checkpointLocation was given), so Spark numbers "
+        "micro-batches from 0 again. Nothing was written. To go on: restore the checkpoint; "
+        "or, to start this writer over on purpose, write under a new writer_id (with the "
+        "source started after what the shard already holds, or those rows are written again)",
+        location=location,
+    )
+
+
+def _digest_rows(digest: str | None) -> str:
+    if digest is None:
+        return "rows unknown"
+    rows = digest.split(":")[1] if digest.count(":") == 2 else "?"
+    return f"{rows} rows"
+
+
+@dataclass(frozen=True)
 class ShardState:
     """One version of a shard's metadata (see the module docstring for the invariants)."""
 
@@ -320,6 +434,10 @@ class ShardState:
     #: When each streaming writer in ``writers`` last committed (ms, the committing clock);
     #: records expire and are pruned (`prune_writers`).
     writers_seen_ms: dict[str, int] = field(default_factory=dict)
+    #: What identifies the micro-batch each streaming writer in ``writers`` committed last
+    #: (`BatchIdentity`), when its commit said (`judge_writer_batch`); absent for records
+    #: written before identities were kept.
+    writer_batches: dict[str, BatchIdentity] = field(default_factory=dict)
     #: History retention (`persistshard.core.statemachine.retention`): since follows the upper
     #: minus this on every upper-moving commit; ``retention_marks`` are the (commit time,
     #: upper) of the recent data versions the rule needs.
@@ -420,6 +538,9 @@ class ShardState:
         ids = [b.id for b in (*self.trace, *self.unsealed)]
         if len(ids) != len(set(ids)):
             fail("two batches share an id")
+        stray = set(self.writer_batches) - set(self.writers)
+        if stray:
+            fail(f"batch identities of writers without a record: {sorted(stray)}")
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -435,6 +556,11 @@ class ShardState:
             **({"leases": dict(sorted(self.leases.items()))} if self.leases else {}),
             **({"lease_fence_ms": self.lease_fence_ms} if self.lease_fence_ms else {}),
             **({"writers_seen_ms": dict(self.writers_seen_ms)} if self.writers_seen_ms else {}),
+            **(
+                {"writer_batches": {w: i.to_json() for w, i in self.writer_batches.items()}}
+                if self.writer_batches
+                else {}
+            ),
             **({"retention": self.retention.to_json()} if self.retention else {}),
             **(
                 {"retention_marks": [list(m) for m in self.retention_marks]}
@@ -458,6 +584,9 @@ class ShardState:
             leases={w: int(e) for w, e in d.get("leases", {}).items()},
             lease_fence_ms=int(d.get("lease_fence_ms", 0)),
             writers_seen_ms={w: int(t) for w, t in d.get("writers_seen_ms", {}).items()},
+            writer_batches={
+                w: BatchIdentity.from_json(i) for w, i in d.get("writer_batches", {}).items()
+            },
             retention=ret.Retention.from_json(d.get("retention")),
             retention_marks=tuple((int(t), int(u)) for t, u in d.get("retention_marks", [])),
         )
@@ -547,6 +676,9 @@ def append_commit(
         "schema": schema_to_b64(schema) if schema is not None else None,
         "writer": list(writer) if writer is not None else None,
     }
+    identity = getattr(writer, "identity", None)
+    if isinstance(identity, BatchIdentity) and identity.known():
+        args["writer_identity"] = identity.to_json()
     if rebase:
         args["rebase"] = True
     if label is not None:
@@ -593,8 +725,11 @@ def _rebased(state: ShardState, a: dict[str, Any], location: str | None) -> Batc
 def _apply_append(state: ShardState, c: Commit, location: str | None) -> ShardState:
     a = c.args
     writer = a.get("writer")
-    if writer is not None and state.writers.get(writer[0], -1) >= writer[1]:
-        raise WriterAlreadyCommitted(writer[0], writer[1], location=location)
+    identity = BatchIdentity.from_json(a.get("writer_identity"))
+    if writer is not None:
+        verdict = judge_writer_batch(state, writer[0], writer[1], identity, location)
+        if verdict == WriterVerdict.REPLAY:
+            raise WriterAlreadyCommitted(writer[0], writer[1], location=location)
     rebased = _rebased(state, a, location)
     if rebased is None:
         AssertUpper(a["expected_upper"]).check(state, location)
@@ -634,11 +769,15 @@ def _apply_append(state: ShardState, c: Commit, location: str | None) -> ShardSt
     unsealed = state.unsealed
     if a.get("unsealed") is not None:
         unsealed = (*unsealed, Batch.from_json(a["unsealed"]))
-    writers, seen = state.writers, state.writers_seen_ms
+    writers, seen, identities = state.writers, state.writers_seen_ms, state.writer_batches
     if writer is not None:
         writers = {**writers, writer[0]: writer[1]}
         if c.at_ms is not None:
             seen = {**seen, writer[0]: c.at_ms}
+        if identity.known():
+            identities = {**identities, writer[0]: identity}
+        elif writer[0] in identities:  # the record now names a batch of unknown identity
+            identities = {w: i for w, i in identities.items() if w != writer[0]}
     added = [*batch.parts, *(Batch.from_json(a["unsealed"]).parts if a.get("unsealed") else ())]
     if new_upper > state.upper and state.retention is not None:
         marks = ret.add_mark(state.retention, state.retention_marks, c.at_ms, new_upper)
@@ -651,6 +790,7 @@ def _apply_append(state: ShardState, c: Commit, location: str | None) -> ShardSt
         unsealed=unsealed,
         writers=writers,
         writers_seen_ms=seen,
+        writer_batches=identities,
         leases=_released(state.leases, added),
     )
 
@@ -915,6 +1055,7 @@ def prune_writers(state: ShardState, now_ms: int) -> ShardState:
         state,
         writers={w: b for w, b in state.writers.items() if w in kept},
         writers_seen_ms={w: t for w, t in seen.items() if w in kept},
+        writer_batches={w: i for w, i in state.writer_batches.items() if w in kept},
     )
 
 
