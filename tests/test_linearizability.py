@@ -220,3 +220,97 @@ def test_unknown_flood_does_not_blow_up():
     started = time.monotonic()
     assert check(h).ok
     assert time.monotonic() - started < 2
+
+
+# --- recorded histories of real processes --------------------------------------------------------
+
+from persistshard.conformance.recorder import (  # noqa: E402
+    DEFAULT_FAULTS,
+    FaultyConsensus,
+    Target,
+    fault_plan,
+    record,
+)
+
+SWEEP = os.environ.get("PERSISTSHARD_SWEEP") == "1"
+
+
+def run_and_check(target: Target, seed: int, faults=DEFAULT_FAULTS, **kw):
+    rec = record(target, fault_plan(faults), seed=seed, **kw)
+    print(rec.summary())
+    rec.assert_ok()
+    return rec
+
+
+#: Every fault but gc: what main already survives on every backend.
+WITHOUT_GC = tuple(f for f in DEFAULT_FAULTS if f != "gc")
+
+
+@pytest.mark.parametrize("faults", ["storage-and-processes", "with-gc-at-retention-0"])
+def test_local_files(tmp_path, faults):
+    names = WITHOUT_GC if faults == "storage-and-processes" else DEFAULT_FAULTS
+    rec = run_and_check(Target(f"{tmp_path}/shard"), seed=1, faults=names, workers=3, ops=30)
+    assert rec.count(outcome="ok") > 20 and rec.count(outcome="refused") > 0
+    assert rec.kills > 0 and rec.pauses > 0 and rec.injected > 0
+    assert rec.count(outcome="unknown") > 0
+    assert (rec.gc_runs > 0) == ("gc" in names)
+
+
+def test_sqlite(tmp_path):
+    target = Target(f"file://{tmp_path}/shard", consensus=f"sqlite:///{tmp_path}/consensus.db")
+    rec = run_and_check(target, seed=2, workers=3, ops=25)
+    assert rec.count(outcome="ok") > 15 and rec.kills > 0 and rec.injected > 0
+
+
+def test_postgres(tmp_path, postgres_url):
+    target = Target(f"file://{tmp_path}/shard", consensus=postgres_url)
+    rec = run_and_check(target, seed=3, workers=3, ops=25)
+    assert rec.count(outcome="ok") > 15 and rec.kills > 0 and rec.injected > 0
+
+
+BUCKET = "persistshard-lin"
+
+
+@pytest.fixture(scope="module")
+def s3_options():
+    from persistshard.conformance.s3server import moto_server
+
+    with moto_server(BUCKET, "testing", "secret") as endpoint:
+        yield {
+            "key": "testing",
+            "secret": "secret",
+            "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
+        }
+
+
+def test_s3(s3_options):
+    target = Target(f"s3://{BUCKET}/{uuid.uuid4().hex}", s3_options)
+    rec = run_and_check(target, seed=4, workers=3, ops=20)
+    assert rec.count(outcome="ok") > 10 and rec.kills > 0 and rec.injected > 0
+
+
+def test_faulty_consensus_loses_responses_of_applied_compare_and_sets(tmp_path):
+    """The wrapper the database runs use: an applied compare-and-set whose response is lost
+    raises, and the log holds it."""
+    from persistshard.core.storage.sqlconsensus import open_consensus
+
+    inner = open_consensus(f"sqlite:///{tmp_path}/c.db", f"file://{tmp_path}/s")
+    faulty = FaultyConsensus(inner, fail_after=1.0)
+    with pytest.raises(TimeoutError):
+        faulty.compare_and_set(None, b"one")
+    head = inner.head()
+    assert head is not None and head.data == b"one" and faulty.injected == 1
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SWEEP, reason="the sweep runs with PERSISTSHARD_SWEEP=1")
+@pytest.mark.parametrize("seed", range(10, 30))
+@pytest.mark.parametrize("backend", ["files", "sqlite", "postgres"])
+def test_sweep(tmp_path, seed, backend, request):
+    consensus = {
+        "files": None,
+        "sqlite": f"sqlite:///{tmp_path}/consensus.db",
+        "postgres": request.getfixturevalue("postgres_url") if backend == "postgres" else None,
+    }[backend]
+    target = Target(f"file://{tmp_path}/shard", consensus=consensus)
+    run_and_check(target, seed=seed, workers=4, ops=45, max_kills=8)
