@@ -34,6 +34,7 @@ import json
 import logging
 import os
 import random
+import shutil
 import signal
 import tempfile
 import time
@@ -558,6 +559,8 @@ def record(
             p.kill()
             p.join()
     history, errors, stats = load_history(directory)
+    if events_dir is None:
+        shutil.rmtree(directory, ignore_errors=True)
     # The final read: after every process stopped, without faults.
     rows: list[str] = []
     verified = False

@@ -314,3 +314,57 @@ def test_sweep(tmp_path, seed, backend, request):
     }[backend]
     target = Target(f"file://{tmp_path}/shard", consensus=consensus)
     run_and_check(target, seed=seed, workers=4, ops=45, max_kills=8)
+
+
+# --- persistshard conformance: what it says about the user's store ---------------------------
+
+
+def test_conformance_reports_the_store(tmp_path, capsys):
+    """On local files: atomic create holds, a repeated conditional PUT answers "exists", and a
+    linearizability run with lost responses passes; all three under "store" in the JSON, and
+    the scratch shard of the run is removed."""
+    import json
+
+    from persistshard.cli import main as cli
+
+    place = tmp_path / "place"
+    code = cli(["conformance", str(place), "--json", "-k", "TestStore"])
+    summary = json.loads(capsys.readouterr().out)
+    assert code == 0 and summary["ok"], summary
+    assert {t["test"] for t in summary["tests"]} == {
+        "TestStore::test_atomic_create",
+        "TestStore::test_repeated_conditional_put",
+        "TestStore::test_lost_responses_are_linearizable",
+    }
+    store = summary["store"]
+    assert store["atomic_create"] == "holds"
+    assert store["repeated_conditional_put"] == {
+        "first": "created",
+        "second": "exists",
+        "kept": "first",
+    }
+    assert store["lost_responses"].startswith("linearizable"), store
+    assert "responses lost" in store["lost_responses"]
+    assert os.listdir(place) == []
+    # Text mode prints the same, after the tests.
+    assert cli(["conformance", str(place), "-k", "repeated_conditional_put"]) == 0
+    out = capsys.readouterr().out
+    assert "repeated conditional PUT" in out and "second exists" in out, out
+
+
+def test_store_report_says_what_a_store_ignoring_the_condition_answers(tmp_path):
+    """A store that ignores the condition of a create: the report says "accepted", and
+    atomic create fails (it is what the probe refuses)."""
+    from persistshard.conformance import store_report
+    from persistshard.core.storage.blob import BlobWrapper, open_blob
+
+    class IgnoresCondition(BlobWrapper):
+        def put_if_absent(self, key: str, data: bytes) -> bool:
+            self.inner.put(key, data)
+            return True
+
+    blob = IgnoresCondition(open_blob(f"file://{tmp_path}/s"))
+    answers = store_report.repeated_conditional_put(blob)
+    assert answers == {"first": "created", "second": "accepted", "kept": "second"}
+    assert store_report.atomic_create(blob).startswith("fails:")
+    assert blob.list("") == []
