@@ -184,8 +184,8 @@ class _Events:
         n = len(raw) + 1
         self.is_call = [False] + [kind == 0 for _, kind, _ in raw]
         self.op = [-1] + [i for _, _, i in raw]
-        self.next = list(range(1, n)) + [-1]
-        self.prev = [-1] + list(range(n - 1))
+        self.next = [*range(1, n), -1]
+        self.prev = [-1, *range(n - 1)]
         self.ret_of: dict[int, int] = {}
         for e in range(1, n):
             if not self.is_call[e]:

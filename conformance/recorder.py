@@ -41,12 +41,13 @@ import time
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from persistshard.conformance.faults import FaultyBlob
 from persistshard.conformance.linearizability import (
     CheckResult,
     Op,
+    Outcome,
     acknowledged_exactly_once,
     check,
     report,
@@ -69,9 +70,7 @@ def faulty_blob_modes() -> frozenset[str]:
     """The probability keywords `FaultyBlob` takes (its fault modes)."""
     params = inspect.signature(FaultyBlob.__init__).parameters
     skip = {"self", "inner", "seed", "operations", "on_stall"}
-    return frozenset(
-        n for n, p in params.items() if n not in skip and isinstance(p.default, float)
-    )
+    return frozenset(n for n, p in params.items() if n not in skip and isinstance(p.default, float))
 
 
 @dataclass(frozen=True)
@@ -193,11 +192,9 @@ class Target:
         blob = self.blob()
         if plan is not None and plan.blob:
             rng = random.Random(seed ^ 0x5EED)
+            modes: dict[str, Any] = dict(plan.blob)  # FaultyBlob's probability keywords
             blob = FaultyBlob(
-                blob,
-                seed=seed,
-                on_stall=lambda: time.sleep(rng.uniform(0.02, 0.3)),
-                **dict(plan.blob),
+                blob, seed=seed, on_stall=lambda: time.sleep(rng.uniform(0.02, 0.3)), **modes
             )
         shard = Shard(self.location, blob=blob, consensus=self.consensus)
         if plan is not None and plan.consensus and self.consensus:
@@ -282,7 +279,7 @@ def _worker(spec: WorkerSpec) -> None:
                 ret: dict[str, Any] = {"outcome": "ok", "upper": upper, "rows": rows}
             except (OSError, errors.Indeterminate) as e:
                 ret = {"outcome": "failed", "note": type(e).__name__}
-            except Exception as e:  # noqa: BLE001 - recorded: the test says what broke
+            except Exception as e:  # recorded: the test says what broke
                 ret = {"outcome": "error", "note": f"{type(e).__name__}: {e}"}
             _emit(fd, {"op": n, "e": "ret", "t": time.monotonic(), **ret})
             continue
@@ -315,7 +312,7 @@ def _worker(spec: WorkerSpec) -> None:
         except errors.UpperMismatch as e:
             known = max(known, int(e.actual))
             ret = {"outcome": "refused"}
-        except Exception as e:  # noqa: BLE001 - classified, recorded
+        except Exception as e:  # classified, recorded
             outcome, note = _classify(e)
             ret = {"outcome": outcome, "note": note}
         _emit(fd, {"op": n, "e": "ret", "t": time.monotonic(), **ret})
@@ -342,7 +339,7 @@ def _gc_loop(target: Target, stop: str, events: str) -> None:
             runs += 1
         except (errors.NoShard, errors.StateConflict, errors.Indeterminate, OSError):
             pass
-        except Exception as e:  # noqa: BLE001 - recorded
+        except Exception as e:  # recorded
             _emit(fd, {"e": "error", "t": time.monotonic(), "note": f"gc: {type(e).__name__}: {e}"})
         time.sleep(0.02)
     _emit(fd, {"e": "stats", "gc_runs": runs})
@@ -438,11 +435,12 @@ def load_history(directory: str) -> tuple[list[Op], list[str], dict[str, int]]:
                             stats[k] = stats.get(k, 0) + int(v)
         for n, c in calls.items():
             r = rets.get(n)
-            outcome = r["outcome"] if r else "unknown"
+            raw: str = r["outcome"] if r else "unknown"
             note = r.get("note", "") if r else "never returned (killed)"
-            if outcome == "error":
+            if raw == "error":
                 errors.append(f"{process} op {n} ({c['kind']}): {note}")
-                outcome = "unknown"  # it may or may not have landed: the checker decides
+                raw = "unknown"  # it may or may not have landed: the checker decides
+            outcome = cast(Outcome, raw)
             if c["kind"] == "read":
                 if r is None or outcome != "ok":
                     continue  # observed nothing
@@ -499,7 +497,9 @@ def record(
         if slot == "gc":
             p = ctx.Process(target=_gc_loop, args=(target, stop, events), daemon=True)
         else:
-            spec = WorkerSpec(target, plan, seed * 7919 + len(procs) * 31 + inc, name, events, n_ops)
+            spec = WorkerSpec(
+                target, plan, seed * 7919 + len(procs) * 31 + inc, name, events, n_ops
+            )
             p = ctx.Process(target=_worker, args=(spec,), daemon=True)
         p.start()
         procs[slot] = (p, events)
@@ -570,7 +570,7 @@ def record(
         upper, rows = read_rows(quiet)
         history.append(Op("final", "read", t0, time.monotonic(), upper=upper, rows=tuple(rows)))
         verified = bool(quiet.verify().ok)
-    except Exception as e:  # noqa: BLE001 - the shard is unreadable: that is the finding
+    except Exception as e:  # the shard is unreadable: that is the finding
         errors.append(f"the final read without faults failed: {type(e).__name__}: {e}")
     return Recording(
         seed=seed,

@@ -25,9 +25,9 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 
+from persistshard.conformance import store_report
 from persistshard.conformance.cleanup import scratch_name
 from persistshard.conformance.crash import check_page_cache, check_process_cuts
-from persistshard.conformance import store_report
 from persistshard.conformance.model import make_shard_machine
 from persistshard.conformance.storage import (
     BlobContract,

@@ -59,7 +59,7 @@ def repeated_conditional_put(blob: Blob, prefix: str = "") -> dict[str, str]:
         try:
             created = blob.put_if_absent(key, data)
             return ("accepted" if again else "created") if created else "exists"
-        except Exception as e:  # noqa: BLE001 - the answer is what is reported
+        except Exception as e:  # the answer is what is reported
             return f"error: {type(e).__name__}: {e}"
 
     try:
@@ -96,8 +96,10 @@ def lost_responses(
 
 def describe(rec: Recording) -> str:
     """One line: linearizable or not, and how much was lost."""
-    verdict = "linearizable, every acknowledged append there once" if not rec.problems() else (
-        "NOT linearizable or lost data"
+    verdict = (
+        "linearizable, every acknowledged append there once"
+        if not rec.problems()
+        else ("NOT linearizable or lost data")
     )
     return (
         f"{verdict}: {rec.count('read')} reads, {rec.count(outcome='ok') - rec.count('read')} "

@@ -19,6 +19,7 @@ import os
 import random
 import time
 import uuid
+from dataclasses import replace
 
 import pytest
 
@@ -254,6 +255,18 @@ def test_local_files(tmp_path, faults):
     assert rec.kills > 0 and rec.pauses > 0 and rec.injected > 0
     assert rec.count(outcome="unknown") > 0
     assert (rec.gc_runs > 0) == ("gc" in names)
+    # The same recording with one acknowledged row missing from the final read fails, and
+    # says the seed and a minimal excerpt.
+    final = next(o for o in rec.ops if o.process == "final")
+    acked = next(o for o in rec.ops if o.kind != "read" and o.outcome == "ok")
+    lost = replace(final, rows=tuple(r for r in final.rows if r != acked.rows[0]))
+    rec.ops = [lost if o is final else o for o in rec.ops]
+    rec.final_rows = list(lost.rows)
+    rec._result = None
+    with pytest.raises(AssertionError) as failed:
+        rec.assert_ok()
+    text = str(failed.value)
+    assert f"seed {rec.seed}" in text and "minimal excerpt" in text and acked.rows[0] in text
 
 
 def test_sqlite(tmp_path):
