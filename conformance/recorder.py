@@ -461,6 +461,10 @@ def load_history(directory: str) -> tuple[list[Op], list[str], dict[str, int]]:
                     note=note,
                 )
             )
+    counted: dict[str, int] = {}
+    for e in errors:  # a gc loop repeats its error each run: say each once, with a count
+        counted[e] = counted.get(e, 0) + 1
+    errors = [e if n == 1 else f"{e} ({n} times)" for e, n in counted.items()]
     return ops, errors, stats
 
 
