@@ -59,11 +59,13 @@ log = logging.getLogger("persistshard.conformance.recorder")
 
 #: Faults the parent process injects itself; every other name is a FaultyBlob mode.
 PROCESS_FAULTS = frozenset({"kill", "pause", "gc"})
-#: The faults a run has unless told otherwise (the lead adds FaultyBlob's newer modes here).
-DEFAULT_FAULTS: tuple[str, ...] = ("kill", "pause", "gc", "fail_before", "fail_after", "stall")
 #: Per storage call, how likely each FaultyBlob mode is.
 BLOB_FAULT_PROBABILITY = {"fail_before": 0.02, "fail_after": 0.03, "stall": 0.03}
 OTHER_BLOB_FAULT_PROBABILITY = 0.03
+#: FaultyBlob modes a correct library survives that a run takes whenever FaultyBlob has them
+#: (lost responses, requests delivered twice). A store that ignores the condition of a create
+#: is not among them: it must be refused (`StorageUnsupported`), not survived.
+LOST_RESPONSE_MODES = ("fail_after", "lose_response", "retry_after_lost", "duplicate")
 
 
 def faulty_blob_modes() -> frozenset[str]:
@@ -71,6 +73,18 @@ def faulty_blob_modes() -> frozenset[str]:
     params = inspect.signature(FaultyBlob.__init__).parameters
     skip = {"self", "inner", "seed", "operations", "on_stall"}
     return frozenset(n for n, p in params.items() if n not in skip and isinstance(p.default, float))
+
+
+#: The faults a run has unless told otherwise: the process faults, failures before a storage
+#: call, stalls, and every lost-response mode this FaultyBlob has.
+DEFAULT_FAULTS: tuple[str, ...] = (
+    "kill",
+    "pause",
+    "gc",
+    "fail_before",
+    "stall",
+    *(m for m in LOST_RESPONSE_MODES if m in faulty_blob_modes()),
+)
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from persistshard.conformance.recorder import (
+    LOST_RESPONSE_MODES,
     Recording,
     Target,
     fault_plan,
@@ -34,9 +35,6 @@ from persistshard.core.storage.blob import Blob
 from persistshard.errors import StorageUnsupported
 
 log = logging.getLogger("persistshard.conformance.store_report")
-
-#: FaultyBlob modes that lose a response (whichever of them this version of it has).
-LOST_RESPONSE_MODES = ("fail_after", "lose_response", "retry_after_lost", "duplicate")
 
 
 def atomic_create(blob: Blob, prefix: str = "") -> str:

@@ -315,18 +315,29 @@ def test_faulty_consensus_loses_responses_of_applied_compare_and_sets(tmp_path):
     assert head is not None and head.data == b"one" and faulty.injected == 1
 
 
+#: The sweep's faults: ``PERSISTSHARD_SWEEP_FAULTS=kill,fail_after,...`` (default: all).
+SWEEP_FAULTS = tuple(
+    f for f in os.environ.get("PERSISTSHARD_SWEEP_FAULTS", ",".join(DEFAULT_FAULTS)).split(",") if f
+)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not SWEEP, reason="the sweep runs with PERSISTSHARD_SWEEP=1")
 @pytest.mark.parametrize("seed", range(10, 30))
-@pytest.mark.parametrize("backend", ["files", "sqlite", "postgres"])
+@pytest.mark.parametrize("backend", ["files", "sqlite", "postgres", "s3"])
 def test_sweep(tmp_path, seed, backend, request):
-    consensus = {
-        "files": None,
-        "sqlite": f"sqlite:///{tmp_path}/consensus.db",
-        "postgres": request.getfixturevalue("postgres_url") if backend == "postgres" else None,
-    }[backend]
-    target = Target(f"file://{tmp_path}/shard", consensus=consensus)
-    run_and_check(target, seed=seed, workers=4, ops=45, max_kills=8)
+    """Larger seeded runs on every backend (``PERSISTSHARD_SWEEP=1``)."""
+    if backend == "s3":
+        options = request.getfixturevalue("s3_options")
+        target = Target(f"s3://{BUCKET}/{uuid.uuid4().hex}", options)
+    else:
+        consensus = {
+            "files": None,
+            "sqlite": f"sqlite:///{tmp_path}/consensus.db",
+            "postgres": request.getfixturevalue("postgres_url") if backend == "postgres" else None,
+        }[backend]
+        target = Target(f"file://{tmp_path}/shard", consensus=consensus)
+    run_and_check(target, seed=seed, faults=SWEEP_FAULTS, workers=4, ops=45, max_kills=8)
 
 
 # --- persistshard conformance: what it says about the user's store ---------------------------
