@@ -291,7 +291,9 @@ def _worker(spec: WorkerSpec) -> None:
                 upper, rows = read_rows(shard)
                 known = max(known, upper)
                 ret: dict[str, Any] = {"outcome": "ok", "upper": upper, "rows": rows}
-            except (OSError, errors.Indeterminate) as e:
+            except errors.CorruptData as e:  # never, even for a read that races gc
+                ret = {"outcome": "error", "note": f"{type(e).__name__}: {e}"}
+            except (OSError, errors.PersistShardError) as e:  # a typed, retryable failure
                 ret = {"outcome": "failed", "note": type(e).__name__}
             except Exception as e:  # recorded: the test says what broke
                 ret = {"outcome": "error", "note": f"{type(e).__name__}: {e}"}
@@ -351,8 +353,10 @@ def _gc_loop(target: Target, stop: str, events: str) -> None:
         try:
             shard.gc(dry_run=False, retention_seconds=0)
             runs += 1
-        except (errors.NoShard, errors.StateConflict, errors.Indeterminate, OSError):
-            pass
+        except errors.CorruptData as e:
+            _emit(fd, {"e": "error", "t": time.monotonic(), "note": f"gc: {type(e).__name__}: {e}"})
+        except (errors.PersistShardError, OSError):
+            pass  # typed refusals (no shard yet, a lost race, storage faults): gc runs again
         except Exception as e:  # recorded
             _emit(fd, {"e": "error", "t": time.monotonic(), "note": f"gc: {type(e).__name__}: {e}"})
         time.sleep(0.02)
