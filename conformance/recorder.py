@@ -105,16 +105,24 @@ class FaultPlan:
         return out + sorted(self.blob)
 
 
-def fault_plan(names: Iterable[str] = DEFAULT_FAULTS, *, kills: float = 2.0) -> FaultPlan:
+def fault_plan(
+    names: Iterable[str] = DEFAULT_FAULTS,
+    *,
+    kills: float = 2.0,
+    probability: float | None = None,
+) -> FaultPlan:
     """The plan for fault ``names`` (see the module docstring); a name that is neither a
-    process fault nor a `FaultyBlob` mode is a ValueError."""
+    process fault nor a `FaultyBlob` mode is a ValueError. ``probability``: of every storage
+    fault per call (default: `BLOB_FAULT_PROBABILITY`, else `OTHER_BLOB_FAULT_PROBABILITY`)."""
     names = list(names)
     modes = faulty_blob_modes()
     unknown = [n for n in names if n not in PROCESS_FAULTS and n not in modes]
     if unknown:
         raise ValueError(f"unknown faults {unknown}: known {sorted(PROCESS_FAULTS | modes)}")
     blob = {
-        n: BLOB_FAULT_PROBABILITY.get(n, OTHER_BLOB_FAULT_PROBABILITY)
+        n: probability
+        if probability is not None
+        else BLOB_FAULT_PROBABILITY.get(n, OTHER_BLOB_FAULT_PROBABILITY)
         for n in names
         if n not in PROCESS_FAULTS
     }

@@ -36,6 +36,9 @@ from persistshard.errors import StorageUnsupported
 
 log = logging.getLogger("persistshard.conformance.store_report")
 
+#: How likely a storage call's response is lost in the `lost_responses` run.
+LOST_PROBABILITY = 0.08
+
 
 def atomic_create(blob: Blob, prefix: str = "") -> str:
     """``"holds"``, or ``"fails: <why>"``."""
@@ -88,7 +91,7 @@ def lost_responses(
     """A short linearizability run at the (empty, scratch) ``location`` with the store's
     responses lost (module docstring)."""
     target = Target(location, dict(storage_options), consensus or None)
-    plan = fault_plan(lost_response_faults())
+    plan = fault_plan(lost_response_faults(), probability=LOST_PROBABILITY)
     return record(target, plan, seed=seed, workers=workers, ops=ops, max_kills=0, timeout=120)
 
 

@@ -392,3 +392,17 @@ def test_store_report_says_what_a_store_ignoring_the_condition_answers(tmp_path)
     assert answers == {"first": "created", "second": "accepted", "kept": "second"}
     assert store_report.atomic_create(blob).startswith("fails:")
     assert blob.list("") == []
+
+
+def test_conformance_store_checks_with_a_database_consensus(tmp_path, capsys):
+    """With ``--consensus``, the lost-response run also loses responses of the database's
+    compare-and-sets (`FaultyConsensus`), and stays linearizable."""
+    import json
+
+    from persistshard.cli import main as cli
+
+    url = f"sqlite:///{tmp_path}/consensus.db"
+    code = cli(["conformance", str(tmp_path / "p"), "--consensus", url, "--json", "-k", "lost"])
+    summary = json.loads(capsys.readouterr().out)
+    assert code == 0 and summary["passed"] == 1, summary
+    assert summary["store"]["lost_responses"].startswith("linearizable"), summary
