@@ -15,6 +15,8 @@ The faults (`FaultPlan`, built from a list of names by `fault_plan`, so callers 
 - ``pause``: the parent SIGSTOPs a worker for up to 0.4 s (a long GC pause, a stalled VM);
 - ``gc``: a process runs gc at retention 0 in a loop beside the workers (it is killed and
   paused like them);
+- ``skew``: every process's shard clock is off by up to `SKEW_SECONDS` either way and jumps
+  now and then (`SkewedClock`);
 - any other name is a mode of `persistshard.conformance.faults.FaultyBlob` around each
   worker's blob (``fail_before``, ``fail_after``: applied but reported failed, ``stall``: a
   pause inside a storage call, and whatever modes it gains), at a small probability; on a
@@ -58,7 +60,10 @@ from persistshard.core.storage.consensus import Consensus, VersionedData
 log = logging.getLogger("persistshard.conformance.recorder")
 
 #: Faults the parent process injects itself; every other name is a FaultyBlob mode.
-PROCESS_FAULTS = frozenset({"kill", "pause", "gc"})
+PROCESS_FAULTS = frozenset({"kill", "pause", "gc", "skew"})
+#: How far the ``skew`` fault sets a process's clock off: past the default write lease and
+#: retention (an hour each), so a clock behind or ahead decides what gc may delete.
+SKEW_SECONDS = 7200.0
 #: Per storage call, how likely each FaultyBlob mode is.
 BLOB_FAULT_PROBABILITY = {"fail_before": 0.02, "fail_after": 0.03, "stall": 0.03}
 OTHER_BLOB_FAULT_PROBABILITY = 0.03
@@ -81,6 +86,7 @@ DEFAULT_FAULTS: tuple[str, ...] = (
     "kill",
     "pause",
     "gc",
+    "skew",
     "fail_before",
     "stall",
     *(m for m in LOST_RESPONSE_MODES if m in faulty_blob_modes()),
@@ -96,12 +102,20 @@ class FaultPlan:
     kills: float = 0.0
     pauses: float = 0.0
     gc: bool = False
+    #: Each process's clock is off by up to this many seconds, either way, and jumps.
+    skew_seconds: float = 0.0
     blob: Mapping[str, float] = field(default_factory=dict)
     consensus: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def names(self) -> list[str]:
-        out = [n for n, on in (("kill", self.kills), ("pause", self.pauses), ("gc", self.gc)) if on]
+        process = (
+            ("kill", self.kills),
+            ("pause", self.pauses),
+            ("gc", self.gc),
+            ("skew", self.skew_seconds),
+        )
+        out = [n for n, on in process if on]
         return out + sorted(self.blob)
 
 
@@ -131,6 +145,7 @@ def fault_plan(
         kills=kills if "kill" in names else 0.0,
         pauses=2.0 if "pause" in names else 0.0,
         gc="gc" in names,
+        skew_seconds=SKEW_SECONDS if "skew" in names else 0.0,
         blob=blob,
         consensus=consensus,
     )
@@ -239,6 +254,25 @@ class WorkerSpec:
     ops: int
 
 
+class SkewedClock:
+    """This process's shard clock (`persistshard.core.storage.layout.now_ms`, the one clock
+    ids, commit times and leases read) set off by a random offset of up to ``seconds`` either
+    way; `jump` draws a new offset (a clock stepped by NTP or an operator)."""
+
+    def __init__(self, rng: random.Random, seconds: float) -> None:
+        from persistshard.core.storage import layout
+
+        self.rng = rng
+        self.seconds = seconds
+        self.offset_ms = 0
+        real = layout.now_ms
+        layout.now_ms = lambda: real() + self.offset_ms
+        self.jump()
+
+    def jump(self) -> None:
+        self.offset_ms = int(self.rng.uniform(-self.seconds, self.seconds) * 1000)
+
+
 def _emit(fd: int, event: dict[str, Any]) -> None:
     os.write(fd, (json.dumps(event) + "\n").encode())
 
@@ -289,9 +323,12 @@ def _worker(spec: WorkerSpec) -> None:
     logging.getLogger("persistshard").setLevel(logging.CRITICAL)
     rng = random.Random(spec.seed)
     fd = os.open(spec.events, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    clock = SkewedClock(rng, spec.plan.skew_seconds) if spec.plan.skew_seconds else None
     shard = spec.target.shard(spec.plan, spec.seed)
     known = 0
     for n in range(spec.ops):
+        if clock is not None and rng.random() < 0.1:
+            clock.jump()
         roll = rng.random()
         if roll < 0.35:
             _emit(fd, {"op": n, "e": "call", "t": time.monotonic(), "kind": "read"})
@@ -347,7 +384,7 @@ def _worker(spec: WorkerSpec) -> None:
     os.close(fd)
 
 
-def _gc_loop(target: Target, stop: str, events: str) -> None:
+def _gc_loop(target: Target, stop: str, events: str, skew_seconds: float, seed: int) -> None:
     """gc at retention 0 until ``stop`` exists; any error the contract forbids is logged to
     ``events`` (a read or commit that races a deletion must stay correct, so gc's own
     failures other than storage errors and lost races are errors too)."""
@@ -355,9 +392,13 @@ def _gc_loop(target: Target, stop: str, events: str) -> None:
 
     logging.getLogger("persistshard").setLevel(logging.CRITICAL)
     fd = os.open(events, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    rng = random.Random(seed)
+    clock = SkewedClock(rng, skew_seconds) if skew_seconds else None
     shard = target.shard()
     runs = 0
     while not os.path.exists(stop):
+        if clock is not None and rng.random() < 0.1:
+            clock.jump()
         try:
             shard.gc(dry_run=False, retention_seconds=0)
             runs += 1
@@ -370,6 +411,17 @@ def _gc_loop(target: Target, stop: str, events: str) -> None:
         time.sleep(0.02)
     _emit(fd, {"e": "stats", "gc_runs": runs})
     os.close(fd)
+
+
+#: Refusals a run must never see: no process pauses anywhere near the write lease, so a
+#: write refused for its lease (or for losing races until its deadline) means a clock or a
+#: fence blocked writes.
+BLOCKED = frozenset({"LeaseExpired", "CommitDeadline"})
+#: Storage errors no fault injects: escaping an append, they are the library's own (a
+#: temporary file deleted under a put), which must be retried or said as `StorageError`.
+UNTYPED = frozenset(
+    {"FileNotFoundError", "FileExistsError", "PermissionError", "IsADirectoryError"}
+)
 
 
 @dataclass
@@ -416,6 +468,11 @@ class Recording:
     def problems(self) -> list[str]:
         """Everything wrong with the run (empty when it kept the contract)."""
         out = list(self.errors)
+        for op in self.ops:
+            if op.note in BLOCKED:
+                out.append(f"a write was refused with {op.note} (writes blocked): {op.describe()}")
+            elif op.note in UNTYPED:
+                out.append(f"a raw {op.note} escaped (not injected): {op.describe()}")
         if not self.verified and not out:
             out.append("the shard does not verify after the run")
         if not any(o.process == "final" for o in self.ops):
@@ -525,7 +582,8 @@ def record(
         name = f"{slot}.{inc}"
         events = os.path.join(directory, f"{name}.jsonl")
         if slot == "gc":
-            p = ctx.Process(target=_gc_loop, args=(target, stop, events), daemon=True)
+            args = (target, stop, events, plan.skew_seconds, seed * 7919 + inc)
+            p = ctx.Process(target=_gc_loop, args=args, daemon=True)
         else:
             spec = WorkerSpec(
                 target, plan, seed * 7919 + len(procs) * 31 + inc, name, events, n_ops
