@@ -468,6 +468,8 @@ class Recording:
     def problems(self) -> list[str]:
         """Everything wrong with the run (empty when it kept the contract)."""
         out = list(self.errors)
+        if not any(o.process != "final" for o in self.ops):
+            out.append("no operation was recorded: the workers did not run")
         for op in self.ops:
             if op.note in BLOCKED:
                 out.append(f"a write was refused with {op.note} (writes blocked): {op.describe()}")
@@ -573,6 +575,9 @@ def record(
     ctx = process_context()
     stop = os.path.join(directory, f"stop-{uuid.uuid4().hex}")
     procs: dict[str, Any] = {}
+    everyone: list[tuple[str, Any]] = []  # every process started, by name
+    killed: set[int] = set()  # ids of the processes this function killed
+    problems: list[str] = []
     budget: dict[str, int] = {}
     incarnation: dict[str, int] = {}
 
@@ -591,6 +596,7 @@ def record(
             p = ctx.Process(target=_worker, args=(spec,), daemon=True)
         p.start()
         procs[slot] = (p, events)
+        everyone.append((name, p))
         budget[slot] = n_ops
 
     def returned(events: str) -> int:
@@ -609,8 +615,10 @@ def record(
     while any(procs[s][0].is_alive() for s in procs if s != "gc"):
         if time.monotonic() - started > timeout:
             log.warning("seed %d: workers still running after %.0fs: killed", seed, timeout)
+            problems.append(f"workers still running after {timeout:.0f}s (a hang?): killed")
             for s, (p, _) in procs.items():
                 if s != "gc" and p.is_alive():
+                    killed.add(id(p))
                     p.kill()
             break
         if rate == 0:
@@ -625,6 +633,7 @@ def record(
         if rng.random() < plan.kills / rate:
             if kills >= max_kills or p.pid is None:
                 continue
+            killed.add(id(p))
             os.kill(p.pid, signal.SIGKILL)
             p.join()
             kills += 1
@@ -641,12 +650,18 @@ def record(
             os.kill(p.pid, signal.SIGCONT)
             pauses += 1
     open(stop, "w").close()
-    for p, _ in procs.values():
+    for slot, (p, _) in procs.items():
         p.join(timeout=30)
         if p.is_alive():
+            problems.append(f"{slot} did not stop within 30 s: killed")
+            killed.add(id(p))
             p.kill()
             p.join()
+    for name, p in everyone:
+        if id(p) not in killed and p.exitcode != 0:
+            problems.append(f"process {name} exited with code {p.exitcode} (it crashed)")
     history, errors, stats = load_history(directory)
+    errors = problems + errors
     if events_dir is None:
         shutil.rmtree(directory, ignore_errors=True)
     # The final read: after every process stopped, without faults.

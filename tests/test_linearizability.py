@@ -300,7 +300,7 @@ def s3_options():
 
 def test_s3(s3_options):
     target = Target(f"s3://{BUCKET}/{uuid.uuid4().hex}", s3_options)
-    rec = run_and_check(target, seed=4, workers=3, ops=20)
+    rec = run_and_check(target, seed=4, workers=3, ops=16)
     assert rec.count(outcome="ok") > 10 and rec.kills > 0 and rec.injected > 0
 
 
