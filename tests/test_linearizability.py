@@ -234,6 +234,7 @@ from persistshard.conformance.recorder import (  # noqa: E402
     fault_plan,
     record,
 )
+from persistshard.core.storage.blob import Blob, BlobWrapper  # noqa: E402
 
 SWEEP = os.environ.get("PERSISTSHARD_SWEEP") == "1"
 
@@ -243,6 +244,32 @@ def run_and_check(target: Target, seed: int, faults=DEFAULT_FAULTS, **kw):
     print(rec.summary())
     rec.assert_ok()
     return rec
+
+
+class IgnoresCondition(BlobWrapper):
+    """A store that ignores ``If-None-Match``: every conditional create overwrites."""
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        self.inner.put(key, data)
+        return True
+
+
+def ignoring_condition(blob: Blob) -> Blob:
+    return IgnoresCondition(blob)
+
+
+def test_a_store_ignoring_the_condition_is_refused_or_caught(tmp_path):
+    """The recorder and checker against a store that really loses commits (not a tampered
+    history): writers racing for one version both "win". Either every write is refused
+    (`StorageUnsupported`: the probe before a first write) or the run fails, naming a lost
+    or doubled acknowledged append or a history that is not linearizable."""
+    target = Target(f"{tmp_path}/shard", wrap=ignoring_condition)
+    rec = record(target, fault_plan([]), seed=5, workers=4, ops=30)
+    writes = [o for o in rec.ops if o.kind != "read"]
+    if all(o.note == "StorageUnsupported" for o in writes):
+        return
+    problems = "\n".join(rec.problems())
+    assert "acknowledged row" in problems or "not linearizable" in problems, rec.summary()
 
 
 #: Every fault but gc: what main already survives.
