@@ -418,11 +418,16 @@ class _Collector:
     def __init__(self) -> None:
         self.outcomes: list[dict[str, str]] = []
         self.progress: Progress | None = None
+        #: What the store answered (`persistshard.conformance.store_report`), by check.
+        self.store: dict[str, Any] = {}
 
     def pytest_collection_finish(self, session: Any) -> None:
         self.progress = Progress("conformance", total=len(session.items), unit="tests")
 
     def pytest_runtest_logreport(self, report: Any) -> None:
+        for name, value in getattr(report, "user_properties", ()):
+            if name == "store" and isinstance(value, dict):
+                self.store.update(value)
         if report.when == "call" or (report.when == "setup" and not report.passed):
             self.outcomes.append(
                 {"test": report.nodeid.split("::", 1)[-1], "outcome": report.outcome}
@@ -433,6 +438,28 @@ class _Collector:
     def pytest_sessionfinish(self, session: Any) -> None:
         if self.progress is not None:
             self.progress.close()
+
+
+#: How `_print_store` names what `persistshard.conformance.store_report` found.
+STORE_LINES = {
+    "atomic_create": "atomic create",
+    "repeated_conditional_put": "repeated conditional PUT",
+    "lost_responses": "lost responses",
+}
+
+
+def _print_store(location: str, store: dict[str, Any]) -> None:
+    """What the store answered, one line per check that ran (nothing if none did)."""
+    if not store:
+        return
+    print(f"the store at {location}:")
+    for key, label in STORE_LINES.items():
+        if key not in store:
+            continue
+        value = store[key]
+        if isinstance(value, dict):
+            value = ", ".join(f"{k} {v}" for k, v in value.items())
+        print(f"  {label:<26} {value}")
 
 
 def cmd_conformance(args: argparse.Namespace, options: dict[str, Any]) -> int:
@@ -489,10 +516,12 @@ def cmd_conformance(args: argparse.Namespace, options: dict[str, Any]) -> int:
                 "passed": sum(o["outcome"] == "passed" for o in collector.outcomes),
                 "failed": len(failed),
                 "tests": collector.outcomes,
+                "store": collector.store,
             }
             print(json.dumps(summary, indent=2))
         else:
             code = int(pytest.main(pytest_args, plugins=[collector]))
+            _print_store(args.location, collector.store)
         if code == 5:  # pytest: nothing ran
             print(f"persistshard conformance: no check matches {args.select!r}", file=sys.stderr)
             return 2

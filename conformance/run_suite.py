@@ -9,6 +9,11 @@ deletes every ``conformance-<run>-*`` sub-location when the suite ends
 (``--consensus URL``) the log is kept in that database instead of next to the data. The
 same classes run in the project's own tests against local files, memory and a local S3
 server (``tests/test_conformance.py``, ``tests/test_s3.py``).
+
+`TestStore` reports what the store does beyond pass/fail (`persistshard.conformance.store_report`):
+each of its tests records a ``store`` user property ``{name: answer}`` that the command prints
+(and puts under ``"store"`` in ``--json``): atomic create, the answer to a repeated
+conditional PUT, and a short linearizability run with the store's responses lost.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 
+from persistshard.conformance import store_report
 from persistshard.conformance.cleanup import scratch_name
 from persistshard.conformance.crash import check_page_cache, check_process_cuts
 from persistshard.conformance.model import make_shard_machine
@@ -60,6 +66,31 @@ class TestBlob(BlobContract):
 
 class TestConsensus(ConsensusContract):
     pass
+
+
+class TestStore:
+    """What this store answers, reported by the command (module docstring)."""
+
+    def test_atomic_create(self, store: Store, record_property: Any) -> None:
+        answer = store_report.atomic_create(store.blob())
+        record_property("store", {"atomic_create": answer})
+        assert answer == "holds", answer
+
+    def test_repeated_conditional_put(self, store: Store, record_property: Any) -> None:
+        answers = store_report.repeated_conditional_put(store.blob())
+        record_property("store", {"repeated_conditional_put": answers})
+        assert answers == {"first": "created", "second": "exists", "kept": "first"}, answers
+
+    def test_lost_responses_are_linearizable(self, store: Store, record_property: Any) -> None:
+        """Processes read and append on a scratch shard whose storage calls are applied and
+        then reported failed (the response lost); the history is checked for
+        linearizability and the final rows hold each acknowledged append once."""
+        if not store.shared:
+            pytest.skip("the store is not shared between processes")
+        rec = store_report.lost_responses(store.url, store.storage_options, CONSENSUS)
+        record_property("store", {"lost_responses": store_report.describe(rec)})
+        rec.assert_ok()
+        assert rec.injected > 0, rec.summary()
 
 
 class TestCrash:

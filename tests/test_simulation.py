@@ -59,6 +59,10 @@ WRITERS = 3
 STEPS = 120
 #: Open listeners at most at once.
 LISTENERS = 2
+#: The faults of every handle's storage: `FaultyBlob` keywords (a probability per call). A
+#: mode FaultyBlob gains (a lost response, a duplicated request) joins the run by being named
+#: here or passed as ``Simulation(seed, faults=...)``.
+FAULTS: dict[str, float] = {"fail_before": 0.03, "fail_after": 0.03, "stall": 0.02}
 
 
 @dataclass
@@ -77,8 +81,9 @@ class Listener:
 
 
 class Simulation:
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, faults: dict[str, float] | None = None) -> None:
         self.rng = random.Random(seed)
+        self.faults = dict(FAULTS if faults is None else faults)
         self.location = f"memory://sim-{uuid.uuid4().hex}"
         # row id -> the time its append landed at (None: landed, at a time since passed)
         self.acked: dict[int, int | None] = {}
@@ -90,14 +95,7 @@ class Simulation:
         self.handles = [self.handle(seed * 100 + i) for i in range(WRITERS + 3)]
 
     def handle(self, seed: int) -> tuple[Shard, FaultyBlob]:
-        blob = FaultyBlob(
-            FsspecBlob(self.location),
-            fail_before=0.03,
-            fail_after=0.03,
-            seed=seed,
-            stall=0.02,
-            on_stall=self.stall,
-        )
+        blob = FaultyBlob(FsspecBlob(self.location), seed=seed, on_stall=self.stall, **self.faults)
         return Shard(self.location, blob=blob), blob
 
     def stall(self) -> None:
@@ -322,6 +320,8 @@ def test_seeded_simulation_matches_the_model(seed):
         assert sum(len(x.deliveries) for x in sim.listeners) > 5
         sim.check()
     except CorruptData as e:  # never: a slow or failing writer must not damage the shard
-        raise AssertionError(f"seed {seed}: {e}") from e
+        raise AssertionError(f"seed {seed}, faults {sim.faults}: {e}") from e
+    except AssertionError as e:  # the seed reproduces it
+        raise AssertionError(f"seed {seed}, faults {sim.faults}: {e}") from e
     finally:
         FsspecBlob(sim.location).fs.rm(FsspecBlob(sim.location).root, recursive=True)
