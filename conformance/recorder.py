@@ -161,6 +161,7 @@ class FaultyConsensus(Consensus):
         self, inner: Consensus, *, fail_before: float = 0.0, fail_after: float = 0.0, seed: int = 0
     ) -> None:
         self.inner = inner
+        self.wrapped = inner  # the log lives in the inner consensus (identity checks)
         self.fail_before = fail_before
         self.fail_after = fail_after
         self.injected = 0

@@ -73,7 +73,12 @@ from persistshard.core.statemachine.state import (
 from persistshard.core.storage import layout, metrics
 from persistshard.core.storage import parts as part_store
 from persistshard.core.storage.blob import Blob, open_blob
-from persistshard.core.storage.consensus import BlobConsensus, Consensus, DatabaseLog
+from persistshard.core.storage.consensus import (
+    BlobConsensus,
+    Consensus,
+    DatabaseLog,
+    underlying,
+)
 from persistshard.core.storage.layout import DEFAULT_RETENTION_SECONDS, new_id
 from persistshard.core.storage.parts import fit_inline, write_parts
 from persistshard.core.storage.sqlconsensus import CONSENSUS_OPTION, open_consensus
@@ -181,8 +186,10 @@ class Shard:
             # spelling of the location finds one log, and another database is refused.
             consensus = open_consensus(url, self.location, blob)
             self.storage_options = {**storage_options, CONSENSUS_OPTION: url}
-        elif isinstance(consensus, DatabaseLog):
-            consensus.attach(blob)
+        elif consensus is not None and isinstance(underlying(consensus), DatabaseLog):
+            attached = underlying(consensus)
+            assert isinstance(attached, DatabaseLog)
+            attached.attach(blob)
         if (inline_bytes, inline_cap) != (
             part_store.DEFAULT_INLINE_BYTES,
             part_store.DEFAULT_INLINE_CAP,
@@ -500,7 +507,7 @@ class Shard:
             refuse_foreign_files(self.blob, self.location)
         written = WrittenUpdates()
         schema = current.schema
-        write_id = new_id()
+        write_id = self.machine.new_write_id()
         with WriteLease(self.machine, write_id):  # renewed if the write outlives its lease
             if updates is not None:
                 incoming = user_schema(updates.schema) if schema is None else None
@@ -546,7 +553,7 @@ class Shard:
             updates = updates.append_column(TIME, pa.array(np.full(n, expected, dtype=np.int64)))
             schema = current.schema
             incoming = user_schema(updates.schema) if schema is None else schema
-            write_id = new_id()
+            write_id = self.machine.new_write_id()
             with WriteLease(self.machine, write_id):
                 written = self.write_updates(
                     updates,
@@ -595,7 +602,7 @@ class Shard:
             if state.version == 0:
                 refuse_foreign_files(self.blob, self.location)
             incoming, keys, schema = up.prepare(table, key_columns, state, self.location)
-            write_id = new_id()
+            write_id = self.machine.new_write_id()
             try:
                 with WriteLease(self.machine, write_id):
                     parts = up.delta_parts(

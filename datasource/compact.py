@@ -39,7 +39,6 @@ from persistshard.core.maintenance.compact import (
 from persistshard.core.shard import Shard
 from persistshard.core.statemachine.leases import holding
 from persistshard.core.statemachine.state import schema_from_b64, schema_to_b64
-from persistshard.core.storage.layout import new_id
 from persistshard.core.storage.parts import check_parts
 
 log = logging.getLogger("persistshard.datasource.compact")
@@ -103,7 +102,7 @@ def compact(
         if not plans:
             break
         rounds += 1
-        write_ids = [new_id() for _ in plans]
+        write_ids = [shard.machine.new_write_id() for _ in plans]
         payloads = [
             json.dumps(
                 {

@@ -277,7 +277,7 @@ def _apply(
         if len(target) > len(schema):
             schema = target  # merge_schema widened the columns
         keys = up.resolve_key_columns(schema, spec.keys, shard.location)
-        write_id = new_id()
+        write_id = shard.machine.new_write_id()
         try:
             with WriteLease(shard.machine, write_id):  # a delta longer than the lease renews it
                 parts = up.delta_parts(

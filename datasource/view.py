@@ -42,7 +42,6 @@ from pyspark.sql.types import StructType
 from persistshard.core.shard import WrittenUpdates, open_shard
 from persistshard.core.statemachine.leases import WriteLease, holding
 from persistshard.core.statemachine.state import WriterBatch, WriterVerdict, judge_writer_batch
-from persistshard.core.storage.layout import new_id
 from persistshard.core.storage.parts import check_parts
 from persistshard.core.write.diff import DiffRun, current_runs, diff_parts
 from persistshard.datasource.options import WriteOptions, storage_errors
@@ -97,7 +96,7 @@ def commit_complete(
                 d = describe_write(opts, spark_schema, True, shard)
                 target = d.target if d.target is not None else d.incoming
                 time = state.upper
-                write_id = new_id()
+                write_id = shard.machine.new_write_id()
                 runs = [*chains, *current_runs(state)] if state.schema is not None else chains
                 try:
                     with WriteLease(shard.machine, write_id):  # a long diff renews its lease

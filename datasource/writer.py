@@ -52,7 +52,7 @@ from persistshard.core.statemachine.leases import WriteLease
 from persistshard.core.statemachine.state import PartRef
 from persistshard.core.storage import layout, metrics
 from persistshard.core.storage.blob import FsspecBlob
-from persistshard.core.storage.layout import PARTS_PREFIX, new_id
+from persistshard.core.storage.layout import PARTS_PREFIX
 from persistshard.core.storage.parts import PutsBehind, write_part
 from persistshard.core.write.external import ExternalSort, distinct_ascending
 from persistshard.core.write.validate import (
@@ -184,7 +184,7 @@ def describe_write(
         sources = match_columns(incoming, target, shard.location)
     return BatchDescription(
         location=shard.location,
-        write_id=new_id(),
+        write_id=shard.machine.new_write_id(),
         lower=lower,
         upper=opts.upper,
         shard_schema=state.schema,

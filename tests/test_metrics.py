@@ -37,6 +37,8 @@ PURE = {
     "persistshard.datasource.types": "Spark <-> Arrow type mapping",
     "persistshard.datasource.options": "option parsing that raises InvalidOption",
     "persistshard.datasource.ddl": "a parser of column DDL",
+    "persistshard.datasource.replay": "the digest of a micro-batch's rows; the sinks log "
+    "what they decide from it",
     "persistshard.conformance.model": "the in-memory reference model",
     "persistshard.conformance.run_suite": "pytest test classes: pytest reports their outcome",
 }

@@ -67,7 +67,7 @@ from persistshard.core.statemachine import leases
 from persistshard.core.statemachine.leases import WriteLease
 from persistshard.core.statemachine.machine import StateMachine
 from persistshard.core.statemachine.state import Batch, Commit, PartRef, ShardState
-from persistshard.core.storage import layout, metrics
+from persistshard.core.storage import metrics
 from persistshard.core.storage.blob import Blob
 from persistshard.core.storage.layout import id_time_ms, new_id, part_key
 from persistshard.core.storage.parts import (
@@ -664,8 +664,8 @@ def merge_write_id(machine: StateMachine) -> str:
     wid = machine.merge_write_id
     born = id_time_ms(wid) if wid is not None else None
     limit_ms = min(MERGE_WRITE_ID_SECONDS * 1000, leases.implicit_lease_ms() / 8)
-    if wid is None or born is None or layout.now_ms() - born >= limit_ms:
-        wid = machine.merge_write_id = new_id()
+    if wid is None or born is None or machine.now_ms() - born >= limit_ms:
+        wid = machine.merge_write_id = machine.new_write_id()
     return wid
 
 

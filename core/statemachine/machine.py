@@ -184,6 +184,33 @@ class StateMachine:
         # The write id this machine's compaction merges put their outputs under, while young
         # (`persistshard.core.maintenance.compact.merge_write_id`).
         self.merge_write_id: str | None = None
+        # The shard's time as this machine last saw it: the newest of the head entry's commit
+        # time and gc's lease fence (`new_write_id`).
+        self._shard_time_ms = 0
+
+    # --- the shard's time -----------------------------------------------------------------
+
+    def _saw(self, state: ShardState, at_ms: int | None) -> None:
+        """Remember the shard's time from a state read or committed: its lease fence and the
+        commit times of the entries read (``at_ms``, where known; the newest of them, not
+        the head's alone: gc bounds its fence by the newest commit time it read)."""
+        self._shard_time_ms = max(self._shard_time_ms, state.lease_fence_ms, at_ms or 0)
+
+    def now_ms(self) -> int:
+        """This process's clock, raised to the shard's time as this machine last saw it (at
+        most `layout.MAX_ID_LEAD_MS` past the clock): the time write ids start their leases."""
+        clock = layout.now_ms()
+        return max(clock, min(self._shard_time_ms, clock + layout.MAX_ID_LEAD_MS))
+
+    def new_write_id(self) -> str:
+        """A write id whose time (its lease's start) is not behind the shard's time as this
+        machine last saw it (`now_ms`). gc judges a write's lease by the time in its id and
+        fences at its own clock (bounded by the newest commit time): a writer whose clock runs
+        behind would otherwise mint leases that look expired to gc, and every commit of its
+        writes would be refused (`LeaseExpired`) as long as its clock stays behind. Raising
+        the id's time only lengthens the write's lease as gc sees it (its parts are kept
+        longer), never shortens it, so it cannot make gc delete anything it would have kept."""
+        return layout.new_id(self.now_ms())
 
     # --- reading ------------------------------------------------------------------------
 
@@ -229,8 +256,10 @@ class StateMachine:
         shared = SHARED_STATES.get(self.consensus, head)
         if shared is not None:
             self._state, self._rollup = shared
+            self._saw(self._state, None)
             return self._state
         entry = Entry.decode(head.data, self.consensus.entry_name(head.version), self.location)
+        self._saw(ShardState(), entry.at_ms)
         base = self._state if 0 < self._state.version < head.version else None
         # Entries up to the head only (``limit``): nothing past it is folded, so probing for
         # the version after the head would be a wasted read.
@@ -251,6 +280,7 @@ class StateMachine:
             for e in entries
             if e.version <= head.version
         ]
+        self._saw(ShardState(), max((c.at_ms or 0 for c in commits), default=0))
         folded = st.fold(base, commits, self.location)
         if folded.version < head.version:
             raise CorruptData(
@@ -259,6 +289,7 @@ class StateMachine:
                 location=self.location,
             )
         self._state = folded
+        self._saw(folded, None)
         self._rollup = (entry.rollup_version, entry.rollup_key)
         SHARED_STATES.put(self.consensus, head, folded, self._rollup)
         return folded
@@ -460,6 +491,7 @@ class StateMachine:
                 continue
             if ok:
                 self._state, self._rollup = new, rollup
+                self._saw(new, now)
                 SHARED_STATES.put(self.consensus, VersionedData(new.version, encoded), new, rollup)
                 return new
             losses += 1

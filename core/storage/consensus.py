@@ -118,6 +118,10 @@ class VersionedData:
 class Consensus(ABC):
     """A versioned log with compare-and-set at its head (see the module docstring)."""
 
+    #: A consensus that forwards every call to another (fault injection, tracing) names it
+    #: here: where the log lives is the wrapped one's (`underlying`).
+    wrapped: Consensus | None = None
+
     def entry_name(self, version: int) -> str:
         """How messages name the stored entry of ``version`` (its file, where there is one)."""
         return f"consensus version {version}"
@@ -812,10 +816,19 @@ def _name_of(consensus: Consensus) -> str:
     return str(getattr(consensus, "redacted", type(consensus).__name__))
 
 
+def underlying(consensus: Consensus) -> Consensus:
+    """The consensus that holds the log, under any wrappers (`Consensus.wrapped`): the one
+    the identity checks judge, whatever wraps it."""
+    while consensus.wrapped is not None:
+        consensus = consensus.wrapped
+    return consensus
+
+
 def refuse_other_home(home: LogHome, consensus: Consensus, location: str) -> None:
     """`InvalidOption` naming where the shard's log is, unless ``home`` is ``consensus``'s:
     the same kind of log and, for a database, the same database (by its id; a legacy marker
     is checked by the database consensus itself, which knows its URL forms)."""
+    consensus = underlying(consensus)
     if isinstance(consensus, BlobConsensus):
         if home.log == BLOB_LOG:
             return
@@ -875,6 +888,7 @@ def mark_log_home(blob: Blob, consensus: Consensus, location: str) -> LogHome:
       marker is then a get, a put if absent, and a get to confirm (two *different* databases
       racing the first write there cannot be told apart by such storage: best effort).
     Returns the recorded identity. Costs one put-if-absent (a get more if it exists)."""
+    consensus = underlying(consensus)
     if isinstance(consensus, BlobConsensus):
         consensus.check_store()  # a store that ignores the condition gets no marker either
         mine = LogHome(BLOB_LOG, None, None, "the default consensus, next to its data")
@@ -922,6 +936,7 @@ def check_log_home(blob: Blob, consensus: Consensus, location: str) -> None:
     a database consensus has read it already (it keys its log by the id in it) and lists the
     log's prefix for entries of a shard logged next to its data before shard ids (one
     listing). Only on an empty log: a shard with versions costs nothing here."""
+    consensus = underlying(consensus)
     if isinstance(consensus, BlobConsensus) or not isinstance(consensus, DatabaseLog):
         home = read_log_home(blob, location)
         if home is not None:

@@ -97,10 +97,18 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def new_id() -> str:
+def new_id(not_before_ms: int = 0) -> str:
     """A fresh unique id (for writes, commits and batches): 32 hex digits, the first 12 the
-    wall-clock milliseconds, so ids sort by creation time and gc can tell an id's age."""
-    return f"{now_ms():012x}{uuid.uuid4().hex[:20]}"
+    wall-clock milliseconds (or ``not_before_ms`` when the clock is behind it: a write id's
+    time starts its lease, see `persistshard.core.statemachine.machine.StateMachine.
+    new_write_id`), so ids sort by creation time and gc can tell an id's age."""
+    return f"{max(now_ms(), not_before_ms):012x}{uuid.uuid4().hex[:20]}"
+
+
+#: How far a write id's time may be raised past this process's clock to the shard's time
+#: (`persistshard.core.statemachine.machine.StateMachine.new_write_id`): a clock behind by
+#: more than this still mints write ids whose leases gc's fence may already refuse.
+MAX_ID_LEAD_MS = 24 * 3600 * 1000
 
 
 def id_time_ms(identifier: str) -> int | None:
