@@ -38,14 +38,11 @@ make a legal history illegal, so what is left is still a proof), then `format_op
 from __future__ import annotations
 
 import hashlib
-import logging
 import time
 from collections import Counter
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
-
-log = logging.getLogger("persistshard.conformance.linearizability")
 
 Kind = Literal["read", "cas", "append"]
 Outcome = Literal["ok", "refused", "unknown", "failed"]

@@ -70,6 +70,14 @@ def repeated_conditional_put(blob: Blob, prefix: str = "") -> dict[str, str]:
     finally:
         blob.delete(key)
     kept = {b"first": "first", b"second": "second", None: "none"}.get(data, "other bytes")
+    if second != "exists" or kept != "first":
+        log.warning(
+            "%s: a repeated conditional create answered %r and the key kept %s bytes: the "
+            "store does not keep the condition",
+            getattr(blob, "url", "the store"),
+            second,
+            kept,
+        )
     return {"first": first, "second": second, "kept": kept}
 
 
@@ -92,6 +100,13 @@ def lost_responses(
     responses lost (module docstring)."""
     target = Target(location, dict(storage_options), consensus or None)
     plan = fault_plan(lost_response_faults(), probability=LOST_PROBABILITY)
+    log.info(
+        "%s: a checked run of %d processes with %s, each on %.0f%% of the store's calls",
+        location,
+        workers,
+        ", ".join(plan.names),
+        LOST_PROBABILITY * 100,
+    )
     return record(target, plan, seed=seed, workers=workers, ops=ops, max_kills=0, timeout=120)
 
 

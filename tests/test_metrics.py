@@ -41,6 +41,8 @@ PURE = {
     "what they decide from it",
     "persistshard.conformance.model": "the in-memory reference model",
     "persistshard.conformance.run_suite": "pytest test classes: pytest reports their outcome",
+    "persistshard.conformance.linearizability": "the checker, a pure search over a recorded "
+    "history; the recorder and the tests report its verdict",
 }
 
 LEVELS = {"debug", "info", "warning", "error", "exception", "critical"}
