@@ -420,8 +420,12 @@ def _gc_loop(target: Target, stop: str, events: str, skew_seconds: float, seed: 
 
 
 #: Refusals a run must never see: no process pauses anywhere near the write lease, so a
-#: write refused for its lease (or for losing races until its deadline) means a clock or a
-#: fence blocked writes.
+#: write that lost races until its deadline, or a process whose writes are refused for their
+#: leases twice in a row, means a clock or a fence blocked writes. One such refusal is not:
+#: with clocks further apart than the lease, a write that races the fence of a gc whose
+#: clock (and the newest commit time) runs far ahead is refused once (nothing applied), and
+#: the process's next write starts its lease at that fence
+#: (`persistshard.core.statemachine.machine.StateMachine.new_write_id`).
 BLOCKED = frozenset({"LeaseExpired", "CommitDeadline"})
 #: Storage errors no fault injects: escaping an append, they are the library's own (a
 #: temporary file deleted under a put), which must be retried or said as `StorageError`.
@@ -476,8 +480,12 @@ class Recording:
         out = list(self.errors)
         if not any(o.process != "final" for o in self.ops):
             out.append("no operation was recorded: the workers did not run")
-        for op in self.ops:
-            if op.note in BLOCKED:
+        refused_before: dict[str, bool] = {}  # the process's previous write: LeaseExpired?
+        for op in sorted(self.ops, key=lambda o: o.call):
+            expired = op.note == "LeaseExpired"
+            if op.kind != "read":
+                again, refused_before[op.process] = refused_before.get(op.process), expired
+            if op.note in BLOCKED and (not expired or again):
                 out.append(f"a write was refused with {op.note} (writes blocked): {op.describe()}")
             elif op.note in UNTYPED:
                 out.append(f"a raw {op.note} escaped (not injected): {op.describe()}")

@@ -466,7 +466,8 @@ def collect(
     report.rollup_bytes = sum(rollup_sizes.values())
 
     if not dry_run and _needs_fence(head_state, report.orphaned_parts):
-        _fence_orphans(machine, now, log_, report, part_sizes)
+        through = _fence_time(head_state, report.orphaned_parts, now)
+        _fence_orphans(machine, through, log_, report, part_sizes)
     report.parts = sorted(part_sizes)
     report.part_bytes = sum(part_sizes.values())
     if dry_run:
@@ -523,6 +524,21 @@ def _needs_fence(state: ShardState, orphans: list[str]) -> bool:
         if until is None or until > state.lease_fence_ms:
             return True
     return False
+
+
+def _fence_time(state: ShardState, orphans: list[str], now_ms: int) -> int:
+    """The lowest fence that covers ``orphans``: the latest time any of their writes' leases
+    ran out (each at or before ``now_ms``, gc's time, or it would be no orphan). Fencing there
+    and not at gc's own time refuses exactly the writes whose parts gc may delete, and never
+    a write whose lease is still running by that bound, however far gc's clock or a writer's
+    runs from the others (a write id's time starts its lease)."""
+    latest = 0
+    for key in orphans:
+        write_id = st.part_write_id(key)
+        until = leases.expiry_ms(state, write_id) if write_id is not None else None
+        if until is not None:
+            latest = max(latest, until)
+    return min(latest, now_ms) if latest else now_ms
 
 
 def _fence_orphans(
