@@ -338,7 +338,6 @@ def test_a_shard_opened_with_the_wrong_consensus_is_refused_not_forked(tmp_path)
 
 from persistshard.conformance.recorder import FaultyConsensus  # noqa: E402
 from persistshard.core.statemachine.state import Commit  # noqa: E402
-from persistshard.core.storage.sqlconsensus import SqliteConsensus  # noqa: E402
 
 
 class _Scans:
