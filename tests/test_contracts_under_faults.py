@@ -91,3 +91,92 @@ def test_blob_contract_table_names_real_tests():
     for fault in ("lose_response", "fail_before", "fail_after"):
         with pytest.raises(ValueError, match="only the consensus contract"):
             blob_contract_under(fault)
+
+
+# --- the same contracts on S3 through the fault-injecting proxy (s3fs's own retries on) -------
+
+import os  # noqa: E402
+import uuid  # noqa: E402
+from typing import Any  # noqa: E402
+
+from persistshard.conformance.proxy import FaultProxy, Rule, fault_proxy, s3_options_via  # noqa: E402
+from persistshard.conformance.s3server import moto_server  # noqa: E402
+
+BUCKET = "persistshard-contracts"
+CONDITIONAL_PUT = {"method": "PUT", "header": "If-None-Match"}
+
+
+#: ``PERSISTSHARD_SWEEP=1`` (as tests/test_linearizability.py) runs the whole S3 matrix: the
+#: consensus contract under every proxy fault and the racing workers under each.
+SWEEP = os.environ.get("PERSISTSHARD_SWEEP") == "1"
+SLOW = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not SWEEP, reason="the S3 fault matrix runs with PERSISTSHARD_SWEEP=1"),
+]
+
+
+def proxy_rules(action: str) -> list[Rule]:
+    """``action`` on conditional creates first (the requests a lost answer turns into
+    "exists"), then on any request, each bounded below s3fs's retries (each costs the
+    client a retry after a backoff; a 500 about half a second: fewer)."""
+    times = 1
+    return [
+        Rule(action, probability=0.5, times=times, **CONDITIONAL_PUT),
+        Rule(action, probability=0.5, times=times),
+    ]
+
+
+@pytest.fixture(scope="module")
+def s3_direct() -> Iterator[dict[str, Any]]:
+    with moto_server(BUCKET, "testing", "secret") as endpoint:
+        yield {
+            "key": "testing",
+            "secret": "secret",
+            "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
+        }
+
+
+def proxied_store(s3_direct: dict[str, Any], action: str) -> Iterator[Store]:
+    """A store on the moto server through a `FaultProxy` injecting ``action``; no harness
+    read-back (the client library retries, the library reads "exists" back: every answer the
+    contract asserts must come out exact). After the test, the faults must have been met."""
+    with fault_proxy(s3_direct["client_kwargs"]["endpoint_url"], seed=SEED) as proxy:
+        proxy.set_rules(*proxy_rules(action))
+        yield Store(f"s3://{BUCKET}/{uuid.uuid4().hex}", s3_options_via(s3_direct, proxy))
+        assert proxy.hits[action] > 0, f"no {action} was injected: the test checked nothing"
+
+
+class TestS3ConsensusUnderProxyFaults(ConsensusContract):
+    """Every proxy fault in the sweep; ``drop`` (a lost answer, retried by the client) by
+    default."""
+
+    @pytest.fixture(params=["drop", *(pytest.param(a, marks=SLOW) for a in ("error500", "twice"))])
+    def store(self, request, s3_direct) -> Iterator[Store]:
+        yield from proxied_store(s3_direct, request.param)
+
+    @pytest.mark.slow
+    @pytest.mark.skipif(not SWEEP, reason="racing processes on S3 run with PERSISTSHARD_SWEEP=1")
+    def test_cas_race(self, store: Store) -> None:
+        super().test_cas_race(store)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SWEEP, reason="the S3 fault matrix runs with PERSISTSHARD_SWEEP=1")
+class TestS3BlobUnderTwice(blob_contract_under("twice")):  # type: ignore[misc]
+    @pytest.fixture
+    def store(self, s3_direct) -> Iterator[Store]:
+        yield from proxied_store(s3_direct, "twice")
+
+
+class TestS3BlobUnderDrop(blob_contract_under("drop")):  # type: ignore[misc]
+    @pytest.fixture
+    def store(self, s3_direct) -> Iterator[Store]:
+        yield from proxied_store(s3_direct, "drop")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SWEEP, reason="the S3 fault matrix runs with PERSISTSHARD_SWEEP=1")
+class TestS3BlobUnderError500(blob_contract_under("error500")):  # type: ignore[misc]
+    @pytest.fixture
+    def store(self, s3_direct) -> Iterator[Store]:
+        yield from proxied_store(s3_direct, "error500")
