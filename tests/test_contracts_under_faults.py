@@ -99,7 +99,7 @@ import os  # noqa: E402
 import uuid  # noqa: E402
 from typing import Any  # noqa: E402
 
-from persistshard.conformance.proxy import FaultProxy, Rule, fault_proxy, s3_options_via  # noqa: E402
+from persistshard.conformance.proxy import Rule, fault_proxy, s3_options_via  # noqa: E402
 from persistshard.conformance.s3server import moto_server  # noqa: E402
 
 BUCKET = "persistshard-contracts"
