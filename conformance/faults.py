@@ -207,8 +207,10 @@ class Faults:
     made: list[FaultyBlob] = field(default_factory=list, repr=False, compare=False)
 
     def __call__(self, blob: Blob) -> FaultyBlob:
-        extra: dict[str, Any] = {} if self.operations is None else {"operations": self.operations}
-        faulty = FaultyBlob(blob, seed=self.seed + len(self.made), **self.odds, **extra)
+        keywords: dict[str, Any] = dict(self.odds)
+        if self.operations is not None:
+            keywords["operations"] = self.operations
+        faulty = FaultyBlob(blob, seed=self.seed + len(self.made), **keywords)
         self.made.append(faulty)
         return faulty
 

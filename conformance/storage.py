@@ -18,6 +18,7 @@ is reported as `StorageUnsupported`, never as a passing store that would lose co
 
 from __future__ import annotations
 
+import builtins
 import logging
 import multiprocessing as mp
 import queue
@@ -247,7 +248,7 @@ class _Under(BlobWrapper):
             for m in self.inner.list(self.prefix + prefix)
         ]
 
-    def list_temporary(self) -> list[BlobMeta]:
+    def list_temporary(self) -> builtins.list[BlobMeta]:
         n = len(self.prefix)
         return [
             BlobMeta(m.key[n:], m.size, m.modified_ms)

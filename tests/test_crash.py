@@ -1,12 +1,15 @@
 """Crash consistency of every operation: a cut at every store step leaves the old or the new
 state, never loses an acknowledged commit, and the shard reads, verifies and takes commits.
 
-Two harnesses (`persistshard.conformance.crash`, which also holds the operations):
+Three harnesses (`persistshard.conformance.crash`, which also holds the operations):
 - the page-cache model over the real local file code (every os call of a put recorded; a
   power cut keeps only what was fsynced), in three flavours: unsynced names lost, every name
   kept with unsynced files empty, and a seeded mix with torn files;
 - `CutBlob` over the memory store: the process dies before its k-th store call (what a
-  store that is durable on success, such as S3, keeps), which checks the order of writes.
+  store that is durable on success, such as S3, keeps), which checks the order of writes;
+- `LoseBlob` over the memory store: the k-th store call is applied and its answer lost
+  (``TimeoutError``, or "exists" for a conditional create: the client's own retry), then
+  the process goes on or dies at its next call or the one after.
 
 Each operation runs through the public Python API: append, compaction, overwrite (the core
 of the Spark overwrite: staged parts, the difference, one commit), upsert, reclocking (mint on
