@@ -22,6 +22,13 @@ Two ways to cut, one check (`check_image`):
   before the state that names them, the state before the hints, deletes only after the state
   that drops them.
 
+A third driver, `check_lost_responses` (any store), loses a response instead: at each store
+call k in turn, `LoseBlob` applies the call and then reports failure (``lost``: the caller gets
+``TimeoutError``) or, for a conditional create, "exists" (``exists``: what the client
+library's own retry of a create whose first answer was lost reports); then the process goes
+on (the library resolves what it can, an operation that still fails ends the run) or dies at
+its next store call, or at the one after (`ENDINGS`). Its image is checked the same way.
+
 `check_image` opens the image as a shard and checks: every commit acknowledged before the cut
 is there (the version, and the contents at its upper, which must equal the contents recorded
 when the operation returned), the state is one that some operation produced (old or new,
@@ -38,7 +45,7 @@ import shutil
 import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -331,6 +338,65 @@ class CutBlob(BlobWrapper):
         return self.inner.list(prefix)
 
 
+class LoseBlob(BlobWrapper):
+    """A blob that counts its mutating calls (put, put-if-absent, delete, as `CutBlob`) and
+    loses the response to call number ``lose_at`` (0-based; None: never) after applying it:
+    ``mode`` ``"lost"`` raises ``TimeoutError``, ``"exists"`` (a put-if-absent only) answers
+    False. With ``die_after`` n, the process dies (`Cut`) before the n-th mutating call after
+    the lost one (0: the very next); None: it goes on. ``kinds`` records each call's name."""
+
+    def __init__(
+        self,
+        inner: Blob,
+        lose_at: int | None = None,
+        mode: str = "lost",
+        die_after: int | None = None,
+    ) -> None:
+        super().__init__(inner)
+        if mode not in LOSS_MODES:
+            raise ValueError(f"unknown loss mode {mode!r} (one of {LOSS_MODES})")
+        self.lose_at, self.mode, self.die_after = lose_at, mode, die_after
+        self.calls = 0
+        self.kinds: list[str] = []
+        self.lost = False
+        self._die_at: int | None = None
+
+    def _call(self, kind: str, fn: Callable[..., Any], *args: Any) -> Any:
+        if self._die_at is not None and self.calls >= self._die_at:
+            raise Cut(f"died before store call {self.calls}, after a lost response")
+        index = self.calls
+        self.calls += 1
+        self.kinds.append(kind)
+        result = fn(*args)
+        if index != self.lose_at:
+            return result
+        self.lost = True
+        if self.die_after is not None:
+            self._die_at = self.calls + self.die_after
+        if self.mode == "exists" and kind == "put_if_absent":
+            log.debug("store call %d (%s) applied, answered exists", index, kind)
+            return False
+        log.debug("store call %d (%s) applied, its response lost", index, kind)
+        raise TimeoutError(f"injected: the response to store call {index} ({kind}) was lost")
+
+    def put(self, key: str, data: bytes) -> None:
+        self._call("put", self.inner.put, key, data)
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        created: bool = self._call("put_if_absent", self.inner.put_if_absent, key, data)
+        return created
+
+    def delete(self, key: str) -> None:
+        self._call("delete", self.inner.delete, key)
+
+
+#: `LoseBlob` modes: the caller is told the call failed, or (a conditional create) "exists".
+LOSS_MODES = ("lost", "exists")
+#: After the lost response: the process goes on (None), or dies before its next store call
+#: (0) or the one after (1).
+ENDINGS: tuple[int | None, ...] = (None, 0, 1)
+
+
 def check_image(open_image: Callable[[], Any], run: CrashRun, step: int, label: str) -> None:
     """Open the image left by a cut after ``step`` steps and check it (module docstring).
     Raises ``AssertionError`` naming ``label`` (operation, step, mode) on the first problem."""
@@ -600,3 +666,68 @@ def check_process_cuts(
         # Acknowledgements come from the whole run: a cut run stops before its own.
         check_image(partial(Shard, url, **options), full, cut_at, f"{name} (process cut)")
     return full.steps + 1
+
+
+def _lossy_run(
+    fresh: Callable[[], str],
+    name: str,
+    options: dict[str, Any],
+    lose_at: int | None,
+    mode: str,
+    die_after: int | None,
+) -> tuple[str, CrashRun, LoseBlob]:
+    """Scenario ``name`` on a fresh location, losing the response to store call ``lose_at``.
+    Operations run until one raises (an ``OSError`` or `Indeterminate` is the lost response
+    surfacing: the run ends there, unacknowledged) or the process dies (`Cut`)."""
+    from persistshard.errors import Indeterminate
+
+    setup, operations = SCENARIOS[name]
+    url = fresh()
+    remap = f"{url}-remap"
+    setup(Shard(url, **options), remap)
+    blob = LoseBlob(open_blob(url, **options), lose_at, mode, die_after)
+    shard = Shard(url, blob=blob, **options)
+    run = CrashRun()
+    run.ack(shard, 0)
+    try:
+        for op in operations:
+            op(shard, remap)
+            run.ack(shard, blob.calls)
+    except Cut:
+        pass
+    except (OSError, Indeterminate) as e:
+        log.debug("%s: lost response at call %s surfaced: %s", name, lose_at, e)
+    run.steps = blob.calls
+    return url, run, blob
+
+
+def check_lost_responses(
+    fresh: Callable[[], str],
+    name: str,
+    options: dict[str, Any] | None = None,
+    endings: tuple[int | None, ...] = ENDINGS,
+) -> int:
+    """Run scenario ``name`` once whole, then once per store call k, mode (`LOSS_MODES`;
+    ``exists`` only where call k is a conditional create) and ending (``endings``), on a
+    fresh location each, with the response to call k lost (`LoseBlob`); check each image
+    (`check_image`): every operation the run saw return is there exactly once (its contents
+    at its upper), the state is one the scenario produces, it verifies and takes a commit.
+    Returns the number of runs checked."""
+    options = dict(options or {})
+    _, full, counted = _lossy_run(fresh, name, options, None, "lost", None)
+    checked = 0
+    for lose_at, kind in enumerate(counted.kinds):
+        modes = LOSS_MODES if kind == "put_if_absent" else ("lost",)
+        for mode in modes:
+            for die_after in endings:
+                url, run, blob = _lossy_run(fresh, name, options, lose_at, mode, die_after)
+                assert blob.lost, f"{name}: store call {lose_at} was never made"
+                # What this run saw acknowledged must be there; any state of the whole run
+                # (an operation that failed may still have landed) is one the scenario makes.
+                known = [replace(a, step=run.steps + 1) for a in full.acknowledged]
+                both = CrashRun(run.steps, known + run.acknowledged)
+                ending = "goes on" if die_after is None else f"dies {die_after} calls later"
+                label = f"{name} (response to call {lose_at} ({kind}) {mode}, {ending})"
+                check_image(partial(Shard, url, **options), both, run.steps, label)
+                checked += 1
+    return checked

@@ -33,6 +33,10 @@ this caller's commit, as a long GC pause or a slow network would.
 
 Counters: ``injected`` (every fault but stalls and lies), ``lost``, ``retried``,
 ``duplicated``, ``lied``, ``stalls``.
+
+`Faults` is a picklable factory of such wrappers: what
+`persistshard.conformance.storage.Store.wrap` takes to run the shipped contract suites under a
+fault (racing worker processes build their own wrapped blobs from it).
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ import logging
 import random
 import threading
 from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
 from typing import Any
 
 from persistshard.core.storage.blob import Blob, BlobWrapper
@@ -182,3 +187,44 @@ class FaultyBlob(BlobWrapper):
 
     def delete(self, key: str) -> None:
         self._run("delete", self.inner.delete, key)
+
+
+@dataclass
+class Faults:
+    """Wraps each blob it is called with in a fresh `FaultyBlob` with the keywords ``odds``
+    (e.g. ``{"lose_response": 0.25}``) and ``operations`` (None: FaultyBlob's default), so a
+    `persistshard.conformance.storage.Store` built with ``wrap=Faults(...)`` runs the
+    contract suites under that fault.
+
+    Picklable (racing workers in other processes wrap their own blobs). The n-th blob made
+    in a process draws with seed ``seed + n``: reproducible, while two handles of one test do
+    not meet the same faults in lockstep. ``made`` holds this process's wrappers (not
+    pickled), so a test can count what was injected (`injected`)."""
+
+    odds: dict[str, float]
+    seed: int = 0
+    operations: frozenset[str] | None = None
+    made: list[FaultyBlob] = field(default_factory=list, repr=False, compare=False)
+
+    def __call__(self, blob: Blob) -> FaultyBlob:
+        keywords: dict[str, Any] = dict(self.odds)
+        if self.operations is not None:
+            keywords["operations"] = self.operations
+        faulty = FaultyBlob(blob, seed=self.seed + len(self.made), **keywords)
+        self.made.append(faulty)
+        return faulty
+
+    @property
+    def injected(self) -> int:
+        """Faults injected so far by the wrappers this process made."""
+        return sum(b.injected for b in self.made)
+
+    @property
+    def names(self) -> str:
+        """The faults, for test ids and messages."""
+        return "+".join(sorted(self.odds))
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["made"] = []  # wrappers hold locks and belong to this process
+        return state

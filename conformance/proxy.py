@@ -241,10 +241,13 @@ class _Handler(BaseHTTPRequestHandler):
             status, reason, data = 500, "Internal Server Error", _ERROR_BODY
             out = [("Content-Type", "application/xml")]
         self.send_response(status, reason)
+        length = str(len(data))
         for name, value in out:
             if name.lower() != "content-length":
                 self.send_header(name, value)
-        self.send_header("Content-Length", str(len(data)))
+            elif method == "HEAD" and action != "error500":
+                length = value  # a HEAD's length is the object's size, its body is empty
+        self.send_header("Content-Length", length)
         self.end_headers()
         if method == "HEAD":
             return

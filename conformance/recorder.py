@@ -186,6 +186,12 @@ class FaultyConsensus(Consensus):
     def cache_key(self) -> str | None:
         return self.inner.cache_key
 
+    @property
+    def certain_lost_races(self) -> bool:
+        """The inner's: a lost response here raises (``TimeoutError``), it never turns an
+        applied compare-and-set into a False."""
+        return self.inner.certain_lost_races
+
     def head(self) -> VersionedData | None:
         self._before("head")
         return self.inner.head()

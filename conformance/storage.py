@@ -18,6 +18,7 @@ is reported as `StorageUnsupported`, never as a passing store that would lose co
 
 from __future__ import annotations
 
+import builtins
 import logging
 import multiprocessing as mp
 import queue
@@ -29,10 +30,11 @@ from typing import Any
 
 import pytest
 
-from persistshard.core.storage.blob import Blob, open_blob
-from persistshard.core.storage.consensus import BlobConsensus, Consensus
+from persistshard.core.storage.blob import Blob, BlobMeta, BlobWrapper, open_blob
+from persistshard.core.storage.consensus import BlobConsensus, Consensus, VersionedData
+from persistshard.core.storage.consensus import probe_atomic_create as library_probe
 from persistshard.core.storage.sqlconsensus import open_consensus, redact_url
-from persistshard.errors import Indeterminate, StorageUnsupported
+from persistshard.errors import Indeterminate
 
 log = logging.getLogger("persistshard.conformance.storage")
 
@@ -46,22 +48,147 @@ class Store:
     ``url`` and ``storage_options`` build the blob with `open_blob`; ``consensus`` (default
     `BlobConsensus`) builds the consensus from the blob. ``shared`` says whether other
     processes see the same data (then the store must be picklable: module-level callables).
+
+    ``wrap`` (None: none) wraps every blob the suites open, the consensus's included: pass a
+    `persistshard.conformance.faults.Faults` to run the shipped suites under a fault over
+    your own store (``Store(url, options, wrap=Faults({"lose_response": 0.25}))``), or any
+    module-level ``Callable[[Blob], Blob]``. A wrapped store's consensus is a `ReadBack` of
+    it: a compare-and-set the wrapper made ambiguous (`Indeterminate`, an ``OSError``) is
+    resolved by reading the log, as a caller must, so every answer the contract asserts is
+    the consensus's own or read back, never assumed. Which `BlobContract` tests hold as they
+    are under which fault: `BLOB_CONTRACT_UNDER`, `blob_contract_under`.
     """
 
     url: str
     storage_options: dict[str, Any] = field(default_factory=dict)
     consensus_factory: Callable[[Blob], Consensus] | None = None
     shared: bool = True
+    wrap: Callable[[Blob], Blob] | None = None
 
     def blob(self) -> Blob:
-        return open_blob(self.url, **self.storage_options)
+        blob = open_blob(self.url, **self.storage_options)
+        return self.wrap(blob) if self.wrap is not None else blob
 
     def consensus(self) -> Consensus:
         factory = self.consensus_factory or BlobConsensus
-        return factory(self.blob())
+        consensus = factory(self.blob())
+        return ReadBack(consensus) if self.wrap is not None else consensus
 
     def __repr__(self) -> str:  # storage options may hold credentials: names only
-        return f"Store({self.url!r}, options={sorted(self.storage_options)}, shared={self.shared})"
+        wrap = "" if self.wrap is None else f", wrap={self.wrap!r}"
+        return (
+            f"Store({self.url!r}, options={sorted(self.storage_options)}, "
+            f"shared={self.shared}{wrap})"
+        )
+
+
+#: How often `ReadBack` tries a call again before the fault wins (a test failure).
+READ_BACK_ATTEMPTS = 60
+
+
+class ReadBack(Consensus):
+    """A consensus whose ambiguous answers are resolved by reading back, the way a careful
+    caller (the state machine) resolves them: the harness that runs `ConsensusContract` over
+    a store whose calls fail or lose their responses.
+
+    - ``head``, ``scan``, ``truncate`` and ``oldest_stored`` are idempotent: an ``OSError``
+      or `Indeterminate` is retried (up to `READ_BACK_ATTEMPTS` calls).
+    - A ``compare_and_set`` that raises is resolved by the log: the entry at ``expected + 1``
+      holding these bytes is True (it landed), other bytes False (another writer's); no entry
+      there while the head is still ``expected``: nothing landed, so the call is made again.
+      No entry and a head past ``expected``: the entry was truncated, which in the contract's
+      tests happens only *before* the call (they truncate between calls), so the call was
+      stale: False. Contract payloads are distinct within a test, so bytes identify a call.
+    - An answer the inner consensus gives is passed on unchanged: a False for a commit that
+      landed (what trusting a retried create's "exists" gives) fails the contract.
+    """
+
+    def __init__(self, inner: Consensus) -> None:
+        self.inner = inner
+        self.resolved = 0  # ambiguous compare-and-sets resolved by reading back
+
+    @property
+    def shared(self) -> bool:
+        return self.inner.shared
+
+    @property
+    def certain_lost_races(self) -> bool:
+        return self.inner.certain_lost_races
+
+    @property
+    def cache_key(self) -> str | None:
+        return self.inner.cache_key
+
+    def entry_name(self, version: int) -> str:
+        return self.inner.entry_name(version)
+
+    def _retry(self, call: Callable[[], Any]) -> Any:
+        for attempt in range(READ_BACK_ATTEMPTS):
+            try:
+                return call()
+            except (OSError, Indeterminate) as e:
+                if attempt == READ_BACK_ATTEMPTS - 1:
+                    raise
+                log.debug("read-back harness: %s failed (%s); again", call, e)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def head(self) -> VersionedData | None:
+        result: VersionedData | None = self._retry(self.inner.head)
+        return result
+
+    def scan(self, from_version: int, limit: int | None = None) -> list[VersionedData]:
+        result: list[VersionedData] = self._retry(lambda: self.inner.scan(from_version, limit))
+        return result
+
+    def truncate(self, below: int) -> int:
+        result: int = self._retry(lambda: self.inner.truncate(below))
+        return result
+
+    def oldest_stored(self) -> int | None:
+        result: int | None = self._retry(self.inner.oldest_stored)
+        return result
+
+    def compare_and_set(self, expected: int | None, data: bytes) -> bool:
+        base = expected or 0
+        for _ in range(READ_BACK_ATTEMPTS):
+            try:
+                return self.inner.compare_and_set(expected, data)
+            except (OSError, Indeterminate) as e:
+                log.debug("read-back harness: compare-and-set on %d ambiguous (%s)", base, e)
+            self.resolved += 1
+            at = self.scan(base + 1, 1)
+            if at and at[0].version == base + 1:
+                return at[0].data == data
+            head = self.head()
+            if (head.version if head is not None else 0) != base:
+                return False  # truncated before the call (module docstring): stale
+        raise AssertionError(
+            f"compare-and-set on version {base} stayed ambiguous {READ_BACK_ATTEMPTS} times"
+        )
+
+
+#: Which `BlobContract` tests hold *as they are* under each fault, by the fault's name
+#: (`persistshard.conformance.faults.FaultyBlob` modes; the `persistshard.conformance.proxy`
+#: actions in front of S3, where the client library retries): the set of tests that do
+#: NOT apply, or None when the blob contract does not apply at all. A blob's answers are
+#: exact only where the fault leaves the caller an answer: a request delivered twice
+#: answers the first delivery; a lost response that the client retries gives the retry's
+#: answer, which is the right one for put, get and delete (idempotent) but is "exists" for
+#: a put-if-absent that created the key (so `test_put_if_absent_once` and the race cannot
+#: hold; the library reads that answer back, which the consensus contract checks under the
+#: same fault). A failure or a lost response that reaches the caller (``fail_before``,
+#: ``fail_after``, ``lose_response``) is an error from any call: only the consensus
+#: contract, whose callers resolve errors by reading back, applies under those.
+BLOB_CONTRACT_UNDER: dict[str, frozenset[str] | None] = {
+    "duplicate": frozenset(),
+    "twice": frozenset(),
+    "retry_after_lost": frozenset({"test_put_if_absent_once", "test_put_if_absent_race"}),
+    "drop": frozenset({"test_put_if_absent_once", "test_put_if_absent_race"}),
+    "error500": frozenset({"test_put_if_absent_once", "test_put_if_absent_race"}),
+    "lose_response": None,
+    "fail_before": None,
+    "fail_after": None,
+}
 
 
 @dataclass(frozen=True)
@@ -84,29 +211,62 @@ def one_consensus(consensus: Consensus) -> Callable[[Blob], Consensus]:
     return lambda _blob: consensus
 
 
+class _Under(BlobWrapper):
+    """``inner`` seen from ``prefix`` down: every key is ``prefix + key`` in ``inner`` (what
+    `probe_atomic_create` uses to probe inside a scratch sub-location)."""
+
+    def __init__(self, inner: Blob, prefix: str) -> None:
+        super().__init__(inner)
+        self.prefix = prefix
+        self.url = f"{inner.url.rstrip('/')}/{prefix.strip('/')}"
+
+    def get(self, key: str) -> bytes | None:
+        return self.inner.get(self.prefix + key)
+
+    def get_range(self, key: str, offset: int, length: int) -> bytes:
+        return self.inner.get_range(self.prefix + key, offset, length)
+
+    def size(self, key: str) -> int | None:
+        return self.inner.size(self.prefix + key)
+
+    def put(self, key: str, data: bytes) -> None:
+        self.inner.put(self.prefix + key, data)
+
+    def put_hint(self, key: str, data: bytes) -> None:
+        self.inner.put_hint(self.prefix + key, data)
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        return self.inner.put_if_absent(self.prefix + key, data)
+
+    def delete(self, key: str) -> None:
+        self.inner.delete(self.prefix + key)
+
+    def list(self, prefix: str = "") -> list[BlobMeta]:
+        n = len(self.prefix)
+        return [
+            BlobMeta(m.key[n:], m.size, m.modified_ms)
+            for m in self.inner.list(self.prefix + prefix)
+        ]
+
+    def list_temporary(self) -> builtins.list[BlobMeta]:
+        n = len(self.prefix)
+        return [
+            BlobMeta(m.key[n:], m.size, m.modified_ms)
+            for m in self.inner.list_temporary()
+            if m.key.startswith(self.prefix)
+        ]
+
+
 def probe_atomic_create(blob: Blob, prefix: str = "") -> None:
     """Raise `StorageUnsupported` unless a second exclusive create of a key is refused and
-    leaves the first bytes in place (what the default consensus relies on)."""
-    key = f"{prefix}probe-{uuid.uuid4().hex}"
-    try:
-        first = blob.put_if_absent(key, b"first")
-        second = blob.put_if_absent(key, b"second")
-        kept = blob.get(key)
-    finally:
-        blob.delete(key)
-    if not first:
-        raise StorageUnsupported(
-            "an exclusive create of a new key reported that the key exists", location=blob.url
-        )
-    if second or kept != b"first":
-        log.warning("%s: a second exclusive create of %s was accepted", blob.url, key)
-        raise StorageUnsupported(
-            "the storage accepted a second exclusive create of the same key (it ignores "
-            "If-None-Match or has no atomic put-if-absent); two writers could both commit the "
-            "same version. Use storage with atomic put-if-absent (S3, local files) or another "
-            "consensus",
-            location=blob.url,
-        )
+    leaves the first bytes in place (what the default consensus relies on).
+
+    The library's own probe (`persistshard.core.storage.consensus.probe_atomic_create`), under
+    ``prefix`` (a sub-location such as the conformance run's scratch place; "" for the
+    blob's root): its key is a temporary name inside ``consensus/``, so a probe cut short by
+    a crash leaves neither a foreign file nor anything a shard reads, and lost responses or
+    the client's own retries of its creates are read back, not reported as a lying store."""
+    library_probe(_Under(blob, prefix) if prefix else blob)
 
 
 def _race_put_if_absent(store: Store, key: str, payload: bytes, barrier: Any, out: Any) -> None:
@@ -221,6 +381,21 @@ class BlobContract:
         results = race(store, _race_put_if_absent, payloads, "race/key")
         assert sorted(results) == [False] * (RACERS - 1) + [True]
         assert store.blob().get("race/key") in payloads
+
+
+def blob_contract_under(fault: str) -> type[BlobContract]:
+    """A `BlobContract` with exactly the tests that hold under ``fault``
+    (`BLOB_CONTRACT_UNDER`; the others are left out, not skipped). Subclass it with a
+    ``store`` fixture whose ``wrap`` injects that fault. ``KeyError`` for a fault the table
+    does not know, ``ValueError`` for one under which the blob contract does not apply."""
+    excluded = BLOB_CONTRACT_UNDER[fault]
+    if excluded is None:
+        raise ValueError(
+            f"under {fault!r} every blob call may raise: only the consensus contract applies"
+        )
+    return type(
+        f"BlobContractUnder_{fault}", (BlobContract,), dict.fromkeys(sorted(excluded), None)
+    )
 
 
 class ConsensusContract:

@@ -1,12 +1,15 @@
 """Crash consistency of every operation: a cut at every store step leaves the old or the new
 state, never loses an acknowledged commit, and the shard reads, verifies and takes commits.
 
-Two harnesses (`persistshard.conformance.crash`, which also holds the operations):
+Three harnesses (`persistshard.conformance.crash`, which also holds the operations):
 - the page-cache model over the real local file code (every os call of a put recorded; a
   power cut keeps only what was fsynced), in three flavours: unsynced names lost, every name
   kept with unsynced files empty, and a seeded mix with torn files;
 - `CutBlob` over the memory store: the process dies before its k-th store call (what a
-  store that is durable on success, such as S3, keeps), which checks the order of writes.
+  store that is durable on success, such as S3, keeps), which checks the order of writes;
+- `LoseBlob` over the memory store: the k-th store call is applied and its answer lost
+  (``TimeoutError``, or "exists" for a conditional create: the client's own retry), then
+  the process goes on or dies at its next call or the one after.
 
 Each operation runs through the public Python API: append, compaction, overwrite (the core
 of the Spark overwrite: staged parts, the difference, one commit), upsert, reclocking (mint on
@@ -117,3 +120,37 @@ def test_the_shipped_suites_gc_scenario_has_parts_to_delete_with_inline_writes_o
         return f"memory://crash-{uuid.uuid4().hex}"
 
     assert check_process_cuts(fresh, "gc-short") > 1
+
+
+# --- lost responses at every store step -----------------------------------------------------
+
+import os  # noqa: E402
+
+from persistshard.conformance.crash import check_lost_responses  # noqa: E402
+
+#: The scenarios run with a lost response at every store call (all but ``reclock``, whose
+#: remap shard lives beside the location; ``gc`` is `LOST_SLOW`: its 17-append setup per
+#: run costs seconds, and ``gc-short`` covers what gc deletes).
+LOST_SLOW = {"gc"}
+LOST = sorted(set(SCENARIOS) - {"reclock"} - LOST_SLOW)
+
+
+SWEEP = os.environ.get("PERSISTSHARD_SWEEP") == "1"
+SLOW = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not SWEEP, reason="runs with PERSISTSHARD_SWEEP=1"),
+]
+
+
+@pytest.mark.parametrize("name", [*LOST, *(pytest.param(n, marks=SLOW) for n in sorted(LOST_SLOW))])
+def test_lost_response_at_every_store_call(name):
+    """At each store call in turn the store applies the request and the answer is lost (the
+    caller gets ``TimeoutError``; a conditional create answers "exists", as the client's
+    own retry reports), then the process goes on or dies at its next call or the one after.
+    Every operation the run saw return is there exactly once, the state is one the scenario
+    produces, the shard verifies and takes a new commit."""
+
+    def fresh() -> str:
+        return f"memory://lost-{uuid.uuid4().hex}"
+
+    assert check_lost_responses(fresh, name) > 3

@@ -332,3 +332,84 @@ def test_a_shard_opened_with_the_wrong_consensus_is_refused_not_forked(tmp_path)
     with pytest.raises(InvalidOption, match="keeps its log next to its data"):
         ps.open_shard(beside, consensus=other_url).append(pa.table({"id": [2]}))
     assert ps.open_shard(beside).snapshot().column("id").to_pylist() == [1]
+
+
+# --- a lost race on a database is certain (issue 36: no extra scan before a refusal) ----------
+
+from persistshard.conformance.recorder import FaultyConsensus  # noqa: E402
+from persistshard.core.statemachine.state import Commit  # noqa: E402
+
+
+class _Scans:
+    """Counts the scans of one consensus object (its ``scan`` is an instance attribute: the
+    shard instruments the object itself, `persistshard.core.storage.metrics`)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, consensus: Consensus) -> None:
+        self.calls: list[int] = []
+        real = consensus.scan
+
+        def counted(from_version: int, limit: int | None = None) -> list:  # type: ignore[type-arg]
+            self.calls.append(from_version)
+            return real(from_version, limit)
+
+        monkeypatch.setattr(consensus, "scan", counted)
+
+
+def _refused_after_a_lost_race(
+    db_url: str, location: str, monkeypatch: pytest.MonkeyPatch, *, trust: bool
+) -> list[int]:
+    """A handle commits on a stale state, loses the race at the database, then fails its
+    precondition (`UpperMismatch`); returns the versions its scans started at. ``trust``
+    False: the state machine is made to distrust the lost race (what it did before the
+    database consensus declared `Consensus.certain_lost_races`)."""
+    rows = pa.table({"id": [1], "_time": [0], "_diff": [1]})
+    winner = open_shard(location, consensus=db_url)
+    winner.compare_and_append(rows, 0, 1)
+    loser = open_shard(location, consensus=db_url)
+    stale = loser.state()
+    winner.compare_and_append(rows.set_column(1, "_time", pa.array([1])), 1, 2)
+    consensus = loser.machine.consensus
+    if not trust:
+        monkeypatch.setattr(type(consensus), "certain_lost_races", property(lambda _: False))
+    scans = _Scans(monkeypatch, consensus)
+    args = {
+        "expected_upper": 1,
+        "new_upper": 2,
+        "batch": {"id": "b", "lower": 1, "upper": 2, "parts": []},
+    }
+    with pytest.raises(ps.UpperMismatch):
+        loser.machine.commit(Commit("append", "loser", args), base=stale)
+    monkeypatch.undo()
+    return scans.calls
+
+
+def test_a_lost_race_on_a_database_is_certain_no_extra_scan(db_url, tmp_path, monkeypatch):
+    """A compare-and-set on a database is one transaction, and a failed connection raises
+    (`Indeterminate` or `ConnectionError`) rather than returning False: a False is a race
+    lost to another writer, certainly. So a commit that loses a race and then fails its
+    precondition is refused without first scanning the log for its own id."""
+    assert open_consensus(db_url, f"{tmp_path}/any").certain_lost_races
+    distrusted = _refused_after_a_lost_race(
+        db_url, f"{tmp_path}/distrusted", monkeypatch, trust=False
+    )
+    trusted = _refused_after_a_lost_race(db_url, f"{tmp_path}/trusted", monkeypatch, trust=True)
+    assert distrusted.count(2) == trusted.count(2) + 1, (distrusted, trusted)  # find_commit's
+
+
+def test_a_lost_database_response_is_still_resolved(db_url, tmp_path):
+    """The database applied a compare-and-set and its answer was lost (`FaultyConsensus`:
+    applied, then ``TimeoutError``): the append lands once, reported as a success, with the
+    lost race certainty declared."""
+    location = f"{tmp_path}/lost-answer"
+    shard = open_shard(location, consensus=db_url)
+    shard.compare_and_append(pa.table({"id": [0], "_time": [0], "_diff": [1]}), 0, 1)
+    faulty = FaultyConsensus(shard.machine.consensus, fail_after=1.0)
+    shard.machine.consensus = faulty
+    assert faulty.certain_lost_races
+    shard.compare_and_append(pa.table({"id": [1], "_time": [1], "_diff": [1]}), 1, 2)
+    assert faulty.injected >= 1
+    faulty.fail_after = 0.0
+    shard.append(pa.table({"id": [2], "_time": [2], "_diff": [1]}))
+    clean = Shard(location, consensus=db_url)
+    assert clean.upper == 3
+    assert rows_of(clean.snapshot()) == {(0,): 1, (1,): 1, (2,): 1}

@@ -41,7 +41,9 @@ What always holds (the `persistshard.core.storage.consensus` contract):
   SQLite runs ``BEGIN IMMEDIATE``, the conditional update, the insert and ``COMMIT`` (WAL mode,
   so readers never wait on a writer).
 - A compare-and-set whose connection fails after the statement was sent raises `Indeterminate`
-  (it may have been applied; the state machine resolves it by reading its commit id back). A
+  (it may have been applied; the state machine resolves it by reading its commit id back);
+  its False is therefore certain (`Consensus.certain_lost_races`: a refusal after a lost race
+  needs no scan of the log for the commit's own id). A
   read or truncation is tried once more on a new connection, then raises `ConnectionError` (an
   `OSError`, which the state machine retries). A failed connection is dropped; the next call
   opens a new one.
@@ -178,6 +180,18 @@ class _SqlConsensus(Consensus, DatabaseLog):
     @property
     def cache_key(self) -> str:
         return f"{type(self).__name__}:{self._url}#{self._key or self.shard}"
+
+    @property
+    def certain_lost_races(self) -> bool:
+        """True: a False from `compare_and_set` is certain. The head moves and the entry is
+        inserted in one transaction that this object sends once (no driver retries it): a
+        False is returned only after that transaction committed having moved no head row
+        (another writer's version is there), or when the log is empty and ``expected`` is
+        not (no marker: nothing was ever written). A connection that fails anywhere raises
+        (`Indeterminate` once the statement may have run, `ConnectionError` before), never
+        returns False. So the state machine reports a refusal after a lost race without
+        scanning the log for its own commit first."""
+        return True
 
     def database_id(self) -> str:
         with self._lock:
