@@ -632,14 +632,22 @@ def check_page_cache(root: str, name: str) -> int:
     return len(seen)
 
 
-def _process_run(
-    fresh: Callable[[], str], name: str, cut_at: int | None, options: dict[str, Any]
-) -> tuple[str, CrashRun]:
+def _scenario_run(
+    fresh: Callable[[], str],
+    name: str,
+    options: dict[str, Any],
+    wrap: Callable[[Blob], CutBlob | LoseBlob],
+    surfaced: tuple[type[BaseException], ...] = (),
+) -> tuple[str, CrashRun, CutBlob | LoseBlob]:
+    """Scenario ``name`` on a fresh location (``fresh()``): its setup on the plain store, then
+    its operations through ``wrap(store)``, each acknowledged as it returns, until the process
+    dies (`Cut`) or an operation raises one of ``surfaced`` (the run ends there, that
+    operation unacknowledged)."""
     setup, operations = SCENARIOS[name]
     url = fresh()
     remap = f"{url}-remap"
     setup(Shard(url, **options), remap)
-    blob = CutBlob(open_blob(url, **options), cut_at)
+    blob = wrap(open_blob(url, **options))
     shard = Shard(url, blob=blob, **options)
     run = CrashRun()
     run.ack(shard, 0)
@@ -649,7 +657,16 @@ def _process_run(
             run.ack(shard, blob.calls)
     except Cut:
         pass
+    except surfaced as e:
+        log.debug("%s: a fault surfaced after call %d: %s", name, blob.calls, e)
     run.steps = blob.calls
+    return url, run, blob
+
+
+def _process_run(
+    fresh: Callable[[], str], name: str, cut_at: int | None, options: dict[str, Any]
+) -> tuple[str, CrashRun]:
+    url, run, _ = _scenario_run(fresh, name, options, lambda b: CutBlob(b, cut_at))
     return url, run
 
 
@@ -681,23 +698,14 @@ def _lossy_run(
     surfacing: the run ends there, unacknowledged) or the process dies (`Cut`)."""
     from persistshard.errors import Indeterminate
 
-    setup, operations = SCENARIOS[name]
-    url = fresh()
-    remap = f"{url}-remap"
-    setup(Shard(url, **options), remap)
-    blob = LoseBlob(open_blob(url, **options), lose_at, mode, die_after)
-    shard = Shard(url, blob=blob, **options)
-    run = CrashRun()
-    run.ack(shard, 0)
-    try:
-        for op in operations:
-            op(shard, remap)
-            run.ack(shard, blob.calls)
-    except Cut:
-        pass
-    except (OSError, Indeterminate) as e:
-        log.debug("%s: lost response at call %s surfaced: %s", name, lose_at, e)
-    run.steps = blob.calls
+    url, run, blob = _scenario_run(
+        fresh,
+        name,
+        options,
+        lambda b: LoseBlob(b, lose_at, mode, die_after),
+        (OSError, Indeterminate),
+    )
+    assert isinstance(blob, LoseBlob)
     return url, run, blob
 
 

@@ -135,14 +135,12 @@ LOST_SLOW = {"gc"}
 LOST = sorted(set(SCENARIOS) - {"reclock"} - LOST_SLOW)
 
 
+#: ``PERSISTSHARD_SWEEP=1`` adds the slow scenarios (collected only then: no skips listed).
 SWEEP = os.environ.get("PERSISTSHARD_SWEEP") == "1"
-SLOW = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not SWEEP, reason="runs with PERSISTSHARD_SWEEP=1"),
-]
+LOST_RUN = [*LOST, *(pytest.param(n, marks=pytest.mark.slow) for n in sorted(LOST_SLOW) if SWEEP)]
 
 
-@pytest.mark.parametrize("name", [*LOST, *(pytest.param(n, marks=SLOW) for n in sorted(LOST_SLOW))])
+@pytest.mark.parametrize("name", LOST_RUN)
 def test_lost_response_at_every_store_call(name):
     """At each store call in turn the store applies the request and the answer is lost (the
     caller gets ``TimeoutError``; a conditional create answers "exists", as the client's
