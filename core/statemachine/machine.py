@@ -51,6 +51,7 @@ import random
 import time
 from collections.abc import Iterable
 from dataclasses import replace
+from typing import NoReturn
 
 from persistshard.core.statemachine import leases
 from persistshard.core.statemachine import state as st
@@ -414,9 +415,7 @@ class StateMachine:
             except OSError as e:
                 if ambiguous_after is None:
                     # Nothing was tried yet: determinate, nothing landed.
-                    if is_certain_refusal(e):
-                        raise storage_error(e, self.location, f"commit {commit.kind}") from e
-                    raise
+                    self._raise_determinate(e, commit)
                 unknown = e
                 failures += 1
                 if failures >= MAX_STORAGE_FAILURES:
@@ -462,9 +461,7 @@ class StateMachine:
                     self.blob.put(key, st.encode_rollup(new))
                 except OSError as e:
                     if ambiguous_after is None:  # determinate: this commit wrote no entry
-                        if is_certain_refusal(e):
-                            raise storage_error(e, self.location, f"commit {commit.kind}") from e
-                        raise
+                        self._raise_determinate(e, commit)
                     # An earlier attempt may have landed: unknown, as a failed read-back.
                     unknown = e
                     failures += 1
@@ -523,6 +520,14 @@ class StateMachine:
             "retry later, or write from fewer processes at once",
             location=self.location,
         )
+
+    def _raise_determinate(self, error: OSError, commit: Commit) -> NoReturn:
+        """Raise ``error``, met before any attempt of ``commit`` could have landed: a certain
+        refusal of the storage as `StorageError` (nothing was applied), anything else as
+        it is (determinate too: nothing was written to the log)."""
+        if is_certain_refusal(error):
+            raise storage_error(error, self.location, f"commit {commit.kind}") from error
+        raise error
 
     def delete_parts(self, keys: Iterable[str]) -> None:
         """Delete parts that no state references (after a refused commit). Best effort: a
