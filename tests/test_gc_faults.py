@@ -242,3 +242,52 @@ def test_gc_reads_only_the_entries_since_its_last_run(tmp_path, clock):
     assert counting.reads <= 2 * ROLLUP_EVERY + 5, counting.reads
     assert report.head_version == shard.state().version
     assert len(rows_of(ps.open_shard(location).snapshot())) == 1
+
+
+class GcBeforeFirstPartRead(BlobWrapper):
+    """A store whose first read of a part lets ``meanwhile`` run first (another process's
+    compaction and gc at retention 0, between this compaction's plan and its reads)."""
+
+    def __init__(self, inner, meanwhile) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(inner)
+        self.meanwhile = meanwhile
+
+    def _maybe(self, key: str) -> None:
+        if key.startswith("parts/") and self.meanwhile is not None:
+            run, self.meanwhile = self.meanwhile, None
+            run()
+
+    def get(self, key: str) -> bytes | None:
+        self._maybe(key)
+        return self.inner.get(key)
+
+    def get_range(self, key: str, offset: int, length: int) -> bytes:
+        self._maybe(key)
+        return self.inner.get_range(key, offset, length)
+
+
+def test_a_compaction_whose_inputs_gc_collected_is_a_state_conflict(tmp_path, clock):
+    """A compaction plans on a state, then another process compacts the same batches and gc
+    (retention 0) deletes them before this one reads them: a lost race (`StateConflict`: run
+    it again), not `CorruptData`; the shard stays whole. Before: `CorruptData`."""
+    from persistshard.core.storage.recent import RECENT
+
+    location = str(tmp_path / "s")
+    writer = ps.open_shard(location, maintenance=False, inline_bytes=0)
+    for t in range(4):
+        writer.append(table(t))
+    RECENT.clear()  # the inputs must be read from the store, not this process's memory
+
+    def meanwhile() -> None:
+        other = ps.open_shard(location, maintenance=False)
+        other.compact()
+        clock.advance(10)
+        other.gc(dry_run=False, retention_seconds=0)
+
+    blob = GcBeforeFirstPartRead(open_blob(location), meanwhile)
+    late = ps.Shard(location, blob=blob, maintenance=False)
+    late.state()
+    with pytest.raises(StateConflict, match="VersionCollected"):
+        late.compact()
+    fresh = ps.open_shard(location)
+    assert len(rows_of(fresh.snapshot())) == 4 and fresh.verify().ok

@@ -51,6 +51,7 @@ import pyarrow.compute as pc
 
 from persistshard.core.maintenance import trace
 from persistshard.core.maintenance.trace import MergePlan
+from persistshard.core.read.race import check_collected
 from persistshard.core.rows import (
     DIFF,
     TIME,
@@ -305,6 +306,7 @@ def _open_input(blob: Blob, ref: PartRef) -> PartReader | HeldPart:
             f"part {ref.key} is referenced by the shard's state but missing from storage",
             file=ref.key,
             location=blob.url,
+            missing=True,
         )
     return PartReader.open(ref.key, ref.size, lambda offset, length: data[offset : offset + length])
 
@@ -700,14 +702,21 @@ def _compact_from(
             break
         write_id = merge_write_id(machine)
         with WriteLease(machine, write_id):  # a merge longer than the lease renews it
-            result = run_merge(
-                machine.blob,
-                plan,
-                state.schema,
-                write_id=write_id,
-                part_bytes=part_bytes,
-                hold=True,
-            )
+            try:
+                result = run_merge(
+                    machine.blob,
+                    plan,
+                    state.schema,
+                    write_id=write_id,
+                    part_bytes=part_bytes,
+                    hold=True,
+                )
+            except CorruptData as e:
+                # An input gone because another compaction replaced it and gc collected it
+                # (retention 0) is a lost race, not damage: plan again on the newest state.
+                # What this merge wrote is its write's, swept by gc once its lease ends.
+                check_collected(e, state.version, machine.state, machine.location)
+                raise
             committed, output, after = commit_merge(machine, plan, result, state)
         report.merges.append(merge_report(plan, result, output, committed))
         report.stats.add(result.stats)
