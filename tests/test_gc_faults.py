@@ -185,6 +185,28 @@ def test_a_gc_whose_clock_is_ahead_blocks_no_write(tmp_path, clock, monkeypatch,
     assert shard.state().lease_fence_ms <= real + 1000 + layout.CLOCK_LEAD_MS
 
 
+@pytest.mark.parametrize("inline", [False, True])
+def test_a_shard_fenced_in_the_future_by_an_older_gc_takes_writes(
+    tmp_path, clock, monkeypatch, inline
+):
+    """A fence an older gc committed hours ahead (before fences were bounded) no longer
+    refuses every write until real time catches up: a writer's write ids start their leases
+    at the shard's time as it reads it, the fence included. Before: `LeaseExpired`."""
+    from persistshard.core.statemachine import leases
+
+    if inline:
+        from persistshard.core.storage import parts
+
+        monkeypatch.setattr(parts, "DEFAULT_INLINE_BYTES", 1 << 16)
+    location = str(tmp_path / "s")
+    ps.open_shard(location, maintenance=False).append(table(0))
+    leases.fence(ps.open_shard(location).machine, clock.ms + 6 * 3_600_000)
+    writer = ps.open_shard(location, maintenance=False)
+    writer.append(table(1))
+    writer.append(table(2))
+    assert len(rows_of(ps.open_shard(location).snapshot())) == 3
+
+
 def test_a_gc_clock_behind_or_jumping_loses_no_commit(tmp_path, clock):
     location = str(tmp_path / "s")
     shard = ps.open_shard(location, maintenance=False)
