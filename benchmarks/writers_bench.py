@@ -35,7 +35,7 @@ def _batch(t: int, writer: int) -> pa.Table:
 
 def run(appends: int = 10_000, window: int = 200, rounds: int = 1) -> dict[str, Any]:
     import persistshard as ps
-    from persistshard.core.statemachine.state import encode_rollup
+    from persistshard.core.statemachine.encoding import encode_rollup
 
     start_at = 100
     early: list[float] = []

@@ -28,7 +28,6 @@ call them. After each of its own commits (appends, upserts, seals) a shard opene
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from collections.abc import Sequence
@@ -57,19 +56,21 @@ from persistshard.core.read.plan import (
 from persistshard.core.read.race import pinned_read
 from persistshard.core.read.scan import Scan
 from persistshard.core.rows import DIFF, TIME, consolidate
-from persistshard.core.statemachine import state as st
+from persistshard.core.statemachine.commits.advance_since import AdvanceSince
+from persistshard.core.statemachine.commits.append import Append
+from persistshard.core.statemachine.commits.expire_reader import ExpireReader
+from persistshard.core.statemachine.commits.set_retention import SetRetention
+from persistshard.core.statemachine.encoding import Entry
 from persistshard.core.statemachine.holds import DEFAULT_LEASE_SECONDS, ReaderHold
 from persistshard.core.statemachine.leases import WriteLease
 from persistshard.core.statemachine.machine import DETERMINATE_REFUSALS, StateMachine
-from persistshard.core.statemachine.retention import Retention
-from persistshard.core.statemachine.state import (
+from persistshard.core.statemachine.model import (
     MAX_INLINE_PART_BYTES,
     Batch,
-    Commit,
-    Entry,
     PartRef,
     ShardState,
 )
+from persistshard.core.statemachine.retention import Retention
 from persistshard.core.storage import layout, metrics
 from persistshard.core.storage import parts as part_store
 from persistshard.core.storage.blob import Blob, open_blob
@@ -299,7 +300,7 @@ class Shard:
 
         ``rebase``: a plain append (every update at ``expected_upper``, ``new_upper =
         expected_upper + 1``) that lands at whatever the upper is when it commits, never
-        failing with `UpperMismatch`; its parts are not rewritten (see `state.append_commit`).
+        failing with `UpperMismatch`; its parts are not rewritten (see `commits.append.Append`).
         """
         commit_id = commit_id or new_id()
         base = self.machine.known()
@@ -320,8 +321,16 @@ class Shard:
                 upper=max(p.max_time for p in written.unsealed) + 1,
                 parts=tuple(written.unsealed),
             )
-        commit = st.append_commit(
-            commit_id, expected_upper, new_upper, batch, unsealed, schema, writer, rebase, label
+        commit = Append(
+            expected_upper,
+            new_upper,
+            batch,
+            unsealed,
+            schema,
+            writer,
+            rebase=rebase,
+            label=label,
+            id=commit_id,
         )
         self._since_before = self.machine.known().since
         try:
@@ -651,7 +660,7 @@ class Shard:
         current = self.machine.state()
         if since <= current.since:
             return current.since
-        return self.machine.commit(Commit("advance_since", new_id(), {"since": since})).since
+        return self.machine.commit(AdvanceSince(since, id=new_id())).since
 
     def set_retention(
         self, seconds: float | None = None, versions: int | None = None
@@ -662,7 +671,7 @@ class Shard:
         on every commit that moves the upper (and at once), never past a live reader hold and
         never to the upper. See `persistshard.core.statemachine.retention`."""
         retention = retention_of(seconds, versions, self.location)
-        return self.machine.commit(st.retention_commit(new_id(), retention))
+        return self.machine.commit(SetRetention(retention, id=new_id()))
 
     def retention(self) -> Retention | None:
         """The shard's history retention, or None (keeps everything until since is moved)."""
@@ -695,7 +704,7 @@ class Shard:
 
     def expire_reader(self, reader_id: str) -> None:
         """Drop ``reader_id``'s hold by hand (an operator's tool; idempotent)."""
-        self.machine.commit(Commit("expire_reader", new_id(), {"reader_id": reader_id}))
+        self.machine.commit(ExpireReader(reader_id, id=new_id()))
 
     def readers(self) -> dict[str, tuple[int, int]]:
         """``{reader_id: (since, lease expiry in ms since the epoch)}`` of the live holds."""
@@ -824,12 +833,12 @@ class Shard:
             out.append(
                 {
                     "version": version,
-                    "kind": history_kind(entry.commit),
+                    "kind": entry.commit.history_kind(),
                     "commit": entry.commit.kind,
                     "id": entry.commit.id,
                     "at_ms": entry.at_ms,
-                    "summary": _summarize(entry.commit),
-                    "metrics": entry.commit.args.get("metrics"),
+                    "summary": entry.commit.summary(),
+                    "metrics": entry.commit.metrics,
                 }
             )
         return out
@@ -985,64 +994,6 @@ HISTORY_KINDS = (
     "sweep_leases",  # gc's lease fence before it deleted parts of abandoned writes
     "set_retention",  # the history retention was set or cleared
 )
-
-
-def history_kind(c: Commit) -> str:
-    """The `HISTORY_KINDS` entry of commit ``c``."""
-    a = c.args
-    if c.kind == "append":
-        if a.get("label"):
-            return str(a["label"])
-        if a.get("writer"):
-            return "stream append"
-        if not a["batch"]["parts"] and not a.get("unsealed"):
-            return "seal"
-        return "append"
-    return c.kind
-
-
-def _rows(n: int) -> str:
-    return f"{n} row" if n == 1 else f"{n} rows"
-
-
-def _summarize(c: Commit) -> str:
-    a = c.args
-    if c.kind == "append":
-        rows = sum(p["rows"] for p in a["batch"]["parts"])
-        unsealed = a.get("unsealed")
-        urows = sum(p["rows"] for p in unsealed["parts"]) if unsealed else 0
-        if a.get("rebase"):
-            planned = a["expected_upper"]
-            return f"{_rows(rows)} sealed at the upper found at commit (planned at {planned})"
-        text = f"upper {a['expected_upper']} -> {a['new_upper']}"
-        if rows or not urows:
-            text += f", {_rows(rows)} sealed"
-        if urows:
-            text += f", {_rows(urows)} unsealed"
-        if a.get("writer"):
-            text += f", writer {a['writer'][0]} batch {a['writer'][1]}"
-        return text
-    if c.kind == "advance_since":
-        return f"since toward {a['since']}, as far as live reader holds allow"
-    if c.kind == "register_reader":
-        return f"reader {a['reader_id']} holds since (lease {a['lease_ms'] / 1000:g} s)"
-    if c.kind == "downgrade_since":
-        return f"reader {a['reader_id']} holds since at {a['since']}"
-    if c.kind in ("heartbeat", "expire_reader"):
-        what = "renews its lease" if c.kind == "heartbeat" else "releases its hold"
-        return f"reader {a['reader_id']} {what}"
-    if c.kind == "renew_lease":
-        return f"write {a['write_id']} renews its lease ({a['lease_ms'] / 1000:g} s)"
-    if c.kind == "sweep_leases":
-        return f"gc sweeps the parts of writes whose lease ran out by {a['through_ms']} ms"
-    if c.kind == "set_retention":
-        kept = Retention.from_json(a.get("retention"))
-        return f"retention {kept.describe()}" if kept is not None else "retention cleared"
-    if c.kind == "compact":
-        n = len(a["inputs"])
-        out = a["output"]
-        return f"{n} batch{'' if n == 1 else 'es'} -> 1 ({out['lower']}..{out['upper']})"
-    return json.dumps(a)[:200]
 
 
 def split_at(table: pa.Table, upper: int) -> tuple[pa.Table, pa.Table]:

@@ -19,9 +19,9 @@ The protocol, after Materialize's persist sink:
    (a failed check deletes nothing: `CorruptData` or `InvalidUpdates`, nothing applied). A
    *plain* write (no time column, ``upper`` or ``expected_upper``) is committed with
    ``rebase``: if the upper moved since step 1 it lands at the new upper, its parts read
-   at that time (`persistshard.core.statemachine.state`), instead of failing. Parts of failed task
-   attempts (Spark has no per-task abort) carry the write id and are swept at commit and
-   abort, and by ``gc`` if the driver died.
+   at that time (`persistshard.core.statemachine.commits.append`), instead of failing.
+   Parts of failed task attempts (Spark has no per-task abort) carry the write id and are
+   swept at commit and abort, and by ``gc`` if the driver died.
 
 Invariant: the shard changes only in step 3, atomically; a failed job leaves it as it was.
 """
@@ -49,7 +49,7 @@ from persistshard.core.shard import (
     refuse_foreign_files,
 )
 from persistshard.core.statemachine.leases import WriteLease
-from persistshard.core.statemachine.state import PartRef
+from persistshard.core.statemachine.model import PartRef
 from persistshard.core.storage import layout, metrics
 from persistshard.core.storage.blob import FsspecBlob
 from persistshard.core.storage.layout import PARTS_PREFIX

@@ -15,7 +15,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 import persistshard as ps
 from persistshard import errors
 from persistshard.conformance.faults import FaultyBlob
-from persistshard.core.statemachine.state import Commit
+from persistshard.core.statemachine.state import AdvanceSince, Append, Batch, Compact
 from persistshard.core.storage.blob import Blob
 from persistshard.core.storage.layout import new_id
 
@@ -83,8 +83,7 @@ def indeterminate(shard: ps.Shard, tmp_path) -> None:
 
 
 def state_conflict(shard: ps.Shard, tmp_path) -> None:
-    args = {"inputs": ["no-such-batch"], "output": {}}
-    shard.machine.commit(Commit("compact", new_id(), args))
+    shard.machine.commit(Compact(("no-such-batch",), Batch("out", 0, 1, ()), id=new_id()))
 
 
 def version_collected(shard: ps.Shard, tmp_path) -> None:
@@ -106,11 +105,8 @@ def hold_expired(shard: ps.Shard, tmp_path) -> None:
 
 
 def writer_already_committed(shard: ps.Shard, tmp_path) -> None:
-    seal = {"id": "w", "lower": 2, "upper": 3, "parts": []}
-    args = {"expected_upper": 2, "new_upper": 3, "batch": seal, "writer": ["w", 0]}
-    shard.machine.commit(Commit("append", new_id(), args))
-    args = {**args, "expected_upper": 3, "new_upper": 4, "batch": {**seal, "id": "w2"}}
-    shard.machine.commit(Commit("append", new_id(), args))
+    shard.machine.commit(Append(2, 3, Batch("w", 2, 3, ()), writer=("w", 0), id=new_id()))
+    shard.machine.commit(Append(3, 4, Batch("w2", 3, 4, ()), writer=("w", 0), id=new_id()))
 
 
 def lease_expired(shard: ps.Shard, tmp_path) -> None:
@@ -128,7 +124,7 @@ def lease_expired(shard: ps.Shard, tmp_path) -> None:
 def commit_deadline(shard: ps.Shard, tmp_path) -> None:
     """Every compare-and-set loses (another writer always got there first)."""
     shard.consensus.compare_and_set = lambda expected, data: False  # type: ignore[method-assign]
-    shard.machine.commit(Commit("advance_since", new_id(), {"since": 1}), deadline_seconds=0.01)
+    shard.machine.commit(AdvanceSince(1, id=new_id()), deadline_seconds=0.01)
 
 
 def negative_diff(shard: ps.Shard, tmp_path, spark=None) -> None:

@@ -124,7 +124,7 @@ def test_state_accepts_only_appended_nullable_columns():
 
     def append(state: ShardState, schema: pa.Schema) -> ShardState:
         batch = st.Batch(id=f"b{state.version}", lower=state.upper, upper=state.upper + 1, parts=())
-        c = st.append_commit(f"c{state.version}", state.upper, state.upper + 1, batch, None, schema)
+        c = st.Append(state.upper, state.upper + 1, batch, schema=schema, id=f"c{state.version}")
         return st.apply(state, c)
 
     s = append(s, old)

@@ -15,7 +15,7 @@ from conformance_helpers import rows_of, tick, updates
 
 import persistshard as ps
 from persistshard.core.statemachine import leases
-from persistshard.core.statemachine.state import Commit
+from persistshard.core.statemachine.commits.renew_lease import RenewLease
 from persistshard.core.storage.blob import BlobWrapper
 from persistshard.core.storage.consensus import Consensus, MemoryConsensus, VersionedData
 from persistshard.core.storage.layout import new_id
@@ -324,7 +324,7 @@ def test_a_short_write_commits_nothing_extra(tmp_path):
 def test_renewal_is_a_commit_kind_gc_and_history_understand(tmp_path, clock):
     shard = ps.open_shard(str(tmp_path / "s"))
     shard.append(updates([(1, "a", 0, 1)]))
-    shard.machine.commit(Commit("renew_lease", new_id(), {"write_id": new_id(), "lease_ms": 5}))
+    shard.machine.commit(RenewLease(new_id(), 5, id=new_id()))
     clock.advance(2 * HOUR_MS)
     shard.gc(dry_run=False, now_ms=clock.ms)
     assert len(shard.history()) >= 2

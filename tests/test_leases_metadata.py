@@ -8,9 +8,10 @@ import pytest
 from conformance_helpers import updates
 
 import persistshard as ps
-from persistshard.core.statemachine import machine
+from persistshard.core.statemachine import machine, model
 from persistshard.core.statemachine import state as st
-from persistshard.core.statemachine.state import Commit
+from persistshard.core.statemachine.commits.advance_since import AdvanceSince
+from persistshard.core.statemachine.commits.append import Append
 from persistshard.core.storage.layout import new_id
 from persistshard.errors import CommitDeadline, WriterAlreadyCommitted
 
@@ -38,21 +39,19 @@ def test_writer_records_expire_after_the_record_period(tmp_path, clock):
     with pytest.raises(WriterAlreadyCommitted):
         st.apply(
             shard.state(),
-            st.append_commit(
-                new_id(),
+            Append(
                 shard.upper,
                 shard.upper,
                 st.Batch("x", 0, 0, ()),
-                None,
-                None,
-                ("recent", 0),
+                writer=("recent", 0),
+                id=new_id(),
             ),
         )
     assert shard.state().version == version
 
 
 def test_writer_records_are_capped_least_recent_first(tmp_path, clock, monkeypatch):
-    monkeypatch.setattr(st, "MAX_WRITER_RECORDS", 5)
+    monkeypatch.setattr(model, "MAX_WRITER_RECORDS", 5)
     shard = ps.open_shard(str(tmp_path / "s"))
     for i in range(8):
         clock.ms += 1
@@ -120,7 +119,7 @@ def test_a_commit_that_keeps_losing_gives_up_at_its_deadline(tmp_path, monkeypat
     before = shard.state()
     shard.machine.consensus = LosingConsensus(shard.machine.consensus, 10**9)  # type: ignore[assignment]
     with pytest.raises(CommitDeadline) as info:
-        shard.machine.commit(Commit("advance_since", new_id(), {"since": 1}), deadline_seconds=0.05)
+        shard.machine.commit(AdvanceSince(1, id=new_id()), deadline_seconds=0.05)
     assert str(info.value).startswith("CommitDeadline: ") and "nothing landed" in str(info.value)
     assert ps.open_shard(shard.location).state() == before
 

@@ -62,7 +62,7 @@ from conformance_helpers import rows_of  # noqa: E402
 
 from persistshard.core.shard import Shard  # noqa: E402
 from persistshard.core.statemachine import machine  # noqa: E402
-from persistshard.core.statemachine.state import Commit  # noqa: E402
+from persistshard.core.statemachine.state import Append, Batch  # noqa: E402
 from persistshard.core.storage import blob as blob_module  # noqa: E402
 from persistshard.core.storage.consensus import MemoryConsensus  # noqa: E402
 from persistshard.core.storage.layout import ROLLUP_EVERY  # noqa: E402
@@ -207,13 +207,9 @@ def test_state_machine_checks_before_reporting_a_refusal(tmp_path):
     the retry's precondition fails because of the commit itself. Not a refusal."""
     consensus = LostAckConsensus(times=1)
     shard = Shard(str(tmp_path / "shard"), consensus=consensus)
-    args = {
-        "expected_upper": 0,
-        "new_upper": 1,
-        "batch": {"id": "b", "lower": 0, "upper": 1, "parts": []},
-    }
-    state = shard.machine.commit(Commit("append", "c-1", args))
+    seal = Append(0, 1, Batch("b", 0, 1, ()), id="c-1")
+    state = shard.machine.commit(seal)
     assert state.version == 1 and state.last_commit == "c-1"
     with pytest.raises(UpperMismatch):  # a real refusal is still one
-        shard.machine.commit(Commit("append", "c-2", args))
+        shard.machine.commit(Append(0, 1, Batch("b", 0, 1, ()), id="c-2"))
     assert CorruptData  # (imported for the parametrised tests' failure messages)

@@ -337,7 +337,7 @@ def test_a_shard_opened_with_the_wrong_consensus_is_refused_not_forked(tmp_path)
 # --- a lost race on a database is certain (issue 36: no extra scan before a refusal) ----------
 
 from persistshard.conformance.recorder import FaultyConsensus  # noqa: E402
-from persistshard.core.statemachine.state import Commit  # noqa: E402
+from persistshard.core.statemachine.state import Append, Batch  # noqa: E402
 
 
 class _Scans:
@@ -372,13 +372,8 @@ def _refused_after_a_lost_race(
     if not trust:
         monkeypatch.setattr(type(consensus), "certain_lost_races", property(lambda _: False))
     scans = _Scans(monkeypatch, consensus)
-    args = {
-        "expected_upper": 1,
-        "new_upper": 2,
-        "batch": {"id": "b", "lower": 1, "upper": 2, "parts": []},
-    }
     with pytest.raises(ps.UpperMismatch):
-        loser.machine.commit(Commit("append", "loser", args), base=stale)
+        loser.machine.commit(Append(1, 2, Batch("b", 1, 2, ()), id="loser"), base=stale)
     monkeypatch.undo()
     return scans.calls
 

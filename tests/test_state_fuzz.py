@@ -10,6 +10,7 @@ counts) and checks each outcome against an oracle written independently of the c
 
 from __future__ import annotations
 
+import base64
 import json
 import posixpath
 from dataclasses import replace
@@ -21,7 +22,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
 import persistshard as ps
+from persistshard.core.statemachine import encoding
 from persistshard.core.statemachine import state as st
+from persistshard.core.statemachine.commits.append import Append
 from persistshard.core.statemachine.state import Batch, Entry, PartRef
 from persistshard.core.storage.layout import new_id
 from persistshard.errors import CorruptData, InvalidUpdates, PersistShardError
@@ -58,7 +61,7 @@ def small_shard(location: str) -> ps.Shard:
 def forged_append(shard: ps.Shard, part: PartRef, unsealed: Batch | None = None) -> st.Commit:
     upper = shard.upper
     batch = Batch(new_id(), upper, upper + 1, (part,))
-    return st.append_commit(new_id(), upper, upper + 1, batch, unsealed, None)
+    return Append(upper, upper + 1, batch, unsealed, id=new_id())
 
 
 def a_live_part(shard: ps.Shard) -> PartRef:
@@ -115,13 +118,20 @@ def test_an_unsealed_batch_below_the_new_upper_is_refused(tmp_path):
     assert rows_of(ps.open_shard(shard.location).snapshot()) == snapshot
 
 
-def forge_entry(shard: ps.Shard, commit: st.Commit) -> None:
-    """Append ``commit`` to the log without any check (an old or hostile writer)."""
+def forge_entry(shard: ps.Shard, commit: st.Commit | dict[str, Any]) -> None:
+    """Append ``commit`` (or a commit's stored JSON, which may be no commit at all) to the log
+    without any check (an old or hostile writer)."""
     head = shard.consensus.head()
     assert head is not None
     entry = Entry.decode(head.data)
-    forged = Entry(replace(commit, at_ms=entry.at_ms), entry.rollup_version, entry.rollup_key)
-    assert shard.consensus.compare_and_set(head.version, forged.encode())
+    d = commit.to_json() if isinstance(commit, st.Commit) else commit
+    body = {
+        "commit": {**d, "at_ms": entry.at_ms},
+        "rollup": {"version": entry.rollup_version, "key": entry.rollup_key},
+        "at_ms": None,
+    }
+    forged = st.seal(st.ENTRY_MAGIC, json.dumps(body, separators=(",", ":")).encode())
+    assert shard.consensus.compare_and_set(head.version, forged)
 
 
 def test_an_aliased_key_in_a_stored_state_is_corrupt_and_gc_deletes_nothing(tmp_path):
@@ -358,12 +368,12 @@ def test_a_stored_damaged_inline_part_is_corrupt_data(tmp_path, damage):
     d = commit.to_json()
     forged = d["args"]["batch"]["parts"][0]
     if damage == "flip":
-        forged["inline"] = st.base64.b64encode(_flip(part.inline or b"", 60)).decode()
+        forged["inline"] = base64.b64encode(_flip(part.inline or b"", 60)).decode()
     elif damage == "base64":
         forged["inline"] = "not base64!"
     else:
         forged["inline"] = 12345
-    forge_entry(shard, st.Commit.from_json(d))
+    forge_entry(shard, d)
     fresh = ps.open_shard(shard.location)
     with pytest.raises(CorruptData):
         fresh.snapshot()
@@ -388,9 +398,9 @@ def test_flipped_inline_bytes_in_a_rollup_are_corrupt_data(inline_state, where, 
     to `CorruptData`, never to a state."""
     d = json.loads(json.dumps(inline_state))
     part = d["trace"][batch]["parts"][0]
-    data = bytearray(st.base64.b64decode(part["inline"]))
+    data = bytearray(base64.b64decode(part["inline"]))
     data[where % len(data)] ^= xor
-    part["inline"] = st.base64.b64encode(bytes(data)).decode()
+    part["inline"] = base64.b64encode(bytes(data)).decode()
     with pytest.raises(CorruptData, match="inline part"):
         st.decode_rollup(st.seal(st.ROLLUP_MAGIC, json.dumps(d).encode()), "rollups/fuzz.json")
 
@@ -408,13 +418,13 @@ def test_a_rollup_decodes_once_per_process_and_damage_is_never_remembered(
         )
     raw = st.encode_rollup(shard.state())
     calls: list[int] = []
-    original = st._decode_rollup
+    original = encoding._decode_rollup
 
     def counting(data: bytes, where: str, location: str | None) -> st.ShardState:
         calls.append(len(data))
         return original(data, where, location)
 
-    monkeypatch.setattr(st, "_decode_rollup", counting)
+    monkeypatch.setattr(encoding, "_decode_rollup", counting)
     first = st.decode_rollup(raw, "rollups/a.json")
     again = st.decode_rollup(bytes(raw), "rollups/b.json")
     assert again is first and first == shard.state() and len(calls) == 1
@@ -424,14 +434,14 @@ def test_a_rollup_decodes_once_per_process_and_damage_is_never_remembered(
         with pytest.raises(CorruptData):
             st.decode_rollup(bytes(damaged), "rollups/c.json")
     assert len(calls) == 3
-    monkeypatch.setattr(st._ROLLUPS, "entries", 1)
+    monkeypatch.setattr(encoding._ROLLUPS, "entries", 1)
     other = st.encode_rollup(replace(shard.state(), version=shard.state().version + 1))
     st.decode_rollup(other, "rollups/d.json")  # remembered alone now
     st.decode_rollup(raw, "rollups/a.json")
     assert len(calls) == 5
-    monkeypatch.setattr(st._ROLLUPS, "entries", 64)
-    monkeypatch.setattr(st._ROLLUPS, "total_bytes", 1)  # no rollup fits
+    monkeypatch.setattr(encoding._ROLLUPS, "entries", 64)
+    monkeypatch.setattr(encoding._ROLLUPS, "total_bytes", 1)  # no rollup fits
     st.decode_rollup(other, "rollups/d.json")  # forgotten at once, and so is every other
     st.decode_rollup(raw, "rollups/a.json")
     st.decode_rollup(raw, "rollups/a.json")
-    assert len(calls) == 8 and not st._ROLLUPS and st._ROLLUPS.bytes == 0
+    assert len(calls) == 8 and not encoding._ROLLUPS and encoding._ROLLUPS.bytes == 0

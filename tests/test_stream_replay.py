@@ -345,7 +345,7 @@ def test_state_records_the_identity_and_judges_at_the_compare_and_set(location, 
         state = shard.state()
         batch = st.Batch("b", state.upper, state.upper + 1, ())
         return st.apply(
-            state, st.append_commit("c", state.upper, state.upper + 1, batch, None, None, writer)
+            state, st.Append(state.upper, state.upper + 1, batch, writer=writer, id="c")
         )
 
     append(("plain", 0))

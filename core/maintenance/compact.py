@@ -65,9 +65,10 @@ from persistshard.core.rows import (
     split_sorted_below,
 )
 from persistshard.core.statemachine import leases
+from persistshard.core.statemachine.commits.compact import Compact
 from persistshard.core.statemachine.leases import WriteLease
 from persistshard.core.statemachine.machine import StateMachine
-from persistshard.core.statemachine.state import Batch, Commit, PartRef, ShardState
+from persistshard.core.statemachine.model import Batch, PartRef, ShardState
 from persistshard.core.storage import metrics
 from persistshard.core.storage.blob import Blob
 from persistshard.core.storage.layout import id_time_ms, new_id, part_key
@@ -577,7 +578,7 @@ def run_merge(
 
 def compact_commit(
     plan: MergePlan, result: MergeResult, state: ShardState, output_id: str, commit_id: str
-) -> tuple[Commit, Batch]:
+) -> tuple[Compact, Batch]:
     """The ``compact`` commit installing ``result`` in place of the plan's inputs."""
     one_run = not result.free or all(trace.is_one_run(b) for b in plan.inputs if b.parts)
     output = Batch(
@@ -588,11 +589,15 @@ def compact_commit(
         level=trace.commit_level(plan, result.rows_out, state),
         since=plan.floor,
     )
-    args: dict[str, Any] = {"inputs": plan.input_ids, "output": output.to_json()}
-    if plan.unsealed:
-        args["unsealed_inputs"] = [u.id for u in plan.unsealed]
-        args["unsealed_outputs"] = [u.to_json() for u in result.unsealed_outputs]
-    return Commit("compact", commit_id, args), output
+    touched = bool(plan.unsealed)  # which unsealed batches it replaced, if any
+    commit = Compact(
+        tuple(plan.input_ids),
+        output,
+        unsealed_inputs=tuple(u.id for u in plan.unsealed) if touched else None,
+        unsealed_outputs=tuple(result.unsealed_outputs) if touched else None,
+        id=commit_id,
+    )
+    return commit, output
 
 
 def commit_merge(

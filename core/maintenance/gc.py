@@ -67,9 +67,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from persistshard.core.statemachine import leases
-from persistshard.core.statemachine import state as st
+from persistshard.core.statemachine.commits.sweep_leases import SweepLeases
+from persistshard.core.statemachine.encoding import Entry, fold
 from persistshard.core.statemachine.machine import StateMachine
-from persistshard.core.statemachine.state import Entry, ShardState
+from persistshard.core.statemachine.model import ShardState, part_write_id
 from persistshard.core.storage import layout, metrics
 from persistshard.core.storage.blob import BlobMeta, temporary_time_ms
 from persistshard.core.storage.consensus import VersionedData
@@ -135,7 +136,7 @@ CHECKPOINT_KEY = f"{ROLLUPS_PREFIX}gc/checkpoint.json"
 CHECKPOINT_FORMAT = 1
 #: Commit kinds gc itself makes: their times are gc's clock, so they never count as the
 #: shard's newest commit time (a gc clock ahead would otherwise lift its own bound).
-GC_COMMITS = frozenset({"sweep_leases"})
+GC_COMMITS = (SweepLeases,)
 #: A block's time when a version in it has none (logs from before commit times): live.
 _UNKNOWN_MS = 1 << 62
 
@@ -197,13 +198,13 @@ class _Log:
             entry = Entry.decode(raw.data, f"consensus version {raw.version}", location)
             # fold: apply, then check the invariants (canonical part keys: an aliased key
             # would make gc delete the live part it names).
-            new = st.fold(self.state, [entry.commit], location)
+            new = fold(self.state, [entry.commit], location)
             for key in self.state.part_keys() - new.part_keys():
                 self.removed[key] = raw.version
             at = entry.at_ms if entry.at_ms is not None else _UNKNOWN_MS
             if not self.times or at > self.times[-1][1]:
                 self.times.append((raw.version, at))
-            if entry.at_ms is not None and entry.commit.kind not in GC_COMMITS:
+            if entry.at_ms is not None and not isinstance(entry.commit, GC_COMMITS):
                 self.newest_ms = max(self.newest_ms or entry.at_ms, entry.at_ms)
             if entry.rollup_key:
                 rv, lo, _ = self.named.get(entry.rollup_key, (entry.rollup_version, raw.version, 0))
@@ -336,7 +337,7 @@ def _from_checkpoint(machine: StateMachine) -> _Log | None:
         for r in raws
         if rv < r.version <= version
     ]
-    state = st.fold(state, commits, location)
+    state = fold(state, commits, location)
     if state.version != version:
         return None
     oldest = raws[0].version if rv >= version else min(at)
@@ -435,7 +436,7 @@ def collect(
                 report.young_parts += 1
                 continue
         else:
-            write_id = st.part_write_id(meta.key)
+            write_id = part_write_id(meta.key)
             if write_id is None or leases.live(head_state, write_id, now):
                 report.leased_parts += 1
                 continue
@@ -519,7 +520,7 @@ def _needs_fence(state: ShardState, orphans: list[str]) -> bool:
     state gc read its log up to) already refuses every commit that could adopt them (a gc
     that resumes after a crash, or a second gc soon after the first)."""
     for key in orphans:
-        write_id = st.part_write_id(key)
+        write_id = part_write_id(key)
         until = leases.expiry_ms(state, write_id) if write_id is not None else None
         if until is None or until > state.lease_fence_ms:
             return True
@@ -534,7 +535,7 @@ def _fence_time(state: ShardState, orphans: list[str], now_ms: int) -> int:
     runs from the others (a write id's time starts its lease)."""
     latest = 0
     for key in orphans:
-        write_id = st.part_write_id(key)
+        write_id = part_write_id(key)
         until = leases.expiry_ms(state, write_id) if write_id is not None else None
         if until is not None:
             latest = max(latest, until)

@@ -28,9 +28,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from persistshard.core.statemachine import state as st
+from persistshard.core.statemachine.encoding import Entry, fold
 from persistshard.core.statemachine.machine import StateMachine
-from persistshard.core.statemachine.state import Entry, ShardState
+from persistshard.core.statemachine.model import ShardState
 from persistshard.core.storage.consensus import BlobConsensus
 from persistshard.errors import CorruptData, StorageUnsupported
 
@@ -93,7 +93,7 @@ def _state_at(machine: StateMachine, version: int) -> ShardState:
         Entry.decode(e.data, consensus.entry_name(e.version), machine.location).commit
         for e in logged
     ]
-    state = st.fold(base, commits, machine.location)
+    state = fold(base, commits, machine.location)
     if state.version != version:
         raise CorruptData(
             f"cannot rebuild version {version}: the log from rollup version {base.version} "

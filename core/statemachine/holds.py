@@ -23,8 +23,13 @@ from __future__ import annotations
 import logging
 from types import TracebackType
 
+from persistshard.core.statemachine.commits import Commit
+from persistshard.core.statemachine.commits.downgrade_since import DowngradeSince
+from persistshard.core.statemachine.commits.expire_reader import ExpireReader
+from persistshard.core.statemachine.commits.heartbeat import Heartbeat
+from persistshard.core.statemachine.commits.register_reader import RegisterReader
 from persistshard.core.statemachine.machine import StateMachine
-from persistshard.core.statemachine.state import Commit, Hold
+from persistshard.core.statemachine.model import Hold
 from persistshard.core.storage.layout import new_id
 from persistshard.errors import HoldExpired, InvalidUpdates
 
@@ -58,15 +63,14 @@ class ReaderHold:
         """Hold the shard's current since under a new reader id."""
         if not reader_id:
             raise InvalidUpdates("a reader id must be a non-empty string")
-        args = {"reader_id": reader_id, "lease_ms": lease_ms(lease_seconds)}
-        state = machine.commit(Commit("register_reader", new_id(), args))
+        state = machine.commit(RegisterReader(reader_id, lease_ms(lease_seconds), id=new_id()))
         return cls(machine, reader_id, state.holds[reader_id])
 
     @classmethod
     def attach(cls, machine: StateMachine, reader_id: str) -> ReaderHold:
         """The handle of a live hold registered earlier (by this or another process); renews
         its lease. `HoldExpired` if there is none."""
-        state = machine.commit(Commit("heartbeat", new_id(), {"reader_id": reader_id}))
+        state = machine.commit(Heartbeat(reader_id, id=new_id()))
         return cls(machine, reader_id, state.holds[reader_id])
 
     @property
@@ -83,31 +87,29 @@ class ReaderHold:
     def lease_seconds(self) -> float:
         return self._hold.lease_ms / 1000
 
-    def _run(self, kind: str, **args: int) -> None:
+    def _run(self, commit: Commit) -> None:
         if self._expired:
             raise HoldExpired(self.reader_id, location=self.machine.location)
-        commit = Commit(kind, new_id(), {"reader_id": self.reader_id, **args})
         try:
             state = self.machine.commit(commit)
         except HoldExpired:
-            log.info("reader %s: hold expired (%s)", self.reader_id, kind)
+            log.info("reader %s: hold expired (%s)", self.reader_id, commit.kind)
             self._expired = True
             raise
         self._hold = state.holds[self.reader_id]
 
     def downgrade_since(self, since: int) -> None:
         """Move the hold forward to ``since`` (renews the lease); a no-op at the same time."""
-        self._run("downgrade_since", since=int(since))
+        self._run(DowngradeSince(self.reader_id, int(since), id=new_id()))
 
     def heartbeat(self) -> None:
         """Renew the lease."""
-        self._run("heartbeat")
+        self._run(Heartbeat(self.reader_id, id=new_id()))
 
     def expire(self) -> None:
         """Release the hold (idempotent)."""
         if not self._expired:
-            args = {"reader_id": self.reader_id}
-            self.machine.commit(Commit("expire_reader", new_id(), args))
+            self.machine.commit(ExpireReader(self.reader_id, id=new_id()))
             self._expired = True
 
     def __enter__(self) -> ReaderHold:

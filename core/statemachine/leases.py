@@ -46,13 +46,10 @@ from collections.abc import Iterable, Iterator
 from types import TracebackType
 from typing import Any, Protocol
 
-from persistshard.core.statemachine.state import (
-    Batch,
-    Commit,
-    ShardState,
-    lease_covers,
-    part_write_id,
-)
+from persistshard.core.statemachine.commits import Commit
+from persistshard.core.statemachine.commits.renew_lease import RenewLease
+from persistshard.core.statemachine.commits.sweep_leases import SweepLeases
+from persistshard.core.statemachine.model import ShardState, lease_covers
 from persistshard.core.storage import layout
 from persistshard.core.storage.layout import id_time_ms, new_id
 from persistshard.errors import InvalidUpdates, LeaseExpired
@@ -97,35 +94,15 @@ def live(state: ShardState, write_id: str, now_ms: int) -> bool:
     return until is None or (until > now_ms and until > state.lease_fence_ms)
 
 
-def added_write_ids(commit: Commit) -> set[str]:
-    """The write ids of the parts ``commit`` adds to the state (appends and compactions)."""
-    a = commit.args
-    batches: list[object] = []
-    if commit.kind == "append":
-        batches = [a.get("batch"), a.get("unsealed")]
-    elif commit.kind == "compact":
-        batches = [a.get("output"), *(a.get("unsealed_outputs") or ())]
-    ids: set[str] = set()
-    for b in batches:
-        if isinstance(b, dict) and b.get("parts"):
-            for p in Batch.from_json(b).parts:
-                w = part_write_id(p.key)
-                if w is not None:
-                    ids.add(w)
-    return ids
-
-
 def check_commit(state: ShardState, commit: Commit, location: str | None) -> None:
     """Refuse (`LeaseExpired`) ``commit``, about to be applied to ``state`` at its time
     ``commit.at_ms``, if it adds a part of a write whose lease ran out or is behind the fence,
-    or if it renews such a lease. See the module docstring for why this is enough."""
+    or if it renews such a lease (``commit.leased_writes()``). See the module docstring for
+    why this is enough."""
     now = commit.at_ms
     if now is None:
         return
-    ids = added_write_ids(commit)
-    if commit.kind == "renew_lease":
-        ids = {str(commit.args["write_id"])}
-    for write_id in sorted(ids):
+    for write_id in sorted(commit.leased_writes()):
         if not live(state, write_id, now):
             until = expiry_ms(state, write_id)
             assert until is not None
@@ -182,14 +159,14 @@ def renew(machine: Committer, write_id: str, lease_seconds: float) -> int:
     `LeaseExpired` if it already ran out (a lease never comes back: gc may have swept)."""
     if not lease_seconds > 0:
         raise InvalidUpdates(f"lease_seconds must be positive, got {lease_seconds}")
-    args = {"write_id": write_id, "lease_ms": max(1, int(lease_seconds * 1000))}
-    state = machine.commit(Commit("renew_lease", new_id(), args))
+    lease_ms = max(1, int(lease_seconds * 1000))
+    state = machine.commit(RenewLease(write_id, lease_ms, id=new_id()))
     return state.leases[write_id]
 
 
 def fence(machine: Committer, through_ms: int) -> ShardState:
     """gc's fence: commit that every write whose lease ran out by ``through_ms`` is swept."""
-    return machine.commit(Commit("sweep_leases", new_id(), {"through_ms": int(through_ms)}))
+    return machine.commit(SweepLeases(int(through_ms), id=new_id()))
 
 
 class WriteLease:

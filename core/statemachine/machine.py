@@ -1,10 +1,11 @@
 """State machine: the one owner of a shard's versioned state (refresh, commit loop, rollups).
 
 A shard's state is the fold of the commits in its consensus log
-(`persistshard.core.statemachine.state`). `StateMachine` is the only code that reads that log into a
-state or appends to it; the user facing `persistshard.core.shard.Shard`, compaction
-(`persistshard.core.maintenance.compact`) and gc (`persistshard.core.maintenance.gc`) all go through
-it.
+(`persistshard.core.statemachine.encoding`, the kinds in
+`persistshard.core.statemachine.commits`). `StateMachine` is the only code that reads that
+log into a state or appends to it; the user facing `persistshard.core.shard.Shard`,
+compaction (`persistshard.core.maintenance.compact`) and gc
+(`persistshard.core.maintenance.gc`) all go through it.
 
 What always holds:
 - `StateMachine.state` returns the newest version at the time of the call: it re-reads the head
@@ -53,9 +54,10 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import NoReturn
 
-from persistshard.core.statemachine import leases
-from persistshard.core.statemachine import state as st
-from persistshard.core.statemachine.state import Commit, Entry, ShardState
+from persistshard.core.statemachine import encoding, leases
+from persistshard.core.statemachine.commits import Commit, apply
+from persistshard.core.statemachine.encoding import Entry
+from persistshard.core.statemachine.model import ShardState, check_transition
 from persistshard.core.storage import layout, metrics
 from persistshard.core.storage.blob import Blob, is_certain_refusal
 from persistshard.core.storage.consensus import (
@@ -282,7 +284,7 @@ class StateMachine:
             if e.version <= head.version
         ]
         self._saw(ShardState(), max((c.at_ms or 0 for c in commits), default=0))
-        folded = st.fold(base, commits, self.location)
+        folded = encoding.fold(base, commits, self.location)
         if folded.version < head.version:
             raise CorruptData(
                 f"consensus log has a gap: rebuilt version {folded.version}, head is "
@@ -304,7 +306,7 @@ class StateMachine:
             raise CorruptData(
                 f"state rollup of version {version} is missing", file=key, location=self.location
             )
-        return st.decode_rollup(data, key, self.location)
+        return encoding.decode_rollup(data, key, self.location)
 
     def entries(self, from_version: int = 1) -> list[tuple[int, Entry]]:
         """The decoded log entries at or after ``from_version``, oldest first."""
@@ -430,8 +432,8 @@ class StateMachine:
             stamped = replace(commit, at_ms=now)
             try:
                 leases.check_commit(current, stamped, self.location)
-                new = st.apply(current, stamped, self.location)
-                st.check_transition(current, new, stamped, self.location)  # before any write
+                new = apply(current, stamped, self.location)
+                check_transition(current, new, stamped, self.location)  # before any write
             except DETERMINATE_REFUSALS:
                 if fresh:
                     # Planned on ``base``, which may be stale (a renewal, a seal or a merge by
@@ -458,7 +460,7 @@ class StateMachine:
             if new.version % ROLLUP_EVERY == 0:
                 key = rollup_key(new.version)
                 try:
-                    self.blob.put(key, st.encode_rollup(new))
+                    self.blob.put(key, encoding.encode_rollup(new))
                 except OSError as e:
                     if ambiguous_after is None:  # determinate: this commit wrote no entry
                         self._raise_determinate(e, commit)
@@ -473,7 +475,7 @@ class StateMachine:
                 mark_log_home(self.blob, self.consensus, self.location)
             # What the operation did, counted up to here (the last request before the entry).
             done = metrics.commit_metrics(current, new, attempts - 1)
-            stamped = replace(stamped, args={**stamped.args, "metrics": done})
+            stamped = replace(stamped, metrics=done)
             entry = Entry(stamped, rollup[0], rollup[1], at_ms=now)
             encoded = entry.encode()
             try:

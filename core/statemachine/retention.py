@@ -7,7 +7,7 @@ newest ``ms`` ago or ``N`` versions ago the state keeps *marks*: ``(commit time 
 after that commit)`` of recent upper-moving commits, oldest first.
 
 The rule (`since_target`), applied by every upper-moving commit and by ``set_retention``
-itself, all inside `persistshard.core.statemachine.state.apply` (so replaying the log gives
+itself, all inside `persistshard.core.statemachine.commits.apply` (so replaying the log gives
 the same since, and no extra commit or round trip is needed):
 
 - versions ``N``: the N newest data versions stay readable, so since may reach
