@@ -64,13 +64,13 @@ from persistshard.core.statemachine.encoding import Entry
 from persistshard.core.statemachine.holds import DEFAULT_LEASE_SECONDS, ReaderHold
 from persistshard.core.statemachine.leases import WriteLease
 from persistshard.core.statemachine.machine import DETERMINATE_REFUSALS, StateMachine
-from persistshard.core.statemachine.model import (
+from persistshard.core.statemachine.retention import Retention
+from persistshard.core.statemachine.state import (
     MAX_INLINE_PART_BYTES,
     Batch,
     PartRef,
     ShardState,
 )
-from persistshard.core.statemachine.retention import Retention
 from persistshard.core.storage import layout, metrics
 from persistshard.core.storage import parts as part_store
 from persistshard.core.storage.blob import Blob, open_blob

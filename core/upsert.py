@@ -61,7 +61,7 @@ from persistshard.core.read.plan import (
     relevant_parts,
 )
 from persistshard.core.rows import DIFF, TIME, consolidate, snapshot_of
-from persistshard.core.statemachine.model import PartRef, ShardState
+from persistshard.core.statemachine.state import PartRef, ShardState
 from persistshard.core.storage.blob import Blob
 from persistshard.core.storage.metrics import run_in_context
 from persistshard.core.storage.parts import conform_columns, open_part, write_parts

@@ -38,7 +38,7 @@ from persistshard.core.maintenance.compact import (
 )
 from persistshard.core.shard import Shard
 from persistshard.core.statemachine.leases import holding
-from persistshard.core.statemachine.model import schema_from_b64, schema_to_b64
+from persistshard.core.statemachine.state import schema_from_b64, schema_to_b64
 from persistshard.core.storage.parts import check_parts
 
 log = logging.getLogger("persistshard.datasource.compact")

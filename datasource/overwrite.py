@@ -47,7 +47,7 @@ from persistshard.core.read.plan import KeyRange
 from persistshard.core.rows import DIFF, TIME, consolidate
 from persistshard.core.shard import Shard, WrittenUpdates
 from persistshard.core.statemachine.leases import holding
-from persistshard.core.statemachine.model import PartRef
+from persistshard.core.statemachine.state import PartRef
 from persistshard.core.storage.blob import open_blob
 from persistshard.core.storage.layout import PARTS_PREFIX, release_unused_memory
 from persistshard.core.storage.parts import write_parts

@@ -91,7 +91,7 @@ from persistshard.core.read.plan import (
 from persistshard.core.read.race import pinned_read
 from persistshard.core.rows import DIFF, TIME
 from persistshard.core.shard import Shard, open_shard
-from persistshard.core.statemachine.model import ShardState
+from persistshard.core.statemachine.state import ShardState
 from persistshard.core.storage.blob import Blob
 from persistshard.datasource.options import LOCATION_KEY, ReadOptions, StorageOptions
 from persistshard.datasource.types import arrow_schema_of, conform, spark_schema_of

@@ -3,7 +3,7 @@ not by its number alone.
 
 Spark numbers a query's micro-batches from 0 again when its checkpoint is lost, so a batch id
 at or below the shard's record for a writer is not, by itself, a replay. Two things tell a
-replay apart (`persistshard.core.statemachine.model.judge_writer_batch` holds the rule):
+replay apart (`persistshard.core.statemachine.state.judge_writer_batch` holds the rule):
 
 - the *query id* Spark keeps in the checkpoint (the task-local property
   ``sql.streaming.queryId``): the same id means the same checkpoint, and Spark re-runs a batch
@@ -37,7 +37,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from persistshard.core.statemachine.model import BatchIdentity
+from persistshard.core.statemachine.state import BatchIdentity
 from persistshard.datasource.writer import StreamTaskWritten
 
 #: The version of the row hash below; part of every digest's text.

@@ -19,7 +19,7 @@ from pyspark.sql.types import StructType
 
 from persistshard.core.shard import Shard, open_shard
 from persistshard.core.statemachine.leases import holding
-from persistshard.core.statemachine.model import WriterBatch, WriterVerdict, judge_writer_batch
+from persistshard.core.statemachine.state import WriterBatch, WriterVerdict, judge_writer_batch
 from persistshard.core.storage.layout import new_id
 from persistshard.datasource import reclock
 from persistshard.datasource.options import WriteOptions, find_location, storage_errors

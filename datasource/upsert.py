@@ -31,7 +31,7 @@ the state records them. A replay of the recorded batch id by the same query or w
 rows (after a crash between the tasks and the commit, or after the commit) is recognised
 before the delta is computed, or by the commit itself if it raced, and writes nothing; a lower
 batch id, or the recorded one with other rows from another query, is refused naming the
-checkpoint (`persistshard.core.statemachine.model.judge_writer_batch`). A batch write inside
+checkpoint (`persistshard.core.statemachine.state.judge_writer_batch`). A batch write inside
 ``foreachBatch`` gets the same with options ``writer_id`` and ``batch_id``.
 
 Spark 4.3 refuses ``outputMode("update")`` for every Python data source before the source is
@@ -62,7 +62,7 @@ from persistshard.core import upsert as up
 from persistshard.core.rows import DIFF, TIME, consolidate
 from persistshard.core.shard import Shard, WrittenUpdates, open_shard
 from persistshard.core.statemachine.leases import WriteLease, holding
-from persistshard.core.statemachine.model import WriterBatch, WriterVerdict, judge_writer_batch
+from persistshard.core.statemachine.state import WriterBatch, WriterVerdict, judge_writer_batch
 from persistshard.core.storage.layout import new_id
 from persistshard.core.storage.parts import check_parts, read_parts, write_parts
 from persistshard.core.write.validate import update_schema

@@ -14,7 +14,7 @@ micro-batch.
    (`persistshard.datasource.replay`), the micro-batch was committed before (Spark replays a
    batch whose commit it did not see): nothing is written. A lower batch id, or this one with
    other rows from another query, means the checkpoint was lost: refused naming it, nothing
-   written (`persistshard.core.statemachine.model.judge_writer_batch`). Otherwise the staged
+   written (`persistshard.core.statemachine.state.judge_writer_batch`). Otherwise the staged
    chains are merged, streaming and within ``memory_budget``, against the parts of the newest
    state (`persistshard.core.write.diff`), the difference is written at ``t = upper``, and one
    compare-and-append moves the upper to ``t + 1`` and records ``(writer_id, batchId)`` with
@@ -41,7 +41,7 @@ from pyspark.sql.types import StructType
 
 from persistshard.core.shard import WrittenUpdates, open_shard
 from persistshard.core.statemachine.leases import WriteLease, holding
-from persistshard.core.statemachine.model import WriterBatch, WriterVerdict, judge_writer_batch
+from persistshard.core.statemachine.state import WriterBatch, WriterVerdict, judge_writer_batch
 from persistshard.core.storage.parts import check_parts
 from persistshard.core.write.diff import DiffRun, current_runs, diff_parts
 from persistshard.datasource.options import WriteOptions, storage_errors

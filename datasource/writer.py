@@ -49,7 +49,7 @@ from persistshard.core.shard import (
     refuse_foreign_files,
 )
 from persistshard.core.statemachine.leases import WriteLease
-from persistshard.core.statemachine.model import PartRef
+from persistshard.core.statemachine.state import PartRef
 from persistshard.core.storage import layout, metrics
 from persistshard.core.storage.blob import FsspecBlob
 from persistshard.core.storage.layout import PARTS_PREFIX

@@ -24,7 +24,7 @@ from persistshard.conformance.storage import (
 )
 from persistshard.core.shard import Shard
 from persistshard.core.statemachine import machine
-from persistshard.core.statemachine.state import Entry
+from persistshard.core.statemachine.encoding import Entry
 from persistshard.core.storage.blob import Blob
 from persistshard.core.storage.consensus import MemoryConsensus
 from persistshard.core.storage.layout import ROLLUP_EVERY

@@ -31,14 +31,14 @@ from persistshard.core.statemachine.commits.renew_lease import RenewLease
 from persistshard.core.statemachine.commits.set_retention import SetRetention
 from persistshard.core.statemachine.commits.sweep_leases import SweepLeases
 from persistshard.core.statemachine.encoding import Entry, fold
-from persistshard.core.statemachine.model import (
+from persistshard.core.statemachine.retention import Retention
+from persistshard.core.statemachine.state import (
     Batch,
     BatchIdentity,
     PartRef,
     ShardState,
     WriterBatch,
 )
-from persistshard.core.statemachine.retention import Retention
 from persistshard.errors import CorruptData
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden", "entries-v1.json")

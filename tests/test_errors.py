@@ -15,7 +15,10 @@ from fsspec.implementations.memory import MemoryFileSystem
 import persistshard as ps
 from persistshard import errors
 from persistshard.conformance.faults import FaultyBlob
-from persistshard.core.statemachine.state import AdvanceSince, Append, Batch, Compact
+from persistshard.core.statemachine.commits.advance_since import AdvanceSince
+from persistshard.core.statemachine.commits.append import Append
+from persistshard.core.statemachine.commits.compact import Compact
+from persistshard.core.statemachine.state import Batch
 from persistshard.core.storage.blob import Blob
 from persistshard.core.storage.layout import new_id
 

@@ -116,6 +116,8 @@ def test_column_mismatch_lists_missing_extra_and_retyped(tmp_path):
 
 def test_state_accepts_only_appended_nullable_columns():
     from persistshard.core.statemachine import state as st
+    from persistshard.core.statemachine.commits import apply
+    from persistshard.core.statemachine.commits.append import Append
 
     old = pa.schema([pa.field("id", pa.int64())])
     wider = pa.schema([pa.field("id", pa.int64()), pa.field("price", pa.float64())])
@@ -124,8 +126,8 @@ def test_state_accepts_only_appended_nullable_columns():
 
     def append(state: ShardState, schema: pa.Schema) -> ShardState:
         batch = st.Batch(id=f"b{state.version}", lower=state.upper, upper=state.upper + 1, parts=())
-        c = st.Append(state.upper, state.upper + 1, batch, schema=schema, id=f"c{state.version}")
-        return st.apply(state, c)
+        c = Append(state.upper, state.upper + 1, batch, schema=schema, id=f"c{state.version}")
+        return apply(state, c)
 
     s = append(s, old)
     s = append(s, wider)

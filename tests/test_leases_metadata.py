@@ -8,8 +8,9 @@ import pytest
 from conformance_helpers import updates
 
 import persistshard as ps
-from persistshard.core.statemachine import machine, model
+from persistshard.core.statemachine import machine
 from persistshard.core.statemachine import state as st
+from persistshard.core.statemachine.commits import apply
 from persistshard.core.statemachine.commits.advance_since import AdvanceSince
 from persistshard.core.statemachine.commits.append import Append
 from persistshard.core.storage.layout import new_id
@@ -37,7 +38,7 @@ def test_writer_records_expire_after_the_record_period(tmp_path, clock):
     # A live record still makes a replay a no-op.
     version = shard.state().version
     with pytest.raises(WriterAlreadyCommitted):
-        st.apply(
+        apply(
             shard.state(),
             Append(
                 shard.upper,
@@ -51,7 +52,7 @@ def test_writer_records_expire_after_the_record_period(tmp_path, clock):
 
 
 def test_writer_records_are_capped_least_recent_first(tmp_path, clock, monkeypatch):
-    monkeypatch.setattr(model, "MAX_WRITER_RECORDS", 5)
+    monkeypatch.setattr(st, "MAX_WRITER_RECORDS", 5)
     shard = ps.open_shard(str(tmp_path / "s"))
     for i in range(8):
         clock.ms += 1

@@ -62,7 +62,8 @@ from conformance_helpers import rows_of  # noqa: E402
 
 from persistshard.core.shard import Shard  # noqa: E402
 from persistshard.core.statemachine import machine  # noqa: E402
-from persistshard.core.statemachine.state import Append, Batch  # noqa: E402
+from persistshard.core.statemachine.commits.append import Append  # noqa: E402
+from persistshard.core.statemachine.state import Batch  # noqa: E402
 from persistshard.core.storage import blob as blob_module  # noqa: E402
 from persistshard.core.storage.consensus import MemoryConsensus  # noqa: E402
 from persistshard.core.storage.layout import ROLLUP_EVERY  # noqa: E402

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 import persistshard as ps
 from persistshard.cli import main as cli
-from persistshard.core.statemachine.state import Entry
+from persistshard.core.statemachine.encoding import Entry
 from persistshard.core.storage import metrics
 from persistshard.core.storage.blob import BlobWrapper, open_blob
 from persistshard.core.storage.consensus import Consensus, MemoryConsensus
@@ -27,8 +27,7 @@ PURE = {
     "persistshard.core.read.filters": "predicates evaluated on in-memory tables and statistics",
     "persistshard.core.maintenance.trace": "merge planning, a pure function of a state; "
     "compaction logs the plans it runs",
-    "persistshard.core.statemachine.state": "re-exports of the state machine's pure names",
-    "persistshard.core.statemachine.model": "the pure shard model and its checks; the state "
+    "persistshard.core.statemachine.state": "the pure shard model and its checks; the state "
     "machine logs commits landed and refused",
     "persistshard.core.statemachine.encoding": "pure encoding and decoding of entries and "
     "rollups, and the fold; the state machine logs what it reads",

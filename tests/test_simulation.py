@@ -41,7 +41,7 @@ from persistshard.conformance.faults import FaultyBlob
 from persistshard.conformance.model import ReferenceShard, snapshot_counter
 from persistshard.core.read.listen import Listen
 from persistshard.core.shard import Shard
-from persistshard.core.statemachine.state import Entry
+from persistshard.core.statemachine.encoding import Entry
 from persistshard.core.storage.blob import FsspecBlob
 from persistshard.errors import (
     CorruptData,

@@ -337,7 +337,8 @@ def test_a_shard_opened_with_the_wrong_consensus_is_refused_not_forked(tmp_path)
 # --- a lost race on a database is certain (issue 36: no extra scan before a refusal) ----------
 
 from persistshard.conformance.recorder import FaultyConsensus  # noqa: E402
-from persistshard.core.statemachine.state import Append, Batch  # noqa: E402
+from persistshard.core.statemachine.commits.append import Append  # noqa: E402
+from persistshard.core.statemachine.state import Batch  # noqa: E402
 
 
 class _Scans:

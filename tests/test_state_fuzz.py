@@ -24,8 +24,10 @@ from hypothesis import strategies as hs
 import persistshard as ps
 from persistshard.core.statemachine import encoding
 from persistshard.core.statemachine import state as st
+from persistshard.core.statemachine.commits import Commit
 from persistshard.core.statemachine.commits.append import Append
-from persistshard.core.statemachine.state import Batch, Entry, PartRef
+from persistshard.core.statemachine.encoding import Entry
+from persistshard.core.statemachine.state import Batch, PartRef
 from persistshard.core.storage.layout import new_id
 from persistshard.errors import CorruptData, InvalidUpdates, PersistShardError
 
@@ -58,7 +60,7 @@ def small_shard(location: str) -> ps.Shard:
     return shard
 
 
-def forged_append(shard: ps.Shard, part: PartRef, unsealed: Batch | None = None) -> st.Commit:
+def forged_append(shard: ps.Shard, part: PartRef, unsealed: Batch | None = None) -> Commit:
     upper = shard.upper
     batch = Batch(new_id(), upper, upper + 1, (part,))
     return Append(upper, upper + 1, batch, unsealed, id=new_id())
@@ -118,19 +120,19 @@ def test_an_unsealed_batch_below_the_new_upper_is_refused(tmp_path):
     assert rows_of(ps.open_shard(shard.location).snapshot()) == snapshot
 
 
-def forge_entry(shard: ps.Shard, commit: st.Commit | dict[str, Any]) -> None:
+def forge_entry(shard: ps.Shard, commit: Commit | dict[str, Any]) -> None:
     """Append ``commit`` (or a commit's stored JSON, which may be no commit at all) to the log
     without any check (an old or hostile writer)."""
     head = shard.consensus.head()
     assert head is not None
     entry = Entry.decode(head.data)
-    d = commit.to_json() if isinstance(commit, st.Commit) else commit
+    d = commit.to_json() if isinstance(commit, Commit) else commit
     body = {
         "commit": {**d, "at_ms": entry.at_ms},
         "rollup": {"version": entry.rollup_version, "key": entry.rollup_key},
         "at_ms": None,
     }
-    forged = st.seal(st.ENTRY_MAGIC, json.dumps(body, separators=(",", ":")).encode())
+    forged = encoding.seal(encoding.ENTRY_MAGIC, json.dumps(body, separators=(",", ":")).encode())
     assert shard.consensus.compare_and_set(head.version, forged)
 
 
@@ -264,9 +266,9 @@ def test_hand_corrupted_rollups_decode_to_a_valid_state_or_corrupt_data(real_sta
     d = real_state
     for where, name, value in edits:
         d = mutate(d, where, name, value)
-    raw = st.seal(st.ROLLUP_MAGIC, json.dumps(d).encode())
+    raw = encoding.seal(encoding.ROLLUP_MAGIC, json.dumps(d).encode())
     try:
-        decoded = st.decode_rollup(raw, "rollups/fuzz.json")
+        decoded = encoding.decode_rollup(raw, "rollups/fuzz.json")
     except CorruptData:
         return
     assert oracle_ok(decoded.to_json()), (edits, decoded)
@@ -402,7 +404,9 @@ def test_flipped_inline_bytes_in_a_rollup_are_corrupt_data(inline_state, where, 
     data[where % len(data)] ^= xor
     part["inline"] = base64.b64encode(bytes(data)).decode()
     with pytest.raises(CorruptData, match="inline part"):
-        st.decode_rollup(st.seal(st.ROLLUP_MAGIC, json.dumps(d).encode()), "rollups/fuzz.json")
+        encoding.decode_rollup(
+            encoding.seal(encoding.ROLLUP_MAGIC, json.dumps(d).encode()), "rollups/fuzz.json"
+        )
 
 
 def test_a_rollup_decodes_once_per_process_and_damage_is_never_remembered(
@@ -416,7 +420,7 @@ def test_a_rollup_decodes_once_per_process_and_damage_is_never_remembered(
         shard.append(
             updates([(j, f"r{j}", i, 1) for j in range(i * 5, i * 5 + 5)]), new_upper=i + 1
         )
-    raw = st.encode_rollup(shard.state())
+    raw = encoding.encode_rollup(shard.state())
     calls: list[int] = []
     original = encoding._decode_rollup
 
@@ -425,23 +429,23 @@ def test_a_rollup_decodes_once_per_process_and_damage_is_never_remembered(
         return original(data, where, location)
 
     monkeypatch.setattr(encoding, "_decode_rollup", counting)
-    first = st.decode_rollup(raw, "rollups/a.json")
-    again = st.decode_rollup(bytes(raw), "rollups/b.json")
+    first = encoding.decode_rollup(raw, "rollups/a.json")
+    again = encoding.decode_rollup(bytes(raw), "rollups/b.json")
     assert again is first and first == shard.state() and len(calls) == 1
     damaged = bytearray(raw)
     damaged[len(raw) // 2] ^= 0x20
     for _ in range(2):
         with pytest.raises(CorruptData):
-            st.decode_rollup(bytes(damaged), "rollups/c.json")
+            encoding.decode_rollup(bytes(damaged), "rollups/c.json")
     assert len(calls) == 3
     monkeypatch.setattr(encoding._ROLLUPS, "entries", 1)
-    other = st.encode_rollup(replace(shard.state(), version=shard.state().version + 1))
-    st.decode_rollup(other, "rollups/d.json")  # remembered alone now
-    st.decode_rollup(raw, "rollups/a.json")
+    other = encoding.encode_rollup(replace(shard.state(), version=shard.state().version + 1))
+    encoding.decode_rollup(other, "rollups/d.json")  # remembered alone now
+    encoding.decode_rollup(raw, "rollups/a.json")
     assert len(calls) == 5
     monkeypatch.setattr(encoding._ROLLUPS, "entries", 64)
     monkeypatch.setattr(encoding._ROLLUPS, "total_bytes", 1)  # no rollup fits
-    st.decode_rollup(other, "rollups/d.json")  # forgotten at once, and so is every other
-    st.decode_rollup(raw, "rollups/a.json")
-    st.decode_rollup(raw, "rollups/a.json")
+    encoding.decode_rollup(other, "rollups/d.json")  # forgotten at once, and so is every other
+    encoding.decode_rollup(raw, "rollups/a.json")
+    encoding.decode_rollup(raw, "rollups/a.json")
     assert len(calls) == 8 and not encoding._ROLLUPS and encoding._ROLLUPS.bytes == 0

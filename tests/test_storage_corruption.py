@@ -17,8 +17,8 @@ import pytest
 from conformance_helpers import rows_of, updates
 
 import persistshard as ps
+from persistshard.core.statemachine.encoding import Entry, decode_rollup, encode_rollup, fold
 from persistshard.core.statemachine.machine import SHARED_STATES
-from persistshard.core.statemachine.state import Entry, decode_rollup, encode_rollup, fold
 from persistshard.core.storage.layout import ROLLUP_EVERY
 
 #: Positions sampled per file: in the header line of a metadata object, and anywhere.

@@ -332,6 +332,8 @@ def test_state_records_the_identity_and_judges_at_the_compare_and_set(location, 
     from conformance_helpers import updates
 
     from persistshard.core.statemachine import state as st
+    from persistshard.core.statemachine.commits import apply
+    from persistshard.core.statemachine.commits.append import Append
     from persistshard.errors import WriterAlreadyCommitted
 
     shard = ps.open_shard(location)
@@ -344,9 +346,7 @@ def test_state_records_the_identity_and_judges_at_the_compare_and_set(location, 
     def attempt(writer):
         state = shard.state()
         batch = st.Batch("b", state.upper, state.upper + 1, ())
-        return st.apply(
-            state, st.Append(state.upper, state.upper + 1, batch, writer=writer, id="c")
-        )
+        return apply(state, Append(state.upper, state.upper + 1, batch, writer=writer, id="c"))
 
     append(("plain", 0))
     assert "writer_batches" not in shard.state().to_json()  # encoded as before identities

@@ -68,7 +68,7 @@ from persistshard.core.statemachine import leases
 from persistshard.core.statemachine.commits.compact import Compact
 from persistshard.core.statemachine.leases import WriteLease
 from persistshard.core.statemachine.machine import StateMachine
-from persistshard.core.statemachine.model import Batch, PartRef, ShardState
+from persistshard.core.statemachine.state import Batch, PartRef, ShardState
 from persistshard.core.storage import metrics
 from persistshard.core.storage.blob import Blob
 from persistshard.core.storage.layout import id_time_ms, new_id, part_key

@@ -70,7 +70,7 @@ from persistshard.core.statemachine import leases
 from persistshard.core.statemachine.commits.sweep_leases import SweepLeases
 from persistshard.core.statemachine.encoding import Entry, fold
 from persistshard.core.statemachine.machine import StateMachine
-from persistshard.core.statemachine.model import ShardState, part_write_id
+from persistshard.core.statemachine.state import ShardState, part_write_id
 from persistshard.core.storage import layout, metrics
 from persistshard.core.storage.blob import BlobMeta, temporary_time_ms
 from persistshard.core.storage.consensus import VersionedData

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from persistshard.core.statemachine.encoding import Entry, fold
 from persistshard.core.statemachine.machine import StateMachine
-from persistshard.core.statemachine.model import ShardState
+from persistshard.core.statemachine.state import ShardState
 from persistshard.core.storage.consensus import BlobConsensus
 from persistshard.errors import CorruptData, StorageUnsupported
 

@@ -69,7 +69,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from persistshard.core.statemachine.model import Batch, PartRef, ShardState
+from persistshard.core.statemachine.state import Batch, PartRef, ShardState
 
 Reason = Literal["unsealed", "level", "full"]
 

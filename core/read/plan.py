@@ -49,7 +49,7 @@ import pyarrow.compute as pc
 
 from persistshard.core.read.filters import Pred, chunk_may_match, chunk_stats, filter_table
 from persistshard.core.rows import DIFF, TIME, advance_times, consolidate, snapshot_of
-from persistshard.core.statemachine.model import PartRef, ShardState
+from persistshard.core.statemachine.state import PartRef, ShardState
 from persistshard.core.storage.blob import Blob
 from persistshard.core.storage.metrics import run_in_context
 from persistshard.core.storage.parts import adapt_part_table, open_part, release_mapped

@@ -35,7 +35,7 @@ import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from persistshard.core.statemachine.model import ShardState
+from persistshard.core.statemachine.state import ShardState
 from persistshard.errors import CorruptData, VersionCollected
 
 log = logging.getLogger("persistshard.core.read.race")

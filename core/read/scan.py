@@ -74,7 +74,7 @@ from persistshard.core.read.plan import (
 )
 from persistshard.core.read.race import Newest, pinned_read
 from persistshard.core.rows import DIFF, TIME
-from persistshard.core.statemachine.model import ShardState
+from persistshard.core.statemachine.state import ShardState
 from persistshard.core.write.correction import Correction
 from persistshard.core.write.validate import update_schema
 from persistshard.errors import InvalidOption

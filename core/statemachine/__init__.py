@@ -1,11 +1,10 @@
 """persistshard.core.statemachine: a shard's versioned state and the one loop that moves it.
 
-- `model`: `ShardState` and what it is made of, the named preconditions, and
+- `state`: `ShardState` and what it is made of, the named preconditions, and
   `check_transition`, the check of every new state before it is written; all pure.
 - `commits`: one typed commit kind per module (``state(N) = apply(state(N-1), commit(N))``):
   its fields, stored arguments, transition and history summary.
 - `encoding`: the stored bytes (checksummed log entries and rollups) and `fold`.
-- `state`: the names of the three above, re-exported in one place.
 - `machine`: `StateMachine`, the only writer of the consensus log: refresh, the
   compare-and-set loop with jittered backoff and a deadline, rollups.
 - `retention`: the pure rule by which since follows the upper minus a shard's history

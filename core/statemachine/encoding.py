@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import crc32c
 
 from persistshard.core.statemachine.commits import Commit, apply
-from persistshard.core.statemachine.model import ShardState, is_count, key_problem
+from persistshard.core.statemachine.state import ShardState, is_count, key_problem
 from persistshard.core.storage.layout import ROLLUPS_PREFIX
 from persistshard.errors import CorruptData, PersistShardError, WriterAlreadyCommitted
 from persistshard.format.memo import BytesMemo

@@ -29,7 +29,7 @@ from persistshard.core.statemachine.commits.expire_reader import ExpireReader
 from persistshard.core.statemachine.commits.heartbeat import Heartbeat
 from persistshard.core.statemachine.commits.register_reader import RegisterReader
 from persistshard.core.statemachine.machine import StateMachine
-from persistshard.core.statemachine.model import Hold
+from persistshard.core.statemachine.state import Hold
 from persistshard.core.storage.layout import new_id
 from persistshard.errors import HoldExpired, InvalidUpdates
 

@@ -49,7 +49,7 @@ from typing import Any, Protocol
 from persistshard.core.statemachine.commits import Commit
 from persistshard.core.statemachine.commits.renew_lease import RenewLease
 from persistshard.core.statemachine.commits.sweep_leases import SweepLeases
-from persistshard.core.statemachine.model import ShardState, lease_covers
+from persistshard.core.statemachine.state import ShardState, lease_covers
 from persistshard.core.storage import layout
 from persistshard.core.storage.layout import id_time_ms, new_id
 from persistshard.errors import InvalidUpdates, LeaseExpired

@@ -57,7 +57,7 @@ from typing import NoReturn
 from persistshard.core.statemachine import encoding, leases
 from persistshard.core.statemachine.commits import Commit, apply
 from persistshard.core.statemachine.encoding import Entry
-from persistshard.core.statemachine.model import ShardState, check_transition
+from persistshard.core.statemachine.state import ShardState, check_transition
 from persistshard.core.storage import layout, metrics
 from persistshard.core.storage.blob import Blob, is_certain_refusal
 from persistshard.core.storage.consensus import (

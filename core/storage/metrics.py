@@ -45,7 +45,7 @@ from persistshard.core.storage.blob import Blob, BlobMeta, BlobWrapper, is_certa
 from persistshard.errors import storage_error
 
 if TYPE_CHECKING:
-    from persistshard.core.statemachine.model import ShardState
+    from persistshard.core.statemachine.state import ShardState
     from persistshard.core.storage.consensus import Consensus
 
 log = logging.getLogger("persistshard.core.storage.metrics")

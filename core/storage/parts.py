@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from persistshard.core.rows import TIME, row_columns, sort_table
-from persistshard.core.statemachine.model import MAX_INLINE_PART_BYTES, PartRef, ShardState
+from persistshard.core.statemachine.state import MAX_INLINE_PART_BYTES, PartRef, ShardState
 from persistshard.core.storage.blob import Blob
 from persistshard.core.storage.layout import part_key
 from persistshard.core.storage.metrics import run_in_context

@@ -35,7 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from persistshard.core.rows import TIME
-from persistshard.core.statemachine.model import PartRef
+from persistshard.core.statemachine.state import PartRef
 from persistshard.format.memo import BytesMemo
 
 #: A part whose decoded buffers are larger than this is never kept (merges of large parts

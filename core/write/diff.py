@@ -59,7 +59,7 @@ from persistshard.core.rows import (
     settle_below_bound,
     sort_indices,
 )
-from persistshard.core.statemachine.model import PartRef, ShardState
+from persistshard.core.statemachine.state import PartRef, ShardState
 from persistshard.core.storage.blob import Blob
 from persistshard.core.storage.layout import new_id, release_unused_memory
 from persistshard.core.storage.parts import CHUNK_BYTES, PartSink, adapt_part_table, open_part

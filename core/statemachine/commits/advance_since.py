@@ -7,10 +7,9 @@ max(since, min(new, every live hold))``; never back.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
 
 from persistshard.core.statemachine.commits.base import Commit
-from persistshard.core.statemachine.model import ShardState
+from persistshard.core.statemachine.state import ShardState
 from persistshard.errors import NotSealed
 
 
@@ -21,13 +20,6 @@ class AdvanceSince(Commit):
     kind = "advance_since"
 
     since: int
-
-    def args_json(self) -> dict[str, Any]:
-        return {"since": self.since}
-
-    @classmethod
-    def fields_from_args(cls, args: dict[str, Any]) -> dict[str, Any]:
-        return {"since": args["since"]}
 
     def apply(self, state: ShardState, location: str | None) -> ShardState:
         since = self.since

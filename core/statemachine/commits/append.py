@@ -25,7 +25,7 @@ import pyarrow as pa
 
 from persistshard.core.statemachine import retention as ret
 from persistshard.core.statemachine.commits.base import Commit
-from persistshard.core.statemachine.model import (
+from persistshard.core.statemachine.state import (
     AssertUpper,
     Batch,
     BatchIdentity,

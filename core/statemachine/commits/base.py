@@ -14,7 +14,7 @@ What always holds:
   dictionaries did (``tests/golden/entries-v1.json``).
 - `apply` is pure: the state after a commit is a function of the state before and the commit
   (with its time ``at_ms``), so replaying the log gives the same states. A failed
-  precondition raises (``Assert...`` classes, `persistshard.core.statemachine.model`) and
+  precondition raises (``Assert...`` classes, `persistshard.core.statemachine.state`) and
   changes nothing.
 - Kind names are unique: a second class claiming a registered name is a `TypeError`.
 """
@@ -22,10 +22,10 @@ What always holds:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any, ClassVar
 
-from persistshard.core.statemachine.model import (
+from persistshard.core.statemachine.state import (
     PartRef,
     ShardState,
     part_write_id,
@@ -73,15 +73,26 @@ class Commit(ABC):
 
     # --- what each kind defines --------------------------------------------------------
 
-    @abstractmethod
     def args_json(self) -> dict[str, Any]:
-        """The stored arguments (``args``, without ``metrics``)."""
+        """The stored arguments (``args``, without ``metrics``). By default each field of
+        the kind under its name; a kind with fields other than `int` and `str` says how."""
+        return {name: getattr(self, name) for name, _ in self._arg_fields()}
 
     @classmethod
-    @abstractmethod
     def fields_from_args(cls, args: dict[str, Any]) -> dict[str, Any]:
         """The fields of this kind from its stored ``args``; raises `KeyError`, `TypeError`
-        or `ValueError` for arguments that are not this kind's."""
+        or `ValueError` for arguments that are not this kind's. By default the inverse of
+        the default `args_json`, checking each value's type."""
+        return {name: _read(kind, cls.kind, name, args[name]) for name, kind in cls._arg_fields()}
+
+    @classmethod
+    def _arg_fields(cls) -> list[tuple[str, str]]:
+        """The kind's own fields (name, annotation), in declaration order."""
+        own = [(f.name, str(f.type)) for f in fields(cls) if f.name not in _ENVELOPE]
+        simple = [name for name, kind in own if kind not in _SIMPLE]
+        if simple:
+            raise TypeError(f"commit kind {cls.kind!r} must store its fields {simple} itself")
+        return own
 
     @abstractmethod
     def apply(self, state: ShardState, location: str | None) -> ShardState:
@@ -140,6 +151,19 @@ class Commit(ABC):
         args = dict(args)
         metrics = args.pop("metrics", None)
         return cls(id=d["id"], at_ms=d.get("at_ms"), metrics=metrics, **cls.fields_from_args(args))
+
+
+#: The envelope's fields, stored outside a kind's arguments.
+_ENVELOPE = frozenset({"id", "at_ms", "metrics"})
+#: The field types the default (de)serialisation handles.
+_SIMPLE = {"int": int, "str": str}
+
+
+def _read(kind: str, commit_kind: str, name: str, value: object) -> object:
+    """``value`` as a stored argument ``name`` of type ``kind`` (`_SIMPLE`), or `TypeError`."""
+    if isinstance(value, _SIMPLE[kind]) and not isinstance(value, bool):
+        return value
+    raise TypeError(f"{commit_kind} argument {name} is {value!r}, not {kind}")
 
 
 def apply(state: ShardState, commit: Commit, location: str | None = None) -> ShardState:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from persistshard.core.statemachine.commits.base import Commit
-from persistshard.core.statemachine.model import (
+from persistshard.core.statemachine.state import (
     AssertBatchesPresent,
     AssertLevelsOrdered,
     Batch,

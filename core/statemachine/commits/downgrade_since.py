@@ -8,10 +8,9 @@ and its lease is renewed from the commit's time.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
 
 from persistshard.core.statemachine.commits.base import Commit
-from persistshard.core.statemachine.model import AssertLiveHold, Hold, ShardState
+from persistshard.core.statemachine.state import AssertLiveHold, Hold, ShardState
 from persistshard.errors import SinceViolation
 
 
@@ -23,13 +22,6 @@ class DowngradeSince(Commit):
 
     reader_id: str
     since: int
-
-    def args_json(self) -> dict[str, Any]:
-        return {"reader_id": self.reader_id, "since": self.since}
-
-    @classmethod
-    def fields_from_args(cls, args: dict[str, Any]) -> dict[str, Any]:
-        return {"reader_id": args["reader_id"], "since": int(args["since"])}
 
     def apply(self, state: ShardState, location: str | None) -> ShardState:
         reader, since = self.reader_id, self.since

@@ -6,10 +6,9 @@ No precondition (idempotent: a reader without a hold changes nothing but the ver
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
 
 from persistshard.core.statemachine.commits.base import Commit
-from persistshard.core.statemachine.model import ShardState
+from persistshard.core.statemachine.state import ShardState
 
 
 @dataclass(frozen=True)
@@ -19,13 +18,6 @@ class ExpireReader(Commit):
     kind = "expire_reader"
 
     reader_id: str
-
-    def args_json(self) -> dict[str, Any]:
-        return {"reader_id": self.reader_id}
-
-    @classmethod
-    def fields_from_args(cls, args: dict[str, Any]) -> dict[str, Any]:
-        return {"reader_id": args["reader_id"]}
 
     def apply(self, state: ShardState, location: str | None) -> ShardState:
         holds = {r: h for r, h in state.holds.items() if r != self.reader_id}

@@ -7,10 +7,9 @@ runs until the commit's time + the hold's lease.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
 
 from persistshard.core.statemachine.commits.base import Commit
-from persistshard.core.statemachine.model import AssertLiveHold, ShardState
+from persistshard.core.statemachine.state import AssertLiveHold, ShardState
 
 
 @dataclass(frozen=True)
@@ -20,13 +19,6 @@ class Heartbeat(Commit):
     kind = "heartbeat"
 
     reader_id: str
-
-    def args_json(self) -> dict[str, Any]:
-        return {"reader_id": self.reader_id}
-
-    @classmethod
-    def fields_from_args(cls, args: dict[str, Any]) -> dict[str, Any]:
-        return {"reader_id": args["reader_id"]}
 
     def apply(self, state: ShardState, location: str | None) -> ShardState:
         now = self.now()

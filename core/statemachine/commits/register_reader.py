@@ -7,27 +7,20 @@ current since, leased until the commit's time + ``lease_ms``.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
 
 from persistshard.core.statemachine.commits.base import Commit
-from persistshard.core.statemachine.model import AssertNoLiveHold, Hold, ShardState
+from persistshard.core.statemachine.state import AssertNoLiveHold, Hold, ShardState
 
 
 @dataclass(frozen=True)
 class RegisterReader(Commit):
-    """Hold since for ``reader_id`` with a lease of ``lease_ms`` (module docstring)."""
+    """Hold since for ``reader_id`` (unique among live holds) with a lease of ``lease_ms``,
+    which every `heartbeat` and `downgrade_since` of the reader renews."""
 
     kind = "register_reader"
 
     reader_id: str
     lease_ms: int
-
-    def args_json(self) -> dict[str, Any]:
-        return {"reader_id": self.reader_id, "lease_ms": self.lease_ms}
-
-    @classmethod
-    def fields_from_args(cls, args: dict[str, Any]) -> dict[str, Any]:
-        return {"reader_id": args["reader_id"], "lease_ms": int(args["lease_ms"])}
 
     def apply(self, state: ShardState, location: str | None) -> ShardState:
         now = self.now()

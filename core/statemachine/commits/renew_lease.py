@@ -9,10 +9,9 @@ its expiry and the commit's time + ``lease_ms`` (never shortened).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
 
 from persistshard.core.statemachine.commits.base import Commit
-from persistshard.core.statemachine.model import ShardState
+from persistshard.core.statemachine.state import ShardState
 
 
 @dataclass(frozen=True)
@@ -23,13 +22,6 @@ class RenewLease(Commit):
 
     write_id: str
     lease_ms: int
-
-    def args_json(self) -> dict[str, Any]:
-        return {"write_id": self.write_id, "lease_ms": self.lease_ms}
-
-    @classmethod
-    def fields_from_args(cls, args: dict[str, Any]) -> dict[str, Any]:
-        return {"write_id": args["write_id"], "lease_ms": int(args["lease_ms"])}
 
     def leased_writes(self) -> set[str]:
         return {str(self.write_id)}

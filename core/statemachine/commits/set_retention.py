@@ -15,7 +15,7 @@ from typing import Any
 
 from persistshard.core.statemachine import retention as ret
 from persistshard.core.statemachine.commits.base import Commit
-from persistshard.core.statemachine.model import ShardState, follow_retention
+from persistshard.core.statemachine.state import ShardState, follow_retention
 from persistshard.errors import InvalidUpdates
 
 

@@ -8,10 +8,9 @@ write whose lease ran out by the fence, because gc is about to delete such parts
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
 
 from persistshard.core.statemachine.commits.base import Commit
-from persistshard.core.statemachine.model import ShardState
+from persistshard.core.statemachine.state import ShardState
 
 
 @dataclass(frozen=True)
@@ -21,13 +20,6 @@ class SweepLeases(Commit):
     kind = "sweep_leases"
 
     through_ms: int
-
-    def args_json(self) -> dict[str, Any]:
-        return {"through_ms": self.through_ms}
-
-    @classmethod
-    def fields_from_args(cls, args: dict[str, Any]) -> dict[str, Any]:
-        return {"through_ms": int(args["through_ms"])}
 
     def apply(self, state: ShardState, location: str | None) -> ShardState:
         fence = max(state.lease_fence_ms, self.through_ms)
