@@ -228,3 +228,16 @@ def test_a_kind_name_is_declared_once(scratch_kind):
         @dataclass(frozen=True)
         class Another(Commit):
             kind = "test_relabel"
+
+
+def test_every_module_of_the_commits_package_is_imported_and_registers_its_kind():
+    """The package imports each of its modules, so a kind's module is all a new kind needs."""
+    import pkgutil
+
+    from persistshard.core.statemachine import commits
+
+    modules = {f"{commits.__name__}.{m.name}" for m in pkgutil.iter_modules(commits.__path__)} - {
+        f"{commits.__name__}.base"
+    }
+    assert {cls.__module__ for cls in KINDS.values()} == modules
+    assert all(cls.__module__.rsplit(".", 1)[1] == kind for kind, cls in KINDS.items())
