@@ -120,3 +120,25 @@ def test_every_reader_of_the_log_names_repair(tmp_path):
     for call in (fresh.history, fresh.gc, fresh.verify, lambda: fresh.upper):
         with pytest.raises(ps.CorruptData, match="persistshard repair"):
             call()
+
+
+def test_a_whole_entry_of_a_kind_this_version_does_not_know_is_never_dropped(tmp_path):
+    """The newest entry's bytes are whole (its checksum holds) but its commit is of a kind
+    this version cannot read (a newer library's commit kind): reading fails, and repair must
+    refuse rather than drop what may be an acknowledged commit of that newer writer."""
+    from persistshard.core.statemachine.encoding import ENTRY_MAGIC, seal, unseal
+
+    location, _ = _shard(tmp_path)
+    path = _entry(location, 3)
+    with open(path, "rb") as f:
+        header, _, sealed = f.read().partition(b"\n")
+    body = json.loads(unseal(ENTRY_MAGIC, sealed, "entry", path, None))
+    body["commit"]["kind"] = "a_kind_from_a_newer_version"
+    with open(path, "wb") as f:
+        f.write(header + b"\n" + seal(ENTRY_MAGIC, json.dumps(body).encode()))
+    listing = sorted(os.listdir(os.path.join(location, "consensus")))
+    with pytest.raises(ps.CorruptData):
+        ps.open_shard(location).snapshot()
+    with pytest.raises(ps.CorruptData, match="backup|newer|whole"):
+        repair(ps.open_shard(location).machine, apply=True)
+    assert sorted(os.listdir(os.path.join(location, "consensus"))) == listing

@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from persistshard.core.statemachine.encoding import Entry, fold
+from persistshard.core.statemachine.encoding import ENTRY_MAGIC, Entry, fold, unseal
 from persistshard.core.statemachine.machine import StateMachine
 from persistshard.core.statemachine.state import ShardState
 from persistshard.core.storage.consensus import BlobConsensus
@@ -65,7 +65,13 @@ class RepairReport:
 
 
 def _problem(consensus: BlobConsensus, version: int, location: str) -> tuple[int, str | None]:
-    """(stored size, why the entry of ``version`` does not decode, or None if it does)."""
+    """(stored size, why the entry of ``version`` is not whole, or None if it is).
+
+    Whole means its bytes are: the header, the magic, the length and the checksum hold. An
+    entry whose bytes are whole but whose commit this version cannot read (a kind a newer
+    library wrote, arguments it does not know) is whole too: it may be an acknowledged commit,
+    so repair never drops it (the version below it then fails to be the newest readable one
+    only if it is damaged itself, and repair refuses)."""
     key = consensus.entry_name(version)
     raw = consensus.blob.get(key)
     if raw is None:
@@ -74,7 +80,7 @@ def _problem(consensus: BlobConsensus, version: int, location: str) -> tuple[int
         found = consensus.scan(version, limit=1)
         if not found or found[0].version != version:
             return len(raw), "missing"
-        Entry.decode(found[0].data, key, location)
+        unseal(ENTRY_MAGIC, found[0].data, "consensus entry", key, location)
     except CorruptData as e:
         return len(raw), e.detail
     return len(raw), None
@@ -126,8 +132,10 @@ def plan(machine: StateMachine) -> RepairReport:
         except CorruptData as e:
             raise CorruptData(
                 f"repair cannot restore version {report.valid_version}, the newest readable "
-                f"one: {e.detail}. The damage is older than the newest entries; nothing was "
-                "changed: restore the shard's files from a backup",
+                f"one: {e.detail}. The damage is older than the newest entries, or a whole "
+                "entry holds a commit this version cannot read (written by a newer "
+                "persistshard? upgrade first); nothing was changed: otherwise restore the "
+                "shard's files from a backup",
                 location=machine.location,
             ) from e
     elif report.dropped:
