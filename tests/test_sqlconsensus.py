@@ -36,7 +36,7 @@ from persistshard.core.storage.sqlconsensus import (
 from persistshard.errors import InvalidOption, InvalidUpdates
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.database)])
 def db_url(request, tmp_path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path}/consensus.db"
