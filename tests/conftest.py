@@ -17,7 +17,9 @@ Test tiers: `pytest_collection_modifyitems` below marks each test by what it sta
 fixtures it uses (`FIXTURE_MARKERS`) and a short list for what no fixture shows
 (`EXPLICIT_MARKERS`): ``spark`` (the session's JVM), ``database`` (PostgreSQL), ``s3`` (moto's
 server), ``subprocess`` (worker processes or a JVM of its own); ``slow`` stays by hand. The
-README's fast command deselects them.
+README's fast command deselects them; tests/test_tiers.py checks the marking. Hypothesis runs
+the "dev" profile (few examples) unless ``CI=true`` or ``PERSISTSHARD_HYPOTHESIS_PROFILE``
+picks "ci"; tests that need their own budget use `conformance_helpers.examples`.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import sys
 import tempfile
 
 import pytest
+from hypothesis import settings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 
@@ -62,6 +65,25 @@ import persistshard  # noqa: E402  (after the redirection above, on purpose)
 if os.path.realpath(os.path.dirname(persistshard.__file__ or "")) != ROOT:  # pragma: no cover
     raise RuntimeError(f"tests would import {persistshard.__file__}, not the tree at {ROOT}")
 
+
+# Hypothesis profiles. "dev", the default, runs a quarter of CI's examples so the edit loop
+# stays fast; "ci" keeps Hypothesis's own CI settings (derandomized, no deadline) with its
+# default of 100 examples. CI=true (or PERSISTSHARD_HYPOTHESIS_PROFILE=ci) selects "ci";
+# pytest's --hypothesis-profile still overrides both. A test's own budget is written as
+# `conformance_helpers.examples(n)`: n examples under "ci", scaled to the profile loaded.
+settings.register_profile("dev", settings.get_profile("default"), max_examples=25)
+settings.register_profile("ci", settings.get_profile("ci"), max_examples=100)
+
+
+def _hypothesis_profile() -> str:
+    chosen = os.environ.get("PERSISTSHARD_HYPOTHESIS_PROFILE", "")
+    if chosen:
+        return chosen
+    in_ci = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+    return "ci" if in_ci else "dev"
+
+
+settings.load_profile(_hypothesis_profile())
 
 #: A test that uses one of these fixtures (directly or through another fixture) gets the
 #: marker: what the fixture starts. ``spark`` depends on pytest-spark's ``spark_session``.
