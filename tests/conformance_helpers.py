@@ -7,6 +7,17 @@ import time
 import pyarrow as pa
 
 
+def examples(ci: int) -> int:
+    """``max_examples`` for a test that runs ``ci`` examples under the "ci" Hypothesis profile
+    (tests/conftest.py), scaled to the profile loaded: a quarter under "dev", never fewer
+    than min(ci, 3). Write ``settings(max_examples=examples(60))``, never a bare number,
+    which would ignore the profile."""
+    from hypothesis import settings
+
+    scaled = ci * settings().max_examples // settings.get_profile("ci").max_examples
+    return max(min(ci, 3), scaled)
+
+
 class Clock:
     """A settable wall clock for the shard's code (ids, commit times, leases): what the
     ``clock`` fixture (tests/conftest.py) puts in place of

@@ -12,17 +12,27 @@ in this tree, with or without a reinstall. The repository root itself is taken o
 ``sys.path``, so no test can import ``core`` or ``errors`` as top-level modules by accident.
 
 One session-scoped SparkSession (pytest-spark's ``spark_session``, local[2]) serves the run.
+
+Test tiers: `pytest_collection_modifyitems` below marks each test by what it starts, from the
+fixtures it uses (`FIXTURE_MARKERS`) and a short list for what no fixture shows
+(`EXPLICIT_MARKERS`): ``spark`` (the session's JVM), ``database`` (PostgreSQL), ``s3`` (moto's
+server), ``subprocess`` (worker processes or a JVM of its own); ``slow`` stays by hand. The
+README's fast command deselects them; tests/test_tiers.py checks the marking. Hypothesis runs
+the "dev" profile (few examples) unless ``CI=true`` or ``PERSISTSHARD_HYPOTHESIS_PROFILE``
+picks "ci"; tests that need their own budget use `conformance_helpers.examples`.
 """
 
 from __future__ import annotations
 
 import atexit
+import fnmatch
 import os
 import shutil
 import sys
 import tempfile
 
 import pytest
+from hypothesis import settings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 
@@ -54,6 +64,109 @@ import persistshard  # noqa: E402  (after the redirection above, on purpose)
 
 if os.path.realpath(os.path.dirname(persistshard.__file__ or "")) != ROOT:  # pragma: no cover
     raise RuntimeError(f"tests would import {persistshard.__file__}, not the tree at {ROOT}")
+
+
+# Hypothesis profiles. "dev", the default, runs a quarter of CI's examples so the edit loop
+# stays fast; "ci" keeps Hypothesis's own CI settings (derandomized, no deadline) with its
+# default of 100 examples. CI=true (or PERSISTSHARD_HYPOTHESIS_PROFILE=ci) selects "ci";
+# pytest's --hypothesis-profile still overrides both. A test's own budget is written as
+# `conformance_helpers.examples(n)`: n examples under "ci", scaled to the profile loaded.
+settings.register_profile("dev", settings.get_profile("default"), max_examples=25)
+settings.register_profile("ci", settings.get_profile("ci"), max_examples=100)
+
+
+def _hypothesis_profile() -> str:
+    chosen = os.environ.get("PERSISTSHARD_HYPOTHESIS_PROFILE", "")
+    if chosen:
+        return chosen
+    in_ci = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+    return "ci" if in_ci else "dev"
+
+
+settings.load_profile(_hypothesis_profile())
+
+#: A test that uses one of these fixtures (directly or through another fixture) gets the
+#: marker: what the fixture starts. ``spark`` depends on pytest-spark's ``spark_session``.
+FIXTURE_MARKERS: dict[str, str] = {
+    "spark_session": "spark",
+    "postgres_url": "database",
+    "s3_endpoint": "s3",  # tests/test_s3.py
+    "s3_options": "s3",  # the moto servers of test_inline, test_linearizability, test_local_cluster
+    "s3_direct": "s3",  # test_fault_proxy, test_contracts_under_faults (the proxies sit on it)
+}
+
+#: What no fixture shows: ``fnmatch`` patterns over "file::Class::function" (no parameters;
+#: "file::function" outside a class) -> markers. ``subprocess``: the test starts another
+#: Python interpreter or a JVM of its own (tool commands such as git do not count). A
+#: parameter that reaches a server through ``request.getfixturevalue`` carries its marker
+#: where it is declared (``db_url`` in test_sqlconsensus.py, the sweep in
+#: test_linearizability.py, NegativeDiff in test_errors.py).
+EXPLICIT_MARKERS: dict[str, tuple[str, ...]] = {
+    # A Spark application in a child process (a JVM of its own).
+    "test_local_cluster.py::*": ("spark", "subprocess"),
+    "test_spark.py::test_hive_catalog_keeps_the_location": ("spark", "subprocess"),
+    # Racing workers of the storage contracts (processes when the store is shared).
+    "*::test_put_if_absent_race": ("subprocess",),
+    "*::test_cas_race": ("subprocess",),
+    # Linearizability recorder runs (worker and gc processes), also under `persistshard
+    # conformance`.
+    "test_linearizability.py::test_a_store_ignoring_the_condition_is_refused_or_caught": (
+        "subprocess",
+    ),
+    "test_linearizability.py::test_local_files": ("subprocess",),
+    "test_linearizability.py::test_sqlite": ("subprocess",),
+    "test_linearizability.py::test_postgres": ("subprocess",),
+    "test_linearizability.py::test_s3": ("subprocess",),
+    "test_linearizability.py::test_sweep": ("subprocess",),
+    "test_linearizability.py::test_conformance_*": ("subprocess",),
+    "test_cli_output.py::test_conformance_json_on_local_files": ("subprocess",),
+    "test_leases_cli.py::test_conformance_cleans_up_after_itself": ("subprocess",),
+    "test_sqlconsensus.py::test_cli_conformance_with_consensus": ("subprocess",),
+    # Writers racing in processes.
+    "test_everyday.py::test_four_processes_append_plainly_without_failures": ("subprocess",),
+    "test_remap.py::test_racing_minters_in_processes": ("subprocess",),
+    "test_sqlconsensus.py::test_racing_processes_every_version_has_one_winner": ("subprocess",),
+    # A child interpreter that measures memory, imports afresh, or exits to leave a dead pid.
+    "test_writer_memory.py::test_write_task_memory_stays_near_budget": ("subprocess",),
+    "test_diff.py::test_peak_memory_stays_far_below_the_table": ("subprocess",),
+    "test_compaction.py::test_import_persistshard_does_not_import_pyspark": ("subprocess",),
+    "test_leases_metadata.py::test_spill_directories_of_killed_processes_are_swept": (
+        "subprocess",
+    ),
+    "test_benchmarks_harness.py::test_each_benchmark_runs_in_a_process_of_its_own": ("subprocess",),
+    # A child pytest that collects the whole suite.
+    "test_tiers.py::test_a_test_is_marked_by_what_its_fixtures_start": ("subprocess",),
+    "test_tiers.py::test_the_fast_selection_*": ("subprocess",),
+    "test_tiers.py::test_every_marker_used_is_declared": ("subprocess",),
+}
+
+
+def _explicit_markers(item: pytest.Item) -> set[str]:
+    """The markers `EXPLICIT_MARKERS` gives ``item``."""
+    parts = [os.path.basename(str(item.path))]
+    cls = getattr(item, "cls", None)
+    if cls is not None:
+        parts.append(cls.__name__)
+    parts.append(getattr(item, "originalname", item.name))
+    name = "::".join(parts)
+    return {
+        marker
+        for pattern, markers in EXPLICIT_MARKERS.items()
+        if fnmatch.fnmatchcase(name, pattern)
+        for marker in markers
+    }
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test by what it starts (module docstring), before ``-m`` deselects."""
+    for item in items:
+        have = {m.name for m in item.iter_markers()}
+        used = getattr(item, "fixturenames", ())
+        wanted = {FIXTURE_MARKERS[f] for f in used if f in FIXTURE_MARKERS}
+        wanted.update(_explicit_markers(item))
+        for name in sorted(wanted - have):
+            item.add_marker(name)
 
 
 @pytest.fixture(scope="session", autouse=True)

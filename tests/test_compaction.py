@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 import pytest
-from conformance_helpers import rows_of, updates
+from conformance_helpers import examples, rows_of, updates
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as hs
 from hypothesis.stateful import rule
@@ -109,7 +109,7 @@ class CompactionMachine(Base):  # type: ignore[valid-type, misc]
 
 TestCompactionModel = CompactionMachine.TestCase
 TestCompactionModel.settings = settings(
-    max_examples=60,
+    max_examples=examples(60),
     stateful_step_count=30,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],

@@ -10,7 +10,7 @@ import uuid
 
 import pyarrow as pa
 import pytest
-from conformance_helpers import rows_of
+from conformance_helpers import examples, rows_of
 from hypothesis import HealthCheck, settings
 
 from persistshard import Indeterminate, InvalidUpdates, UpperMismatch
@@ -84,7 +84,7 @@ def _new_location() -> str:
 MemoryModel = make_shard_machine(_new_location)
 TestModelMemory = MemoryModel.TestCase
 TestModelMemory.settings = settings(
-    max_examples=60,
+    max_examples=examples(60),
     stateful_step_count=25,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
@@ -94,7 +94,7 @@ TestModelMemory.settings = settings(
 def test_model_on_local_files(tmp_path):
     machine = make_shard_machine(lambda: f"{tmp_path}/model-{uuid.uuid4().hex}")
     case = machine.TestCase
-    case.settings = settings(max_examples=10, stateful_step_count=20, deadline=None)
+    case.settings = settings(max_examples=examples(10), stateful_step_count=20, deadline=None)
     case("runTest").runTest()
 
 

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
+from conformance_helpers import examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -198,14 +199,14 @@ class SpillingCorrectionMachine(CorrectionMachine):
 
 TestCorrection = CorrectionMachine.TestCase
 TestCorrection.settings = settings(
-    max_examples=40,
+    max_examples=examples(40),
     stateful_step_count=25,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 TestSpillingCorrection = SpillingCorrectionMachine.TestCase
 TestSpillingCorrection.settings = settings(
-    max_examples=25,
+    max_examples=examples(25),
     stateful_step_count=25,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
@@ -241,7 +242,7 @@ def fancy_batches(draw: st.DrawFn) -> pa.Table:
     )
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     inserts=st.lists(fancy_batches(), min_size=1, max_size=6),
     since=st.integers(0, 12),

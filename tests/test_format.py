@@ -11,6 +11,7 @@ from collections.abc import Callable
 import numpy as np
 import pyarrow as pa
 import pytest
+from conformance_helpers import examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -600,7 +601,7 @@ def _tables(draw: st.DrawFn) -> pa.Table:
     return table.slice(start, draw(st.integers(0, n - start)))
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(table=_tables(), chunk_bytes=st.sampled_from([1, 64, 1000, 1 << 20]))
 def test_random_tables_round_trip(table: pa.Table, chunk_bytes: int) -> None:
     reader, out = roundtrip(table, chunk_bytes=chunk_bytes, sort_column=table.column_names[0])

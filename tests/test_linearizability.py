@@ -357,7 +357,15 @@ if SWEEP:
 
     @pytest.mark.slow
     @pytest.mark.parametrize("seed", range(10, 30))
-    @pytest.mark.parametrize("backend", ["files", "sqlite", "postgres", "s3"])
+    @pytest.mark.parametrize(
+        "backend",
+        [
+            "files",
+            "sqlite",
+            pytest.param("postgres", marks=pytest.mark.database),
+            pytest.param("s3", marks=pytest.mark.s3),
+        ],
+    )
     def test_sweep(tmp_path, seed, backend, request):
         """Larger seeded runs on every backend."""
         if backend == "s3":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from conformance_helpers import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pyspark.sql.types import (
@@ -63,7 +64,7 @@ def types() -> st.SearchStrategy[DataType]:
     )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     st.lists(
         st.tuples(names, types(), st.booleans()), min_size=1, max_size=5, unique_by=lambda f: f[0]

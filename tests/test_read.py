@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
+from conformance_helpers import examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -123,7 +124,7 @@ def reference(pred: Pred, row: dict[str, Any]) -> bool | None:
     }[op]
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(rows=rows_strategy, pred=preds)
 def test_filters_follow_sql_null_semantics(rows: list[dict[str, Any]], pred: Pred) -> None:
     table = pa.Table.from_pylist(rows, schema=SCHEMA)
@@ -131,7 +132,7 @@ def test_filters_follow_sql_null_semantics(rows: list[dict[str, Any]], pred: Pre
     assert filter_table(table, pred).to_pylist() == expected
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(rows=rows_strategy.filter(lambda r: len(r) > 0), pred=preds, chunk=st.integers(60, 400))
 def test_statistics_never_skip_a_matching_chunk(
     rows: list[dict[str, Any]], pred: Pred, chunk: int

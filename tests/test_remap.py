@@ -8,7 +8,7 @@ import threading
 import numpy as np
 import pyarrow as pa
 import pytest
-from conformance_helpers import updates
+from conformance_helpers import examples, updates
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -270,7 +270,7 @@ def test_racing_minters_in_processes(remap):
     assert bindings[-1][1]["w0"] == 10 and bindings[-1][1]["w1"] == 10
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(
     st.lists(
         st.dictionaries(st.sampled_from(["a", "b", "c"]), st.integers(0, 50), max_size=3),

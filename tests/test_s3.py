@@ -15,7 +15,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from conformance_helpers import rows_of
+from conformance_helpers import examples, rows_of
 
 import persistshard as ps
 from persistshard.cli import main as cli
@@ -80,7 +80,7 @@ def test_s3_shard_model(s3_options):
     machine = make_shard_machine(lambda: f"s3://{BUCKET}/model-{uuid.uuid4().hex}", s3_options)
     case = machine.TestCase
     case.settings = settings(
-        max_examples=4,
+        max_examples=examples(4),
         stateful_step_count=10,
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow],

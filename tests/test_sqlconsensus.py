@@ -12,7 +12,7 @@ import uuid
 
 import pyarrow as pa
 import pytest
-from conformance_helpers import rows_of
+from conformance_helpers import examples, rows_of
 from hypothesis import HealthCheck, settings
 
 import persistshard as ps
@@ -36,7 +36,7 @@ from persistshard.core.storage.sqlconsensus import (
 from persistshard.errors import InvalidOption, InvalidUpdates
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.database)])
 def db_url(request, tmp_path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path}/consensus.db"
@@ -145,7 +145,7 @@ def test_model_on_database_consensus(db_url, tmp_path):
     )
     case = machine.TestCase
     case.settings = settings(
-        max_examples=8,
+        max_examples=examples(8),
         stateful_step_count=15,
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow],

@@ -17,7 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from conformance_helpers import rows_of, updates
+from conformance_helpers import examples, rows_of, updates
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
@@ -255,7 +255,9 @@ def mutate(d: dict[str, Any], where: int, name: str, value: Any) -> dict[str, An
 
 
 @settings(
-    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(300),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(
     edits=hs.lists(
@@ -275,7 +277,9 @@ def test_hand_corrupted_rollups_decode_to_a_valid_state_or_corrupt_data(real_sta
 
 
 @settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(60),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(
     name=hs.sampled_from(["key", "size", "rows", "min_time", "max_time"]),
@@ -392,7 +396,9 @@ def inline_state(tmp_path_factory) -> dict[str, Any]:
 
 
 @settings(
-    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(150),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(where=hs.integers(0, 10**6), xor=hs.integers(1, 255), batch=hs.integers(0, 2))
 def test_flipped_inline_bytes_in_a_rollup_are_corrupt_data(inline_state, where, xor, batch):

@@ -8,6 +8,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from conformance_helpers import examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -199,7 +200,9 @@ def _as_table(ops: list[tuple[int, str | None]]) -> pa.Table:
 
 
 @settings(
-    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(25),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(batches=st.lists(batch, min_size=1, max_size=6), compact_after=st.integers(0, 6))
 def test_random_upserts_match_a_model(

@@ -20,6 +20,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from conformance_helpers import examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pyspark.sql.types import LongType, StringType, StructField, StructType
@@ -293,7 +294,7 @@ def collect(spark: Any, location: str, wheres: list[str], option: bool, **option
 
 
 @settings(
-    max_examples=8,
+    max_examples=examples(8),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )

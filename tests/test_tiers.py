@@ -1,0 +1,170 @@
+"""The suite's tiers (tests/conftest.py, README "Development"): the markers follow from what a
+test starts, the fast selection leaves out every test that starts a JVM, a database, an S3
+server or worker processes, every marker is declared, and Hypothesis budgets follow the
+profile. The collection is a child pytest (``--collect-only`` with ``-m FAST`` and a small
+plugin that records each test's fixtures, markers and whether ``-m`` kept it)."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tomllib
+from conformance_helpers import examples
+from hypothesis import settings
+
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+
+#: The edit loop's selection, exactly as README "Development" gives it.
+FAST = "not spark and not database and not s3 and not subprocess and not slow"
+#: What the fast selection must never start, by the fixture that starts it.
+HEAVY = {"spark": "spark_session", "database": "postgres_url"}
+TIERS = ("spark", "database", "s3", "subprocess", "slow")
+#: Markers pytest and its plugins define themselves.
+BUILTIN = {"parametrize", "skip", "skipif", "xfail", "usefixtures", "filterwarnings", "hypothesis"}
+
+DUMP = """
+import json, os
+ROWS = {}
+def _row(item, kept):
+    return {"id": item.nodeid, "file": os.path.basename(str(item.path)), "kept": kept,
+            "fixtures": list(getattr(item, "fixturenames", ())),
+            "markers": sorted({m.name for m in item.iter_markers()})}
+def pytest_deselected(items):
+    for item in items:
+        ROWS[item.nodeid] = _row(item, False)
+def pytest_collection_finish(session):
+    for item in session.items:
+        ROWS[item.nodeid] = _row(item, True)
+    with open(os.environ["TIERS_DUMP"], "w") as f:
+        json.dump(list(ROWS.values()), f)
+"""
+
+
+@pytest.fixture(scope="module")
+def collected(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    """Every test of the suite, as the child pytest collected it under ``-m FAST``."""
+    where = tmp_path_factory.mktemp("tiers")
+    (where / "tiers_dump.py").write_text(DUMP)
+    dump = where / "items.json"
+    env = {
+        **os.environ,
+        "TIERS_DUMP": str(dump),
+        "PYTHONPATH": os.pathsep.join([str(where), os.environ.get("PYTHONPATH", "")]),
+    }
+    args = ["-p", "no:cacheprovider", "-p", "tiers_dump", "--collect-only", "-q", "-m", FAST]
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", *args, str(TESTS)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    rows: list[dict[str, Any]] = json.loads(dump.read_text())
+    assert len(rows) > 1000 and any(r["kept"] for r in rows) and not all(r["kept"] for r in rows)
+    return rows
+
+
+def _fixtures_calling(function: str) -> dict[str, set[str]]:
+    """{test file: names of the fixtures defined there whose body calls ``function``}."""
+    found: dict[str, set[str]] = {}
+    for path in sorted(TESTS.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.FunctionDef):
+                continue
+            if not any("fixture" in ast.unparse(d) for d in node.decorator_list):
+                continue
+            calls = {
+                ast.unparse(c.func).rsplit(".", 1)[-1]
+                for c in ast.walk(node)
+                if isinstance(c, ast.Call)
+            }
+            if function in calls:
+                found.setdefault(path.name, set()).add(node.name)
+    return found
+
+
+def test_a_test_is_marked_by_what_its_fixtures_start(collected):
+    """The spark fixture means ``spark``, postgres_url ``database``; every fixture in tests/
+    that starts moto's server means ``s3`` for the tests of its file that use it."""
+    for row in collected:
+        for marker, fixture in HEAVY.items():
+            if fixture in row["fixtures"]:
+                assert marker in row["markers"], f"{row['id']} uses {fixture}, not {marker}"
+    moto = _fixtures_calling("moto_server")
+    assert {"test_s3.py", "test_fault_proxy.py", "test_inline.py"} <= set(moto)
+    for row in collected:
+        if moto.get(row["file"], set()) & set(row["fixtures"]):
+            assert "s3" in row["markers"], f"{row['id']} starts moto's server, not marked s3"
+
+
+def test_the_fast_selection_starts_no_jvm_database_s3_or_workers(collected):
+    """``-m FAST`` keeps only tests without a tier marker and without a heavy fixture, and
+    deselects every test that has one (so the expression and the markers agree)."""
+    moto = _fixtures_calling("moto_server")
+    kept = [r for r in collected if r["kept"]]
+    assert len(kept) > len(collected) // 2
+    for row in collected:
+        tiers = set(row["markers"]) & set(TIERS)
+        assert row["kept"] == (not tiers), (row["id"], tiers)
+    for row in kept:
+        heavy = set(HEAVY.values()) | moto.get(row["file"], set())
+        assert not heavy & set(row["fixtures"]), row["id"]
+
+
+def test_every_marker_used_is_declared(collected):
+    """pyproject.toml declares every marker a test carries (``--strict-markers`` refuses the
+    others), and the tier markers are among them."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    declared = {m.split(":")[0].strip() for m in config["tool"]["pytest"]["ini_options"]["markers"]}
+    assert "--strict-markers" in config["tool"]["pytest"]["ini_options"]["addopts"]
+    used = {m for r in collected for m in r["markers"]} - BUILTIN
+    assert set(TIERS) <= used <= declared, (used - declared, set(TIERS) - used)
+
+
+def test_the_readme_gives_the_fast_command_beside_the_full_one():
+    readme = (ROOT / "README.md").read_text()
+    development = readme.split("## Development", 1)[1]
+    assert f'-m "{FAST}"' in development
+    full = ".venv/bin/python -m pytest -p no:cacheprovider\n"
+    assert full in readme.split("## Two commands", 1)[1] and full in development
+
+
+def test_no_test_fixes_its_own_example_count():
+    """A bare ``max_examples=<number>`` ignores the Hypothesis profile: tests write
+    ``max_examples=examples(n)`` (conformance_helpers) instead."""
+    bare = [
+        f"{path.name}:{text.count(chr(10), 0, m.start()) + 1}"
+        for path in sorted(TESTS.glob("*.py"))
+        if path.name != "conftest.py"  # where the profiles are defined
+        for text in [path.read_text()]
+        for m in re.finditer(r"max_examples\s*=\s*\d", text)
+    ]
+    assert bare == []
+
+
+def test_examples_follow_the_profile_loaded(request):
+    """Under the profile loaded (tests/conftest.py: "dev" unless CI=true or
+    PERSISTSHARD_HYPOTHESIS_PROFILE; pytest's --hypothesis-profile over both),
+    ``examples(100)`` is the profile's own default, and the "ci" profile runs four times the
+    examples of "dev"."""
+    in_ci = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+    chosen = (
+        request.config.getoption("hypothesis_profile", None)
+        or os.environ.get("PERSISTSHARD_HYPOTHESIS_PROFILE")
+        or ("ci" if in_ci else "dev")
+    )
+    assert settings().max_examples == settings.get_profile(chosen).max_examples
+    assert examples(100) == settings().max_examples
+    assert examples(2) == 2 and examples(4) >= 3
+    assert settings.get_profile("ci").max_examples == 4 * settings.get_profile("dev").max_examples
