@@ -284,6 +284,16 @@ class SkewedClock:
         self.offset_ms = int(self.rng.uniform(-self.seconds, self.seconds) * 1000)
 
 
+def _signal(pid: int, signum: int) -> bool:
+    """Send ``signum`` to worker ``pid``; False when it has already ended and been reaped
+    (a worker can finish between the check that it is alive and the signal)."""
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def _emit(fd: int, event: dict[str, Any]) -> None:
     os.write(fd, (json.dumps(event) + "\n").encode())
 
@@ -653,8 +663,9 @@ def record(
         if rng.random() < plan.kills / rate:
             if kills >= max_kills or p.pid is None:
                 continue
+            if not _signal(p.pid, signal.SIGKILL):
+                continue  # it had ended (and was reaped) since it was seen alive
             killed.add(id(p))
-            os.kill(p.pid, signal.SIGKILL)
             p.join()
             kills += 1
             left = budget[slot] - returned(events)
@@ -665,9 +676,10 @@ def record(
         else:
             if p.pid is None:
                 continue
-            os.kill(p.pid, signal.SIGSTOP)
+            if not _signal(p.pid, signal.SIGSTOP):
+                continue
             time.sleep(rng.uniform(0.05, 0.4))
-            os.kill(p.pid, signal.SIGCONT)
+            _signal(p.pid, signal.SIGCONT)
             pauses += 1
     open(stop, "w").close()
     for slot, (p, _) in procs.items():

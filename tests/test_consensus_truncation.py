@@ -83,7 +83,7 @@ def _no_state_rebuilt(monkeypatch: pytest.MonkeyPatch) -> None:
         pytest.fail("the state was rebuilt from the log")
 
     monkeypatch.setattr(machine_mod.StateMachine, "load_rollup", refuse)
-    monkeypatch.setattr(machine_mod.st, "fold", refuse)
+    monkeypatch.setattr(machine_mod.encoding, "fold", refuse)
 
 
 def test_handles_share_the_state_at_an_unchanged_head(tmp_path, monkeypatch):
