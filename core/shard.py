@@ -92,6 +92,7 @@ from persistshard.errors import (
     PersistShardError,
     StorageUnsupported,
     UpperMismatch,
+    VersionCollected,
     WriterAlreadyCommitted,
 )
 
@@ -614,16 +615,19 @@ class Shard:
             write_id = self.machine.new_write_id()
             try:
                 with WriteLease(self.machine, write_id):
-                    parts = up.delta_parts(
-                        self.blob,
-                        state,
-                        incoming,
-                        keys,
-                        schema,
-                        write_id,
-                        location=self.location,
-                        stats=stats,
-                    )
+                    # The current rows are read at ``state``: a compaction and gc (retention
+                    # 0) may collect its parts meanwhile, a lost race like UpperMismatch.
+                    with pinned_read(state.version, self.machine.state, self.location):
+                        parts = up.delta_parts(
+                            self.blob,
+                            state,
+                            incoming,
+                            keys,
+                            schema,
+                            write_id,
+                            location=self.location,
+                            stats=stats,
+                        )
                     out = self.commit_written(
                         WrittenUpdates(sealed=parts),
                         expected_upper=state.upper,
@@ -634,7 +638,7 @@ class Shard:
                     )
                 self.maintain(state.since)
                 return out
-            except UpperMismatch:
+            except (UpperMismatch, VersionCollected):
                 if attempt == retries:
                     raise
         raise AssertionError("unreachable")

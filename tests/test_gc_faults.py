@@ -313,3 +313,34 @@ def test_a_compaction_whose_inputs_gc_collected_is_a_state_conflict(tmp_path, cl
         late.compact()
     fresh = ps.open_shard(location)
     assert len(rows_of(fresh.snapshot())) == 4 and fresh.verify().ok
+
+
+def test_an_upsert_whose_current_rows_gc_collected_retries_on_the_newest_state(tmp_path, clock):
+    """An upsert reads the current rows of the keys it replaces at one state; another process
+    compacts those rows' batches and gc (retention 0) deletes them before the read: a lost
+    race, retried on the newest state (as after an `UpperMismatch`), never `CorruptData`.
+    Before: `CorruptData`."""
+    from persistshard.core.storage.recent import RECENT
+
+    location = str(tmp_path / "s")
+    writer = ps.open_shard(location, maintenance=False, inline_bytes=0)
+    for k in range(4):
+        writer.upsert(pa.table({"k": [k], "v": [f"a{k}"]}), key_columns=["k"])
+    RECENT.clear()
+
+    def meanwhile() -> None:
+        other = ps.open_shard(location, maintenance=False)
+        other.compact()
+        clock.advance(10)
+        other.gc(dry_run=False, retention_seconds=0)
+
+    late = ps.Shard(
+        location,
+        blob=GcBeforeFirstPartRead(open_blob(location), meanwhile),
+        maintenance=False,
+        inline_bytes=0,
+    )
+    late.state()
+    late.upsert(pa.table({"k": [1, 9], "v": ["b1", "b9"]}), key_columns=["k"])
+    got = {(r["k"], r["v"]) for r in ps.open_shard(location).snapshot().to_pylist()}
+    assert got == {(0, "a0"), (1, "b1"), (2, "a2"), (3, "a3"), (9, "b9")}
