@@ -51,7 +51,7 @@ from persistshard.core.shard import (
 from persistshard.core.statemachine.leases import WriteLease
 from persistshard.core.statemachine.state import PartRef
 from persistshard.core.storage import layout, metrics
-from persistshard.core.storage.blob import FsspecBlob
+from persistshard.core.storage.blob import FsspecBlob, unobserved
 from persistshard.core.storage.layout import PARTS_PREFIX
 from persistshard.core.storage.parts import PutsBehind, write_part
 from persistshard.core.write.external import ExternalSort, distinct_ascending
@@ -243,7 +243,7 @@ def _check_case(d: BatchDescription) -> None:
 def check_location(shard: Shard) -> None:
     """Refuse, on the driver, a location that is an existing file (not a directory or prefix):
     otherwise every task would fail on it with a raw ``NotADirectoryError``."""
-    blob = metrics.unwrap_blob(shard.blob)
+    blob = unobserved(shard.blob)  # under the request counting
     if not isinstance(blob, FsspecBlob):
         return  # other stores have no files to mistake for a shard's directory
     try:

@@ -324,13 +324,6 @@ def counting_blob(blob: Blob) -> Blob:
     return blob if isinstance(blob, CountingBlob) else CountingBlob(blob)
 
 
-def unwrap_blob(blob: Blob) -> Blob:
-    """The blob under any counting wrapper (for code that looks at the store's type)."""
-    while isinstance(blob, CountingBlob):
-        blob = blob.inner
-    return blob
-
-
 _CONSENSUS_CALLS = ("head", "scan", "compare_and_set", "truncate")
 
 
