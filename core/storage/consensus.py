@@ -224,18 +224,26 @@ ATOMIC_CREATE_CHECKED: set[Hashable] = set()
 _CHECKED_LOCK = threading.Lock()
 
 
-def _created(blob: Blob, key: str, data: bytes) -> bool:
-    """`Blob.put_if_absent`, read back when it says "exists" (a retried request may have
-    met its own first delivery). An ``OSError`` that the read-back cannot settle propagates."""
+def create_or_read(blob: Blob, key: str, data: bytes) -> bytes | None:
+    """`Blob.put_if_absent` of ``data`` under ``key``, then what ``key`` holds: ``data``
+    when this call created it (also when its answer was lost, or the client's own retry
+    reported "exists" for it), else the bytes another writer stored first, or None when it
+    reported "exists" and nothing can be read. For keys whose bytes name their writer (a
+    probe's random bytes, a marker's fresh id). A certain refusal, and an ``OSError`` after
+    which nothing is stored under ``key``, propagate."""
     try:
-        created = blob.put_if_absent(key, data)
+        if blob.put_if_absent(key, data):
+            return data
     except StorageUnsupported:
         raise
-    except OSError:
-        if blob.get(key) == data:
-            return True
-        raise
-    return created or blob.get(key) == data
+    except OSError as e:
+        if is_certain_refusal(e):
+            raise
+        stored = blob.get(key)  # the answer may have been lost while the create applied
+        if stored is None:
+            raise
+        return stored
+    return blob.get(key)
 
 
 def probe_atomic_create(blob: Blob) -> None:
@@ -251,7 +259,7 @@ def probe_atomic_create(blob: Blob) -> None:
     key = f"{CONSENSUS_PREFIX}{temporary_name()}-probe"
     first, second = f"probe {uuid.uuid4().hex}".encode(), b"second"
     try:
-        if not _created(blob, key, first):
+        if create_or_read(blob, key, first) != first:
             raise StorageUnsupported(
                 "an exclusive create of a new key reported that the key exists; the default "
                 "consensus needs an atomic put-if-absent",
@@ -899,18 +907,14 @@ def mark_log_home(blob: Blob, consensus: Consensus, location: str) -> LogHome:
     found: LogHome | None
     if blob.supports_atomic_create:
         record = replace(mine, shard_id=new_id())
-        try:
-            created = blob.put_if_absent(LOG_HOME_KEY, record.encode())
-        except OSError as e:
-            # The answer may be lost while the marker was made: read it back (ours, or a
-            # racing writer's, decides as "exists" would); nothing there: the error stands.
-            if is_certain_refusal(e):
-                raise
-            log.info("%s: creating %s failed (%s); reading it back", location, LOG_HOME_KEY, e)
-            if read_log_home(blob, location) is None:
-                raise
-            created = False
-        found = record if created else read_log_home(blob, location)
+        encoded = record.encode()
+        # Ours (also after a lost answer), or the marker a racing or crashed writer made.
+        stored = create_or_read(blob, LOG_HOME_KEY, encoded)
+        found = (
+            record
+            if stored == encoded
+            else (LogHome.decode(stored, location) if stored is not None else None)
+        )
     else:
         found = read_log_home(blob, location)
         if found is None or found.legacy:
