@@ -193,11 +193,11 @@ class StateMachine:
 
     # --- the shard's time -----------------------------------------------------------------
 
-    def _saw(self, state: ShardState, at_ms: int | None) -> None:
+    def _saw(self, *times_ms: int | None) -> None:
         """Remember the shard's time from a state read or committed: its lease fence and the
-        commit times of the entries read (``at_ms``, where known; the newest of them, not
-        the head's alone: gc bounds its fence by the newest commit time it read)."""
-        self._shard_time_ms = max(self._shard_time_ms, state.lease_fence_ms, at_ms or 0)
+        commit times of the entries read (where known; every one of them, not the head's
+        alone: gc bounds its fence by the newest commit time it read)."""
+        self._shard_time_ms = max(self._shard_time_ms, *(t or 0 for t in times_ms))
 
     def now_ms(self) -> int:
         """This process's clock, raised to the shard's time as this machine last saw it (at
@@ -259,10 +259,9 @@ class StateMachine:
         shared = SHARED_STATES.get(self.consensus, head)
         if shared is not None:
             self._state, self._rollup = shared
-            self._saw(self._state, None)
+            self._saw(self._state.lease_fence_ms)
             return self._state
         entry = Entry.decode(head.data, self.consensus.entry_name(head.version), self.location)
-        self._saw(ShardState(), entry.at_ms)
         base = self._state if 0 < self._state.version < head.version else None
         # Entries up to the head only (``limit``): nothing past it is folded, so probing for
         # the version after the head would be a wasted read.
@@ -283,7 +282,6 @@ class StateMachine:
             for e in entries
             if e.version <= head.version
         ]
-        self._saw(ShardState(), max((c.at_ms or 0 for c in commits), default=0))
         folded = encoding.fold(base, commits, self.location)
         if folded.version < head.version:
             raise CorruptData(
@@ -292,7 +290,7 @@ class StateMachine:
                 location=self.location,
             )
         self._state = folded
-        self._saw(folded, None)
+        self._saw(folded.lease_fence_ms, entry.at_ms, *(c.at_ms for c in commits))
         self._rollup = (entry.rollup_version, entry.rollup_key)
         SHARED_STATES.put(self.consensus, head, folded, self._rollup)
         return folded
@@ -490,7 +488,7 @@ class StateMachine:
                 continue
             if ok:
                 self._state, self._rollup = new, rollup
-                self._saw(new, now)
+                self._saw(new.lease_fence_ms, now)
                 SHARED_STATES.put(self.consensus, VersionedData(new.version, encoded), new, rollup)
                 return new
             losses += 1
