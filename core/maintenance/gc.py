@@ -340,13 +340,12 @@ def _from_checkpoint(machine: StateMachine) -> _Log | None:
     state = fold(state, commits, location)
     if state.version != version:
         return None
-    oldest = raws[0].version if rv >= version else min(at)
     log_ = _Log(
         version=version,
         digest=digest,
         rollup=(rv, rkey if isinstance(rkey, str) else None),
         state=state,
-        first=max(first, min(oldest, first)),
+        first=first,
         times=times,
         newest_ms=int(newest) if newest is not None else None,
         removed=removed,
@@ -466,8 +465,8 @@ def collect(
     report.rollups = sorted(rollup_sizes)
     report.rollup_bytes = sum(rollup_sizes.values())
 
-    if not dry_run and _needs_fence(head_state, report.orphaned_parts):
-        through = _fence_time(head_state, report.orphaned_parts, now)
+    through = None if dry_run else _fence_for(head_state, report.orphaned_parts, now)
+    if through is not None:
         _fence_orphans(machine, through, log_, report, part_sizes)
     report.parts = sorted(part_sizes)
     report.part_bytes = sum(part_sizes.values())
@@ -515,30 +514,27 @@ def _summary(machine: StateMachine, report: GcReport) -> GcReport:
     return report
 
 
-def _needs_fence(state: ShardState, orphans: list[str]) -> bool:
-    """Whether deleting ``orphans`` needs a new fence: not when the fence in ``state`` (the
-    state gc read its log up to) already refuses every commit that could adopt them (a gc
-    that resumes after a crash, or a second gc soon after the first)."""
-    for key in orphans:
-        write_id = part_write_id(key)
-        until = leases.expiry_ms(state, write_id) if write_id is not None else None
-        if until is None or until > state.lease_fence_ms:
-            return True
-    return False
+def _fence_for(state: ShardState, orphans: list[str], now_ms: int) -> int | None:
+    """The fence to commit before deleting ``orphans``, or None when the fence in ``state``
+    (the state gc read its log up to) already refuses every commit that could adopt them (a
+    gc that resumes after a crash, or a second gc soon after the first).
 
-
-def _fence_time(state: ShardState, orphans: list[str], now_ms: int) -> int:
-    """The lowest fence that covers ``orphans``: the latest time any of their writes' leases
+    The fence is the lowest that covers them: the latest time any of their writes' leases
     ran out (each at or before ``now_ms``, gc's time, or it would be no orphan). Fencing there
     and not at gc's own time refuses exactly the writes whose parts gc may delete, and never
     a write whose lease is still running by that bound, however far gc's clock or a writer's
     runs from the others (a write id's time starts its lease)."""
+    needed = False
     latest = 0
     for key in orphans:
         write_id = part_write_id(key)
         until = leases.expiry_ms(state, write_id) if write_id is not None else None
+        if until is None or until > state.lease_fence_ms:
+            needed = True
         if until is not None:
             latest = max(latest, until)
+    if not needed:
+        return None
     return min(latest, now_ms) if latest else now_ms
 
 
