@@ -219,6 +219,21 @@ def spark(spark_session):
     return spark_session
 
 
+@pytest.fixture(scope="module")
+def s3_direct(request):
+    """s3fs options for a moto server on loopback with the test module's ``BUCKET``, stopped
+    after the module (the fault proxies of test_fault_proxy and test_contracts_under_faults
+    sit in front of it)."""
+    from persistshard.conformance.s3server import moto_server
+
+    with moto_server(request.module.BUCKET, "testing", "secret") as endpoint:
+        yield {
+            "key": "testing",
+            "secret": "secret",
+            "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
+        }
+
+
 @pytest.fixture
 def clock(monkeypatch):
     """A settable clock (`conformance_helpers.Clock`, milliseconds) as the shard's clock."""

@@ -100,7 +100,6 @@ import uuid  # noqa: E402
 from typing import Any  # noqa: E402
 
 from persistshard.conformance.proxy import Rule, fault_proxy, s3_options_via  # noqa: E402
-from persistshard.conformance.s3server import moto_server  # noqa: E402
 
 BUCKET = "persistshard-contracts"
 CONDITIONAL_PUT = {"method": "PUT", "header": "If-None-Match"}
@@ -121,16 +120,6 @@ def proxy_rules(action: str) -> list[Rule]:
         Rule(action, probability=0.5, times=times, **CONDITIONAL_PUT),
         Rule(action, probability=0.5, times=times),
     ]
-
-
-@pytest.fixture(scope="module")
-def s3_direct() -> Iterator[dict[str, Any]]:
-    with moto_server(BUCKET, "testing", "secret") as endpoint:
-        yield {
-            "key": "testing",
-            "secret": "secret",
-            "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
-        }
 
 
 def proxied_store(s3_direct: dict[str, Any], action: str) -> Iterator[Store]:

@@ -12,21 +12,9 @@ from typing import Any
 import pytest
 
 from persistshard.conformance.proxy import FaultProxy, Rule, fault_proxy, s3_options_via
-from persistshard.conformance.s3server import moto_server
 from persistshard.core.storage.blob import open_blob
 
 BUCKET = "persistshard-proxy"
-
-
-@pytest.fixture(scope="module")
-def s3_direct() -> Iterator[dict[str, Any]]:
-    """s3fs options for a moto server on loopback (stopped after the module)."""
-    with moto_server(BUCKET, "testing", "secret") as endpoint:
-        yield {
-            "key": "testing",
-            "secret": "secret",
-            "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
-        }
 
 
 @pytest.fixture

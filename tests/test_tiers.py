@@ -94,6 +94,12 @@ def _fixtures_calling(function: str) -> dict[str, set[str]]:
     return found
 
 
+def _visible(fixtures: dict[str, set[str]], file: str) -> set[str]:
+    """The fixtures of ``fixtures`` a test in ``file`` can use: its own file's and
+    conftest.py's."""
+    return fixtures.get(file, set()) | fixtures.get("conftest.py", set())
+
+
 def test_a_test_is_marked_by_what_its_fixtures_start(collected):
     """The spark fixture means ``spark``, postgres_url ``database``; every fixture in tests/
     that starts moto's server means ``s3`` for the tests of its file that use it."""
@@ -102,9 +108,9 @@ def test_a_test_is_marked_by_what_its_fixtures_start(collected):
             if fixture in row["fixtures"]:
                 assert marker in row["markers"], f"{row['id']} uses {fixture}, not {marker}"
     moto = _fixtures_calling("moto_server")
-    assert {"test_s3.py", "test_fault_proxy.py", "test_inline.py"} <= set(moto)
+    assert {"test_s3.py", "conftest.py", "test_inline.py"} <= set(moto)
     for row in collected:
-        if moto.get(row["file"], set()) & set(row["fixtures"]):
+        if _visible(moto, row["file"]) & set(row["fixtures"]):
             assert "s3" in row["markers"], f"{row['id']} starts moto's server, not marked s3"
 
 
@@ -118,7 +124,7 @@ def test_the_fast_selection_starts_no_jvm_database_s3_or_workers(collected):
         tiers = set(row["markers"]) & set(TIERS)
         assert row["kept"] == (not tiers), (row["id"], tiers)
     for row in kept:
-        heavy = set(HEAVY.values()) | moto.get(row["file"], set())
+        heavy = set(HEAVY.values()) | _visible(moto, row["file"])
         assert not heavy & set(row["fixtures"]), row["id"]
 
 
