@@ -10,7 +10,7 @@ so ``import persistshard`` never imports pyspark.
 from typing import Any
 
 from persistshard.core.remap import RemapShard, open_remap, resume_frontier, resume_offsets
-from persistshard.core.shard import Shard, VerifyReport, open_shard
+from persistshard.core.shard import Shard, VerifyReport, advance_consumer, open_shard
 from persistshard.errors import (
     CommitDeadline,
     CorruptData,
@@ -55,6 +55,7 @@ __all__ = [
     "VerifyReport",
     "VersionCollected",
     "__version__",
+    "advance_consumer",
     "metrics",
     "metrics_collector",
     "open_remap",

@@ -146,10 +146,25 @@ class WriterAlreadyCommitted(PersistShardError):
 
 
 class StateConflict(PersistShardError):
-    """A maintenance commit (compaction, gc) lost because its inputs are no longer current.
+    """A maintenance commit (compaction, gc) lost because its inputs are no longer current,
+    or a compare-and-set of a durable consumer's position lost to another move.
 
-    Determinate: nothing was applied; the outputs it wrote are deleted.
+    Determinate: nothing was applied; the outputs it wrote are deleted. ``expected`` and
+    ``actual`` are the values a compare-and-set expected and found (a consumer's position;
+    ``actual`` None: the consumer is gone), None for other conflicts.
     """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        location: str | None = None,
+        expected: int | None = None,
+        actual: int | None = None,
+    ) -> None:
+        self.expected = expected
+        self.actual = actual
+        super().__init__(message, location=location)
 
 
 class VersionCollected(StateConflict):

@@ -214,12 +214,18 @@ class _RecordingOs(types.SimpleNamespace):
 @dataclass
 class Acknowledged:
     """What an operation had made durable when it returned: the journal length then, the
-    state version, the upper and the contents at ``upper - 1`` (sorted rows)."""
+    state version, the upper, the contents at ``upper - 1`` (sorted rows) and the durable
+    consumers' positions."""
 
     step: int
     version: int
     upper: int
     rows: list[tuple[Any, ...]]
+    consumers: dict[str, int] = field(default_factory=dict)
+
+    def seen(self) -> tuple[Any, ...]:
+        """What an image must match exactly to be this state (the version aside)."""
+        return (self.upper, tuple(self.rows), tuple(sorted(self.consumers.items())))
 
 
 def contents(shard: Any) -> tuple[int, int, list[tuple[Any, ...]]]:
@@ -241,7 +247,8 @@ class CrashRun:
 
     def ack(self, shard: Any, step: int) -> None:
         version, upper, rows = contents(shard)
-        self.acknowledged.append(Acknowledged(step, version, upper, rows))
+        consumers = {n: c.position for n, c in shard.state().consumers.items()}
+        self.acknowledged.append(Acknowledged(step, version, upper, rows, consumers))
 
 
 class PageCacheRecorder:
@@ -415,10 +422,18 @@ def check_image(open_image: Callable[[], Any], run: CrashRun, step: int, label: 
             table = shard.snapshot(last.upper - 1)
             got = sorted(tuple(r.values()) for r in table.to_pylist())
             assert got == last.rows, f"{where}: contents at {last.upper - 1} differ"
-    known = {(a.upper, tuple(a.rows)) for a in run.acknowledged}
-    known.add((0, ()))
-    assert (upper, tuple(rows)) in known, (
-        f"{where}: the image's state (upper {upper}) is none an operation produced"
+    consumers = {n: c.position for n, c in shard.state().consumers.items()}
+    # Old or new, never a mix: the state (consumers included) is the one some operation
+    # acknowledged at or after the last acknowledgement before the cut (a later one: the
+    # operation cut after its commit landed), or, before any, one of the run's.
+    since = [a for a in run.acknowledged if not acked or a.step >= acked[-1].step]
+    known = {a.seen() for a in since}
+    if not acked:
+        known.add((0, (), ()))
+    image = Acknowledged(step, version, upper, rows, consumers).seen()
+    assert image in known, (
+        f"{where}: the image's state (upper {upper}, consumers {consumers}) is none an "
+        "operation produced"
     )
     if version:  # an image from before the first commit holds no shard: nothing to verify
         report = shard.verify()
@@ -531,6 +546,20 @@ def _gc_everything(shard: Shard, remap: str) -> None:
     shard.gc(dry_run=False, retention_seconds=0)
 
 
+def _consumer_setup(shard: Shard, remap: str) -> None:
+    """14 versions (so the recorded commits cross the rollup at 16): appends, consumer ``etl``
+    created at since 0 and moved to 5."""
+    _appends(shard, 12)
+    shard.consumer("etl").advance(5, expected=0)
+
+
+def _advance_consumer(name: str, expected: int, to: int) -> Step:
+    def step(shard: Shard, remap: str) -> None:
+        shard.consumer(name).advance(to, expected=expected)
+
+    return step
+
+
 SCENARIOS: dict[str, Scenario] = {
     "append": (
         lambda s, r: _appends(s, 14),
@@ -580,6 +609,18 @@ SCENARIOS: dict[str, Scenario] = {
     "gc-short": (
         _appends_then_compact(3),
         [_gc_everything],
+    ),
+    # durable consumers: a compare-and-set advance, since held at position - 1, a creation
+    # at the since, a drop (each one commit)
+    "consumer": (
+        _consumer_setup,
+        [
+            _advance_consumer("etl", 5, 9),
+            lambda s, r: s.advance_since(11),
+            lambda s, r: s.consumer("audit"),
+            lambda s, r: s.consumer("etl").drop(),
+            _advance_consumer("audit", 8, 12),
+        ],
     ),
 }
 

@@ -60,6 +60,7 @@ from persistshard.core.statemachine.commits.advance_since import AdvanceSince
 from persistshard.core.statemachine.commits.append import Append
 from persistshard.core.statemachine.commits.expire_reader import ExpireReader
 from persistshard.core.statemachine.commits.set_retention import SetRetention
+from persistshard.core.statemachine.consumers import Consumer, check_name
 from persistshard.core.statemachine.encoding import Entry
 from persistshard.core.statemachine.holds import DEFAULT_LEASE_SECONDS, ReaderHold
 from persistshard.core.statemachine.leases import WriteLease
@@ -98,7 +99,7 @@ from persistshard.errors import (
 
 log = logging.getLogger("persistshard.core.shard")
 
-__all__ = ["Shard", "VerifyReport", "WrittenUpdates", "new_id", "open_shard"]
+__all__ = ["Shard", "VerifyReport", "WrittenUpdates", "advance_consumer", "new_id", "open_shard"]
 
 
 def _as_location(location: str) -> str:
@@ -716,6 +717,25 @@ class Shard:
         holds = self.machine.state().live_holds(layout.now_ms())
         return {r: (h.since, h.expires_ms) for r, h in sorted(holds.items())}
 
+    # --- durable consumers (core/statemachine/consumers.py) -------------------------------
+
+    def consumer(self, name: str) -> Consumer:
+        """Durable consumer ``name``: the existing one, or a new one at the current since (a
+        commit). It holds since back with no lease until it advances or is dropped."""
+        self._require_shard()
+        return Consumer.open(self.machine, name, self.updates)
+
+    def consumers(self) -> dict[str, int]:
+        """``{name: position}`` of the durable consumers (`readers` lists the leased holds)."""
+        state = self._require_shard(self.machine.state())
+        return {n: c.position for n, c in sorted(state.consumers.items())}
+
+    def drop_consumer(self, name: str) -> None:
+        """Drop consumer ``name`` by hand (an operator's tool, CLI ``holds --drop``;
+        idempotent)."""
+        self._require_shard()
+        Consumer(self.machine, name, None).drop()
+
     def listen(
         self,
         as_of: int,
@@ -921,6 +941,10 @@ class Shard:
                 }
                 for r, h in sorted(state.holds.items())
             },
+            "consumers": {
+                n: {"position": c.position, "moved_ms": c.moved_ms, "age_ms": now - c.moved_ms}
+                for n, c in sorted(state.consumers.items())
+            },
         }
 
     # --- maintenance: compaction and garbage collection (core/maintenance/trace.py,
@@ -997,6 +1021,9 @@ HISTORY_KINDS = (
     "renew_lease",  # a long write renewed its lease (core/statemachine/leases.py)
     "sweep_leases",  # gc's lease fence before it deleted parts of abandoned writes
     "set_retention",  # the history retention was set or cleared
+    "create_consumer",  # a durable consumer was created at the since
+    "advance_consumer",  # a durable consumer moved its position (a compare-and-set)
+    "drop_consumer",  # a durable consumer was dropped
 )
 
 
@@ -1039,6 +1066,26 @@ def retention_of(seconds: float | None, versions: int | None, location: str) -> 
     if problem is not None:
         raise InvalidOption(f"{problem}; choose a smaller or positive value", location=location)
     return retention
+
+
+def advance_consumer(
+    location: str,
+    name: str,
+    *,
+    to: int,
+    expected: int,
+    consensus: Consensus | str | None = None,
+    **storage_options: Any,
+) -> int:
+    """Move durable consumer ``name`` of the shard at ``location`` from ``expected`` to
+    ``to`` (`Consumer.advance`: a compare-and-set, `StateConflict` with ``.actual`` for the
+    loser, `InvalidOption` backwards or past the upper); returns ``to``. Never creates the
+    consumer. For a job's driver after its output is committed."""
+    shard = Shard(location, consensus=consensus, maintenance=False, **storage_options)
+    shard._require_shard()
+    return Consumer(shard.machine, check_name(name, shard.location), None).advance(
+        to, expected=expected
+    )
 
 
 def open_shard(

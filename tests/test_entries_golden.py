@@ -20,10 +20,13 @@ import pyarrow as pa
 import pytest
 
 from persistshard.core.statemachine.commits import KINDS, Commit, apply
+from persistshard.core.statemachine.commits.advance_consumer import AdvanceConsumer
 from persistshard.core.statemachine.commits.advance_since import AdvanceSince
 from persistshard.core.statemachine.commits.append import Append
 from persistshard.core.statemachine.commits.compact import Compact
+from persistshard.core.statemachine.commits.create_consumer import CreateConsumer
 from persistshard.core.statemachine.commits.downgrade_since import DowngradeSince
+from persistshard.core.statemachine.commits.drop_consumer import DropConsumer
 from persistshard.core.statemachine.commits.expire_reader import ExpireReader
 from persistshard.core.statemachine.commits.heartbeat import Heartbeat
 from persistshard.core.statemachine.commits.register_reader import RegisterReader
@@ -104,6 +107,9 @@ def typed_commits() -> dict[str, tuple[Commit, tuple[int, str | None]]]:
         "set_retention-clear": (SetRetention(None, id="c18"), none),
         "old-append-no-metrics-no-time": (Append(0, 1, t, None, schema, id="c19"), none),
         "old-advance-since-no-time": (AdvanceSince(2, id="c20"), none),
+        "create_consumer": (CreateConsumer("nightly-etl", id="c21"), none),
+        "advance_consumer": (AdvanceConsumer("nightly-etl", 3, 9, id="c22"), none),
+        "drop_consumer": (DropConsumer("nightly-etl", id="c23"), none),
     }
 
 
@@ -148,6 +154,9 @@ def test_every_commit_kind_has_a_golden_entry():
             "renew_lease",
             "sweep_leases",
             "set_retention",
+            "create_consumer",
+            "advance_consumer",
+            "drop_consumer",
         }
     )
     assert {type(c).kind for c, _ in typed_commits().values()} == set(KINDS)

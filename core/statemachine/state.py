@@ -22,6 +22,9 @@ Invariants of a `ShardState` (checked by `ShardState.check`):
   (`advance_since` stops at the smallest live hold). A hold is live until its lease runs out:
   ``expires_ms`` is compared with the committing clock (``Commit.at_ms``), and every commit that
   carries a time removes the holds that had run out by then.
+- Durable consumers (`persistshard.core.statemachine.consumers`): ``since <= position <= upper``
+  for every consumer, and since moves no further than ``position - 1`` (`ShardState.hold_floor`),
+  so the updates from a consumer's position on stay exact; a consumer has no lease.
 - Batches and parts are immutable: a batch is replaced, never changed.
 """
 
@@ -260,6 +263,28 @@ class Hold:
 
 
 @dataclass(frozen=True)
+class ConsumerPosition:
+    """A durable consumer's record (`persistshard.core.statemachine.consumers`): it has read
+    every update at a time below ``position``; ``moved_ms`` is the commit time (ms since the
+    epoch, the committing clock) of the commit that created it or last moved it."""
+
+    position: int
+    moved_ms: int
+
+    def holds_since_at(self) -> int:
+        """How far this consumer lets since go: ``position - 1`` (0 at position 0), so a read
+        of the updates from ``position`` stays exact (`check_updates_range`)."""
+        return max(0, self.position - 1)
+
+    def to_json(self) -> list[int]:
+        return [self.position, self.moved_ms]
+
+    @staticmethod
+    def from_json(d: list[int]) -> ConsumerPosition:
+        return ConsumerPosition(int(d[0]), int(d[1]))
+
+
+@dataclass(frozen=True)
 class BatchIdentity:
     """What identifies a streaming writer's micro-batch besides its number (each part None
     when unknown): ``digest``, a multiset hash of the batch's rows as the sink received them
@@ -402,10 +427,22 @@ class ShardState:
     #: upper) of the recent data versions the rule needs.
     retention: ret.Retention | None = None
     retention_marks: tuple[ret.Mark, ...] = ()
+    #: Durable consumers (`persistshard.core.statemachine.consumers`): name -> position and
+    #: when it last moved. No lease: a consumer holds since until it moves or is dropped.
+    consumers: dict[str, ConsumerPosition] = field(default_factory=dict)
 
     def live_holds(self, now_ms: int) -> dict[str, Hold]:
         """The holds whose lease has not run out at ``now_ms``."""
         return {r: h for r, h in self.holds.items() if h.live_at(now_ms)}
+
+    def hold_floor(self, now_ms: int | None) -> int | None:
+        """The furthest since may move under every hold, or None when nothing holds it: the
+        smallest since of the reader holds live at ``now_ms`` (every hold when None) and
+        ``position - 1`` of every consumer (`ConsumerPosition.holds_since_at`)."""
+        holds = self.holds if now_ms is None else self.live_holds(now_ms)
+        floors = [h.since for h in holds.values()]
+        floors += [c.holds_since_at() for c in self.consumers.values()]
+        return min(floors, default=None)
 
     def parts(self) -> list[PartRef]:
         """Every part referenced by this version."""
@@ -500,6 +537,16 @@ class ShardState:
         stray = set(self.writer_batches) - set(self.writers)
         if stray:
             fail(f"batch identities of writers without a record: {sorted(stray)}")
+        for name, c in self.consumers.items():
+            if not isinstance(name, str) or not name:
+                fail(f"consumer name {name!r} is not a non-empty string")
+            if not is_count(c.position) or not is_count(c.moved_ms):
+                fail(f"consumer {name} has position {c.position!r} and time {c.moved_ms!r}")
+            if not self.since <= c.position <= self.upper:
+                fail(
+                    f"consumer {name} is at {c.position}, outside [since {self.since}, "
+                    f"upper {self.upper}]"
+                )
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -526,6 +573,11 @@ class ShardState:
                 if self.retention_marks
                 else {}
             ),
+            **(
+                {"consumers": {n: c.to_json() for n, c in sorted(self.consumers.items())}}
+                if self.consumers
+                else {}
+            ),
         }
 
     @staticmethod
@@ -548,6 +600,9 @@ class ShardState:
             },
             retention=ret.Retention.from_json(d.get("retention")),
             retention_marks=tuple((int(t), int(u)) for t, u in d.get("retention_marks", [])),
+            consumers={
+                n: ConsumerPosition.from_json(c) for n, c in d.get("consumers", {}).items()
+            },
         )
 
 
@@ -616,6 +671,35 @@ class AssertNoLiveHold:
 
 
 @dataclass(frozen=True)
+class AssertConsumerAt:
+    """Durable consumer ``name`` must exist and be at ``expected`` (its compare-and-set)."""
+
+    name: str
+    expected: int
+
+    def check(self, state: ShardState, location: str | None) -> ConsumerPosition:
+        found = state.consumers.get(self.name)
+        if found is None:
+            raise StateConflict(
+                f"consumer {self.name!r} is not there (dropped, or never created: "
+                "shard.consumer(name) creates it); nothing moved",
+                location=location,
+                expected=self.expected,
+                actual=None,
+            )
+        if found.position != self.expected:
+            raise StateConflict(
+                f"consumer {self.name!r} is at {found.position}, not at the expected "
+                f"{self.expected}: another process moved it first; nothing moved (read its "
+                "position again and decide)",
+                location=location,
+                expected=self.expected,
+                actual=found.position,
+            )
+        return found
+
+
+@dataclass(frozen=True)
 class AssertLevelsOrdered:
     """A compaction output at trace positions ``[first, last]`` keeps levels non-increasing:
     its predecessor's level is at least, and its successor's at most, the output's level."""
@@ -667,15 +751,15 @@ def released(leases: dict[str, int], parts: Sequence[PartRef]) -> dict[str, int]
 
 def follow_retention(state: ShardState, now_ms: int | None) -> ShardState:
     """``state`` with since moved as far as its retention allows (never back, never past a
-    live hold, never to the upper: `persistshard.core.statemachine.retention`)."""
+    live hold or a consumer's `ConsumerPosition.holds_since_at`, never to the upper: `persistshard.core.statemachine.retention`)."""
     if state.retention is None:
         return state
     target = ret.since_target(state.retention, state.retention_marks, now_ms)
     if target is None or target <= state.since:
         return state
-    holds = state.holds if now_ms is None else state.live_holds(now_ms)
-    for hold in holds.values():
-        target = min(target, hold.since)
+    floor = state.hold_floor(now_ms)
+    if floor is not None:
+        target = min(target, floor)
     return replace(state, since=max(state.since, target))
 
 

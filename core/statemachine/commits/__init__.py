@@ -8,6 +8,7 @@
 - `register_reader`, `downgrade_since`, `heartbeat`, `expire_reader`: reader holds.
 - `renew_lease` (`RenewLease`), `sweep_leases` (`SweepLeases`): write leases and gc's fence.
 - `set_retention` (`SetRetention`): the history retention.
+- `create_consumer`, `advance_consumer`, `drop_consumer`: durable consumers.
 
 Each kind's module states its precondition and effect, and holds its typed fields, its
 stored arguments, its transition and its history summary. Importing this package imports

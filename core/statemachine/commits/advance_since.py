@@ -1,7 +1,8 @@
 """``advance_since``: since moves toward a new time, as far as live reader holds allow.
 
 Precondition: the new since is at most the upper (else `NotSealed`). Effect: ``since =
-max(since, min(new, every live hold))``; never back.
+max(since, min(new, every live hold, every consumer's position - 1))``; never back
+(`ShardState.hold_floor`).
 """
 
 from __future__ import annotations
@@ -30,9 +31,9 @@ class AdvanceSince(Commit):
                 location=location,
                 message=f"cannot advance since to {since}: it would pass the upper {state.upper}",
             )
-        holds = state.holds if self.at_ms is None else state.live_holds(self.at_ms)
-        for hold in holds.values():
-            since = min(since, hold.since)
+        floor = state.hold_floor(self.at_ms)
+        if floor is not None:
+            since = min(since, floor)
         return replace(state, since=max(state.since, since))
 
     def summary(self) -> str:
