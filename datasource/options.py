@@ -132,6 +132,7 @@ READ_OPTIONS = frozenset(
         "reader_lease_seconds",
         "where",  # explicit pruning (datasource/reader.py, core/read/filters.py parse_where)
         "hold",  # streaming reads: false reads without a hold (datasource/stream.py)
+        "consumer",  # a durable consumer's changes (core/statemachine/consumers.py)
     }
 )
 #: What CREATE TABLE hands ``schema()`` besides the user's OPTIONS (Spark's table properties;
@@ -650,10 +651,17 @@ class ReadOptions:
     where: str | None = None
     #: A streaming read holds the shard's since (a commit: needs write access) unless false.
     hold: bool = True
+    #: A batch read of this durable consumer's changes: from its position to ``updates_to``
+    #: (default: the upper seen at planning).
+    consumer: str | None = None
 
     @property
     def reads_updates(self) -> bool:
-        return self.updates_from is not None or self.updates_to is not None
+        return (
+            self.updates_from is not None
+            or self.updates_to is not None
+            or self.consumer is not None
+        )
 
     @staticmethod
     def parse(options: Mapping[str, str], schema: Any = None) -> ReadOptions:
@@ -684,7 +692,15 @@ class ReadOptions:
             storage_options=storage_options(options, schema, location),
             where=options.get("where"),
             hold=_bool(options, "hold", True),
+            consumer=_name(options, "consumer"),
         )
+        if parsed.consumer is not None and (
+            parsed.updates_from is not None or parsed.as_of is not None or parsed.changes
+        ):
+            raise InvalidOption(
+                "option consumer reads the changes from the consumer's position: it cannot be "
+                "combined with updates_from, as_of or changes (updates_to bounds it)"
+            )
         if parsed.reads_updates and parsed.as_of is not None:
             raise InvalidOption("as_of cannot be combined with updates_from / updates_to")
         if parsed.changes and parsed.with_diff:

@@ -91,11 +91,12 @@ from persistshard.core.read.plan import (
 from persistshard.core.read.race import pinned_read
 from persistshard.core.rows import DIFF, TIME
 from persistshard.core.shard import Shard, open_shard
+from persistshard.core.statemachine.consumers import read_from
 from persistshard.core.statemachine.state import ShardState
 from persistshard.core.storage.blob import Blob
 from persistshard.datasource.options import LOCATION_KEY, ReadOptions, StorageOptions
 from persistshard.datasource.types import arrow_schema_of, conform, spark_schema_of
-from persistshard.errors import InvalidUpdates, NoShard
+from persistshard.errors import InvalidOption, InvalidUpdates, NoShard
 
 log = logging.getLogger("persistshard.datasource.reader")
 
@@ -157,6 +158,8 @@ def check_query(shard: Shard, state: ShardState, opts: ReadOptions) -> Query:
     if opts.reads_updates:
         lo = opts.updates_from if opts.updates_from is not None else 0
         hi = opts.updates_to if opts.updates_to is not None else state.upper
+        if opts.consumer is not None:
+            lo = consumer_from(shard, state, opts.consumer, hi)
         if opts.updates_to is None and lo > hi:
             raise InvalidUpdates(
                 f"updates_from {lo} is after the shard's upper {state.upper}: no update there "
@@ -166,6 +169,26 @@ def check_query(shard: Shard, state: ShardState, opts: ReadOptions) -> Query:
         return updates_query(state, lo, hi, shard.location)
     as_of = opts.as_of if opts.as_of is not None else state.upper - 1
     return snapshot_query(state, as_of, shard.location, with_diff=opts.with_diff or opts.changes)
+
+
+def consumer_from(shard: Shard, state: ShardState, name: str, hi: int) -> int:
+    """Where the read of consumer ``name``'s changes up to ``hi`` starts, in the pinned
+    ``state`` (`persistshard.core.statemachine.consumers.read_from`); `InvalidOption` when
+    the shard has no such consumer (a read never creates one) or ``hi`` is behind it."""
+    found = state.consumers.get(name)
+    if found is None:
+        known = ", ".join(sorted(state.consumers)) or "none"
+        raise InvalidOption(
+            f"option consumer: the shard has no consumer {name!r} (it has: {known}); create "
+            "it first with ps.open_shard(location).consumer(name); a read never creates one",
+            location=shard.location,
+        )
+    if hi < found.position:
+        raise InvalidOption(
+            f"option updates_to {hi} is behind consumer {name!r}'s position {found.position}",
+            location=shard.location,
+        )
+    return read_from(state, found.position)
 
 
 def plan_partitions(
@@ -376,7 +399,13 @@ def check_read_schema(opts: ReadOptions, schema: StructType) -> None:
     names = set(schema.names)
     location = opts.location
     if (opts.reads_updates or opts.changes) and not {TIME, DIFF} <= names:
-        asked = "changes" if opts.changes else "updates_from / updates_to"
+        asked = (
+            "changes"
+            if opts.changes
+            else "consumer"
+            if opts.consumer is not None
+            else "updates_from / updates_to"
+        )
         raise InvalidUpdates(
             f"option {asked} reads changes, but this table's columns have no {TIME} and "
             f"{DIFF}, so every change would come back as a plain row. Create a change table "

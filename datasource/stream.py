@@ -69,6 +69,11 @@ class PersistShardStreamReader(DataSourceStreamReader):
         self.opts = ReadOptions.parse(options, schema)
         if self.opts.as_of is not None or self.opts.updates_to is not None:
             raise InvalidOption("a streaming read takes no as_of or updates_to")
+        if self.opts.consumer is not None:
+            raise InvalidOption(
+                "option consumer is for batch reads (a job that reads its changes and then "
+                "advances the consumer); a stream holds its position with option reader_id"
+            )
         self.schema = schema
         target = arrow_schema_of(schema)
         if TIME not in target.names or DIFF not in target.names:
