@@ -5,7 +5,9 @@
     persistshard verify LOCATION         every checksum and invariant (exit 1 if any fails)
     persistshard compact LOCATION        physical and logical compaction, in this process
     persistshard gc LOCATION [--apply]   what garbage collection would delete (deletes with --apply)
-    persistshard holds LOCATION [--expire READER]   reader holds on since (drops one by hand)
+    persistshard holds LOCATION [--expire READER] [--drop CONSUMER]
+                                         reader holds and durable consumers holding since back
+                                         (expires a hold or drops a consumer by hand)
     persistshard retention LOCATION [--seconds S] [--versions N] [--clear]
                                          the history retention since follows (sets it when given)
     persistshard conformance LOCATION    run the storage and semantics conformance suite there
@@ -177,7 +179,7 @@ def _size(n: int) -> str:
 
 def cmd_inspect(shard: Shard, args: argparse.Namespace) -> int:
     """Show the shard: upper, since, columns, batches by level, sizes, unsealed updates,
-    writers, column statistics and reader holds."""
+    writers, column statistics, reader holds and durable consumers (with their age)."""
     info = shard.describe()
     from persistshard.core.read.plan import column_statistics
 
@@ -224,6 +226,7 @@ def cmd_inspect(shard: Shard, args: argparse.Namespace) -> int:
             f"{c['chunks_with_bounds']}/{c['chunks']} chunks"
         )
     _print_holds(info["holds"])
+    _print_consumers(info["consumers"])
     for write_id, lease in info["leases"].items():
         left = (lease["expires_ms"] - layout.now_ms()) / 1000
         print(f"lease     write {write_id}: {left:.0f} s left (renewed while it runs)")
@@ -240,21 +243,47 @@ def _print_holds(holds: dict[str, dict[str, Any]]) -> None:
         print(f"hold      {reader}: since {h['since']}, {lease}")
 
 
+def _age(ms: int) -> str:
+    """A duration in ms, in the largest unit that keeps it readable."""
+    seconds = max(0, ms) / 1000
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f} {unit}"
+    return f"{seconds:.0f} s"
+
+
+def _print_consumers(consumers: dict[str, dict[str, Any]]) -> None:
+    for name, c in consumers.items():
+        print(
+            f"consumer  {name}: position {c['position']} (holds since below it, no lease), "
+            f"last moved {_age(c['age_ms'])} ago"
+        )
+
+
 def cmd_holds(shard: Shard, args: argparse.Namespace) -> int:
-    """List the reader holds on since (who keeps history from being compacted, and until
-    when); --expire READER drops one by hand."""
+    """List what holds since back: the leased reader holds and the durable consumers (who
+    keeps history from being compacted, until when, and since when); --expire READER drops a
+    hold and --drop CONSUMER a consumer, by hand."""
+    state = shard.state()
+    if args.expire and args.expire not in state.holds:
+        print(f"no hold named {args.expire!r} at {shard.location}", file=sys.stderr)
+        return 1
+    if args.drop and args.drop not in state.consumers:
+        print(f"no consumer named {args.drop!r} at {shard.location}", file=sys.stderr)
+        return 1
     if args.expire:
-        if args.expire not in shard.state().holds:
-            print(f"no hold named {args.expire!r} at {shard.location}", file=sys.stderr)
-            return 1
         shard.expire_reader(args.expire)
-    holds = shard.describe()["holds"]
+    if args.drop:
+        shard.drop_consumer(args.drop)
+    info = shard.describe()
+    holds, consumers = info["holds"], info["consumers"]
     if args.json:
-        print(json.dumps(holds, indent=2))
+        print(json.dumps({"readers": holds, "consumers": consumers}, indent=2))
         return 0
-    if not holds:
-        print("no reader holds")
+    if not holds and not consumers:
+        print("no reader holds or consumers")
     _print_holds(holds)
+    _print_consumers(consumers)
     return 0
 
 
@@ -649,6 +678,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         if name == "holds":
             p.add_argument("--expire", metavar="READER", help="drop this reader's hold")
+            p.add_argument(
+                "--drop",
+                metavar="CONSUMER",
+                help="drop this durable consumer (it no longer holds since back)",
+            )
         if name == "retention":
             p.add_argument(
                 "--seconds", type=float, help="keep the history of this many seconds readable"

@@ -73,9 +73,40 @@ def test_holds_listed_and_expired_by_hand(tmp_path, capsys):
     assert main(["inspect", location]) == 0
     assert "hold      dash: since 0, lease" in capsys.readouterr().out
     assert main(["holds", location, "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["dash"]["since"] == 0
+    assert json.loads(capsys.readouterr().out)["readers"]["dash"]["since"] == 0
     assert main(["holds", location, "--expire", "nobody"]) == 1
     assert "no hold named 'nobody'" in capsys.readouterr().err
     assert main(["holds", location, "--expire", "dash"]) == 0
     assert "no reader holds" in capsys.readouterr().out
     assert shard.readers() == {}
+
+
+def test_holds_lists_consumers_and_drops_one_inspect_shows_their_age(tmp_path, capsys, monkeypatch):
+    from persistshard.core.storage import layout
+
+    location = str(tmp_path / "s")
+    shard = ps.open_shard(location)
+    for t in range(3):
+        shard.append(pa.table({"id": [t], "_time": [t], "_diff": [1]}))
+    shard.register_reader("dash", lease_seconds=600)
+    shard.consumer("nightly-etl").advance(2, expected=0)
+    moved = shard.state().consumers["nightly-etl"].moved_ms
+    monkeypatch.setattr(layout, "now_ms", lambda: moved + 3 * 3600 * 1000)  # 3 hours on
+    assert main(["holds", location]) == 0
+    out = capsys.readouterr().out
+    assert "hold      dash: since 0" in out
+    assert "consumer  nightly-etl: position 2 (holds since below it, no lease), last moved " \
+        "3.0 h ago" in out
+    assert main(["inspect", location]) == 0
+    assert "consumer  nightly-etl: position 2" in capsys.readouterr().out
+    assert main(["inspect", location, "--json"]) == 0
+    described = json.loads(capsys.readouterr().out)["consumers"]["nightly-etl"]
+    assert described == {"position": 2, "moved_ms": moved, "age_ms": 3 * 3600 * 1000}
+    assert main(["holds", location, "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert set(listed["readers"]) == {"dash"} and set(listed["consumers"]) == {"nightly-etl"}
+    assert main(["holds", location, "--drop", "nobody"]) == 1
+    assert "no consumer named 'nobody'" in capsys.readouterr().err
+    assert main(["holds", location, "--drop", "nightly-etl", "--expire", "dash"]) == 0
+    assert "no reader holds or consumers" in capsys.readouterr().out
+    assert shard.consumers() == {} and shard.readers() == {}
