@@ -319,3 +319,22 @@ def test_a_lost_database_answer_on_the_advance_resolves(tmp_path):
     assert clean.consumers() == {"etl": 2}
     assert [h["commit"] for h in clean.history()].count("advance_consumer") == 1
     assert rows_of(clean.snapshot()) == {(0,): 1, (1,): 1, (2,): 1}
+
+
+def test_readme_consumers_example(repo_root, tmp_path, capsys):
+    """The README's durable consumers example runs as printed, with ``/data`` in a temporary
+    directory, and prints what its comments say."""
+    with open(f"{repo_root}/README.md", encoding="utf-8") as f:
+        readme = f.read()
+    block = readme[readme.index("<!-- consumers-section:") :]
+    start = block.index("```python") + len("```python")
+    code = block[start : block.index("```", start)].replace('"/data/', f'"{tmp_path}/')
+    exec(compile(code, "README.md (durable consumers)", "exec"), {})
+    printed = capsys.readouterr().out.splitlines()
+    assert printed == [
+        "[{'id': 1, '_time': 0, '_diff': 1}, {'id': 2, '_time': 0, '_diff': 1}]",
+        "[{'id': 3, '_time': 1, '_diff': 1}]",
+        "1",
+        "{'nightly-etl': 1} 0",
+    ]
+    assert ps.open_shard(f"{tmp_path}/orders").consumers() == {}
