@@ -95,8 +95,10 @@ def test_holds_lists_consumers_and_drops_one_inspect_shows_their_age(tmp_path, c
     assert main(["holds", location]) == 0
     out = capsys.readouterr().out
     assert "hold      dash: since 0" in out
-    assert "consumer  nightly-etl: position 2 (holds since below it, no lease), last moved " \
+    assert (
+        "consumer  nightly-etl: position 2 (holds since below it, no lease), last moved "
         "3.0 h ago" in out
+    )
     assert main(["inspect", location]) == 0
     assert "consumer  nightly-etl: position 2" in capsys.readouterr().out
     assert main(["inspect", location, "--json"]) == 0

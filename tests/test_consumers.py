@@ -291,9 +291,7 @@ def test_a_lost_response_on_the_advance_resolves_to_one_move(tmp_path, monkeypat
     clean = Shard(location)
     assert clean.consumers() == {"etl": 19}
     moves = [h["summary"] for h in clean.history() if h["commit"] == "advance_consumer"]
-    assert moves == ["consumer etl 0 -> 3", "consumer etl 3 -> 7", "consumer etl 7 -> 12"] + [
-        "consumer etl 12 -> 19"
-    ]
+    assert moves == [f"consumer etl {a} -> {b}" for a, b in ((0, 3), (3, 7), (7, 12), (12, 19))]
     assert clean.verify().ok
 
 

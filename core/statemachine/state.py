@@ -600,9 +600,7 @@ class ShardState:
             },
             retention=ret.Retention.from_json(d.get("retention")),
             retention_marks=tuple((int(t), int(u)) for t, u in d.get("retention_marks", [])),
-            consumers={
-                n: ConsumerPosition.from_json(c) for n, c in d.get("consumers", {}).items()
-            },
+            consumers={n: ConsumerPosition.from_json(c) for n, c in d.get("consumers", {}).items()},
         )
 
 
@@ -751,7 +749,8 @@ def released(leases: dict[str, int], parts: Sequence[PartRef]) -> dict[str, int]
 
 def follow_retention(state: ShardState, now_ms: int | None) -> ShardState:
     """``state`` with since moved as far as its retention allows (never back, never past a
-    live hold or a consumer's `ConsumerPosition.holds_since_at`, never to the upper: `persistshard.core.statemachine.retention`)."""
+    live hold or a consumer's `ConsumerPosition.holds_since_at`, never to the upper:
+    `persistshard.core.statemachine.retention`)."""
     if state.retention is None:
         return state
     target = ret.since_target(state.retention, state.retention_marks, now_ms)
