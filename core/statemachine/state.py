@@ -677,24 +677,21 @@ class AssertConsumerAt:
 
     def check(self, state: ShardState, location: str | None) -> ConsumerPosition:
         found = state.consumers.get(self.name)
+        if found is not None and found.position == self.expected:
+            return found
         if found is None:
-            raise StateConflict(
-                f"consumer {self.name!r} is not there (dropped, or never created: "
-                "shard.consumer(name) creates it); nothing moved",
-                location=location,
-                expected=self.expected,
-                actual=None,
+            why = "is not there (dropped, or never created: shard.consumer(name) creates it)"
+        else:
+            why = (
+                f"is at {found.position}, not at the expected {self.expected}: another "
+                "process moved it first"
             )
-        if found.position != self.expected:
-            raise StateConflict(
-                f"consumer {self.name!r} is at {found.position}, not at the expected "
-                f"{self.expected}: another process moved it first; nothing moved (read its "
-                "position again and decide)",
-                location=location,
-                expected=self.expected,
-                actual=found.position,
-            )
-        return found
+        raise StateConflict(
+            f"consumer {self.name!r} {why}; nothing moved (read its position again and decide)",
+            location=location,
+            expected=self.expected,
+            actual=found.position if found is not None else None,
+        )
 
 
 @dataclass(frozen=True)
