@@ -295,28 +295,51 @@ def test_a_lost_response_on_the_advance_resolves_to_one_move(tmp_path, monkeypat
     assert clean.verify().ok
 
 
-def test_a_lost_database_answer_on_the_advance_resolves(tmp_path):
-    """On a database consensus (SQLite): the compare-and-set of the advance is applied and
-    its answer lost; the advance is reported landed once, and a racing handle still loses."""
-    url = f"sqlite:///{tmp_path}/log.db"
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.database)])
+def db_url(request, tmp_path) -> str:
+    """A database consensus: SQLite in the fast tier, PostgreSQL in the database tier."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/log.db"
+    return str(request.getfixturevalue("postgres_url"))
+
+
+def test_lost_database_answers_on_advances_resolve_and_a_racing_handle_loses(tmp_path, db_url):
+    """On a database consensus: compare-and-sets of advances fail before they are made or are
+    applied and their answer lost, at random (seeded). Each advance is reported landed, or
+    fails (Indeterminate, or the injected TimeoutError of a read) and is then found landed or
+    not by reading; every move lands exactly once, and
+    a handle that raced from an old position loses with the actual one."""
     location = str(tmp_path / "s")
-    shard = ps.open_shard(location, consensus=url)
-    shard.append(pa.table({"id": [0, 1]}))
-    shard.append(pa.table({"id": [2]}))
-    c = shard.consumer("etl")
-    loser = ps.open_shard(location, consensus=url).consumer("etl")
-    faulty = FaultyConsensus(shard.machine.consensus, fail_after=1.0)
+    shard = ps.open_shard(location, consensus=db_url)
+    for t in range(12):
+        shard.append(pa.table({"id": [t]}))
+    shard.consumer("etl")
+    loser = ps.open_shard(location, consensus=db_url).consumer("etl")
+    faulty = FaultyConsensus(shard.machine.consensus, fail_before=0.2, fail_after=0.5, seed=7)
     shard.machine.consensus = faulty
-    assert c.advance(2, expected=0) == 2
-    assert faulty.injected >= 1
-    faulty.fail_after = 0.0
+    c = shard.consumer("etl")
+    position = 0
+    for to in range(2, 13, 2):
+        while True:
+            try:
+                c.advance(to, expected=position)
+                break
+            except (Indeterminate, TimeoutError):  # a read failed, or an answer was lost
+                landed = ps.open_shard(location, consensus=db_url).consumers()["etl"]
+                assert landed in (position, to)
+                if landed == to:
+                    break
+        position = to
+    assert faulty.injected >= 3
+    faulty.fail_before = faulty.fail_after = 0.0
     with pytest.raises(StateConflict) as e:
         loser.advance(1, expected=0)
-    assert e.value.actual == 2
-    clean = ps.open_shard(location, consensus=url)
-    assert clean.consumers() == {"etl": 2}
-    assert [h["commit"] for h in clean.history()].count("advance_consumer") == 1
-    assert rows_of(clean.snapshot()) == {(0,): 1, (1,): 1, (2,): 1}
+    assert e.value.actual == 12
+    clean = ps.open_shard(location, consensus=db_url)
+    assert clean.consumers() == {"etl": 12}
+    moves = [h["summary"] for h in clean.history() if h["commit"] == "advance_consumer"]
+    assert moves == [f"consumer etl {t - 2} -> {t}" for t in range(2, 13, 2)]
+    assert rows_of(clean.snapshot()) == {(t,): 1 for t in range(12)}
 
 
 def test_readme_consumers_example(repo_root, tmp_path, capsys):
