@@ -10,7 +10,8 @@
 - `retention`: the pure rule by which since follows the upper minus a shard's history
   retention (applied by `commits`).
 - `holds`: reader holds (leased claims on since); `leases`: write leases that gc honours
-  and that a commit must still hold.
+  and that a commit must still hold; `consumers`: durable consumers (named positions that
+  hold since back with no lease, moved by compare-and-set).
 
 Invariant: no module outside this package writes the consensus log.
 """
