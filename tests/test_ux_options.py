@@ -32,7 +32,7 @@ READ_INTS = {
 WRITE_INTS = {"upper": 1, "expected_upper": 0, "memory_budget": 1}
 READ_BOOLS = ("with_diff", "changes", "hold")
 WRITE_BOOLS = ("compact", "merge_schema", "maintenance")
-READ_NAMES = ("reader_id",)
+READ_NAMES = ("reader_id", "consumer")
 WRITE_NAMES = ("time_column", "diff_column", "writer_id", "remap")
 
 
