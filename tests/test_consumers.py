@@ -60,7 +60,8 @@ def test_a_consumer_is_created_at_the_since_once_and_listed_apart_from_readers(s
 
 def test_a_consumer_holds_since_below_its_position_with_no_lease(shard, monkeypatch):
     """since stops at position - 1 (so the changes from the position stay exact) under
-    advance_since, retention and compaction, however much time passes: no lease."""
+    advance_since, retention, compaction and gc at retention 0, however much time passes: no
+    lease."""
     c = shard.consumer("etl")
     assert shard.advance_since(5) == 0  # created at since 0: since stays there
     c.advance(4, expected=0)
@@ -74,6 +75,8 @@ def test_a_consumer_holds_since_below_its_position_with_no_lease(shard, monkeypa
         shard.append(updates([(t, f"r{t}", t, 1)]))
     assert shard.since == 3
     shard.compact()
+    shard.gc(dry_run=False, retention_seconds=0)
+    assert shard.verify().ok
     assert changes(shard.updates(c.position, shard.upper)) == Counter(
         {(t, t, 1): 1 for t in range(4, 9)}
     )
