@@ -188,7 +188,7 @@ def cmd_inspect(shard: Shard, args: argparse.Namespace) -> int:
     info["lease_fence_ms"] = state.lease_fence_ms
     info["problems"] = []
     try:
-        stats = column_statistics(shard.blob, state)
+        stats = column_statistics(shard._blob, state)
     except (CorruptData, OSError) as e:
         # The metadata is intact; only the parts' statistics cannot be read. Show the rest.
         stats = {}
@@ -357,7 +357,7 @@ def _with_progress(shard: Shard, desc: str, total: float | None, count: str = "b
     progress = Progress(desc, total=total, unit="B" if count == "bytes" else "deletes")
     if not progress.active:
         return shard, progress
-    blob = CountingBlob(shard.blob, progress, count=count)
+    blob = CountingBlob(shard._blob, progress, count=count)
     return Shard(shard.location, blob=blob, **shard.storage_options), progress
 
 
@@ -566,7 +566,7 @@ def cmd_repair(args: argparse.Namespace, options: dict[str, Any]) -> int:
     from persistshard.core.maintenance.repair import repair
 
     shard = Shard(args.location, **options)
-    report = repair(shard.machine, apply=args.apply)
+    report = repair(shard._machine, apply=args.apply)
     if report.newest_version == 0:
         raise NoShard(
             f"no shard at {shard.location}: no consensus entry is stored there (a "

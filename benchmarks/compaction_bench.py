@@ -7,12 +7,12 @@
    overwritten 50 times, each time with 1% of its rows changed. Each overwrite is
    self-correcting: it reads the current snapshot and appends only the difference
    (retractions of the changed old rows, insertions of the new ones), then runs the
-   writer-triggered `Shard.maybe_compact`. Then since advances to the latest time and
+   writer-triggered `Shard._maybe_compact`. Then since advances to the latest time and
    `Shard.compact` runs. Ours: bytes of every part the shard references. Anchor: bytes of
    one compacted snapshot of the final table (the same rows written by one append into a
    fresh shard). Target: at most 1.25. One run (it is deterministic up to compression).
 2. ``snapshot read after 1000 appends``: 1,000 appends of 1,000 rows each (``1000 * f``
-   appends, at least 50), each followed by `Shard.maybe_compact`, then `Shard.compact`, in
+   appends, at least 50), each followed by `Shard._maybe_compact`, then `Shard.compact`, in
    ``rounds`` rounds on fresh shards next to one append of the same updates (the compaction
    time's rounds and anchors). Ours: `Shard.snapshot()` of the last round's shard. Anchor:
    the same read of a shard holding the same updates written by one append. ``3 * rounds``
@@ -103,7 +103,7 @@ def overwrites(root: Path, rows: int, seed: int = 1) -> dict[str, Any]:
         amounts[changed] = rng.integers(0, 10**6, len(changed))
         delta = _difference(shard, _table(ids, amounts, 0))
         appended += sum(p.size for p in shard.append(delta).trace[-1].parts)
-        shard.maybe_compact()
+        shard._maybe_compact()
     overwrite_seconds = time.perf_counter() - started
     before = _stored_bytes(shard)
     shard.advance_since(shard.upper - 1)
@@ -141,7 +141,7 @@ def _build(path: Path, everything: pa.Table, n_appends: int) -> dict[str, Any]:
         piece = everything.slice(i * APPEND_ROWS, APPEND_ROWS)
         appended += sum(p.size for p in many.append(piece).trace[-1].parts)
         began = time.perf_counter()
-        report = many.maybe_compact()
+        report = many._maybe_compact()
         compaction_seconds += time.perf_counter() - began
         if report is not None:
             compaction_written += report.bytes_written

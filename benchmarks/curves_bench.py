@@ -12,7 +12,7 @@ Two pictures of what compaction is for, with the Python API on local files (no S
    overwritten ``overwrites`` times with 1% of its amounts changed; each overwrite appends
    only the difference (a retraction of each changed row's old version and an insertion of
    the new one, what a self-correcting overwrite writes). Three shards get the same updates:
-   one never compacted, one running the writer's `Shard.maybe_compact` after every commit
+   one never compacted, one running the writer's `Shard._maybe_compact` after every commit
    (history kept: since stays at 0, so merges cannot cancel updates), and one advancing
    since to the latest time before each `maybe_compact` (no time travel kept).
    Anchor: the bytes of the current table written once into a fresh shard. After the last
@@ -221,9 +221,9 @@ def bytes_against_overwrites(
         )
         for shard in (plain, compacting, trailing):
             shard.compare_and_append(delta, k, k + 1)
-        compacting.maybe_compact()
+        compacting._maybe_compact()
         trailing.advance_since(k)
-        trailing.maybe_compact()
+        trailing._maybe_compact()
         if k % every == 0 or k == overwrites:
             record(k)
     compacting.advance_since(compacting.upper - 1)

@@ -91,7 +91,7 @@ def _fsspec(blob: Any) -> Any:
 
 
 def counting_shard(location: str, *, before: bool = False, **options: Any) -> Any:
-    """A shard at ``location`` whose store calls are counted (``shard.blob.calls``); with
+    """A shard at ``location`` whose store calls are counted (``shard._blob.calls``); with
     ``before``, inline writes off and every append reads the head twice, as before."""
     from persistshard.core.shard import Shard
     from persistshard.core.storage.blob import open_blob
@@ -103,7 +103,7 @@ def counting_shard(location: str, *, before: bool = False, **options: Any) -> An
     # is measured by the maintenance benchmark.
     shard = Shard(location, blob=blob, maintenance=False, **options)
     if before:
-        machine = shard.machine
+        machine = shard._machine
         machine.known = machine.state  # type: ignore[method-assign]
     return shard
 
@@ -112,11 +112,11 @@ def appends(shard: Any, n: int, start: int = 0) -> tuple[list[int], list[float]]
     """Append ``n`` one-row tables; the store calls and the seconds of each."""
     calls, seconds = [], []
     for i in range(start, start + n):
-        before = shard.blob.calls
+        before = shard._blob.calls
         t0 = time.perf_counter()
         shard.append(pa.table({"id": pa.array([i], pa.int64())}))
         seconds.append(time.perf_counter() - t0)
-        calls.append(shard.blob.calls - before)
+        calls.append(shard._blob.calls - before)
     return calls, seconds
 
 
@@ -148,7 +148,7 @@ def run(commits: int = 32, rounds: int = 3) -> dict[str, Any]:
                 if name == INLINE_SQL:
                     extra["consensus"] = f"sqlite:///{tmp}/{uuid.uuid4().hex[:8]}.db"
                 shard = counting_shard(location, before=name == BEFORE, **options, **extra)
-                fs = _fsspec(shard.blob)
+                fs = _fsspec(shard._blob)
                 if id(fs.s3) not in hooked:  # one client per set of options, hooked once
                     hooked.add(id(fs.s3))
                     fs.s3.meta.events.register("before-send", count_http)

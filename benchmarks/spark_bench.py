@@ -61,7 +61,7 @@ def human(rows: int) -> str:
     return str(rows)
 
 
-def _timed(fn: Callable[[], Any], cleanup: Callable[[], Any] | None = None) -> float:
+def timed(fn: Callable[[], Any], cleanup: Callable[[], Any] | None = None) -> float:
     start = time.perf_counter()
     fn()
     elapsed = time.perf_counter() - start
@@ -77,7 +77,7 @@ def write_contenders(df: DataFrame, tmp: str, ours: bool) -> dict[str, Callable[
     def contender(write: Callable[[DataFrame, str], None]) -> Callable[[], float]:
         def go() -> float:
             path = f"{tmp}/w{next(counter)}"
-            return _timed(lambda: write(df, path), lambda: shutil.rmtree(path, True))
+            return timed(lambda: write(df, path), lambda: shutil.rmtree(path, True))
 
         return go
 

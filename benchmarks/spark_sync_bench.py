@@ -20,7 +20,7 @@ from typing import Any
 
 from benchmarks import anchors as a
 from benchmarks.harness import alternate, measurement, skipped
-from benchmarks.spark_bench import _timed, human, make_frame
+from benchmarks.spark_bench import human, make_frame, timed
 
 OURS = "synced (every put fsynced)"
 ANCHOR = "syncing switched off"
@@ -48,7 +48,7 @@ def run(rows: int = 2_000_000, rounds: int = 7) -> dict[str, Any]:
                 def write() -> None:
                     df.write.format("persistshard").mode("append").options(**options).save(path)
 
-                return _timed(write, lambda: shutil.rmtree(path, True))
+                return timed(write, lambda: shutil.rmtree(path, True))
 
             return go
 

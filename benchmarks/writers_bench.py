@@ -2,7 +2,7 @@
 
 One shard takes ``appends`` small appends, each from its own streaming writer id (a
 compare-and-append that records the writer's batch, as a Spark streaming sink does), each
-followed by the writer's small compaction (`Shard.maybe_compact`). Writer records expire and
+followed by the writer's small compaction (`Shard._maybe_compact`). Writer records expire and
 are capped (`persistshard.core.statemachine.state.prune_writers`), so neither the state nor the
 commit should grow with the number of writers. Measured: the time of each of ``window`` commits
 from the 100th on (the anchor) and of the last ``window`` commits (ours), and the encoded
@@ -49,7 +49,7 @@ def run(appends: int = 10_000, window: int = 200, rounds: int = 1) -> dict[str, 
             began = time.perf_counter()
             shard.compare_and_append(_batch(t, i), t, t + 1, writer=(f"writer-{i}", 0))
             elapsed = time.perf_counter() - began
-            shard.maybe_compact()
+            shard._maybe_compact()
             if start_at <= i < start_at + window:
                 early.append(elapsed)
             if i > appends - window:

@@ -52,7 +52,7 @@ from typing import Any
 import pyarrow as pa
 
 from persistshard.core.remap import open_remap
-from persistshard.core.shard import Shard, open_shard
+from persistshard.core.shard import Shard, open_shard, write_transaction
 from persistshard.core.storage import blob as blob_module
 from persistshard.core.storage import layout
 from persistshard.core.storage.blob import Blob, BlobMeta, BlobWrapper, open_blob
@@ -473,15 +473,13 @@ def _overwrite(shard: Shard, ids: list[int]) -> None:
     write_id = layout.new_id()
     table = _rows(ids, "w").append_column("_time", pa.array([state.upper] * len(ids), pa.int64()))
     table = table.append_column("_diff", pa.array([1] * len(ids), pa.int64()))
-    staged = shard.write_updates(
-        table,
-        lower=state.upper,
-        new_upper=state.upper + 1,
-        write_id=f"{write_id}s",
-        schema=state.schema,
+    staged = write_transaction(shard, f"{write_id}s").write_updates(
+        table, lower=state.upper, new_upper=state.upper + 1, schema=state.schema
     )
-    delta = shard.self_correct(staged, time=state.upper, write_id=write_id, state=state)
-    shard.commit_written(
+    delta = write_transaction(shard).self_correct(
+        staged, time=state.upper, write_id=write_id, state=state
+    )
+    write_transaction(shard).commit(
         delta,
         expected_upper=state.upper,
         new_upper=state.upper + 1,

@@ -246,8 +246,8 @@ class Target:
             )
         shard = Shard(self.location, blob=blob, consensus=self.consensus)
         if plan is not None and plan.consensus and self.consensus:
-            shard.machine.consensus = FaultyConsensus(
-                shard.machine.consensus, seed=seed, **dict(plan.consensus)
+            shard._machine.consensus = FaultyConsensus(
+                shard._machine.consensus, seed=seed, **dict(plan.consensus)
             )
         return shard
 
@@ -399,9 +399,9 @@ def _worker(spec: WorkerSpec) -> None:
             outcome, note = _classify(e)
             ret = {"outcome": outcome, "note": note}
         _emit(fd, {"op": n, "e": "ret", "t": time.monotonic(), **ret})
-    blob = shard.machine.blob
+    blob = shard._machine.blob
     inner = getattr(blob, "inner", None)
-    injected = getattr(inner, "injected", 0) + getattr(shard.machine.consensus, "injected", 0)
+    injected = getattr(inner, "injected", 0) + getattr(shard._machine.consensus, "injected", 0)
     _emit(fd, {"e": "stats", "injected": injected, "stalls": getattr(inner, "stalls", 0)})
     os.close(fd)
 

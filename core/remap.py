@@ -408,7 +408,7 @@ class RemapShard:
         log.debug(
             "%s: bound %s at into-time %d", self.location, {k: merged[k] for k in moved}, upper
         )
-        self.shard.maybe_compact()
+        self.shard._maybe_compact()
         return upper
 
 

@@ -16,22 +16,28 @@ What always holds (for every state version a reader can see):
 - A write holds a lease (`persistshard.core.statemachine.leases`) from its first part to its commit:
   gc never deletes its parts meanwhile, and a commit after the lease ran out is `LeaseExpired`.
 
-`Shard` is the user-facing facade: it validates input, writes parts and builds commits, and
-hands every state change to its `persistshard.core.statemachine.machine.StateMachine`, which owns
-the commit loop (compare-and-set, retries of the same commit, rollups) and the refresh of the
-state. Compaction (`persistshard.core.maintenance.compact`) and gc
+`Shard` is the user-facing facade: its public surface is what README.md documents. It
+validates input and hands every data write to the write protocol
+(`persistshard.core.write.transaction.WriteTransaction`, made by `write_transaction`: lease,
+parts, one compare-and-append, sweep), and every state change to its
+`persistshard.core.statemachine.machine.StateMachine`, which owns the commit loop
+(compare-and-set, retries of the same commit, rollups) and the refresh of the state. The
+handle's state machine and blob store (``_machine``, ``_blob``) are private to the package:
+Spark paths reach them only through `write_transaction` and the read helpers below
+(`plan_read_tasks`, `iter_read_task`, `run_read_task`). A wrapped blob store (faults,
+request counting) is handed over as ``Shard(location, blob=...)``. Compaction (`persistshard.core.maintenance.compact`) and gc
 (`persistshard.core.maintenance.gc`) work on the machine too; `Shard.compact` and `Shard.gc` only
 call them. After each of its own commits (appends, upserts, seals) a shard opened with
 ``maintenance=True`` (the default) runs the bounded after-commit maintenance of
-`persistshard.core.maintenance.auto` (`Shard.maintain`); it never fails the commit.
+`persistshard.core.maintenance.auto`; it never fails the commit.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -46,30 +52,30 @@ from persistshard.core.read.filters import Pred
 from persistshard.core.read.listen import Listen
 from persistshard.core.read.plan import (
     Query,
+    ReadTask,
     check_as_of,
     check_updates_range,
+    iter_task,
+    plan_read,
     read_query,
+    read_task,
     read_times,
     snapshot_query,
     updates_query,
 )
 from persistshard.core.read.race import pinned_read
 from persistshard.core.read.scan import Scan
-from persistshard.core.rows import DIFF, TIME, consolidate
+from persistshard.core.rows import DIFF, TIME
 from persistshard.core.statemachine.commits.advance_since import AdvanceSince
-from persistshard.core.statemachine.commits.append import Append
 from persistshard.core.statemachine.commits.expire_reader import ExpireReader
 from persistshard.core.statemachine.commits.set_retention import SetRetention
 from persistshard.core.statemachine.consumers import Consumer, check_name
 from persistshard.core.statemachine.encoding import Entry
 from persistshard.core.statemachine.holds import DEFAULT_LEASE_SECONDS, ReaderHold
-from persistshard.core.statemachine.leases import WriteLease
-from persistshard.core.statemachine.machine import DETERMINATE_REFUSALS, StateMachine
+from persistshard.core.statemachine.machine import StateMachine
 from persistshard.core.statemachine.retention import Retention
 from persistshard.core.statemachine.state import (
     MAX_INLINE_PART_BYTES,
-    Batch,
-    PartRef,
     ShardState,
 )
 from persistshard.core.storage import layout, metrics
@@ -82,53 +88,31 @@ from persistshard.core.storage.consensus import (
     underlying,
 )
 from persistshard.core.storage.layout import DEFAULT_RETENTION_SECONDS, new_id
-from persistshard.core.storage.parts import fit_inline, write_parts
 from persistshard.core.storage.sqlconsensus import CONSENSUS_OPTION, open_consensus
-from persistshard.core.write.validate import normalize_updates, update_schema, user_schema
+from persistshard.core.write.transaction import WriteTransaction, WrittenUpdates, split_at
+from persistshard.core.write.validate import update_schema, user_schema
 from persistshard.errors import (
     CorruptData,
     InvalidOption,
     InvalidUpdates,
     NoShard,
     PersistShardError,
-    StorageUnsupported,
     UpperMismatch,
     VersionCollected,
-    WriterAlreadyCommitted,
 )
 
 log = logging.getLogger("persistshard.core.shard")
 
-__all__ = ["Shard", "VerifyReport", "WrittenUpdates", "advance_consumer", "new_id", "open_shard"]
-
-
-def _as_location(location: str) -> str:
-    """The canonical location of ``location``
-    (`persistshard.core.storage.layout.canonical_location`): every spelling of one place
-    gives one string, the shard's name in logs, caches and the keys of database logs written
-    before shard ids."""
-    return layout.canonical_location(location)
-
-
-@dataclass
-class WrittenUpdates:
-    """What a write task produced: sealed parts (below the new upper) and unsealed parts."""
-
-    sealed: list[PartRef] = field(default_factory=list)
-    unsealed: list[PartRef] = field(default_factory=list)
-
-    def extend(self, other: WrittenUpdates) -> None:
-        self.sealed.extend(other.sealed)
-        self.unsealed.extend(other.unsealed)
-
-    def keys(self) -> list[str]:
-        """Every part's key (an inline part's names no stored object, but a commit may store
-        it first: `Shard.fit_inline`), e.g. what a sweep of the write must keep."""
-        return [p.key for p in (*self.sealed, *self.unsealed)]
-
-    def stored_keys(self) -> list[str]:
-        """The keys of the parts stored as files (what a refused commit deletes)."""
-        return [p.key for p in (*self.sealed, *self.unsealed) if p.inline is None]
+__all__ = [
+    "Shard",
+    "VerifyReport",
+    "WrittenUpdates",
+    "advance_consumer",
+    "new_id",
+    "open_shard",
+    "split_at",
+    "write_transaction",
+]
 
 
 @dataclass(frozen=True)
@@ -159,10 +143,12 @@ class Shard:
         maintenance: bool = True,
         **storage_options: Any,
     ) -> None:
-        self.location = _as_location(location)
+        #: The canonical location (`persistshard.core.storage.layout.canonical_location`):
+        #: every spelling of one place gives one string, the shard's name in logs, caches and
+        #: the keys of database logs written before shard ids.
+        self.location = layout.canonical_location(location)
         #: The bounded compaction and gc after this handle's commits (off: ``enabled=False``).
         self.maintenance = AutoMaintenance(enabled=maintenance)
-        self._since_before = 0  # the since known before this handle's last commit_written
         inline_bytes = (
             part_store.DEFAULT_INLINE_BYTES if inline_bytes is None else int(inline_bytes)
         )
@@ -204,36 +190,36 @@ class Shard:
             }
         consensus = consensus if consensus is not None else BlobConsensus(blob)
         counts = not (isinstance(consensus, BlobConsensus) and consensus.blob is blob)
-        self.machine = StateMachine(
+        self._machine = StateMachine(
             self.location, blob, metrics.count_consensus(consensus, requests=counts)
         )
 
     @property
-    def blob(self) -> Blob:
-        return self.machine.blob
+    def _blob(self) -> Blob:
+        return self._machine.blob
 
     @property
     def consensus(self) -> Consensus:
-        return self.machine.consensus
+        return self._machine.consensus
 
     # --- state --------------------------------------------------------------------------
 
     def state(self) -> ShardState:
         """The newest state version (re-reads the consensus head)."""
-        return self.machine.state()
+        return self._machine.state()
 
     @property
     def upper(self) -> int:
-        return self.machine.state().upper
+        return self._machine.state().upper
 
     @property
     def since(self) -> int:
-        return self.machine.state().since
+        return self._machine.state().since
 
     @property
     def schema(self) -> pa.Schema | None:
         """The user columns (without ``_time``/``_diff``), or None before the first write."""
-        return self.machine.state().schema
+        return self._machine.state().schema
 
     def _require_shard(self, state: ShardState | None = None) -> ShardState:
         """``state`` (default: the newest, unless this handle already knows a committed one),
@@ -244,9 +230,9 @@ class Shard:
         A shard is created only by a data write (its first commit); it is never removed, so
         once this handle knows a version above 0 no request is needed."""
         if state is None:
-            state = self.machine.known()
+            state = self._machine.known()
             if state.version == 0:
-                state = self.machine.state()
+                state = self._machine.state()
         if state.version == 0:
             raise NoShard(
                 f"no shard at {self.location}: no state was ever committed there (a mistyped "
@@ -257,114 +243,7 @@ class Shard:
 
     # --- writes -------------------------------------------------------------------------
 
-    def write_updates(
-        self,
-        updates: pa.Table,
-        *,
-        lower: int,
-        new_upper: int,
-        write_id: str,
-        schema: pa.Schema | None,
-    ) -> WrittenUpdates:
-        """Validate, consolidate and write ``updates`` as parts; commits nothing.
-
-        Updates below ``new_upper`` become sealed parts, the rest unsealed parts. Used by
-        `compare_and_append` and `append` (Spark tasks write through their own paths), so
-        small parts are kept decoded for this process's compaction
-        (`persistshard.core.storage.recent`).
-        """
-        table = normalize_updates(updates, lower=lower, schema=schema, location=self.location)
-        if table.num_rows == 0:
-            return WrittenUpdates()
-        sealed, unsealed = split_at(table, new_upper)
-        sealed, unsealed = consolidate(sealed), consolidate(unsealed)
-        small = self.inline_bytes
-        return WrittenUpdates(
-            sealed=write_parts(self.blob, write_id, sealed, inline_max=small, hold=True),
-            unsealed=write_parts(self.blob, write_id, unsealed, inline_max=small, hold=True),
-        )
-
     @metrics.operation_method("append")
-    def commit_written(
-        self,
-        written: WrittenUpdates,
-        *,
-        expected_upper: int,
-        new_upper: int,
-        schema: pa.Schema | None,
-        commit_id: str | None = None,
-        writer: tuple[str, int] | None = None,
-        rebase: bool = False,
-        label: str | None = None,
-    ) -> ShardState:
-        """Append parts already written (one compare-and-append). On any refusal the parts
-        are deleted and the error re-raised; a streaming writer's replayed batch is a no-op.
-
-        ``rebase``: a plain append (every update at ``expected_upper``, ``new_upper =
-        expected_upper + 1``) that lands at whatever the upper is when it commits, never
-        failing with `UpperMismatch`; its parts are not rewritten (see `commits.append.Append`).
-        """
-        commit_id = commit_id or new_id()
-        base = self.machine.known()
-        if base.version == 0:
-            base = self.machine.state()
-        written = self.fit_inline(written, base)
-        batch = Batch(
-            id=f"{commit_id}-t",
-            lower=expected_upper,
-            upper=new_upper,
-            parts=tuple(written.sealed),
-        )
-        unsealed = None
-        if written.unsealed:
-            unsealed = Batch(
-                id=f"{commit_id}-u",
-                lower=min(p.min_time for p in written.unsealed),
-                upper=max(p.max_time for p in written.unsealed) + 1,
-                parts=tuple(written.unsealed),
-            )
-        commit = Append(
-            expected_upper,
-            new_upper,
-            batch,
-            unsealed,
-            schema,
-            writer,
-            rebase=rebase,
-            label=label,
-            id=commit_id,
-        )
-        self._since_before = self.machine.known().since
-        try:
-            return self.machine.commit(commit, base=base)
-        except WriterAlreadyCommitted:
-            self.delete_parts(self._unnamed(written.stored_keys()))
-            return self.machine.state()
-        except (*DETERMINATE_REFUSALS, StorageUnsupported):
-            # Certainly not applied (StorageUnsupported: the store failed the atomic-create
-            # probe before the first entry): the parts are garbage now, unless a landed
-            # entry names them (never deleted: see `_unnamed`).
-            self.delete_parts(self._unnamed(written.stored_keys()))
-            raise
-        # Anything else (I/O errors, Indeterminate) may have landed: the parts stay; gc
-        # removes them later if no state references them.
-
-    def check_written(
-        self, written: WrittenUpdates, *, expected_upper: int, new_upper: int
-    ) -> None:
-        """Check parts written elsewhere before a commit names them
-        (`persistshard.core.storage.parts.check_parts`): every stored part present with its
-        recorded size (else `CorruptData` naming it), every sealed part's times in
-        ``[expected_upper, new_upper)`` and every unsealed part's at or above ``new_upper``
-        (else `InvalidUpdates`). One listing per write directory, in parallel; nothing is
-        committed or deleted. `commit_written` trusts its parts (this process wrote them);
-        Spark's driver-side commits and `commit_checked` call this first."""
-        part_store.check_parts(
-            self.blob,
-            [(written.sealed, expected_upper, new_upper), (written.unsealed, new_upper, None)],
-            location=self.location,
-        )
-
     def commit_checked(
         self,
         written: WrittenUpdates,
@@ -377,13 +256,14 @@ class Shard:
         rebase: bool = False,
         label: str | None = None,
     ) -> ShardState:
-        """`commit_written` of parts that came from elsewhere (written by other processes or
-        built by the caller): `check_written` first, so a commit naming a missing part, a part
-        of another size than recorded, or a part whose times lie outside its batch is refused
-        (`CorruptData`, `InvalidUpdates`) with nothing applied and nothing deleted. The entry
-        for external callers that assemble a `WrittenUpdates` themselves."""
-        self.check_written(written, expected_upper=expected_upper, new_upper=new_upper)
-        return self.commit_written(
+        """Commit parts that came from elsewhere (written by other processes or built by the
+        caller) with one compare-and-append: each part is checked first (present with its
+        recorded size, its times inside its batch; one listing per write directory), so a
+        commit naming a missing part, a part of another size than recorded, or a part whose
+        times lie outside its batch is refused (`CorruptData`, `InvalidUpdates`) with nothing
+        applied and nothing deleted. A refused commit deletes the parts; see
+        `persistshard.core.write.transaction.WriteTransaction.commit`."""
+        return write_transaction(self).commit(
             written,
             expected_upper=expected_upper,
             new_upper=new_upper,
@@ -392,89 +272,8 @@ class Shard:
             writer=writer,
             rebase=rebase,
             label=label,
+            check=True,
         )
-
-    def fit_inline(self, written: WrittenUpdates, state: ShardState) -> WrittenUpdates:
-        """``written`` with its inline parts stored as files where this shard's
-        ``inline_bytes``/``inline_cap`` say so (`persistshard.core.storage.parts.fit_inline`);
-        a Spark driver's setting decides, whatever its write tasks produced."""
-        if not any(p.inline is not None for p in (*written.sealed, *written.unsealed)):
-            return written
-        limit, cap = self.inline_bytes, self.inline_cap
-        sealed = fit_inline(self.blob, written.sealed, state, limit=limit, cap=cap)
-        used = sum(p.size for p in sealed if p.inline is not None)
-        unsealed = fit_inline(self.blob, written.unsealed, state, limit=limit, cap=cap - used)
-        return WrittenUpdates(sealed=sealed, unsealed=unsealed)
-
-    def self_correct(
-        self,
-        staged: WrittenUpdates,
-        *,
-        time: int,
-        write_id: str,
-        state: ShardState | None = None,
-        schema: pa.Schema | None = None,
-        runs: list[list[PartRef]] | None = None,
-        memory_budget: int = 256 << 20,
-    ) -> WrittenUpdates:
-        """The updates that turn the shard's current contents into the staged rows.
-
-        ``staged`` holds the desired contents (rows with any diffs, any times); the result
-        holds, at ``time``, a retraction for every row that goes away and an insertion for every
-        row that comes (only the difference), written as parts of ``write_id``. The staged
-        parts are deleted. The current contents are those of ``state`` (default: newest), all
-        sealed updates summed; the caller commits with ``expected_upper = state.upper``.
-        ``schema`` is the shard's schema after the commit (wider than the state's when the
-        overwrite adds columns: the current rows then have nulls there). ``runs`` groups the
-        staged parts into sorted chains (default: each part alone). The difference is a
-        streaming merge of sorted runs within ``memory_budget`` (`persistshard.core.write.diff`).
-        """
-        from persistshard.core.write.diff import DiffRun, current_runs, diff_parts
-
-        state = state if state is not None else self.machine.state()
-        if staged.unsealed:
-            raise InvalidUpdates(
-                "an overwrite writes the whole table at one time; it has no unsealed updates",
-                location=self.location,
-            )
-        if state.schema is None and not staged.sealed:
-            return WrittenUpdates()
-        schema = schema if schema is not None else state.schema
-        if schema is None:
-            schema = user_schema(_full_schema_of(self.blob, staged))
-        chains = runs if runs is not None else [[p] for p in staged.sealed]
-        desired = [DiffRun(tuple(c), 1) for c in chains if c]
-        current = current_runs(state) if state.schema is not None else []
-        parts = diff_parts(
-            self.blob,
-            [*desired, *current],
-            schema,
-            time=time,
-            write_id=write_id,
-            memory_budget=memory_budget,
-        )
-        self.delete_parts(staged.keys())
-        return WrittenUpdates(sealed=parts)
-
-    def _unnamed(self, keys: list[str]) -> list[str]:
-        """``keys`` without those the newest state this handle read names (free: the refusal
-        was decided on that state). A refusal is only determinate when its commit did not
-        land, but a part a landed entry names must never be deleted, whatever misled the
-        commit; parts named only by entries compacted away since are gc's to delete."""
-        named = self.machine.known().stored_part_keys()
-        kept = [k for k in keys if k in named]
-        if kept:
-            log.warning(
-                "%s: a refused commit's parts %s are named by the shard; kept",
-                self.location,
-                kept[:3],
-            )
-        return [k for k in keys if k not in named]
-
-    def delete_parts(self, keys: list[str]) -> None:
-        """Delete parts that no state references (after a refused commit)."""
-        log.info("%s: deleting %d parts no state references", self.location, len(keys))
-        self.machine.delete_parts(keys)
 
     @metrics.operation_method("append")
     def compare_and_append(
@@ -491,9 +290,9 @@ class Shard:
         Raises `UpperMismatch` (nothing written) if the upper moved, `InvalidUpdates` for bad
         input (nothing written). Then the after-commit maintenance (`maintain`).
         """
-        since = self.machine.known().since
+        since = self._machine.known().since
         out = self._compare_and_append(updates, expected_upper, new_upper, writer=writer)
-        self.maintain(since)
+        self._maintain(since)
         return out
 
     def _compare_and_append(
@@ -509,28 +308,24 @@ class Shard:
                 f"new upper {new_upper} is below the expected upper {expected_upper}",
                 location=self.location,
             )
-        current = self.machine.known()
+        current = self._machine.known()
         if current.version == 0 or current.upper != expected_upper:
-            current = self.machine.state()  # the known state may be behind: read the newest
+            current = self._machine.state()  # the known state may be behind: read the newest
         if current.upper != expected_upper:
             raise UpperMismatch(expected_upper, current.upper, location=self.location)
+        txn = write_transaction(self)
         if current.version == 0:
-            refuse_foreign_files(self.blob, self.location)
+            txn.refuse_foreign_files()
         written = WrittenUpdates()
         schema = current.schema
-        write_id = self.machine.new_write_id()
-        with WriteLease(self.machine, write_id):  # renewed if the write outlives its lease
+        with txn:  # the lease is renewed if the write outlives it
             if updates is not None:
                 incoming = user_schema(updates.schema) if schema is None else None
-                written = self.write_updates(
-                    updates,
-                    lower=expected_upper,
-                    new_upper=new_upper,
-                    write_id=write_id,
-                    schema=schema,
+                written = txn.write_updates(
+                    updates, lower=expected_upper, new_upper=new_upper, schema=schema
                 )
                 schema = schema or incoming
-            return self.commit_written(
+            return txn.commit(
                 written,
                 expected_upper=expected_upper,
                 new_upper=new_upper,
@@ -552,9 +347,9 @@ class Shard:
         # A plain append lands at whatever the upper is at its commit, so it plans on the
         # state this shard last read or committed (no read: the compare-and-set tells whether
         # it is still the newest, and the commit is re-applied to the newest if not).
-        current = self.machine.known() if plain else self.machine.state()
+        current = self._machine.known() if plain else self._machine.state()
         if current.version == 0:
-            current = self.machine.state()
+            current = self._machine.state()
         expected = current.upper
         since = current.since
         if plain:
@@ -564,31 +359,26 @@ class Shard:
             updates = updates.append_column(TIME, pa.array(np.full(n, expected, dtype=np.int64)))
             schema = current.schema
             incoming = user_schema(updates.schema) if schema is None else schema
-            write_id = self.machine.new_write_id()
-            with WriteLease(self.machine, write_id):
-                written = self.write_updates(
-                    updates,
-                    lower=expected,
-                    new_upper=expected + 1,
-                    write_id=write_id,
-                    schema=schema,
+            with write_transaction(self) as txn:
+                written = txn.write_updates(
+                    updates, lower=expected, new_upper=expected + 1, schema=schema
                 )
-                out = self.commit_written(
+                out = txn.commit(
                     written,
                     expected_upper=expected,
                     new_upper=expected + 1,
                     schema=incoming,
-                    commit_id=write_id,
+                    commit_id=txn.write_id,
                     rebase=True,
                 )
-            self.maintain(since)
+            self._maintain(since)
             return out
         if new_upper is None:
             times = updates.column(TIME) if TIME in updates.column_names else None
             biggest = pc.max(times).as_py() if times is not None and len(times) else None
             new_upper = max(expected, biggest) + 1 if biggest is not None else expected + 1
         out = self._compare_and_append(updates, expected, new_upper)
-        self.maintain(since)
+        self._maintain(since)
         return out
 
     @metrics.operation_method("upsert")
@@ -609,35 +399,26 @@ class Shard:
 
         table = up.upsert_input(rows, delete_column=delete_column, location=self.location)
         for attempt in range(retries + 1):
-            state = self.machine.state()
+            state = self._machine.state()
+            txn = write_transaction(self)
             if state.version == 0:
-                refuse_foreign_files(self.blob, self.location)
+                txn.refuse_foreign_files()
             incoming, keys, schema = up.prepare(table, key_columns, state, self.location)
-            write_id = self.machine.new_write_id()
             try:
-                with WriteLease(self.machine, write_id):
+                with txn:
                     # The current rows are read at ``state``: a compaction and gc (retention
                     # 0) may collect its parts meanwhile, a lost race like UpperMismatch.
-                    with pinned_read(state.version, self.machine.state, self.location):
-                        parts = up.delta_parts(
-                            self.blob,
-                            state,
-                            incoming,
-                            keys,
-                            schema,
-                            write_id,
-                            location=self.location,
-                            stats=stats,
-                        )
-                    out = self.commit_written(
+                    with pinned_read(state.version, self._machine.state, self.location):
+                        parts = txn.upsert_delta(state, incoming, keys, schema, stats=stats)
+                    out = txn.commit(
                         WrittenUpdates(sealed=parts),
                         expected_upper=state.upper,
                         new_upper=state.upper + 1,
                         schema=up.with_key_columns(schema, keys),
-                        commit_id=write_id,
+                        commit_id=txn.write_id,
                         label="upsert",
                     )
-                self.maintain(state.since)
+                self._maintain(state.since)
                 return out
             except (UpperMismatch, VersionCollected):
                 if attempt == retries:
@@ -647,7 +428,7 @@ class Shard:
     @metrics.operation_method("seal")
     def seal(self, new_upper: int) -> ShardState:
         """Move upper to ``new_upper`` without new updates (unsealed ones below it appear)."""
-        current = self.machine.state()
+        current = self._machine.state()
         if new_upper < current.upper:
             raise InvalidUpdates(
                 f"cannot seal at {new_upper}: the upper is already {current.upper} and only "
@@ -662,10 +443,10 @@ class Shard:
     def advance_since(self, since: int) -> int:
         """Allow compaction of history before ``since``, as far as live reader holds allow:
         since moves to ``min(since, every live hold)`` (never back); returns the since reached."""
-        current = self.machine.state()
+        current = self._machine.state()
         if since <= current.since:
             return current.since
-        return self.machine.commit(AdvanceSince(since, id=new_id())).since
+        return self._machine.commit(AdvanceSince(since, id=new_id())).since
 
     def set_retention(
         self, seconds: float | None = None, versions: int | None = None
@@ -676,23 +457,18 @@ class Shard:
         on every commit that moves the upper (and at once), never past a live reader hold and
         never to the upper. See `persistshard.core.statemachine.retention`."""
         retention = retention_of(seconds, versions, self.location)
-        return self.machine.commit(SetRetention(retention, id=new_id()))
+        return self._machine.commit(SetRetention(retention, id=new_id()))
 
     def retention(self) -> Retention | None:
         """The shard's history retention, or None (keeps everything until since is moved)."""
-        return self.machine.state().retention
+        return self._machine.state().retention
 
-    def maintain(
-        self, since_before: int | None = None, *, compact: bool = True
-    ) -> MaintenanceReport | None:
+    def _maintain(self, since_before: int, *, compact: bool = True) -> MaintenanceReport | None:
         """The bounded after-commit maintenance (`persistshard.core.maintenance.auto`) of a
-        commit that found since at ``since_before`` (default: the since this handle knew
-        before its last `commit_written`): due Spine merges (unless ``compact`` is false),
-        then gc if since moved. None when this handle was opened with ``maintenance=False``.
-        Never raises for a maintenance failure (it is logged)."""
-        if since_before is None:
-            since_before = self._since_before
-        return self.maintenance.after_commit(self.machine, since_before, compact=compact)
+        commit that found since at ``since_before``: due Spine merges (unless ``compact`` is
+        false), then gc if since moved. None when this handle was opened with
+        ``maintenance=False``. Never raises for a maintenance failure (it is logged)."""
+        return self.maintenance.after_commit(self._machine, since_before, compact=compact)
 
     # --- reader holds (core/statemachine/holds.py) and listen
     # -----------------------------------------
@@ -701,20 +477,20 @@ class Shard:
         self, reader_id: str, *, lease_seconds: float = DEFAULT_LEASE_SECONDS
     ) -> ReaderHold:
         """Hold the current since for ``reader_id`` (unique among live holds) with a lease."""
-        return ReaderHold.register(self.machine, reader_id, lease_seconds)
+        return ReaderHold.register(self._machine, reader_id, lease_seconds)
 
     def reader(self, reader_id: str) -> ReaderHold:
         """The handle of ``reader_id``'s live hold (renews it); `HoldExpired` if it has none."""
-        return ReaderHold.attach(self.machine, reader_id)
+        return ReaderHold.attach(self._machine, reader_id)
 
     def expire_reader(self, reader_id: str) -> None:
         """Drop ``reader_id``'s hold by hand (an operator's tool; idempotent)."""
-        self.machine.commit(ExpireReader(reader_id, id=new_id()))
+        self._machine.commit(ExpireReader(reader_id, id=new_id()))
 
     def readers(self) -> dict[str, tuple[int, int]]:
         """``{reader_id: (since, lease expiry in ms since the epoch)}`` of the live holds."""
         self._require_shard()
-        holds = self.machine.state().live_holds(layout.now_ms())
+        holds = self._machine.state().live_holds(layout.now_ms())
         return {r: (h.since, h.expires_ms) for r, h in sorted(holds.items())}
 
     # --- durable consumers (core/statemachine/consumers.py) -------------------------------
@@ -723,18 +499,18 @@ class Shard:
         """Durable consumer ``name``: the existing one, or a new one at the current since (a
         commit). It holds since back with no lease until it advances or is dropped."""
         self._require_shard()
-        return Consumer.open(self.machine, name, self.updates)
+        return Consumer.open(self._machine, name, self.updates)
 
     def consumers(self) -> dict[str, int]:
         """``{name: position}`` of the durable consumers (`readers` lists the leased holds)."""
-        state = self._require_shard(self.machine.state())
+        state = self._require_shard(self._machine.state())
         return {n: c.position for n, c in sorted(state.consumers.items())}
 
     def drop_consumer(self, name: str) -> None:
         """Drop consumer ``name`` by hand (an operator's tool, CLI ``holds --drop``;
         idempotent)."""
         self._require_shard()
-        Consumer(self.machine, name, None).drop()
+        Consumer(self._machine, name, None).drop()
 
     def listen(
         self,
@@ -753,17 +529,17 @@ class Shard:
 
     # --- reads --------------------------------------------------------------------------
 
-    def read_range(
+    def _read_range(
         self, state: ShardState, *, min_time: int | None, max_time: int | None
     ) -> pa.Table:
         """Every stored update of ``state`` with time in ``[min_time, max_time]`` (inclusive
         bounds, optional), unconsolidated, times not forwarded (`core.read.read_times`)."""
-        return read_times(self.blob, state, min_time=min_time, max_time=max_time)
+        return read_times(self._blob, state, min_time=min_time, max_time=max_time)
 
     def snapshot(self, as_of: int | None = None) -> pa.Table:
         """Rows + ``_diff`` at ``as_of`` (default upper - 1): one row per distinct row, diffs
         summed over all times ``<= as_of``, zero sums dropped, sorted by row."""
-        state = self._require_shard(self.machine.state())
+        state = self._require_shard(self._machine.state())
         if state.schema is None:
             if as_of is not None:
                 check_as_of(state, as_of, self.location)
@@ -772,8 +548,8 @@ class Shard:
             if state.upper == 0:
                 return _snapshot_schema(state.schema).empty_table()
             as_of = state.upper - 1
-        with pinned_read(state.version, self.machine.state, self.location):  # VersionCollected
-            return read_query(self.blob, state, snapshot_query(state, as_of, self.location))
+        with pinned_read(state.version, self._machine.state, self.location):  # VersionCollected
+            return read_query(self._blob, state, snapshot_query(state, as_of, self.location))
 
     def updates(self, from_time: int, to_time: int) -> pa.Table:
         """Rows + ``_time`` + ``_diff`` for every update whose time, forwarded to since, is in
@@ -782,7 +558,7 @@ class Shard:
         Exact only when ``from_time`` is 0 or later than since (otherwise updates from before
         ``from_time`` may have been forwarded into the range): else `SinceViolation`.
         """
-        state = self._require_shard(self.machine.state())
+        state = self._require_shard(self._machine.state())
         check_updates_range(state, from_time, to_time, self.location)
         if state.schema is None:
             return pa.schema(
@@ -791,8 +567,8 @@ class Shard:
         if from_time == to_time:
             return update_schema(state.schema).empty_table()
         q = updates_query(state, from_time, to_time, self.location)
-        with pinned_read(state.version, self.machine.state, self.location):  # VersionCollected
-            return read_query(self.blob, state, q)
+        with pinned_read(state.version, self._machine.state, self.location):  # VersionCollected
+            return read_query(self._blob, state, q)
 
     def scan(
         self,
@@ -806,20 +582,20 @@ class Shard:
         compute expression or a `Pred`), each row repeated by its count unless ``with_diff``
         (then rows + ``_diff``). Checks the time now (`SinceViolation`, `NotSealed`); reads
         nothing until consumed. See `persistshard.core.read.scan`."""
-        state = self._require_shard(self.machine.state())
+        state = self._require_shard(self._machine.state())
         if as_of is not None or (state.upper > 0 and state.schema is not None):
             at = state.upper - 1 if as_of is None else as_of
             query = snapshot_query(state, at, self.location, with_diff=with_diff)
         else:  # nothing written or sealed yet: an empty answer
             query = Query("snapshot", as_of=-1, since=state.since, with_diff=with_diff)
         return Scan(
-            self.blob,
+            self._blob,
             self.location,
             state,
             query,
             columns=columns,
             filter=filter,
-            newest=self.machine.state,
+            newest=self._machine.state,
         )
 
     def scan_updates(
@@ -832,17 +608,17 @@ class Shard:
         """A lazy, streamed change read: the `updates` in ``[from_time, to_time)`` (rows +
         ``_time`` + ``_diff``), only ``columns`` and rows passing ``filter`` (which may also
         read ``_time`` and ``_diff``). Checks the range now; reads nothing until consumed."""
-        state = self._require_shard(self.machine.state())
+        state = self._require_shard(self._machine.state())
         check_updates_range(state, from_time, to_time, self.location)
         q = updates_query(state, from_time, to_time, self.location)
         return Scan(
-            self.blob,
+            self._blob,
             self.location,
             state,
             q,
             columns=columns,
             filter=filter,
-            newest=self.machine.state,
+            newest=self._machine.state,
         )
 
     # --- inspection ---------------------------------------------------------------------
@@ -853,7 +629,7 @@ class Shard:
         one-line summary."""
         self._require_shard()
         out = []
-        for version, entry in self.machine.entries(1):
+        for version, entry in self._machine.entries(1):
             out.append(
                 {
                     "version": version,
@@ -873,7 +649,7 @@ class Shard:
         from persistshard.core.storage.parts import open_part
 
         problems: list[str] = []
-        state = self._require_shard(self.machine.state())
+        state = self._require_shard(self._machine.state())
         try:
             state.check()
         except CorruptData as e:
@@ -888,7 +664,7 @@ class Shard:
         nbytes = 0
         for b in (*state.trace, *state.unsealed):
             for ref in b.parts:
-                size = self.blob.size(ref.key) if ref.inline is None else len(ref.inline)
+                size = self._blob.size(ref.key) if ref.inline is None else len(ref.inline)
                 if size is None:
                     problems.append(f"part {ref.key} of batch {b.id} is missing")
                     continue
@@ -896,7 +672,7 @@ class Shard:
                     problems.append(f"part {ref.key} has {size} bytes, the state says {ref.size}")
                     continue
                 try:
-                    reader = open_part(self.blob, ref)
+                    reader = open_part(self._blob, ref)
                     reader.verify()
                     if reader.num_rows != ref.num_rows:
                         problems.append(
@@ -912,7 +688,7 @@ class Shard:
 
     def describe(self) -> dict[str, Any]:
         """Upper, since, batches by level, sizes, unsealed updates (for `persistshard inspect`)."""
-        state = self._require_shard(self.machine.state())
+        state = self._require_shard(self._machine.state())
         now = layout.now_ms()
         levels: dict[int, dict[str, int]] = {}
         for b in state.trace:
@@ -955,14 +731,14 @@ class Shard:
         """Merge trace batches (unsealed updates, same-level pairs, and with ``full`` every
         batch below since) until the trace is tidy. See `persistshard.core.maintenance.trace`."""
         self._require_shard()
-        return compact_shard(self.machine, full=full, max_merges=max_merges)
+        return compact_shard(self._machine, full=full, max_merges=max_merges)
 
     @metrics.operation_method("compact")
-    def maybe_compact(self, max_merges: int = 1) -> CompactionReport | None:
+    def _maybe_compact(self, max_merges: int = 1) -> CompactionReport | None:
         """The small compaction a writer may run after its commit; None if nothing was due
         (`persistshard.core.maintenance.compact.maybe_compact`)."""
         self._require_shard()
-        return maybe_compact_shard(self.machine, max_merges=max_merges)
+        return maybe_compact_shard(self._machine, max_merges=max_merges)
 
     @metrics.operation_method("gc")
     def gc(
@@ -976,29 +752,8 @@ class Shard:
         version needs. See `persistshard.core.maintenance.gc`."""
         self._require_shard()
         return collect(
-            self.machine, dry_run=dry_run, retention_seconds=retention_seconds, now_ms=now_ms
+            self._machine, dry_run=dry_run, retention_seconds=retention_seconds, now_ms=now_ms
         )
-
-
-def refuse_foreign_files(blob: Blob, location: str) -> None:
-    """Refuse to create a shard where files that are not a shard's already are (a mistyped
-    location would otherwise mix a shard into someone's data)."""
-    from persistshard.core.storage.blob import foreign_keys
-
-    found = foreign_keys(blob)
-    if found:
-        raise InvalidUpdates(
-            f"the location holds files but no shard (for example {', '.join(found)}); "
-            "refusing to create a shard among them: choose a new or empty location",
-            location=location,
-        )
-
-
-def _full_schema_of(blob: Blob, written: WrittenUpdates) -> pa.Schema:
-    """The schema of written parts (read from the first part's footer)."""
-    from persistshard.core.storage.parts import open_part
-
-    return open_part(blob, written.sealed[0]).schema
 
 
 def _snapshot_schema(user: pa.Schema) -> pa.Schema:
@@ -1025,19 +780,6 @@ HISTORY_KINDS = (
     "advance_consumer",  # a durable consumer moved its position (a compare-and-set)
     "drop_consumer",  # a durable consumer was dropped
 )
-
-
-def split_at(table: pa.Table, upper: int) -> tuple[pa.Table, pa.Table]:
-    """The updates of ``table`` with times below ``upper`` and the others. When all are on
-    one side (an append at its upper: the usual case) that side is ``table`` itself: a filter
-    would copy every column of it (about a second for 16M rows on memory fresh from the OS)."""
-    below = pc.less(table.column(TIME), upper)
-    n_below = int(pc.sum(below).as_py() or 0)
-    if n_below == table.num_rows:
-        return table, table.slice(0, 0)
-    if n_below == 0:
-        return table.slice(0, 0), table
-    return table.filter(below), table.filter(pc.invert(below))
 
 
 def retention_of(seconds: float | None, versions: int | None, location: str) -> Retention | None:
@@ -1083,7 +825,7 @@ def advance_consumer(
     consumer. For a job's driver after its output is committed."""
     shard = Shard(location, consensus=consensus, maintenance=False, **storage_options)
     shard._require_shard()
-    return Consumer(shard.machine, check_name(name, shard.location), None).advance(
+    return Consumer(shard._machine, check_name(name, shard.location), None).advance(
         to, expected=expected
     )
 
@@ -1101,3 +843,38 @@ def open_shard(
     (`BlobConsensus`). ``maintenance``: whether this handle runs the bounded compaction and
     gc after its commits (`persistshard.core.maintenance.auto`; default on)."""
     return Shard(location, consensus=consensus, maintenance=maintenance, **storage_options)
+
+
+def write_transaction(shard: Shard, write_id: str | None = None) -> WriteTransaction:
+    """The write protocol on ``shard`` (`persistshard.core.write.transaction`): a transaction
+    under ``write_id`` (default: a fresh id from the shard's clock), with the handle's inline
+    settings and after-commit maintenance. Every write path (the Python API's appends and
+    upserts, every Spark write) goes through one."""
+    return WriteTransaction(
+        shard._machine,
+        inline_bytes=shard.inline_bytes,
+        inline_cap=shard.inline_cap,
+        maintenance=shard.maintenance,
+        write_id=write_id,
+    )
+
+
+def plan_read_tasks(
+    shard: Shard, state: ShardState, query: Query, **options: Any
+) -> list[ReadTask]:
+    """Read tasks of ``query`` over the pinned ``state`` (`persistshard.core.read.plan.plan_read`
+    with ``options``), planned on ``shard``'s storage: a Spark read's partitions."""
+    return plan_read(shard._blob, state, query, **options)
+
+
+def iter_read_task(
+    shard: Shard, task: ReadTask, *, as_multiset: bool = False
+) -> Iterator[pa.Table]:
+    """The rows of one read task, chunk by chunk when it can
+    (`persistshard.core.read.plan.iter_task`), from ``shard``'s storage."""
+    return iter_task(shard._blob, task, as_multiset=as_multiset)
+
+
+def run_read_task(shard: Shard, task: ReadTask, *, as_multiset: bool = False) -> pa.Table:
+    """The consolidated rows of one read task (`persistshard.core.read.plan.read_task`)."""
+    return read_task(shard._blob, task, as_multiset=as_multiset)

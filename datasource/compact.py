@@ -30,16 +30,9 @@ from typing import TYPE_CHECKING, Any
 
 from persistshard import errors
 from persistshard.core.maintenance import trace
-from persistshard.core.maintenance.compact import (
-    CompactionReport,
-    MergeResult,
-    commit_merge,
-    merge_report,
-)
-from persistshard.core.shard import Shard
-from persistshard.core.statemachine.leases import holding
+from persistshard.core.maintenance.compact import CompactionReport, MergeResult, merge_report
+from persistshard.core.shard import Shard, write_transaction
 from persistshard.core.statemachine.state import schema_from_b64, schema_to_b64
-from persistshard.core.storage.parts import check_parts
 
 log = logging.getLogger("persistshard.datasource.compact")
 
@@ -96,13 +89,14 @@ def compact(
             "location, or the wrong storage options?); compaction never creates a shard"
         )
     report = CompactionReport(levels_before=trace.levels(state), batches_before=len(state.trace))
+    txn = write_transaction(shard)  # the protocol's commits and sweeps; each merge has its id
     rounds = 0
     while state.schema is not None and (max_rounds is None or rounds < max_rounds):
         plans = trace.independent_plans(state, full=full)
         if not plans:
             break
         rounds += 1
-        write_ids = [shard.machine.new_write_id() for _ in plans]
+        write_ids = [txn.mint() for _ in plans]
         payloads = [
             json.dumps(
                 {
@@ -121,7 +115,7 @@ def compact(
         # The driver holds every merge's lease while the round's tasks run and until its
         # commit: a merge longer than the lease is kept by gc and still commits. One lease per
         # merge, since each commit releases the lease of the write whose parts it adds.
-        with holding(shard.machine, write_ids):
+        with txn.holding(write_ids):
             outcomes = sc.parallelize(payloads, len(payloads)).map(run_merge_task).collect()
             for plan, raw in zip(plans, outcomes, strict=True):  # oldest first
                 outcome = json.loads(raw)
@@ -130,18 +124,16 @@ def compact(
                     continue
                 result = MergeResult.from_json(outcome["result"])
                 try:  # the task's parts came in its message: check them before naming them
-                    check_parts(
-                        shard.blob,
+                    txn.check_parts(
                         [
                             (result.parts, plan.lower, plan.upper),
                             *((b.parts, b.lower, b.upper) for b in result.unsealed_outputs),
-                        ],
-                        location=shard.location,
+                        ]
                     )
                 except errors.PersistShardError as e:  # as a failed task: nothing committed
                     failures.append(e)
                     continue
-                committed, output, _ = commit_merge(shard.machine, plan, result)
+                committed, output = txn.commit_merge(plan, result)
                 report.merges.append(merge_report(plan, result, output, committed))
                 report.stats.add(result.stats)
                 if committed:

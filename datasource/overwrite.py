@@ -45,19 +45,12 @@ import pyarrow as pa
 from persistshard import errors
 from persistshard.core.read.plan import KeyRange
 from persistshard.core.rows import DIFF, TIME, consolidate
-from persistshard.core.shard import Shard, WrittenUpdates
-from persistshard.core.statemachine.leases import holding
+from persistshard.core.shard import Shard, WrittenUpdates, write_transaction
 from persistshard.core.statemachine.state import PartRef
 from persistshard.core.storage.blob import open_blob
-from persistshard.core.storage.layout import PARTS_PREFIX, release_unused_memory
+from persistshard.core.storage.layout import release_unused_memory
 from persistshard.core.storage.parts import write_parts
-from persistshard.core.write.diff import (
-    DiffRun,
-    DiffStats,
-    current_runs,
-    diff_parts,
-    plan_key_ranges,
-)
+from persistshard.core.write.diff import DiffRun, DiffStats, current_runs, diff_parts
 from persistshard.core.write.validate import normalize_updates
 from persistshard.datasource.options import WriteOptions, storage_errors
 from persistshard.datasource.writer import (
@@ -91,7 +84,7 @@ class OverwriteReport:
 
 
 @dataclass(frozen=True)
-class _DiffTask:
+class DiffTask:
     """One key range's diff, as shipped to a Spark task."""
 
     location: str
@@ -170,7 +163,7 @@ def _decode(text: str) -> Any:
     return pickle.loads(base64.b64decode(text))  # our own tasks' messages only
 
 
-def _run_diff(task: _DiffTask) -> tuple[list[PartRef], DiffStats] | dict[str, str]:
+def _run_diff(task: DiffTask) -> tuple[list[PartRef], DiffStats] | dict[str, str]:
     """On an executor: one key range's diff, its parts and stats (or the error, as data)."""
     from persistshard.core.storage.blob import open_blob
 
@@ -202,17 +195,6 @@ def _task_error(error: dict[str, str], location: str) -> errors.PersistShardErro
     return task_error(error, location)
 
 
-def _sweep(shard: Shard, prefixes: list[str], keep: set[str]) -> None:
-    """Delete every part under ``parts/<prefix>`` (a write id and the ids derived from it)
-    that the state does not reference."""
-    doomed: list[str] = []
-    for prefix in prefixes:
-        doomed.extend(
-            m.key for m in shard.blob.list(f"{PARTS_PREFIX}{prefix}") if m.key not in keep
-        )
-    shard.delete_parts(doomed)
-
-
 def overwrite(
     spark: SparkSession,
     df: DataFrame,
@@ -230,7 +212,7 @@ def overwrite(
     about ``memory_budget`` bytes; ``merge_schema`` lets the DataFrame add nullable columns;
     ``max_ranges`` caps the diff tasks (default four per default parallelism); there is one per
     ``range_bytes`` of parts (staged and current) below the cap. ``compact``: run the small
-    compaction a writer may run after its commit (`Shard.maybe_compact`)."""
+    compaction a writer may run after its commit (`persistshard.core.maintenance.auto`)."""
     options = {"path": location, "memory_budget": str(memory_budget)}
     options.update({f"storage.{k}": str(v) for k, v in storage_options.items()})
     opts = WriteOptions.parse(options, df.schema)
@@ -239,6 +221,7 @@ def overwrite(
     state = shard.state()
     d = describe_write(opts, df.schema, True, shard, evolve=merge_schema)
     d = replace(d, lower=state.upper, upper=state.upper + 1)
+    txn = write_transaction(shard, d.write_id)
     time = state.upper
     log.debug("%s: overwrite at time %d (write %s)", shard.location, time, d.write_id)
 
@@ -251,7 +234,7 @@ def overwrite(
     # The driver holds the write's lease from the mint to the commit: the staged parts (under
     # the write id) and every range's difference (under ids derived from it) are kept by gc
     # however long the two jobs run, and the commit is not refused for being late.
-    with holding(shard.machine, [d.write_id]):
+    with txn:
         try:
             rows = df.mapInArrow(stage, "message string").collect()
             staged = [_decode(r["message"]) for r in rows]
@@ -262,12 +245,12 @@ def overwrite(
             total = sum(p.size for p in refs)
             cap = max_ranges or 4 * spark.sparkContext.defaultParallelism
             count = max(1, min(cap, -(-total // max(1, range_bytes))))
-            ranges = plan_key_ranges(shard.blob, refs, schema, count)
+            ranges = txn.key_ranges(refs, schema, count)
             tasks = []
             for i, kr in enumerate(ranges):
                 delta_ids.append(f"{d.write_id}-d{i}")
                 tasks.append(
-                    _DiffTask(
+                    DiffTask(
                         shard.location,
                         dict(shard.storage_options),
                         (*chains, *current),
@@ -287,8 +270,11 @@ def overwrite(
                 parts, task_stats = outcome
                 written.sealed.extend(parts)
                 stats.add(task_stats)
-            shard.check_written(written, expected_upper=time, new_upper=time + 1)  # tasks' parts
-            shard.commit_written(
+            txn.check(written, expected_upper=time, new_upper=time + 1)  # the tasks' parts
+            # From here the commit may land: its parts are deleted only by its own certain
+            # refusal, never by the sweep (an unknown outcome keeps them for gc).
+            committed = set(written.keys())
+            txn.commit(
                 written,
                 expected_upper=time,
                 new_upper=time + 1,
@@ -296,11 +282,10 @@ def overwrite(
                 commit_id=d.write_id,
                 label="overwrite",
             )
-            committed = set(written.keys())
         finally:
-            # Staged parts are never referenced; failed attempts' and refused diffs' parts neither.
-            _sweep(shard, [f"{d.write_id}/", *(f"{i}/" for i in delta_ids)], committed)
-    shard.maintain(compact=compact)  # bounded compaction and gc (core/maintenance/auto.py)
+            # Staged parts are never referenced; failed attempts' and unchecked diffs' neither.
+            txn.sweep([f"{d.write_id}/", *(f"{i}/" for i in delta_ids)], committed)
+    txn.maintain(compact=compact)  # bounded compaction and gc (core/maintenance/auto.py)
     return OverwriteReport(
         time=time,
         rows_staged=sum(p.num_rows for r in chains for p in r.parts),

@@ -81,8 +81,6 @@ from persistshard.core.read.plan import (
     Query,
     ReadTask,
     expand_rows,
-    iter_task,
-    plan_read,
     read_task,
     snapshot_query,
     updates_query,
@@ -90,7 +88,13 @@ from persistshard.core.read.plan import (
 )
 from persistshard.core.read.race import pinned_read
 from persistshard.core.rows import DIFF, TIME
-from persistshard.core.shard import Shard, open_shard
+from persistshard.core.shard import (
+    Shard,
+    iter_read_task,
+    open_shard,
+    plan_read_tasks,
+    run_read_task,
+)
 from persistshard.core.statemachine.consumers import read_from
 from persistshard.core.statemachine.state import ShardState
 from persistshard.core.storage.blob import Blob
@@ -208,8 +212,8 @@ def plan_partitions(
     the filters read), and consolidate per distinct projected row (`core.read.ReadTask`).
     ``multiset``: the partitions' rows are repeated by their counts (no ``_diff`` column),
     so a snapshot whose diffs are all positive may split by chunk (`plan_read`)."""
-    tasks = plan_read(
-        shard.blob,
+    tasks = plan_read_tasks(
+        shard,
         state,
         q,
         partition_bytes=opts.partition_bytes,
@@ -235,13 +239,15 @@ def read_partition(
     after the driver pinned the partition's version is `VersionCollected` (run the query
     again), a part the newest version names that is missing `CorruptData`
     (`persistshard.core.read.race`)."""
-    blob = blob if blob is not None else open_shard(p.location, **p.storage_options).blob
 
     def newest() -> ShardState:
         return open_shard(p.location, **p.storage_options).state()
 
     with pinned_read(p.version, newest, p.location):
-        return read_task(blob, p.task, as_multiset=as_multiset)
+        if blob is not None:
+            return read_task(blob, p.task, as_multiset=as_multiset)
+        shard = open_shard(p.location, **p.storage_options)
+        return run_read_task(shard, p.task, as_multiset=as_multiset)
 
 
 # --- the where option ----------------------------------------------------------------------
@@ -556,7 +562,7 @@ class PersistShardReader(DataSourceReader):
         # The driver pinned the version in partitions(): a part gc collected since is
         # VersionCollected (the text Spark shows starts with it: run the query again).
         with pinned_read(partition.version, shard.state, partition.location):
-            for table in iter_task(shard.blob, partition.task, as_multiset=multiset):
+            for table in iter_read_task(shard, partition.task, as_multiset=multiset):
                 if result_filter is not None:
                     table = filter_table(with_snapshot_time(table, q), result_filter)
                 if q.mode == "snapshot" and multiset:

@@ -41,12 +41,10 @@ import pyarrow.compute as pc
 
 from persistshard.core.remap import Bindings, Frontier, join, open_remap
 from persistshard.core.rows import TIME
-from persistshard.core.statemachine.leases import holding
 from persistshard.datasource.writer import (
     BatchDescription,
     StreamTaskWritten,
     commit_write,
-    sweep_write,
     write_task,
 )
 from persistshard.errors import InvalidUpdates, NotSealed, UpperMismatch
@@ -193,16 +191,13 @@ def reclock_task(
                 yield out
 
     out = write_task(replace(d, time_column=TIME), reclocked(), d.lower)
-    return ReclockTaskWritten(
-        out.sealed,
-        out.unsealed,
-        out.max_time,
-        out.rows_in,
-        d.lower,
-        d.write_id,
-        reached,
-        bindings.upper,
-        provisional[0],
+    return ReclockTaskWritten.of(
+        out,
+        lower=d.lower,
+        write_id=d.write_id,
+        reached=reached,
+        remap_upper=bindings.upper,
+        provisional_rows=provisional[0],
     )
 
 
@@ -218,17 +213,17 @@ def commit_reclocked(
     commit is followed (``maintenance``, the write option) by the bounded after-commit
     maintenance."""
     present = [m for m in messages if m is not None]
-    from persistshard.core.shard import open_shard
+    from persistshard.core.shard import open_shard, write_transaction
 
     shard = open_shard(d.location, **d.storage_options)
+    txn = write_transaction(shard)
     try:
         # Each task renewed its write's lease while it ran; the driver keeps them to the commit.
-        with holding(shard.machine, [m.write_id for m in present]):
+        with txn.holding([m.write_id for m in present]):
             return _commit(d, spec, present, shard, compact, maintenance)
     finally:
-        keep = shard.state().part_keys()
-        for m in present:
-            sweep_write(shard, m.write_id, keep)
+        keep = txn.state().part_keys()
+        txn.sweep([f"{m.write_id}/" for m in present], keep)
 
 
 def _commit(

@@ -29,6 +29,7 @@ any sink work. Strings cost most (8 bytes per step); fixed-width columns a few m
 from __future__ import annotations
 
 import hashlib
+import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -38,7 +39,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from persistshard.core.statemachine.state import BatchIdentity
+from persistshard.core.storage.layout import new_id
 from persistshard.datasource.writer import StreamTaskWritten
+from persistshard.errors import InvalidUpdates
 
 #: The version of the row hash below; part of every digest's text.
 VERSION = "v1"
@@ -287,6 +290,27 @@ class DigestedTask(StreamTaskWritten):
 
     digest: str | None = None
     query_id: str | None = None
+
+
+def task_batch_id() -> int:
+    """The running streaming write task's micro-batch id (the task-local property Spark sets
+    for a streaming write); `InvalidUpdates` outside one."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    value = ctx.getLocalProperty("streaming.sql.batchId") if ctx is not None else None
+    if value is None:
+        raise InvalidUpdates("streaming write task without a batch id")
+    return int(value)
+
+
+def stream_write_id(writer_id: str | None, batch_id: int) -> str:
+    """A fresh write id for one task of ``writer_id``'s micro-batch ``batch_id``: its time
+    first (the lease's start, `persistshard.core.storage.layout.new_id`), then the writer and
+    the batch (what an operator sees in ``parts/``) and a random tail; characters other than
+    letters, digits, ``-`` and ``_`` become ``_``."""
+    text = f"{new_id()[:12]}{writer_id}-{batch_id}-{uuid.uuid4().hex[:8]}"
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in text)
 
 
 def task_query_id() -> str | None:

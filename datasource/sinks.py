@@ -10,20 +10,25 @@ import cycle: this module imports both, and neither imports it.
 from __future__ import annotations
 
 import logging
-import uuid
 from dataclasses import replace
 from typing import Any
 
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter
 from pyspark.sql.types import StructType
 
-from persistshard.core.shard import Shard, open_shard
-from persistshard.core.statemachine.leases import holding
+from persistshard.core.shard import Shard, open_shard, write_transaction
 from persistshard.core.statemachine.state import WriterBatch, WriterVerdict, judge_writer_batch
 from persistshard.core.storage.layout import new_id
 from persistshard.datasource import reclock
 from persistshard.datasource.options import WriteOptions, find_location, storage_errors
-from persistshard.datasource.replay import DigestedTask, Digesting, identity_of, task_query_id
+from persistshard.datasource.replay import (
+    DigestedTask,
+    Digesting,
+    identity_of,
+    stream_write_id,
+    task_batch_id,
+    task_query_id,
+)
 from persistshard.datasource.view import commit_complete
 from persistshard.datasource.writer import (
     TaskWritten,
@@ -109,16 +114,6 @@ class PersistShardWriter(DataSourceArrowWriter):
 # --- streaming -----------------------------------------------------------------------------
 
 
-def _batch_id() -> int:
-    from pyspark import TaskContext
-
-    ctx = TaskContext.get()
-    value = ctx.getLocalProperty("streaming.sql.batchId") if ctx is not None else None
-    if value is None:
-        raise InvalidUpdates("streaming write task without a batch id")
-    return int(value)
-
-
 def stream_task(
     opts: WriteOptions,
     schema: StructType,
@@ -131,8 +126,7 @@ def stream_task(
     write id naming the writer and the batch, reported with their digest and the query id."""
     shard = open_shard(opts.location, **opts.storage_options)
     d = describe_write(opts, schema, complete, shard)
-    write_id = f"{new_id()[:12]}{opts.writer_id}-{batch_id}-{uuid.uuid4().hex[:8]}"
-    d = replace(d, write_id=_safe_id(write_id))
+    d = replace(d, write_id=stream_write_id(opts.writer_id, batch_id))
     rows = Digesting(batches)
     try:
         out = write_task(d, rows, d.lower)
@@ -140,15 +134,8 @@ def stream_task(
         if BELOW_LOWER not in e.detail:
             raise
         raise restarted_without_checkpoint(e, shard, opts.writer_id or "", batch_id) from None
-    return DigestedTask(
-        out.sealed,
-        out.unsealed,
-        out.max_time,
-        out.rows_in,
-        d.lower,
-        d.write_id,
-        digest=rows.digest.text(),
-        query_id=query_id,
+    return DigestedTask.of(
+        out, lower=d.lower, write_id=d.write_id, digest=rows.digest.text(), query_id=query_id
     )
 
 
@@ -241,7 +228,7 @@ class PersistShardStreamWriter(DataSourceStreamArrowWriter):
             self.reclock = reclock.spec_of(self.opts, schema, self.opts.location)
 
     def write(self, iterator: Any) -> TaskWritten:
-        batch_id = _batch_id()
+        batch_id = task_batch_id()
         if self.reclock is None:
             return stream_task(
                 self.opts, self.schema, self.complete, iterator, batch_id, task_query_id()
@@ -250,8 +237,7 @@ class PersistShardStreamWriter(DataSourceStreamArrowWriter):
 
         shard = open_shard(self.opts.location, **self.opts.storage_options)
         d = describe_write(self.opts, self.schema, self.complete, shard)
-        write_id = f"{new_id()[:12]}{self.opts.writer_id}-{batch_id}-{uuid.uuid4().hex[:8]}"
-        d = replace(d, write_id=_safe_id(write_id))
+        d = replace(d, write_id=stream_write_id(self.opts.writer_id, batch_id))
         bindings = open_remap(self.reclock.remap, **self.opts.storage_options).pinned()
         return reclock.reclock_task(d, self.reclock, iterator, bindings)
 
@@ -292,7 +278,7 @@ class PersistShardStreamWriter(DataSourceStreamArrowWriter):
         try:
             # Each task renewed its own write's lease while it ran; from here the driver
             # keeps them all until the commit (which refuses one that ran out: LeaseExpired).
-            with holding(shard.machine, [m.write_id for m in present]):
+            with write_transaction(shard).holding([m.write_id for m in present]):
                 commit_write(
                     d,
                     present,
@@ -342,7 +328,3 @@ def restarted_without_checkpoint(
         "instead of refusing them",
         location=shard.location,
     )
-
-
-def _safe_id(text: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_" else "_" for c in text)

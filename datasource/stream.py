@@ -126,11 +126,11 @@ class PersistShardStreamReader(DataSourceStreamReader):
             return self._hold
         try:
             if self._hold is None:
-                self._hold = ReaderHold.attach(shard.machine, self.reader_id)
+                self._hold = shard.reader(self.reader_id)
             else:
                 self._hold.heartbeat()
         except HoldExpired:
-            self._hold = ReaderHold.register(shard.machine, self.reader_id, self.lease_seconds)
+            self._hold = shard.register_reader(self.reader_id, lease_seconds=self.lease_seconds)
         self._renewed = now
         return self._hold
 

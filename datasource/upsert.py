@@ -49,7 +49,6 @@ their keys.
 from __future__ import annotations
 
 import logging
-import uuid
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -60,22 +59,27 @@ from pyspark.sql.types import BooleanType, StructType
 
 from persistshard.core import upsert as up
 from persistshard.core.rows import DIFF, TIME, consolidate
-from persistshard.core.shard import Shard, WrittenUpdates, open_shard
-from persistshard.core.statemachine.leases import WriteLease, holding
+from persistshard.core.shard import WrittenUpdates, open_shard, write_transaction
 from persistshard.core.statemachine.state import WriterBatch, WriterVerdict, judge_writer_batch
-from persistshard.core.storage.layout import new_id
-from persistshard.core.storage.parts import check_parts, read_parts, write_parts
+from persistshard.core.write.transaction import WriteTransaction
 from persistshard.core.write.validate import update_schema
 from persistshard.datasource.options import WriteOptions, storage_errors
-from persistshard.datasource.replay import DigestedTask, Digesting, identity_of, task_query_id
+from persistshard.datasource.replay import (
+    DigestedTask,
+    Digesting,
+    identity_of,
+    stream_write_id,
+    task_batch_id,
+    task_query_id,
+)
 from persistshard.datasource.writer import (
     BatchDescription,
     TaskWritten,
-    _as_updates,
-    _find_column,
     apply_retention,
+    as_updates,
     check_location,
     describe_write,
+    find_column,
     sweep_write,
 )
 from persistshard.errors import InvalidUpdates, UpperMismatch
@@ -130,7 +134,7 @@ def plan_upsert(
     names = [f.name for f in schema.fields]
     delete_column = None
     if options.get("delete_column"):
-        delete_column = _find_column(names, options["delete_column"])
+        delete_column = find_column(names, options["delete_column"])
         if delete_column is None:
             raise InvalidUpdates(
                 f"option delete_column names column {options['delete_column']!r}, which the "
@@ -176,11 +180,13 @@ def stage_task(d: BatchDescription, spec: UpsertSpec, batches: Any) -> TaskWritt
     with storage_errors(d.location, "write the shard"):
         shard = open_shard(d.location, **d.storage_options)
         # A task still staging late in the write's lease renews it (core/statemachine/leases.py).
-        with WriteLease(shard.machine, d.write_id):
-            return _stage(d, spec, batches, shard)
+        with write_transaction(shard, d.write_id) as txn:
+            return _stage(d, spec, batches, txn)
 
 
-def _stage(d: BatchDescription, spec: UpsertSpec, batches: Any, shard: Shard) -> TaskWritten:
+def _stage(
+    d: BatchDescription, spec: UpsertSpec, batches: Any, txn: WriteTransaction
+) -> TaskWritten:
     """The body of `stage_task`, under the write's lease."""
     target = d.target if d.target is not None else d.incoming
     pieces = []
@@ -189,7 +195,7 @@ def _stage(d: BatchDescription, spec: UpsertSpec, batches: Any, shard: Shard) ->
         if batch.num_rows == 0:
             continue
         rows_in += batch.num_rows
-        table = _as_updates(batch, d, d.lower).drop_columns([TIME])
+        table = as_updates(batch, d, d.lower).drop_columns([TIME])
         if spec.delete_column is not None:
             table = table.append_column(
                 spec.delete_column, pa.Table.from_batches([batch]).column(spec.delete_column)
@@ -202,7 +208,7 @@ def _stage(d: BatchDescription, spec: UpsertSpec, batches: Any, shard: Shard) ->
     incoming = pa.concat_tables(pieces)
     up.check_unique_keys(incoming, spec.keys, d.location)
     staged = _at_time(incoming, target, d.lower)
-    parts = write_parts(shard.blob, d.write_id, consolidate(staged))
+    parts = txn.write_parts(consolidate(staged))
     return TaskWritten(sealed=parts, rows_in=rows_in)
 
 
@@ -230,73 +236,73 @@ def commit_upserts(
     (``maintenance``, the write option) the bounded after-commit maintenance."""
     with storage_errors(d.location, "write the shard"):
         shard = open_shard(d.location, maintenance=maintenance, **d.storage_options)
+        txn = write_transaction(shard)
         try:
             # The staged rows are read here: their writes' leases must still be live (else
             # LeaseExpired, not missing files), and are kept so until the commit is done.
-            with holding(shard.machine, staged_ids, check=True, location=shard.location):
-                _apply(shard, d, spec, messages, writer=writer, expected_upper=expected_upper)
+            with txn.holding(staged_ids, check=True):
+                txn = _apply(txn, d, spec, messages, writer=writer, expected_upper=expected_upper)
         finally:
-            for write_id in staged_ids:
-                sweep_write(shard, write_id, set())
-        shard.maintain(compact=compact)  # bounded compaction and gc (core/maintenance/auto.py)
+            txn.sweep([f"{write_id}/" for write_id in staged_ids])
+        txn.maintain(compact=compact)  # bounded compaction and gc (core/maintenance/auto.py)
 
 
 def _apply(
-    shard: Shard,
+    txn: WriteTransaction,
     d: BatchDescription,
     spec: UpsertSpec,
     messages: list[Any],
     *,
     writer: WriterBatch | None,
     expected_upper: int | None,
-) -> None:
+) -> WriteTransaction:
+    """Apply the staged rows (module docstring, step 3); the transaction that committed (a
+    retry writes its delta under a fresh write id), or ``txn`` when nothing was committed."""
+    location = txn.location
     target = d.target if d.target is not None else d.incoming
     staged = [ref for m in messages if m is not None for ref in m.sealed]
     # The tasks' staged parts came in messages: present with their sizes before they are read
     # (their times are dropped: the delta is written at the commit's time).
-    check_parts(shard.blob, [(staged, None, None)], location=shard.location)
-    incoming = read_parts(shard.blob, staged, update_schema(target)).drop_columns([TIME])
-    up.check_unique_keys(incoming, spec.keys, shard.location, diffs=True)
+    txn.check_parts([(staged, None, None)])
+    incoming = txn.read_parts(staged, update_schema(target)).drop_columns([TIME])
+    up.check_unique_keys(incoming, spec.keys, location, diffs=True)
     for attempt in range(COMMIT_RETRIES + 1):
-        state = shard.state()
+        state = txn.state()
         if writer is not None:
-            verdict = judge_writer_batch(
-                state, writer[0], writer[1], writer.identity, shard.location
-            )
+            verdict = judge_writer_batch(state, writer[0], writer[1], writer.identity, location)
             if verdict == WriterVerdict.REPLAY:
                 log.info(
                     "%s: upsert batch %d of writer %s already committed; a replay, nothing written",
-                    shard.location,
+                    location,
                     writer[1],
                     writer[0],
                 )
-                return  # a replay of a committed batch: nothing to do
+                return txn  # a replay of a committed batch: nothing to do
         if expected_upper is not None and state.upper != expected_upper:
-            raise UpperMismatch(expected_upper, state.upper, location=shard.location)
+            raise UpperMismatch(expected_upper, state.upper, location=location)
         schema = state.schema if state.schema is not None else target
         if len(target) > len(schema):
             schema = target  # merge_schema widened the columns
-        keys = up.resolve_key_columns(schema, spec.keys, shard.location)
-        write_id = shard.machine.new_write_id()
+        keys = up.resolve_key_columns(schema, spec.keys, location)
+        delta = txn.again()  # the delta's own write, under a fresh id
         try:
-            with WriteLease(shard.machine, write_id):  # a delta longer than the lease renews it
-                parts = up.delta_parts(
-                    shard.blob, state, incoming, keys, schema, write_id, location=shard.location
-                )
-                shard.commit_written(
+            with delta:  # a delta longer than the lease renews it
+                parts = delta.upsert_delta(state, incoming, keys, schema)
+                delta.commit(
                     WrittenUpdates(sealed=parts),
                     expected_upper=state.upper,
                     new_upper=state.upper + 1,
                     schema=up.with_key_columns(schema, keys),
-                    commit_id=write_id,
+                    commit_id=delta.write_id,
                     writer=writer,
                     label="upsert",
                 )
-            return
+            return delta
         except UpperMismatch:
             if expected_upper is not None or attempt == COMMIT_RETRIES:
                 raise
-            log.info("%s: upsert lost the upper to another writer; diffing again", shard.location)
+            log.info("%s: upsert lost the upper to another writer; diffing again", location)
+    raise AssertionError("unreachable")
 
 
 class UpsertWriter(DataSourceArrowWriter):
@@ -350,9 +356,9 @@ class UpsertStreamWriter(DataSourceStreamArrowWriter):
             )
 
     def write(self, iterator: Any) -> DigestedTask:
-        from persistshard.datasource.sinks import _batch_id
-
-        return upsert_stream_task(self.options, self.schema, iterator, _batch_id(), task_query_id())
+        return upsert_stream_task(
+            self.options, self.schema, iterator, task_batch_id(), task_query_id()
+        )
 
     def commit(self, messages: list[Any], batchId: int) -> None:
         _, spec, d = plan_upsert(self.options, self.schema, False, streaming=True)
@@ -383,11 +389,8 @@ def upsert_stream_task(
 ) -> DigestedTask:
     """One task of streaming upsert micro-batch ``batch_id``: its rows staged under a write id
     naming the writer and the batch, reported with their digest and the query id."""
-    from persistshard.datasource.sinks import _safe_id
-
     opts, spec, d = plan_upsert(options, schema, False, streaming=True)
-    write_id = _safe_id(f"{new_id()[:12]}{opts.writer_id}-{batch_id}-{uuid.uuid4().hex[:8]}")
-    d = replace(d, write_id=write_id)
+    d = replace(d, write_id=stream_write_id(opts.writer_id, batch_id))
     rows = Digesting(batches)
     return _digested(stage_task(d, spec, rows), d.write_id, rows, query_id, lower=d.lower)
 
@@ -395,13 +398,6 @@ def upsert_stream_task(
 def _digested(
     out: TaskWritten, write_id: str, rows: Digesting, query_id: str | None, lower: int = 0
 ) -> DigestedTask:
-    return DigestedTask(
-        out.sealed,
-        out.unsealed,
-        out.max_time,
-        out.rows_in,
-        lower,
-        write_id,
-        digest=rows.digest.text(),
-        query_id=query_id,
+    return DigestedTask.of(
+        out, lower=lower, write_id=write_id, digest=rows.digest.text(), query_id=query_id
     )

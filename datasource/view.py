@@ -28,8 +28,9 @@ the rows that changed (a retraction of the old row, an insertion of the new one)
 commit as the rows). Staged parts are never referenced by the state and are deleted after
 every commit attempt. The commit holds the staged tasks' leases (after checking them live:
 else `LeaseExpired`, nothing read) and each diff's own, so a long diff is not refused; parts
-of a diff whose commit was refused are deleted by
-`Shard.commit_written`; anything left by a crashed process is unreferenced and gc's.
+of a diff whose commit was refused are deleted by its commit
+(`persistshard.core.write.transaction`); anything a crashed process left is unreferenced
+and gc's.
 """
 
 from __future__ import annotations
@@ -39,14 +40,12 @@ from typing import Any
 
 from pyspark.sql.types import StructType
 
-from persistshard.core.shard import WrittenUpdates, open_shard
-from persistshard.core.statemachine.leases import WriteLease, holding
+from persistshard.core.shard import WrittenUpdates, open_shard, write_transaction
 from persistshard.core.statemachine.state import WriterBatch, WriterVerdict, judge_writer_batch
-from persistshard.core.storage.parts import check_parts
-from persistshard.core.write.diff import DiffRun, current_runs, diff_parts
+from persistshard.core.write.diff import DiffRun, current_runs
 from persistshard.datasource.options import WriteOptions, storage_errors
 from persistshard.datasource.replay import identity_of
-from persistshard.datasource.writer import describe_write, sweep_write
+from persistshard.datasource.writer import describe_write
 from persistshard.errors import UpperMismatch
 
 log = logging.getLogger("persistshard.datasource.view")
@@ -64,20 +63,17 @@ def commit_complete(
     writer = WriterBatch(opts.writer_id or "", batch_id, identity_of(present))
     chains = [DiffRun(tuple(m.sealed), 1) for m in present if m.sealed]
     committed = False
+    txn = write_transaction(shard)
     try:
         with (
             storage_errors(shard.location, "commit the micro-batch"),
             # The staged chains are read below: their tasks' leases must still be live (else
             # LeaseExpired, not missing files), and are kept so until the commit is done.
-            holding(
-                shard.machine, [m.write_id for m in present], check=True, location=shard.location
-            ),
+            txn.holding([m.write_id for m in present], check=True),
         ):
             # The staged chains came in the tasks' messages: present with their sizes before
             # the diff reads them (their times are dropped: the diff is at the commit's time).
-            check_parts(
-                shard.blob, [(m.sealed, None, None) for m in present], location=shard.location
-            )
+            txn.check_parts([(m.sealed, None, None) for m in present])
             last: UpperMismatch | None = None
             for _ in range(MAX_ATTEMPTS):
                 state = shard.state()
@@ -96,24 +92,17 @@ def commit_complete(
                 d = describe_write(opts, spark_schema, True, shard)
                 target = d.target if d.target is not None else d.incoming
                 time = state.upper
-                write_id = shard.machine.new_write_id()
+                diff = txn.again()  # each attempt's difference is a write of its own
                 runs = [*chains, *current_runs(state)] if state.schema is not None else chains
                 try:
-                    with WriteLease(shard.machine, write_id):  # a long diff renews its lease
-                        parts = diff_parts(
-                            shard.blob,
-                            runs,
-                            target,
-                            time=time,
-                            write_id=write_id,
-                            memory_budget=opts.memory_budget,
-                        )
-                        shard.commit_written(
+                    with diff:  # a long diff renews its lease
+                        parts = diff.diff(runs, target, time=time, memory_budget=opts.memory_budget)
+                        diff.commit(
                             WrittenUpdates(sealed=parts),
                             expected_upper=time,
                             new_upper=time + 1,
                             schema=target,
-                            commit_id=write_id,
+                            commit_id=diff.write_id,
                             writer=writer,
                             label="overwrite",
                         )
@@ -125,13 +114,11 @@ def commit_complete(
                     )
                     last = e
                     continue
-                committed = True
+                committed, txn = True, diff
                 break
             if not committed and last is not None:
                 raise last
     finally:
-        keep = shard.state().part_keys()
-        for m in present:
-            sweep_write(shard, m.write_id, keep)
+        txn.sweep([f"{m.write_id}/" for m in present], txn.state().part_keys())
     if committed and opts.maintenance:
-        shard.maintain(compact=opts.compact)  # core/maintenance/auto.py
+        txn.maintain(compact=opts.compact)  # core/maintenance/auto.py

@@ -12,7 +12,7 @@ The protocol, after Materialize's persist sink:
    sorted runs spilled to local files and merged), then write sorted, consolidated parts under
    ``parts/<write id>/``: updates below the new upper as sealed parts, the rest as unsealed.
    The message back is the parts' metadata (a "hollow batch").
-3. *Append* (driver, in ``commit()``): the tasks' parts are checked (`Shard.check_written`:
+3. *Append* (driver, in ``commit()``): the tasks' parts are checked (`WriteTransaction.check`:
    each present with its reported size, its times inside the batch; one listing per write
    directory), then one compare-and-append of every task's parts. If it is refused
    (`UpperMismatch`, bad input), nothing becomes visible and the write's parts are deleted
@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 import pyarrow as pa
@@ -42,19 +42,12 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from persistshard.core.rows import DIFF, TIME, consolidation_indices, row_columns
-from persistshard.core.shard import (
-    Shard,
-    WrittenUpdates,
-    open_shard,
-    refuse_foreign_files,
-)
-from persistshard.core.statemachine.leases import WriteLease
+from persistshard.core.shard import Shard, WrittenUpdates, open_shard, write_transaction
 from persistshard.core.statemachine.state import PartRef
 from persistshard.core.storage import layout, metrics
-from persistshard.core.storage.blob import FsspecBlob, unobserved
-from persistshard.core.storage.layout import PARTS_PREFIX
-from persistshard.core.storage.parts import PutsBehind, write_part
+from persistshard.core.storage.parts import PutsBehind
 from persistshard.core.write.external import ExternalSort, distinct_ascending
+from persistshard.core.write.transaction import WriteTransaction
 from persistshard.core.write.validate import (
     evolve_schema,
     match_columns,
@@ -115,7 +108,7 @@ class BatchDescription:
     plain: bool = False
 
 
-def _find_column(names: list[str], wanted: str | None) -> str | None:
+def find_column(names: list[str], wanted: str | None) -> str | None:
     """The DataFrame column called ``wanted`` (exact, else the one equal but for case)."""
     if wanted is None:
         return None
@@ -139,14 +132,15 @@ def describe_write(
     option ``merge_schema``) lets the write add nullable columns to the shard.
     """
     state = shard.state()
+    txn = write_transaction(shard)  # mints the write id every task writes under
     if state.version == 0:
-        refuse_foreign_files(shard.blob, shard.location)
+        txn.refuse_foreign_files()
     arrow = arrow_schema_of(spark_schema)
     names = arrow.names
-    time_column = _find_column(names, opts.time_column) or _find_column(names, TIME)
-    diff_column = _find_column(names, opts.diff_column) or _find_column(names, DIFF)
+    time_column = find_column(names, opts.time_column) or find_column(names, TIME)
+    diff_column = find_column(names, opts.diff_column) or find_column(names, DIFF)
     for option, column in (("time_column", opts.time_column), ("diff_column", opts.diff_column)):
-        if column is not None and _find_column(names, column) is None:
+        if column is not None and find_column(names, column) is None:
             raise InvalidUpdates(
                 f"option {option} names column {column!r}, which the DataFrame does not have "
                 f"(columns: {', '.join(names)})",
@@ -184,7 +178,7 @@ def describe_write(
         sources = match_columns(incoming, target, shard.location)
     return BatchDescription(
         location=shard.location,
-        write_id=shard.machine.new_write_id(),
+        write_id=txn.write_id,
         lower=lower,
         upper=opts.upper,
         shard_schema=state.schema,
@@ -200,7 +194,7 @@ def describe_write(
     )
 
 
-def _as_updates(batch: pa.RecordBatch, d: BatchDescription, time: int) -> pa.Table:
+def as_updates(batch: pa.RecordBatch, d: BatchDescription, time: int) -> pa.Table:
     """A Spark batch as updates: the target's columns (by name), ``_time`` and ``_diff``."""
     table = pa.Table.from_batches([batch])
     n = table.num_rows
@@ -243,18 +237,7 @@ def _check_case(d: BatchDescription) -> None:
 def check_location(shard: Shard) -> None:
     """Refuse, on the driver, a location that is an existing file (not a directory or prefix):
     otherwise every task would fail on it with a raw ``NotADirectoryError``."""
-    blob = unobserved(shard.blob)  # under the request counting
-    if not isinstance(blob, FsspecBlob):
-        return  # other stores have no files to mistake for a shard's directory
-    try:
-        is_file = bool(blob.root) and blob.fs.isfile(blob.root)
-    except OSError:
-        is_file = False
-    if is_file:
-        raise InvalidUpdates(
-            f"cannot write the shard at {shard.location}: NotADirectoryError: it is a file; "
-            "a shard is a directory (or prefix) of its own",
-        )
+    write_transaction(shard).refuse_file_location()
 
 
 def write_task(d: BatchDescription, batches: Any, time: int) -> TaskWritten:
@@ -263,13 +246,13 @@ def write_task(d: BatchDescription, batches: Any, time: int) -> TaskWritten:
     with storage_errors(d.location, "write the shard"), metrics.operation("write task") as op:
         shard = open_shard(d.location, **d.storage_options)
         # A task still running late in the write's lease renews it (core/statemachine/leases.py).
-        with WriteLease(shard.machine, d.write_id):
-            written = _write_task(d, batches, time, shard)
+        with write_transaction(shard, d.write_id) as txn:
+            written = _write_task(d, batches, time, txn)
         written.store_requests = op.requests
         return written
 
 
-def _write_task(d: BatchDescription, batches: Any, time: int, shard: Shard) -> TaskWritten:
+def _write_task(d: BatchDescription, batches: Any, time: int, txn: WriteTransaction) -> TaskWritten:
     schema = d.target if d.target is not None else (d.shard_schema or d.incoming)
     full = update_schema(schema)
     upper = d.upper if d.upper is not None else MAX_TIME
@@ -284,7 +267,7 @@ def _write_task(d: BatchDescription, batches: Any, time: int, shard: Shard) -> T
     run_bytes = max(1 << 20, d.memory_budget // 3)
     # A task reads its input once and then writes it out: while the input fits in its share
     # of the budget it is only gathered, then sorted and consolidated once
-    # (`_write_gathered`); a larger input is sorted externally (`ExternalSort`: sorted runs
+    # (`write_gathered`); a larger input is sorted externally (`ExternalSort`: sorted runs
     # spilled to local files, merged into the parts).
     gathered: list[pa.Table] = []
     gathered_bytes = 0
@@ -295,7 +278,7 @@ def _write_task(d: BatchDescription, batches: Any, time: int, shard: Shard) -> T
                 continue
             rows_in += batch.num_rows
             table = normalize_updates(
-                _as_updates(batch, d, time), lower=d.lower, schema=schema, location=d.location
+                as_updates(batch, d, time), lower=d.lower, schema=schema, location=d.location
             )
             biggest = pc.max(table.column(TIME)).as_py()
             max_time = biggest if max_time is None else max(max_time, biggest)
@@ -310,11 +293,9 @@ def _write_task(d: BatchDescription, batches: Any, time: int, shard: Shard) -> T
                     sorter.insert(piece)
                 gathered = []
         if sorter is None:
-            sealed_parts, unsealed_parts = _write_gathered(
-                shard, d.write_id, gathered, full, upper, part_bytes
-            )
+            sealed_parts, unsealed_parts = write_gathered(txn, gathered, full, upper, part_bytes)
         else:
-            sink = _OrderedParts(shard, d.write_id, full, upper, part_bytes)
+            sink = _OrderedParts(txn, full, upper, part_bytes)
             with sink.puts:  # every part stored on leaving; on a failure, the puts ended
                 for out in sorter.sorted():
                     sink.add(out)
@@ -339,11 +320,8 @@ class _OrderedParts:
     each. Each of the two sequences is a slice of the stream, so it is one sorted,
     consolidated chain, cut anywhere. Memory: one part's worth per sequence."""
 
-    def __init__(
-        self, shard: Shard, write_id: str, full: pa.Schema, upper: int, part_bytes: int
-    ) -> None:
-        self._shard = shard
-        self._write_id = write_id
+    def __init__(self, txn: WriteTransaction, full: pa.Schema, upper: int, part_bytes: int) -> None:
+        self._txn = txn
         self._full = full
         self._upper = upper
         self._part_bytes = part_bytes
@@ -351,7 +329,7 @@ class _OrderedParts:
         self._bytes = {True: 0, False: 0}
         self._parts: dict[bool, list[PartRef]] = {True: [], False: []}
         #: Puts the parts behind the encoder; the caller holds it open over the whole write.
-        self.puts = PutsBehind(shard.blob)
+        self.puts = txn.puts()
 
     def add(self, table: pa.Table) -> None:
         if table.num_rows == 0:
@@ -384,9 +362,7 @@ class _OrderedParts:
             return
         table = pa.concat_tables(pending).combine_chunks()
         self._pending[sealed], self._bytes[sealed] = [], 0
-        self._parts[sealed].append(
-            write_part(self._shard.blob, self._write_id, table, puts=self.puts)
-        )
+        self._parts[sealed].append(self._txn.write_part(table, puts=self.puts))
 
     def flush(self) -> tuple[list[PartRef], list[PartRef]]:
         """Write the last parts; the sealed and unsealed parts (stored once `puts` closes)."""
@@ -395,9 +371,8 @@ class _OrderedParts:
         return self._parts[True], self._parts[False]
 
 
-def _write_gathered(
-    shard: Shard,
-    write_id: str,
+def write_gathered(
+    txn: WriteTransaction,
     tables: list[pa.Table],
     full: pa.Schema,
     upper: int,
@@ -437,13 +412,11 @@ def _write_gathered(
                 full.field(diff_index),
                 pa.array(diffs[start : start + rows_per_part], pa.int64()),
             )
-            out.append(
-                write_part(shard.blob, write_id, piece, inline_max=shard.inline_bytes, puts=puts)
-            )
+            out.append(txn.write_part(piece, puts=puts, inline=True))
         return out
 
     below = times < upper
-    with PutsBehind(shard.blob) as puts:  # a part's sync overlaps the next one's encoding
+    with txn.puts() as puts:  # a part's sync overlaps the next one's encoding
         return parts(below, puts), parts(~below, puts)
 
 
@@ -463,10 +436,9 @@ def _fault_point(name: str) -> None:
 
 
 def sweep_write(shard: Shard, write_id: str, keep: set[str]) -> int:
-    """Delete every part of ``write_id`` not in ``keep`` (failed attempts); return how many."""
-    doomed = [m.key for m in shard.blob.list(f"{PARTS_PREFIX}{write_id}/") if m.key not in keep]
-    shard.delete_parts(doomed)
-    return len(doomed)
+    """Delete every part of ``write_id`` not in ``keep`` (failed attempts); return how many
+    (`persistshard.core.write.transaction.WriteTransaction.sweep`)."""
+    return write_transaction(shard, write_id).sweep_write(write_id, keep)
 
 
 def commit_write(
@@ -481,16 +453,17 @@ def commit_write(
     then (``maintenance``) the bounded after-commit maintenance of
     `persistshard.core.maintenance.auto`, its merges only when ``compact``."""
     shard = open_shard(d.location, maintenance=maintenance, **d.storage_options)
-    with WriteLease(shard.machine, d.write_id), metrics.operation("spark write") as op:
+    txn = write_transaction(shard, d.write_id)
+    with txn, metrics.operation("spark write") as op:
         minted = layout.id_time_ms(d.write_id)
         if minted is not None:  # the write began when the driver minted it, tasks and all
             op.began_ago((layout.now_ms() - minted) / 1000)
         for m in messages:  # the tasks' reports go into the commit's metrics
             op.add("rows_in", getattr(m, "rows_in", 0) if m is not None else 0)
             op.add("task_store_requests", getattr(m, "store_requests", 0) if m is not None else 0)
-        _commit_write(shard, d, messages, writer)
+        _commit_write(txn, d, messages, writer)
     log.debug("%s: write %s committed from %d task reports", d.location, d.write_id, len(messages))
-    shard.maintain(compact=compact)
+    txn.maintain(compact=compact)
 
 
 def apply_retention(shard: Shard, wanted: tuple[int | None, int | None] | None) -> None:
@@ -506,7 +479,10 @@ def apply_retention(shard: Shard, wanted: tuple[int | None, int | None] | None) 
 
 
 def _commit_write(
-    shard: Shard, d: BatchDescription, messages: list[Any], writer: tuple[str, int] | None
+    txn: WriteTransaction,
+    d: BatchDescription,
+    messages: list[Any],
+    writer: tuple[str, int] | None,
 ) -> None:
     written = WrittenUpdates()
     max_time: int | None = None
@@ -525,12 +501,12 @@ def _commit_write(
         else:
             new_upper = d.lower + 1
         # The tasks' parts came in messages: check them before anything reads or names them.
-        shard.check_written(written, expected_upper=d.lower, new_upper=new_upper)
-        state = shard.state()
+        txn.check(written, expected_upper=d.lower, new_upper=new_upper)
+        state = txn.state()
         if d.overwrite:
             if state.upper != d.lower:
-                raise UpperMismatch(d.lower, state.upper, location=shard.location)
-            written = shard.self_correct(
+                raise UpperMismatch(d.lower, state.upper, location=txn.location)
+            written = txn.self_correct(
                 written,
                 time=d.lower,
                 write_id=d.write_id + "-delta",
@@ -541,7 +517,7 @@ def _commit_write(
                 memory_budget=d.memory_budget,
             )
         schema = d.target if d.target is not None else (d.shard_schema or d.incoming)
-        shard.commit_written(
+        txn.commit(
             written,
             expected_upper=d.lower,
             new_upper=new_upper,
@@ -552,14 +528,30 @@ def _commit_write(
             label="overwrite" if d.overwrite else None,
         )
     finally:
-        sweep_write(shard, d.write_id, set(written.keys()))
+        txn.sweep_write(d.write_id, written.keys())
         if d.overwrite:
-            sweep_write(shard, d.write_id + "-delta", set(written.keys()))
+            txn.sweep_write(d.write_id + "-delta", written.keys())
 
 
 @dataclass
 class StreamTaskWritten(TaskWritten):
-    """A streaming task's parts, with the lower it wrote at and its write id."""
+    """A streaming task's parts, with the lower it wrote at and its write id: the one report
+    of every task that writes under its own write id (a micro-batch's, a reclocked write's,
+    a staged upsert's); subclasses add what identifies or places the batch."""
 
     lower: int = 0
     write_id: str = ""
+
+    @classmethod
+    def of(cls, task: TaskWritten, *, lower: int, write_id: str, **extra: Any) -> Self:
+        """``task``'s report (its parts, largest time and rows in) as written at ``lower``
+        under ``write_id``, with a subclass's ``extra`` fields."""
+        return cls(
+            task.sealed,
+            task.unsealed,
+            task.max_time,
+            task.rows_in,
+            lower,
+            write_id,
+            **extra,
+        )

@@ -1,4 +1,6 @@
-"""The module map holds: no import cycles, and imports point one way (datasource -> core -> format).
+"""The module map holds: no import cycles, and imports point one way (datasource -> core -> format);
+the Spark layer writes and reads through core's protocols, never a shard's internals; no module
+uses another module's private names.
 
 Read from the source with `ast` (nothing is imported), so a new cycle or a wrong-way import
 fails here before it can fail somewhere subtle. docs/design.md's module map states the same
@@ -148,3 +150,74 @@ def test_every_core_subpackage_says_what_it_owns(repo_root):
         assert doc.startswith(package), f"{package}'s docstring does not open with its name"
         unnamed = [name for name in inside if f"`{name}`" not in doc]
         assert not unnamed, f"{package}'s docstring does not name {unnamed}"
+
+
+#: What a Spark path must never reach into: a shard handle's state machine and blob store
+#: (public or private spelling). Writes go through `core.write.transaction` (made by
+#: `core.shard.write_transaction`), reads through `core.shard`'s read helpers.
+SHARD_INTERNALS = {"machine", "blob", "_machine", "_blob"}
+
+
+def test_datasource_never_reaches_into_a_shards_machine_or_blob(repo_root):
+    found = []
+    for dotted, path in _modules(repo_root).items():
+        if _layer(dotted) != "datasource":
+            continue
+        for node in ast.walk(ast.parse(open(path).read())):
+            if isinstance(node, ast.Attribute) and node.attr in SHARD_INTERNALS:
+                found.append(f"{dotted}:{node.lineno}: .{node.attr}")
+    assert not found, found
+
+
+def _python_files(root: str) -> list[str]:
+    """Every Python file of the repository (the package, its tests and benchmarks)."""
+    out = []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d != "__pycache__")
+        out.extend(os.path.join(folder, f) for f in sorted(files) if f.endswith(".py"))
+    return out
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+#: The first names of our own modules as files import them.
+OURS = ("persistshard", "benchmarks", "tests", "conftest")
+
+
+def _private_uses(path: str, root: str) -> list[str]:
+    """Where ``path`` imports a private name of another of our modules (``from m import
+    _name``), and, outside the tests, reads one off an imported module (``m._name``). Tests
+    may look at a module's private state (its caches) but never import it."""
+    tree = ast.parse(open(path).read())
+    shipped = os.path.relpath(path, root).split(os.sep)[0] != "tests"
+    modules: set[str] = set()  # local names bound to one of our modules
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            ours = node.level > 0 or (node.module or "").split(".")[0] in OURS
+            for alias in node.names:
+                if ours and _private(alias.name):
+                    found.append(f"{path}:{node.lineno}: imports {node.module}.{alias.name}")
+                if ours:
+                    modules.add(alias.asname or alias.name)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] in OURS:
+                    modules.add(alias.asname or alias.name.split(".")[0])
+    if shipped:
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Attribute)
+                and _private(node.attr)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in modules
+            ):
+                found.append(f"{path}:{node.lineno}: uses {node.value.id}.{node.attr}")
+    return found
+
+
+def test_no_module_uses_another_modules_private_names(repo_root):
+    found = [use for path in _python_files(repo_root) for use in _private_uses(path, repo_root)]
+    assert not found, found

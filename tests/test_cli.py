@@ -34,7 +34,7 @@ def test_inspect_history_verify(tmp_path, capsys):
 def test_verify_fails_on_a_missing_part(tmp_path, capsys):
     location = make(tmp_path)
     shard = ps.open_shard(location)
-    shard.blob.delete(shard.state().trace[0].parts[0].key)
+    shard._blob.delete(shard.state().trace[0].parts[0].key)
     assert main(["verify", location]) == 1
     assert "is missing" in capsys.readouterr().out
 
@@ -45,10 +45,10 @@ def test_compact_then_gc(tmp_path, capsys):
     assert "1 merge committed" in capsys.readouterr().out
     assert main(["gc", location]) == 0
     assert "dry run: nothing deleted" in capsys.readouterr().out
-    before = {m.key for m in ps.open_shard(location).blob.list("parts/")}
+    before = {m.key for m in ps.open_shard(location)._blob.list("parts/")}
     assert main(["gc", location, "--apply", "--retention-seconds", "0", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    after = {m.key for m in ps.open_shard(location).blob.list("parts/")}
+    after = {m.key for m in ps.open_shard(location)._blob.list("parts/")}
     assert set(report["parts"]) == before - after and report["parts"]
     snap = {r["id"]: r["_diff"] for r in ps.open_shard(location).snapshot().to_pylist()}
     assert snap == {0: 1, 1: 1, 2: 1, 3: 1, 100: 4}

@@ -24,6 +24,7 @@ from persistshard.conformance.model import make_shard_machine
 from persistshard.core.maintenance import compact as cm
 from persistshard.core.maintenance import trace
 from persistshard.core.rows import advance_times, consolidate, row_columns
+from persistshard.core.shard import write_transaction
 from persistshard.core.statemachine.state import Batch, PartRef
 from persistshard.core.storage import parts as parts_mod
 from persistshard.core.storage.layout import new_id
@@ -50,7 +51,7 @@ def all_reads(shard: ps.Shard) -> dict:
 
 
 def stored_keys(shard: ps.Shard) -> set[str]:
-    return {m.key for m in shard.blob.list("parts/")}
+    return {m.key for m in shard._blob.list("parts/")}
 
 
 # --- against the reference model ----------------------------------------------------------
@@ -79,10 +80,10 @@ class CompactionMachine(Base):  # type: ignore[valid-type, misc]
     def maybe_compact(self, budget: int) -> None:
         if not self.model.created:
             with pytest.raises(ps.NoShard):
-                self.shard.maybe_compact(budget)
+                self.shard._maybe_compact(budget)
             return
         before = all_reads(self.shard)
-        self.shard.maybe_compact(budget)
+        self.shard._maybe_compact(budget)
         assert all_reads(self.shard) == before
 
     @rule(step=hs.integers(0, 2), rival=hs.booleans())
@@ -93,14 +94,14 @@ class CompactionMachine(Base):  # type: ignore[valid-type, misc]
         plan = trace.next_plan(state) if state.schema is not None else None
         if plan is None:
             return
-        result = cm.run_merge(self.shard.blob, plan, state.schema, write_id=new_id())
+        result = cm.run_merge(self.shard._blob, plan, state.schema, write_id=new_id())
         if rival:
             self.other.compact()
         elif step:
             self.other.seal(self.model.upper + step)
             self.model.seal(self.model.upper + step)
         before = all_reads(self.shard)
-        committed, _, _ = cm.commit_merge(self.shard.machine, plan, result)
+        committed, _, _ = cm.commit_merge(self.shard._machine, plan, result)
         assert all_reads(self.shard) == before
         keys = stored_keys(self.shard)
         if not committed:
@@ -194,7 +195,7 @@ def test_merge_work_is_amortized_log_n(budget):
     n, rows = 128, 4
 
     def after(s: ps.Shard):
-        return s.maybe_compact(1) if budget == 1 else s.compact(full=False)
+        return s._maybe_compact(1) if budget == 1 else s.compact(full=False)
 
     reports = _append_batches(shard, n, rows, after)
     written = sum(r.rows_written for r in reports if r is not None)
@@ -210,7 +211,7 @@ def test_a_row_updated_many_times_before_since_costs_one_update(shard):
     shard.append(updates([(1, "v0", 0, 1)]))
     for t in range(1, 121):
         shard.append(updates([(1, f"v{(t - 1) % 2}", t, -1), (1, f"v{t % 2}", t, 1)]))
-        shard.maybe_compact()
+        shard._maybe_compact()
     assert sum(b.num_rows for b in shard.state().trace) > 120
     shard.advance_since(shard.upper - 1)
     before = all_reads(shard)
@@ -267,24 +268,16 @@ def test_nested_columns_merge(shard):
 
 def test_full_compaction_leaves_one_run_and_then_has_nothing_to_do(shard):
     # One batch made of two overlapping runs (as a Spark write with two tasks makes).
-    written = shard.write_updates(
-        updates([(i, "a", 0, 1) for i in range(0, 100, 2)]),
-        lower=0,
-        new_upper=1,
-        write_id=new_id(),
-        schema=None,
+    written = write_transaction(shard, new_id()).write_updates(
+        updates([(i, "a", 0, 1) for i in range(0, 100, 2)]), lower=0, new_upper=1, schema=None
     )
     written.extend(
-        shard.write_updates(
-            updates([(i, "a", 0, 1) for i in range(1, 100, 2)]),
-            lower=0,
-            new_upper=1,
-            write_id=new_id(),
-            schema=None,
+        write_transaction(shard, new_id()).write_updates(
+            updates([(i, "a", 0, 1) for i in range(1, 100, 2)]), lower=0, new_upper=1, schema=None
         )
     )
     schema = user_schema(updates([]).schema)
-    shard.commit_written(written, expected_upper=0, new_upper=1, schema=schema)
+    write_transaction(shard).commit(written, expected_upper=0, new_upper=1, schema=schema)
     state = shard.state()
     assert len(state.trace[0].parts) == 2 and not trace.is_one_run(state.trace[0])
     assert shard.compact(full=False).merges == []
@@ -325,11 +318,11 @@ def test_lost_race_deletes_outputs(shard):
     state = shard.state()
     plan = trace.next_plan(state)
     assert plan is not None and plan.reason == "level"
-    result = cm.run_merge(shard.blob, plan, state.schema, write_id=new_id())
+    result = cm.run_merge(shard._blob, plan, state.schema, write_id=new_id())
     assert result.written_keys and set(result.written_keys) <= stored_keys(shard)
     rival = ps.open_shard(shard.location, maintenance=False)
     rival.compact()
-    committed, _, _ = cm.commit_merge(shard.machine, plan, result)
+    committed, _, _ = cm.commit_merge(shard._machine, plan, result)
     assert not committed
     assert not set(result.written_keys) & stored_keys(shard)
     assert rows_of(shard.snapshot()) == {(t, "a"): 1 for t in range(trace.FAN_IN)}
@@ -346,9 +339,9 @@ def test_independent_merges_committed_in_any_order_keep_levels_ordered(shard):
     assert [p.input_ids for p in plans] == [
         [b.id for b in state.trace[i : i + f]] for i in (0, f, 2 * f)
     ]
-    results = [cm.run_merge(shard.blob, p, state.schema, write_id=new_id()) for p in plans]
+    results = [cm.run_merge(shard._blob, p, state.schema, write_id=new_id()) for p in plans]
     for plan, result in reversed(list(zip(plans, results, strict=True))):  # newest first
-        assert cm.commit_merge(shard.machine, plan, result)[0]
+        assert cm.commit_merge(shard._machine, plan, result)[0]
         shard.state().check()
     assert trace.levels(shard.state()) == [2, 1, 0]
 
@@ -358,9 +351,9 @@ def test_a_merge_that_would_break_level_order_is_refused(shard, monkeypatch):
         shard.append(updates([(t, "a", t, 1)]))
     state = shard.state()
     plan = trace.MergePlan("level", state.trace[1:], since=0, upper_at_plan=state.upper)
-    result = cm.run_merge(shard.blob, plan, state.schema, write_id=new_id())
+    result = cm.run_merge(shard._blob, plan, state.schema, write_id=new_id())
     monkeypatch.setattr(trace, "commit_level", lambda *a: 1)  # above its predecessor's 0
-    committed, _, _ = cm.commit_merge(shard.machine, plan, result)
+    committed, _, _ = cm.commit_merge(shard._machine, plan, result)
     assert not committed
     assert not set(result.written_keys) & stored_keys(shard)
     assert trace.levels(shard.state()) == [0, 0, 0]
@@ -432,7 +425,7 @@ def test_fully_passed_unsealed_batches_are_dropped_and_far_parts_reused(shard):
     far_parts = shard.state().unsealed[1].parts
     shard.seal(4)
     before = all_reads(shard)
-    shard.maybe_compact(5)
+    shard._maybe_compact(5)
     assert all_reads(shard) == before
     state = shard.state()
     assert len(state.unsealed) == 1
@@ -454,7 +447,7 @@ def test_merge_memory_is_bounded_by_chunks_not_batches(shard, monkeypatch):
     state = shard.state()
     total = sum(b.num_rows for b in state.trace)
     plan = trace.MergePlan("level", state.trace, since=0, upper_at_plan=state.upper)
-    result = cm.run_merge(shard.blob, plan, state.schema, write_id=new_id())
+    result = cm.run_merge(shard._blob, plan, state.schema, write_id=new_id())
     stats = result.stats
     assert stats.chunks_read > 10 * k
     # At most one chunk per input run, the arriving chunk, and the bound row.
@@ -477,10 +470,10 @@ def test_multi_chunk_merge_equals_sort_and_consolidate(shard, monkeypatch, seed)
     shard.advance_since(3)
     state = shard.state()
     plan = trace.MergePlan("full", state.trace, since=3, upper_at_plan=state.upper)
-    result = cm.run_merge(shard.blob, plan, state.schema, write_id=new_id(), part_bytes=2048)
+    result = cm.run_merge(shard._blob, plan, state.schema, write_id=new_id(), part_bytes=2048)
     assert result.stats.chunks_read > 10
-    got = pa.concat_tables([parts_mod.read_part(shard.blob, p) for p in result.parts])
-    inputs = [parts_mod.read_part(shard.blob, p) for b in state.trace for p in b.parts]
+    got = pa.concat_tables([parts_mod.read_part(shard._blob, p) for p in result.parts])
+    inputs = [parts_mod.read_part(shard._blob, p) for b in state.trace for p in b.parts]
     want = consolidate(advance_times(pa.concat_tables(inputs), plan.floor))
     assert got.equals(want)
 
@@ -490,15 +483,15 @@ def test_outputs_are_cut_where_the_row_changes(shard):
     shard.append(updates([(i, "x", 1, 1) for i in range(1500)]))
     state = shard.state()
     plan = trace.next_plan(state)
-    result = cm.run_merge(shard.blob, plan, state.schema, write_id=new_id(), part_bytes=4096)
+    result = cm.run_merge(shard._blob, plan, state.schema, write_id=new_id(), part_bytes=4096)
     assert len(result.parts) > 3
-    tables = [parts_mod.read_part(shard.blob, p) for p in result.parts]
+    tables = [parts_mod.read_part(shard._blob, p) for p in result.parts]
     for a, b in itertools.pairwise(tables):
         assert a.column("id")[-1].as_py() != b.column("id")[0].as_py()
     merged = pa.concat_tables(tables)
     expected = consolidate(
         pa.concat_tables(
-            [parts_mod.read_part(shard.blob, p) for b in state.trace for p in b.parts]
+            [parts_mod.read_part(shard._blob, p) for b in state.trace for p in b.parts]
         ),
         row_columns(merged.schema),
     )
@@ -509,12 +502,12 @@ def test_outputs_are_cut_where_the_row_changes(shard):
 def test_maybe_compact_is_a_no_op_when_nothing_is_due(shard):
     f = trace.FAN_IN
     with pytest.raises(ps.NoShard):  # before the first write there is no shard to compact
-        shard.maybe_compact()
+        shard._maybe_compact()
     for t in range(f - 1):
         shard.append(updates([(t, "a", t, 1)]))
-        assert shard.maybe_compact() is None
+        assert shard._maybe_compact() is None
     shard.append(updates([(f, "a", f - 1, 1)]))
-    report = shard.maybe_compact()
+    report = shard._maybe_compact()
     assert report is not None and report.committed == 1
     assert report.levels_before == [0] * f and report.levels_after == [1]
     assert report.to_json()["committed"] == 1
@@ -533,7 +526,7 @@ def test_snapshot_counts_match_after_random_history(tmp_path):
             truth[(r[0], r[1])] += r[3]
         if step % 3 == 0:
             shard.advance_since(max(0, shard.upper - 2))
-        shard.maybe_compact(2)
+        shard._maybe_compact(2)
         if step % 10 == 9:
             shard.compact()
         shard.state().check()
@@ -580,7 +573,7 @@ def test_maybe_compact_after_a_commit_reads_nothing_unless_work_is_due(tmp_path)
     it reads no consensus head; when a level group is due it merges (after a fresh read)."""
     shard = ps.open_shard(str(tmp_path / "s"), maintenance=False)
     heads = []
-    consensus = shard.machine.consensus
+    consensus = shard._machine.consensus
     real_head = consensus.head
 
     def counting_head():
@@ -592,7 +585,7 @@ def test_maybe_compact_after_a_commit_reads_nothing_unless_work_is_due(tmp_path)
     for i in range(trace.FAN_IN):
         _append_batches(shard, 1, 3)
         before = len(heads)
-        report = shard.maybe_compact()
+        report = shard._maybe_compact()
         if report is None:
             assert len(heads) == before, f"append {i}: nothing due, yet the head was read"
         else:
@@ -601,8 +594,8 @@ def test_maybe_compact_after_a_commit_reads_nothing_unless_work_is_due(tmp_path)
     assert len(shard.state().trace) == 1
     # A writer that has seen no state yet reads the head to decide.
     other = ps.open_shard(str(tmp_path / "s"), maintenance=False)
-    assert other.machine.known().version == 0
-    assert other.maybe_compact() is None and other.machine.known().version > 0
+    assert other._machine.known().version == 0
+    assert other._maybe_compact() is None and other._machine.known().version > 0
 
 
 # --- writer-triggered compaction plans on the writer's own state ----------------------------
@@ -617,11 +610,11 @@ def test_writer_compaction_reads_no_head(shard, monkeypatch):
     """Planned on the state the writer's own append produced, and committed on it: no head
     read at all (persist plans a writer's compaction on its append's result)."""
     _eight_appends(shard)
-    consensus = shard.machine.consensus
+    consensus = shard._machine.consensus
     heads = []
     real = consensus.head
     monkeypatch.setattr(consensus, "head", lambda: heads.append(1) or real())
-    report = shard.maybe_compact()
+    report = shard._maybe_compact()
     assert report is not None and report.committed == 1
     assert heads == []
 
@@ -634,7 +627,7 @@ def test_writer_compaction_on_a_stale_state_lands_on_the_newest(tmp_path):
     _eight_appends(mine)
     other = ps.open_shard(location, maintenance=False)
     other.append(updates([(1000, "late", other.upper, 1)]))
-    report = mine.maybe_compact()
+    report = mine._maybe_compact()
     assert report is not None and report.committed == 1
     state = mine.state()
     assert state.upper == 9 and len(state.trace) == 2
@@ -655,7 +648,7 @@ def test_a_writers_merges_share_a_young_write_id(tmp_path, clock, monkeypatch):
         for _ in range(8):
             clock.advance(1)
             shard.append(updates([(shard.upper * 100 + r, "x", shard.upper, 1) for r in range(3)]))
-        report = shard.maybe_compact()
+        report = shard._maybe_compact()
         assert report is not None and report.committed == 1
         newest = max(shard.state().trace, key=lambda b: b.upper)
         return [part_write_id(p.key) for p in newest.parts]

@@ -46,7 +46,7 @@ def test_an_ambiguous_commit_truncated_past_is_indeterminate_not_applied_twice(t
     location = str(tmp_path / "s")
     ps.open_shard(location).append(updates([(1, "a", 0, 1)]))
     shard = ps.open_shard(location)
-    shard.machine.consensus = LandsThenTruncated(shard.blob, lambda: ps.open_shard(location))
+    shard._machine.consensus = LandsThenTruncated(shard._blob, lambda: ps.open_shard(location))
     with pytest.raises(Indeterminate):
         shard.append(updates([(2, "mine", 1, 1)]))
     rows = rows_of(ps.open_shard(location).snapshot())
@@ -63,7 +63,7 @@ def test_a_state_read_gets_each_log_entry_once(tmp_path):
         writer.append(updates([(t, "x", writer.upper, 1)]))
     SHARED_STATES.clear()  # as in a fresh process: else the writer's state is shared
     reader = ps.open_shard(location)
-    blob = reader.machine.consensus.blob
+    blob = reader._machine.consensus.blob
     gets: list[str] = []
     real = blob.get
 

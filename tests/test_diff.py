@@ -13,6 +13,7 @@ import pytest
 
 import persistshard as ps
 from persistshard.core.rows import DIFF, TIME, consolidate
+from persistshard.core.shard import write_transaction
 from persistshard.core.storage.layout import new_id
 from persistshard.core.storage.parts import read_part, write_parts
 from persistshard.core.write import diff as diff_mod
@@ -45,7 +46,7 @@ def _stage(shard: ps.Shard, desired: pa.Table, time: int, pieces: int) -> list[l
         half = t.num_rows // 2
         refs = []
         for piece in (t.slice(0, half), t.slice(half)):  # a chain of two parts
-            refs.extend(write_parts(shard.blob, "staged", piece))
+            refs.extend(write_parts(shard._blob, "staged", piece))
         chains.append(refs)
     return chains
 
@@ -58,10 +59,10 @@ def _apply_overwrite(shard: ps.Shard, chains: list[list], budget: int, ranges: i
     assert state.schema is not None
     written = []
     stats = diff_mod.DiffStats()
-    for kr in plan_key_ranges(shard.blob, refs, state.schema, ranges):
+    for kr in plan_key_ranges(shard._blob, refs, state.schema, ranges):
         written.extend(
             diff_parts(
-                shard.blob,
+                shard._blob,
                 runs,
                 state.schema,
                 time=time,
@@ -71,7 +72,7 @@ def _apply_overwrite(shard: ps.Shard, chains: list[list], budget: int, ranges: i
                 stats=stats,
             )
         )
-    shard.commit_written(
+    write_transaction(shard).commit(
         ps.core.shard.WrittenUpdates(sealed=written),
         expected_upper=time,
         new_upper=time + 1,
@@ -125,7 +126,7 @@ def test_key_ranges_partition_the_key_space(tmp_path):
     state = shard.state()
     refs = [p for b in state.trace for p in b.parts]
     assert state.schema is not None
-    monkey = diff_mod.plan_key_ranges(shard.blob, refs, state.schema, 4)
+    monkey = diff_mod.plan_key_ranges(shard._blob, refs, state.schema, 4)
     assert monkey[0] is None or monkey[-1].nulls  # type: ignore[union-attr]
     desired = pa.table({"id": pa.array(ids, pa.int64()), "name": ["y"] * 3000, DIFF: [1] * 3000})
     chains = _stage(shard, desired, shard.upper, 2)
@@ -152,12 +153,12 @@ def test_schema_evolution_reads_old_parts_with_nulls(tmp_path):
         {"id": [1, 2], "name": ["a", "b"], "extra": [None, 5], TIME: [1, 1], DIFF: [1, 1]},
         schema=pa.schema([*wide, pa.field(TIME, pa.int64()), pa.field(DIFF, pa.int64())]),
     )
-    staged = write_parts(shard.blob, "staged", consolidate(desired))
+    staged = write_parts(shard._blob, "staged", consolidate(desired))
     state = shard.state()
     runs = [DiffRun(tuple(staged), 1), *current_runs(state)]
     stats = diff_mod.DiffStats()
-    parts = diff_parts(shard.blob, runs, wide, time=1, write_id="w", memory_budget=1, stats=stats)
-    shard.commit_written(
+    parts = diff_parts(shard._blob, runs, wide, time=1, write_id="w", memory_budget=1, stats=stats)
+    write_transaction(shard).commit(
         ps.core.shard.WrittenUpdates(sealed=parts), expected_upper=1, new_upper=2, schema=wide
     )
     assert stats.rows_written == 2  # (2, b, null) out, (2, b, 5) in
@@ -182,7 +183,7 @@ pool = pa.default_memory_pool()
 before = pool.max_memory()
 stats = DiffStats()
 runs = [DiffRun(tuple(staged), 1), *current_runs(state)]
-parts = diff_parts(shard.blob, runs, state.schema, time=state.upper, write_id="d",
+parts = diff_parts(shard._blob, runs, state.schema, time=state.upper, write_id="d",
                    memory_budget=budget, stats=stats)
 print(json.dumps({"peak": pool.max_memory() - before, "written": stats.rows_written,
                   "passes": stats.passes}))
@@ -213,7 +214,7 @@ def test_peak_memory_stays_far_below_the_table(tmp_path):
     desired = pa.table(
         {"id": ids, "name": new_names, TIME: np.full(n, 4, np.int64), DIFF: np.ones(n, np.int64)}
     )
-    staged = write_parts(shard.blob, "staged", desired)
+    staged = write_parts(shard._blob, "staged", desired)
     table_bytes = current.nbytes + desired.nbytes
     del current, desired, names, new_names
     refs = json.dumps(
@@ -273,21 +274,25 @@ def test_runs_of_disjoint_keys_chain_and_merge_in_one_pass(tmp_path, monkeypatch
         piece = desired.slice(lo, hi - lo)
         piece = piece.append_column(TIME, pa.array([1] * piece.num_rows, pa.int64()))
         chains.append(
-            write_parts(shard.blob, "staged", consolidate(piece.select(["id", "name", TIME, DIFF])))
+            write_parts(
+                shard._blob, "staged", consolidate(piece.select(["id", "name", TIME, DIFF]))
+            )
         )
     if overlapping:  # one more run across the whole key space
         extra = desired.slice(0, 40).append_column(TIME, pa.array([1] * 40, pa.int64()))
         chains.append(
-            write_parts(shard.blob, "staged", consolidate(extra.select(["id", "name", TIME, DIFF])))
+            write_parts(
+                shard._blob, "staged", consolidate(extra.select(["id", "name", TIME, DIFF]))
+            )
         )
         desired = pa.concat_tables([desired, desired.slice(0, 40)])
     state = shard.state()
     runs = [DiffRun(tuple(c), 1) for c in chains] + current_runs(state)
-    joined = diff_mod.chain_runs(shard.blob, runs, state.schema)
+    joined = diff_mod.chain_runs(shard._blob, runs, state.schema)
     # Fewest chains = the most runs sharing one key (closed key intervals).
     bounds = []
     for c in chains:
-        keys = pa.concat_tables([read_part(shard.blob, p) for p in c]).column("id").to_pylist()
+        keys = pa.concat_tables([read_part(shard._blob, p) for p in c]).column("id").to_pylist()
         bounds.append((min(keys), max(keys)))
     deepest = max(sum(lo <= x <= hi for lo, hi in bounds) for x, _ in bounds)
     desired_side = [r for r in joined if r.sign > 0]
@@ -296,11 +301,11 @@ def test_runs_of_disjoint_keys_chain_and_merge_in_one_pass(tmp_path, monkeypatch
         assert deepest == 1
     stats = diff_mod.DiffStats()
     written = diff_parts(
-        shard.blob, runs, state.schema, time=1, write_id=new_id(), memory_budget=1, stats=stats
+        shard._blob, runs, state.schema, time=1, write_id=new_id(), memory_budget=1, stats=stats
     )
     if deepest == 1:
         assert stats.passes == 1 and len(runs) > 2
-    shard.commit_written(
+    write_transaction(shard).commit(
         ps.core.shard.WrittenUpdates(sealed=written),
         expected_upper=1,
         new_upper=2,

@@ -15,6 +15,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 import persistshard as ps
 from persistshard import errors
 from persistshard.conformance.faults import FaultyBlob
+from persistshard.core.shard import write_transaction
 from persistshard.core.statemachine.commits.advance_since import AdvanceSince
 from persistshard.core.statemachine.commits.append import Append
 from persistshard.core.statemachine.commits.compact import Compact
@@ -59,9 +60,9 @@ def invalid_updates(shard: ps.Shard, tmp_path) -> None:
 
 def corrupt_data(shard: ps.Shard, tmp_path) -> None:
     key = shard.state().trace[0].parts[0].key
-    data = bytearray(shard.blob.get(key) or b"")
+    data = bytearray(shard._blob.get(key) or b"")
     data[len(data) // 3] ^= 0xFF
-    shard.blob.put(key, bytes(data))
+    shard._blob.put(key, bytes(data))
     ps.open_shard(shard.location).snapshot()
 
 
@@ -86,7 +87,7 @@ def indeterminate(shard: ps.Shard, tmp_path) -> None:
 
 
 def state_conflict(shard: ps.Shard, tmp_path) -> None:
-    shard.machine.commit(Compact(("no-such-batch",), Batch("out", 0, 1, ()), id=new_id()))
+    shard._machine.commit(Compact(("no-such-batch",), Batch("out", 0, 1, ()), id=new_id()))
 
 
 def version_collected(shard: ps.Shard, tmp_path) -> None:
@@ -108,8 +109,8 @@ def hold_expired(shard: ps.Shard, tmp_path) -> None:
 
 
 def writer_already_committed(shard: ps.Shard, tmp_path) -> None:
-    shard.machine.commit(Append(2, 3, Batch("w", 2, 3, ()), writer=("w", 0), id=new_id()))
-    shard.machine.commit(Append(3, 4, Batch("w2", 3, 4, ()), writer=("w", 0), id=new_id()))
+    shard._machine.commit(Append(2, 3, Batch("w", 2, 3, ()), writer=("w", 0), id=new_id()))
+    shard._machine.commit(Append(3, 4, Batch("w2", 3, 4, ()), writer=("w", 0), id=new_id()))
 
 
 def lease_expired(shard: ps.Shard, tmp_path) -> None:
@@ -118,16 +119,16 @@ def lease_expired(shard: ps.Shard, tmp_path) -> None:
 
     old_id = f"{new_id()[:12]}"
     old_id = f"{int(old_id, 16) - int(leases.DEFAULT_WRITE_LEASE_SECONDS * 1000) - 1:012x}"
-    written = shard.write_updates(
-        updates([(3, "c", 2, 1)]), lower=2, new_upper=3, write_id=old_id + "0" * 20, schema=None
+    written = write_transaction(shard, old_id + "0" * 20).write_updates(
+        updates([(3, "c", 2, 1)]), lower=2, new_upper=3, schema=None
     )
-    shard.commit_written(written, expected_upper=2, new_upper=3, schema=None)
+    write_transaction(shard).commit(written, expected_upper=2, new_upper=3, schema=None)
 
 
 def commit_deadline(shard: ps.Shard, tmp_path) -> None:
     """Every compare-and-set loses (another writer always got there first)."""
     shard.consensus.compare_and_set = lambda expected, data: False  # type: ignore[method-assign]
-    shard.machine.commit(AdvanceSince(1, id=new_id()), deadline_seconds=0.01)
+    shard._machine.commit(AdvanceSince(1, id=new_id()), deadline_seconds=0.01)
 
 
 def negative_diff(shard: ps.Shard, tmp_path, spark=None) -> None:

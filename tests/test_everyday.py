@@ -10,6 +10,7 @@ import pytest
 
 import persistshard as ps
 from persistshard.conformance.storage import process_context
+from persistshard.core.shard import write_transaction
 from persistshard.core.statemachine.state import ShardState
 from persistshard.errors import InvalidUpdates, UpperMismatch
 
@@ -25,17 +26,16 @@ def test_plain_append_after_a_lost_race_lands_at_the_new_upper(tmp_path):
     shard = ps.open_shard(loc)
     shard.append(_rows([1]))
     slow = ps.open_shard(loc)
-    written = slow.write_updates(
+    written = write_transaction(slow, "w-slow").write_updates(
         _rows([2])
         .append_column("_time", pa.array([1], pa.int64()))
         .append_column("_diff", pa.array([1], pa.int64())),
         lower=1,
         new_upper=2,
-        write_id="w-slow",
         schema=slow.schema,
     )
     shard.append(_rows([3]))  # takes time 1
-    state = slow.commit_written(
+    state = write_transaction(slow).commit(
         written, expected_upper=1, new_upper=2, schema=slow.schema, rebase=True
     )
     assert state.upper == 3

@@ -157,7 +157,7 @@ def test_large_write_task_parts_are_one_chain_per_side(tmp_path):
         target=incoming,
         sources=tuple(incoming.names),
     )
-    written = w._write_task(d, iter(data.to_batches(max_chunksize=2000)), 0, shard)
+    written = w.write_task(d, iter(data.to_batches(max_chunksize=2000)), 0)
     full = update_schema(incoming)
     expected = consolidate(
         pa.table(
@@ -166,6 +166,6 @@ def test_large_write_task_parts_are_one_chain_per_side(tmp_path):
     )
     for refs, keep in ((written.sealed, lambda t: t < 20), (written.unsealed, lambda t: t >= 20)):
         assert refs
-        chain = pa.concat_tables([read_part(shard.blob, r) for r in refs])
+        chain = pa.concat_tables([read_part(shard._blob, r) for r in refs])
         want = expected.filter(pa.array(keep(expected.column("_time").to_numpy())))
         assert chain.equals(want)

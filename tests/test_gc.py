@@ -12,6 +12,7 @@ import pytest
 from conformance_helpers import Clock, rows_of, tick, updates
 
 import persistshard as ps
+from persistshard.core.shard import write_transaction
 from persistshard.core.statemachine.state import ShardState
 from persistshard.core.storage.blob import Blob, BlobWrapper
 from persistshard.core.storage.layout import ROLLUP_EVERY, new_id
@@ -20,7 +21,7 @@ HOUR_MS = 3600 * 1000
 
 
 def keys(shard: ps.Shard, prefix: str = "") -> dict[str, int]:
-    return {m.key: m.size for m in shard.blob.list(prefix)}
+    return {m.key: m.size for m in shard._blob.list(prefix)}
 
 
 def all_reads(shard: ps.Shard) -> dict:
@@ -30,7 +31,7 @@ def all_reads(shard: ps.Shard) -> dict:
 
 def read_state(shard: ps.Shard, state: ShardState) -> pa.Table:
     """Every update of ``state`` (a pinned, possibly old version)."""
-    return shard.read_range(state, min_time=None, max_time=None)
+    return shard._read_range(state, min_time=None, max_time=None)
 
 
 def build(location: str, clock: Clock | None = None, appends: int = 3 * ROLLUP_EVERY) -> ps.Shard:
@@ -39,14 +40,13 @@ def build(location: str, clock: Clock | None = None, appends: int = 3 * ROLLUP_E
     shard = ps.open_shard(location)
     for t in range(appends):
         shard.append(updates([(t % 7, "x", t, 1), (t % 5, "y", t, -1)]))
-        shard.maybe_compact(2)
+        shard._maybe_compact(2)
         if clock is not None:
             clock.advance(1000)
-    shard.write_updates(
+    write_transaction(shard, new_id()).write_updates(
         updates([(99, "lost", shard.upper, 1)]),
         lower=shard.upper,
         new_upper=shard.upper + 1,
-        write_id=new_id(),
         schema=shard.schema,
     )
     return shard
@@ -125,10 +125,10 @@ def test_retention_floor_keeps_versions_a_reader_may_hold(tmp_path, clock):
 def test_orphans_of_failed_writes_and_unknown_files(tmp_path, clock):
     shard = ps.open_shard(str(tmp_path / "s"))
     shard.append(updates([(1, "a", 0, 1)]))
-    written = shard.write_updates(
-        updates([(2, "b", 1, 1)]), lower=1, new_upper=2, write_id=new_id(), schema=shard.schema
+    written = write_transaction(shard, new_id()).write_updates(
+        updates([(2, "b", 1, 1)]), lower=1, new_upper=2, schema=shard.schema
     )
-    shard.blob.put("parts/not-an-id/stray.part", b"x")
+    shard._blob.put("parts/not-an-id/stray.part", b"x")
     tick(shard, clock, 59 * 60 * 1000)
     assert shard.gc(dry_run=False, now_ms=clock.ms).deleted == 0
     tick(shard, clock, 2 * 60 * 1000)
@@ -144,7 +144,7 @@ def test_memory_consensus(tmp_path, clock):
     shard = ps.open_shard(f"memory://gc-{uuid.uuid4().hex}", consensus=MemoryConsensus())
     for t in range(2 * ROLLUP_EVERY + 3):
         shard.append(updates([(t, "a", t, 1)]))
-        shard.maybe_compact()
+        shard._maybe_compact()
     tick(shard, clock, 2 * HOUR_MS)
     reads = all_reads(shard)
     report = shard.gc(dry_run=False)
@@ -244,7 +244,7 @@ def test_random_history_never_loses_a_live_version(tmp_path, clock, seed):
         elif op < 0.65:
             shard.advance_since(max(0, shard.upper - rng.randrange(3)))
         elif op < 0.85:
-            shard.maybe_compact(rng.randrange(1, 3)) if rng.random() < 0.5 else shard.compact()
+            shard._maybe_compact(rng.randrange(1, 3)) if rng.random() < 0.5 else shard.compact()
         else:
             before = all_reads(shard)
             deleted += shard.gc(dry_run=False, now_ms=clock.ms).deleted

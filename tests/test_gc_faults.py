@@ -13,6 +13,7 @@ from conformance_helpers import rows_of
 import persistshard as ps
 from persistshard.cli import main as cli
 from persistshard.conformance.faults import FaultyBlob
+from persistshard.core.shard import write_transaction
 from persistshard.core.storage import layout
 from persistshard.core.storage.blob import BlobWrapper, open_blob, temporary_name
 from persistshard.core.storage.layout import ROLLUP_EVERY
@@ -33,7 +34,7 @@ def test_gc_never_deletes_the_rollup_of_a_commit_in_flight(tmp_path, clock):
 
     def gc_while_stalled() -> None:
         # The writer's rollup of version ROLLUP_EVERY is written; its entry is not yet.
-        if ran or not shard.blob.list("rollups/"):
+        if ran or not shard._blob.list("rollups/"):
             return
         clock.advance(1000)
         ran.append(ps.open_shard(location).gc(dry_run=False, retention_seconds=0))
@@ -109,12 +110,12 @@ def test_a_part_missing_from_the_newest_version_is_still_corrupt(tmp_path, clock
 def test_out_of_range_retention_is_invalid_option(tmp_path, bad):
     shard = ps.open_shard(str(tmp_path / "s"), maintenance=False)
     shard.append(table(0))
-    before = {m.key for m in shard.blob.list("")}
+    before = {m.key for m in shard._blob.list("")}
     with pytest.raises(InvalidOption, match="retention"):
         shard.gc(dry_run=False, retention_seconds=bad)
     with pytest.raises(InvalidOption, match="retention"):
         shard.set_retention(seconds=bad)
-    assert {m.key for m in shard.blob.list("")} == before
+    assert {m.key for m in shard._blob.list("")} == before
 
 
 def test_retention_zero_stays_valid_and_set_retention_zero_is_invalid_option(tmp_path):
@@ -153,8 +154,8 @@ def _with_an_orphan(location: str) -> ps.Shard:
     """A shard with one write that never committed (gc fences before deleting it)."""
     shard = ps.open_shard(location, maintenance=False)
     shard.append(table(0))
-    shard.write_updates(
-        table(1), lower=1, new_upper=2, write_id=layout.new_id(), schema=shard.schema
+    write_transaction(shard, layout.new_id()).write_updates(
+        table(1), lower=1, new_upper=2, schema=shard.schema
     )
     return shard
 
@@ -200,7 +201,7 @@ def test_a_shard_fenced_in_the_future_by_an_older_gc_takes_writes(
         monkeypatch.setattr(parts, "DEFAULT_INLINE_BYTES", 1 << 16)
     location = str(tmp_path / "s")
     ps.open_shard(location, maintenance=False).append(table(0))
-    leases.fence(ps.open_shard(location).machine, clock.ms + 6 * 3_600_000)
+    leases.fence(ps.open_shard(location)._machine, clock.ms + 6 * 3_600_000)
     writer = ps.open_shard(location, maintenance=False)
     writer.append(table(1))
     writer.append(table(2))

@@ -33,8 +33,8 @@ def test_leftover_temporary_files_are_collected_after_the_floor(tmp_path, capsys
     two_hours_ago = time.time() - 2 * HOUR
     for path in (old_in_parts, old_in_log, legacy):
         os.utime(path, (two_hours_ago, two_hours_ago))
-    assert [m.key for m in shard.blob.list("consensus/")] == [
-        m.key for m in shard.blob.list("consensus/") if ".tmp-" not in m.key
+    assert [m.key for m in shard._blob.list("consensus/")] == [
+        m.key for m in shard._blob.list("consensus/") if ".tmp-" not in m.key
     ]
     snapshot = shard.snapshot()
 
@@ -65,7 +65,7 @@ def test_temporary_names_carry_their_time():
 
 
 def test_a_put_that_fails_cleans_its_temporary_file(tmp_path, monkeypatch):
-    blob = ps.open_shard(str(tmp_path / "s")).blob
+    blob = ps.open_shard(str(tmp_path / "s"))._blob
 
     def broken_replace(src, dst):
         raise OSError("disk full")

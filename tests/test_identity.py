@@ -1,7 +1,7 @@
 """One shard, one identity (issue 36, item 3): every spelling of a location reaches the same
 shard and the same log, and a shard's log lives in exactly one place.
 
-- `_as_location` gives one canonical location for every spelling of a local directory
+- `canonical_location` gives one canonical location for every spelling of a local directory
   (``file://`` or not, doubled or trailing slashes, ``.``, a symbolic link) and one spelling of
   a URL; Spark/SQL options give the same one.
 - A database log is keyed by the shard's id (made on its first write, recorded next to the
@@ -24,9 +24,10 @@ import pytest
 from conformance_helpers import rows_of
 
 import persistshard as ps
-from persistshard.core.shard import Shard, _as_location
+from persistshard.core.shard import Shard
 from persistshard.core.storage.blob import Blob, BlobMeta, BlobWrapper, open_blob
 from persistshard.core.storage.consensus import LEGACY_LOG_HOME_KEY, LOG_HOME_KEY, mark_log_home
+from persistshard.core.storage.layout import canonical_location
 from persistshard.core.storage.sqlconsensus import open_consensus
 from persistshard.errors import InvalidOption
 
@@ -52,7 +53,7 @@ def _db_rows(path: str) -> list[tuple[str, int]]:
 
 def _everything(shard: ps.Shard) -> dict[str, bytes | None]:
     """Every stored object of the shard with its bytes (what "writes nothing" compares)."""
-    return {m.key: shard.blob.get(m.key) for m in shard.blob.list("")}
+    return {m.key: shard._blob.get(m.key) for m in shard._blob.list("")}
 
 
 def _spellings(tmp_path, name: str) -> list[str]:
@@ -76,19 +77,19 @@ def test_canonical_location_unifies_spellings(tmp_path):
     real.mkdir()
     want = f"file://{os.path.realpath(real)}"
     for spelling in _spellings(tmp_path, "d"):
-        assert _as_location(spelling) == want, spelling
-    assert _as_location(f"file://localhost{real}") == want
-    assert _as_location("S3://bucket//a/b/") == "s3://bucket/a/b"
-    assert _as_location("s3://bucket/a/b") == "s3://bucket/a/b"
-    assert _as_location("memory://x/y/") == "memory://x/y"
-    assert _as_location("s3://bucket/") == "s3://bucket"
+        assert canonical_location(spelling) == want, spelling
+    assert canonical_location(f"file://localhost{real}") == want
+    assert canonical_location("S3://bucket//a/b/") == "s3://bucket/a/b"
+    assert canonical_location("s3://bucket/a/b") == "s3://bucket/a/b"
+    assert canonical_location("memory://x/y/") == "memory://x/y"
+    assert canonical_location("s3://bucket/") == "s3://bucket"
 
 
 def test_spark_options_give_the_canonical_location(tmp_path):
     from persistshard.datasource.options import ReadOptions, WriteOptions
 
     (tmp_path / "d").mkdir()
-    want = _as_location(str(tmp_path / "d"))
+    want = canonical_location(str(tmp_path / "d"))
     for spelling in _spellings(tmp_path, "d"):
         assert WriteOptions.parse({"path": spelling}).location == want
         assert ReadOptions.parse({"path": spelling}).location == want
@@ -145,7 +146,7 @@ def test_another_sqlite_database_is_refused_and_writes_nothing(tmp_path, sqlite_
         other.compare_and_append(_row(2).append_column("_time", pa.array([0])), 0, 1)
     assert not os.path.exists(other_path)  # nothing in (or of) the other database
     shard = ps.open_shard(home, consensus=sqlite_url)
-    assert shard.blob.get(LOG_HOME_KEY) == marker  # the marker was not re-pointed
+    assert shard._blob.get(LOG_HOME_KEY) == marker  # the marker was not re-pointed
     assert _everything(shard) == before  # no part, no marker, nothing
     assert _ids(shard) == [1]
 
@@ -202,18 +203,18 @@ def test_the_first_write_records_one_id_and_a_crash_before_the_entry_is_complete
     home = str(tmp_path / "d")
     crashed = ps.open_shard(home, consensus=sqlite_url)
     crashed.state()
-    mark_log_home(crashed.blob, crashed.consensus, crashed.location)  # then "crashed"
-    marker = json.loads(crashed.blob.get(LOG_HOME_KEY) or b"")
+    mark_log_home(crashed._blob, crashed.consensus, crashed.location)  # then "crashed"
+    marker = json.loads(crashed._blob.get(LOG_HOME_KEY) or b"")
     assert marker["log"] == "database" and marker["shard_id"] and marker["database_id"]
     assert _db_rows(f"{tmp_path}/log.db") == []
     ps.open_shard(home, consensus=sqlite_url).append(_row(1))
     ps.open_shard(f"file://{home}/", consensus=sqlite_url).append(_row(2))
-    assert json.loads(crashed.blob.get(LOG_HOME_KEY) or b"") == marker
+    assert json.loads(crashed._blob.get(LOG_HOME_KEY) or b"") == marker
     assert _db_rows(f"{tmp_path}/log.db") == [(marker["shard_id"], 1), (marker["shard_id"], 2)]
     # A blob-logged shard records its id the same way (one key, raced on by every kind).
     blob_home = str(tmp_path / "b")
     ps.open_shard(blob_home).append(_row(1))
-    blob_marker = json.loads(ps.open_shard(blob_home).blob.get(LOG_HOME_KEY) or b"")
+    blob_marker = json.loads(ps.open_shard(blob_home)._blob.get(LOG_HOME_KEY) or b"")
     assert blob_marker["log"] == "blob" and blob_marker["shard_id"]
 
 
@@ -225,7 +226,7 @@ def _make_legacy(tmp_path, url: str, home: str) -> tuple[str, bytes]:
     shard = ps.open_shard(home, consensus=url)
     for i in range(3):
         shard.append(_row(i))
-    marker = json.loads(shard.blob.get(LOG_HOME_KEY) or b"")
+    marker = json.loads(shard._blob.get(LOG_HOME_KEY) or b"")
     old_key = "file://" + os.path.abspath(home)
     with sqlite3.connect(url[len("sqlite:///") :]) as db:
         for table in ("persistshard_consensus", "persistshard_heads"):
@@ -233,9 +234,9 @@ def _make_legacy(tmp_path, url: str, home: str) -> tuple[str, bytes]:
                 f"UPDATE {table} SET shard = ? WHERE shard = ?", (old_key, marker["shard_id"])
             )
         db.execute("DROP TABLE persistshard_identity")
-    shard.blob.delete(LOG_HOME_KEY)
+    shard._blob.delete(LOG_HOME_KEY)
     old_marker = url.encode()  # the redacted URL (a SQLite URL has nothing to redact)
-    shard.blob.put(LEGACY_LOG_HOME_KEY, old_marker)
+    shard._blob.put(LEGACY_LOG_HOME_KEY, old_marker)
     return old_key, old_marker
 
 
@@ -250,7 +251,7 @@ def test_a_shard_logged_before_ids_keeps_working(tmp_path, sqlite_url):
     assert _ids(ps.open_shard(f"file://{home}/", consensus=sqlite_url)) == list(range(5))
     # Its history stays where it was: under the old key, the old marker untouched.
     assert {key for key, _ in _db_rows(f"{tmp_path}/log.db")} == {old_key}
-    assert shard.blob.get(LEGACY_LOG_HOME_KEY) == old_marker
+    assert shard._blob.get(LEGACY_LOG_HOME_KEY) == old_marker
     # Still refused without its database and with another one.
     with pytest.raises(InvalidOption, match="keeps its log in a database"):
         ps.open_shard(home).append(_row(9))
@@ -315,7 +316,7 @@ def test_costs_one_get_per_open_of_a_database_shard_and_nothing_per_blob_commit(
 ):
     home = str(tmp_path / "d")
     ps.open_shard(home, consensus=sqlite_url).append(_row(0))
-    blob = _Recording(open_blob(_as_location(home)))
+    blob = _Recording(open_blob(canonical_location(home)))
     shard = Shard(home, consensus=sqlite_url, blob=blob)
     shard.state()
     shard.append(_row(1))
@@ -326,7 +327,7 @@ def test_costs_one_get_per_open_of_a_database_shard_and_nothing_per_blob_commit(
 
     beside = str(tmp_path / "b")
     ps.open_shard(beside).append(_row(0))
-    blob = _Recording(open_blob(_as_location(beside)))
+    blob = _Recording(open_blob(canonical_location(beside)))
     shard = Shard(beside, blob=blob)
     for i in range(1, 4):
         shard.append(_row(i))
@@ -342,10 +343,10 @@ def test_first_writers_with_different_consensuses_race_on_one_marker(tmp_path, s
     late_db = ps.open_shard(home, consensus=sqlite_url)
     assert late_db.upper == 0
     ps.open_shard(home).append(_row(1))  # the blob consensus's first write lands
-    marker = ps.open_shard(home).blob.get(LOG_HOME_KEY)
+    marker = ps.open_shard(home)._blob.get(LOG_HOME_KEY)
     with pytest.raises(InvalidOption, match="next to its data"):
-        mark_log_home(late_db.blob, late_db.consensus, late_db.location)
-    assert ps.open_shard(home).blob.get(LOG_HOME_KEY) == marker
+        mark_log_home(late_db._blob, late_db.consensus, late_db.location)
+    assert ps.open_shard(home)._blob.get(LOG_HOME_KEY) == marker
     assert _db_rows(f"{tmp_path}/log.db") == []
 
     other = str(tmp_path / "e")
@@ -353,8 +354,8 @@ def test_first_writers_with_different_consensuses_race_on_one_marker(tmp_path, s
     assert late_blob.upper == 0
     ps.open_shard(other, consensus=sqlite_url).append(_row(1))
     with pytest.raises(InvalidOption, match="keeps its log in a database"):
-        mark_log_home(late_blob.blob, late_blob.consensus, late_blob.location)
-    assert not [m.key for m in late_blob.blob.list("consensus/") if m.key.endswith(".json")]
+        mark_log_home(late_blob._blob, late_blob.consensus, late_blob.location)
+    assert not [m.key for m in late_blob._blob.list("consensus/") if m.key.endswith(".json")]
     assert _ids(ps.open_shard(other, consensus=sqlite_url)) == [1]
 
 

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.inline
 
 
 def part_files(shard: ps.Shard) -> list[str]:
-    return [m.key for m in shard.blob.list("parts/")]
+    return [m.key for m in shard._blob.list("parts/")]
 
 
 def one_row(i: int, item: str = "x") -> pa.Table:
@@ -86,8 +86,8 @@ def test_a_rollup_carries_the_inline_bytes(shard):
         shard.append(one_row(i))
     assert part_files(shard) == []
     version = layout.ROLLUP_EVERY
-    (key,) = [m.key for m in shard.blob.list("rollups/")]
-    rolled = shard.machine.load_rollup(version, key)
+    (key,) = [m.key for m in shard._blob.list("rollups/")]
+    rolled = shard._machine.load_rollup(version, key)
     assert sum(p.inline is not None for p in rolled.parts()) == version
     fresh = ps.open_shard(shard.location)  # loads that rollup and one entry
     assert rows_of(fresh.snapshot()) == {(i, f"x{i}"): 1 for i in range(version + 1)}

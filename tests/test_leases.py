@@ -14,6 +14,7 @@ import pytest
 from conformance_helpers import rows_of, tick, updates
 
 import persistshard as ps
+from persistshard.core.shard import write_transaction
 from persistshard.core.statemachine import leases
 from persistshard.core.statemachine.commits.renew_lease import RenewLease
 from persistshard.core.storage.blob import BlobWrapper
@@ -25,24 +26,25 @@ HOUR_MS = 3600 * 1000
 
 
 def part_files(shard: ps.Shard) -> set[str]:
-    return {m.key for m in shard.blob.list("parts/")}
+    return {m.key for m in shard._blob.list("parts/")}
 
 
 def pending_write(shard: ps.Shard, item: str = "slow") -> tuple[str, ps.shard.WrittenUpdates]:
     """Parts of a write at the current upper, written but not committed."""
     write_id = new_id()
-    written = shard.write_updates(
+    written = write_transaction(shard, write_id).write_updates(
         updates([(7, item, shard.upper, 1)]),
         lower=shard.upper,
         new_upper=shard.upper + 1,
-        write_id=write_id,
         schema=shard.schema,
     )
     return write_id, written
 
 
 def commit(shard: ps.Shard, written: ps.shard.WrittenUpdates, expected: int) -> None:
-    shard.commit_written(written, expected_upper=expected, new_upper=expected + 1, schema=None)
+    write_transaction(shard).commit(
+        written, expected_upper=expected, new_upper=expected + 1, schema=None
+    )
 
 
 def test_write_outliving_retention_with_gc_in_between_is_refused(tmp_path, clock):
@@ -83,7 +85,7 @@ def test_gc_keeps_parts_of_a_live_write_and_a_renewed_write_commits(tmp_path, cl
     shard.append(updates([(1, "a", 0, 1)]))
     expected = shard.upper
     write_id, written = pending_write(shard)
-    lease = leases.WriteLease(shard.machine, write_id)  # renewed by hand: no thread here
+    lease = leases.WriteLease(shard._machine, write_id)  # renewed by hand: no thread here
     for _ in range(4):  # four hours, renewed every 50 minutes, gc every 50 minutes
         clock.advance(50 * 60 * 1000)
         lease.renew()
@@ -103,7 +105,7 @@ def test_a_lease_never_comes_back(tmp_path, clock):
     write_id, _ = pending_write(shard)
     clock.advance(HOUR_MS + 1)
     with pytest.raises(LeaseExpired):
-        leases.renew(shard.machine, write_id, 600)
+        leases.renew(shard._machine, write_id, 600)
 
 
 class GcBeforeCas(Consensus):
@@ -188,7 +190,7 @@ def test_an_orphan_adopted_before_the_fence_is_kept(tmp_path, clock):
         commit(shard, written, expected)
         clock.ms = gc_now
 
-    blob = CommitAfterListing(shard.blob, writer_commits)
+    blob = CommitAfterListing(shard._blob, writer_commits)
     clock.ms = gc_now
     report = ps.Shard(location, blob=blob).gc(dry_run=False)
     assert report.fence_version and not report.orphaned_parts and not report.parts
@@ -247,7 +249,7 @@ def test_explicit_leases_are_bounded(tmp_path, clock):
     shard = ps.open_shard(str(tmp_path / "s"))
     shard.append(updates([(1, "a", 0, 1)]))
     for _ in range(5):
-        leases.renew(shard.machine, new_id(), 60)
+        leases.renew(shard._machine, new_id(), 60)
     assert len(shard.state().leases) == 5
     clock.advance(2 * HOUR_MS)
     shard.append(updates([(2, "b", shard.upper, 1)]))
@@ -258,7 +260,7 @@ def test_lease_of_an_overwrite_covers_its_delta_writes(tmp_path, clock):
     shard = ps.open_shard(str(tmp_path / "s"))
     shard.append(updates([(1, "a", 0, 1)]))
     base = new_id()
-    leases.renew(shard.machine, base, 3 * 3600)
+    leases.renew(shard._machine, base, 3 * 3600)
     state = shard.state()
     clock.advance(2 * HOUR_MS)
     assert leases.live(state, f"{base}-d3", clock.ms)
@@ -270,7 +272,7 @@ def test_write_lease_thread_renews_a_long_write(tmp_path):
     clock; the test waits for the renewal, however long that takes)."""
     shard = ps.open_shard(str(tmp_path / "s"))
     shard.append(updates([(1, "a", 0, 1)]))
-    with leases.WriteLease(shard.machine, new_id(), lease_seconds=0.3) as lease:
+    with leases.WriteLease(shard._machine, new_id(), lease_seconds=0.3) as lease:
         while lease.renewals < 2:
             time.sleep(0.05)
     assert shard.state().leases[lease.write_id] == lease.expires_ms
@@ -281,7 +283,7 @@ def test_a_lease_that_runs_out_while_renewals_fail_is_lost_and_left_alone(tmp_pa
     keeper retrying forever would burn a core for the rest of the process)."""
     shard = ps.open_shard(str(tmp_path / "s"))
     shard.append(updates([(1, "a", 0, 1)]))
-    lease = leases.WriteLease(shard.machine, new_id(), lease_seconds=60)
+    lease = leases.WriteLease(shard._machine, new_id(), lease_seconds=60)
     attempts = []
 
     def failing_renew() -> None:
@@ -304,9 +306,9 @@ def test_a_commit_planned_on_a_stale_state_sees_renewals_made_elsewhere(tmp_path
     shard.append(updates([(1, "a", 0, 1)]))
     write_id, written = pending_write(shard)
     clock.advance(50 * 60 * 1000)
-    leases.renew(ps.open_shard(shard.location).machine, write_id, 3600)  # another handle
+    leases.renew(ps.open_shard(shard.location)._machine, write_id, 3600)  # another handle
     clock.advance(20 * 60 * 1000)  # the implicit lease ran out; the renewed one lives
-    commit(shard, written, shard.machine.known().upper)
+    commit(shard, written, shard._machine.known().upper)
     assert rows_of(ps.open_shard(shard.location).snapshot()) == {(1, "a"): 1, (7, "slow"): 1}
 
 
@@ -317,14 +319,14 @@ def test_a_short_write_commits_nothing_extra(tmp_path):
     shard.append(updates([(2, "b", shard.upper, 1)]))
     assert shard.state().version == version + 1
     assert [h["kind"] for h in shard.history()][-1] != "renew_lease"
-    kinds = {e.commit.kind for _, e in shard.machine.entries(1)}
+    kinds = {e.commit.kind for _, e in shard._machine.entries(1)}
     assert "renew_lease" not in kinds and "sweep_leases" not in kinds
 
 
 def test_renewal_is_a_commit_kind_gc_and_history_understand(tmp_path, clock):
     shard = ps.open_shard(str(tmp_path / "s"))
     shard.append(updates([(1, "a", 0, 1)]))
-    shard.machine.commit(RenewLease(new_id(), 5, id=new_id()))
+    shard._machine.commit(RenewLease(new_id(), 5, id=new_id()))
     clock.advance(2 * HOUR_MS)
     shard.gc(dry_run=False, now_ms=clock.ms)
     assert len(shard.history()) >= 2

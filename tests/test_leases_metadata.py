@@ -104,7 +104,7 @@ def test_lost_races_back_off_with_jitter_then_land(tmp_path, monkeypatch):
     monkeypatch.setattr(machine.time, "sleep", sleep)
     shard = ps.open_shard(str(tmp_path / "s"))
     shard.append(updates([(1, "a", 0, 1)]))
-    shard.machine.consensus = LosingConsensus(shard.machine.consensus, 12)  # type: ignore[assignment]
+    shard._machine.consensus = LosingConsensus(shard._machine.consensus, 12)  # type: ignore[assignment]
     shard.append(updates([(2, "b", shard.upper, 1)]))
     assert shard.upper == 2
     assert len(pauses) == 11  # the first retry is immediate
@@ -118,9 +118,9 @@ def test_a_commit_that_keeps_losing_gives_up_at_its_deadline(tmp_path, monkeypat
     shard = ps.open_shard(str(tmp_path / "s"))
     shard.append(updates([(1, "a", 0, 1)]))
     before = shard.state()
-    shard.machine.consensus = LosingConsensus(shard.machine.consensus, 10**9)  # type: ignore[assignment]
+    shard._machine.consensus = LosingConsensus(shard._machine.consensus, 10**9)  # type: ignore[assignment]
     with pytest.raises(CommitDeadline) as info:
-        shard.machine.commit(AdvanceSince(1, id=new_id()), deadline_seconds=0.05)
+        shard._machine.commit(AdvanceSince(1, id=new_id()), deadline_seconds=0.05)
     assert str(info.value).startswith("CommitDeadline: ") and "nothing landed" in str(info.value)
     assert ps.open_shard(shard.location).state() == before
 
@@ -129,11 +129,11 @@ def test_a_write_that_gives_up_deletes_its_parts(tmp_path, monkeypatch):
     monkeypatch.setattr(machine, "COMMIT_DEADLINE_SECONDS", 0.05)
     shard = ps.open_shard(str(tmp_path / "s"))
     shard.append(updates([(1, "a", 0, 1)]))
-    keys = {m.key for m in shard.blob.list("parts/")}
-    shard.machine.consensus = LosingConsensus(shard.machine.consensus, 10**9)  # type: ignore[assignment]
+    keys = {m.key for m in shard._blob.list("parts/")}
+    shard._machine.consensus = LosingConsensus(shard._machine.consensus, 10**9)  # type: ignore[assignment]
     with pytest.raises(CommitDeadline):
         shard.compare_and_append(updates([(2, "b", 1, 1)]), 1, 2)
-    assert {m.key for m in shard.blob.list("parts/")} == keys
+    assert {m.key for m in shard._blob.list("parts/")} == keys
 
 
 def test_remap_since_follows_its_outputs_since(tmp_path):

@@ -210,7 +210,7 @@ def test_spark_overwrite_longer_than_the_lease_commits_while_gc_runs(spark, tmp_
                 report = gc_shard.gc(dry_run=False)
                 deleted.update(report.parts)
                 referenced = gc_shard.state().part_keys()
-                pending = [m for m in gc_shard.blob.list("parts/") if m.key not in referenced]
+                pending = [m for m in gc_shard._blob.list("parts/") if m.key not in referenced]
                 if first_seen is None and pending:
                     first_seen = time.monotonic()
                 if first_seen is not None and time.monotonic() > first_seen + 2 * lease:

@@ -132,5 +132,5 @@ def test_local_cluster_writes_and_reads_s3_data_with_postgres_consensus(
     assert sorted((r["id"], r["item"]) for r in shard.snapshot().to_pylist()) == [
         (i, str(i % 7)) for i in range(5)
     ]
-    assert not [m.key for m in shard.blob.list("consensus/") if m.key.startswith("consensus/v")]
+    assert not [m.key for m in shard._blob.list("consensus/") if m.key.startswith("consensus/v")]
     assert shard.verify().ok

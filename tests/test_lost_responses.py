@@ -209,8 +209,8 @@ def test_state_machine_checks_before_reporting_a_refusal(tmp_path):
     consensus = LostAckConsensus(times=1)
     shard = Shard(str(tmp_path / "shard"), consensus=consensus)
     seal = Append(0, 1, Batch("b", 0, 1, ()), id="c-1")
-    state = shard.machine.commit(seal)
+    state = shard._machine.commit(seal)
     assert state.version == 1 and state.last_commit == "c-1"
     with pytest.raises(UpperMismatch):  # a real refusal is still one
-        shard.machine.commit(Append(0, 1, Batch("b", 0, 1, ()), id="c-2"))
+        shard._machine.commit(Append(0, 1, Batch("b", 0, 1, ()), id="c-2"))
     assert CorruptData  # (imported for the parametrised tests' failure messages)

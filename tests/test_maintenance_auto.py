@@ -46,7 +46,7 @@ def clock(monkeypatch: Any) -> Clock:
 
 
 def _parts_on_disk(shard: ps.Shard) -> int:
-    return sum(1 for _ in shard.blob.list("parts/"))
+    return sum(1 for _ in shard._blob.list("parts/"))
 
 
 # --- retention ---------------------------------------------------------------------------
@@ -192,7 +192,7 @@ def test_maintenance_false_leaves_every_batch(tmp_path):
     for i in range(40):
         shard.append(_rows([i]))
     assert len(shard.state().trace) == 40
-    assert shard.maintain(0) is None
+    assert shard._maintain(0) is None
 
 
 def test_a_maintenance_error_does_not_fail_the_commit(tmp_path, monkeypatch, caplog):

@@ -276,7 +276,7 @@ def _strip_metrics(shard: ps.Shard) -> ps.Shard:
         commit = replace(entry.commit, metrics=None)
         again = Entry(commit, entry.rollup_version, entry.rollup_key, entry.at_ms)
         assert old.compare_and_set(logged.version - 1 or None, again.encode())
-    return ps.Shard(shard.location, blob=shard.blob, consensus=old)
+    return ps.Shard(shard.location, blob=shard._blob, consensus=old)
 
 
 def test_entries_without_metrics_still_read(tmp_path, capsys):

@@ -30,7 +30,7 @@ CALLS: dict[str, Callable[[ps.Shard], Any]] = {
     "gc": lambda s: s.gc(),
     "gc applied": lambda s: s.gc(dry_run=False),
     "compact": lambda s: s.compact(),
-    "maybe_compact": lambda s: s.maybe_compact(),
+    "maybe_compact": lambda s: s._maybe_compact(),
 }
 
 

@@ -35,7 +35,7 @@ def stray_parts(location: str) -> set[str]:
     """Parts on storage that the newest state does not reference."""
     shard = ps.open_shard(location)
     referenced = shard.state().part_keys()
-    return {m.key for m in shard.blob.list(PARTS_PREFIX)} - set(referenced)
+    return {m.key for m in shard._blob.list(PARTS_PREFIX)} - set(referenced)
 
 
 def test_distributed_overwrite_is_exact_and_writes_only_the_difference(spark, location):

@@ -38,7 +38,7 @@ def _updates(ids: list[int], time: int) -> pa.Table:
 
 
 def _written(shard: ps.Shard, ids: list[int], time: int, write_id: str | None = None) -> list:
-    return write_parts(shard.blob, write_id or new_id(), _updates(ids, time))
+    return write_parts(shard._blob, write_id or new_id(), _updates(ids, time))
 
 
 def _path(shard: ps.Shard, ref: PartRef) -> str:
@@ -122,7 +122,7 @@ def test_good_parts_commit_and_read(shard):
 def test_inline_parts_need_no_listing_but_their_times_are_checked(tmp_path):
     shard = ps.open_shard(str(tmp_path / "s"), maintenance=False, inline_bytes=4096)
     shard.append(_updates([1], 0))
-    (ref,) = write_parts(shard.blob, new_id(), _updates([2], 1), inline_max=4096)
+    (ref,) = write_parts(shard._blob, new_id(), _updates([2], 1), inline_max=4096)
     assert ref.inline is not None
     with pytest.raises(InvalidUpdates, match="outside"):
         shard.commit_checked(
@@ -164,12 +164,12 @@ def test_one_listing_per_write_directory_and_nothing_else(shard):
     ids = [new_id() for _ in range(3)]
     refs = [p for i, w in enumerate(ids) for p in _written(shard, [10 * i, 10 * i + 1], 1, w)]
     refs += [p for w in ids for p in _written(shard, [100], 1, w)]  # more parts per directory
-    blob = Recording(shard.blob)
+    blob = Recording(shard._blob)
     check_parts(blob, [(refs, 1, 2)], location=shard.location)
     assert sorted(blob.lists) == sorted(f"parts/{w}/" for w in ids) and blob.others == 0
     os.remove(_path(shard, refs[-1]))
     with pytest.raises(CorruptData, match=refs[-1].key):
-        check_parts(Recording(shard.blob), [(refs, 1, 2)], location=shard.location)
+        check_parts(Recording(shard._blob), [(refs, 1, 2)], location=shard.location)
 
 
 def test_a_listing_the_storage_refuses_is_a_storage_error(shard):
@@ -178,7 +178,7 @@ def test_a_listing_the_storage_refuses_is_a_storage_error(shard):
             raise PermissionError(13, "Permission denied", prefix)
 
     with pytest.raises(ps.StorageError, match="PermissionError"):
-        check_parts(Refusing(shard.blob), [(_written(shard, [2], 1), 1, 2)], location="x")
+        check_parts(Refusing(shard._blob), [(_written(shard, [2], 1), 1, 2)], location="x")
 
 
 # --- the Spark driver's commit (the task side runs here without a Spark session) ------------

@@ -223,7 +223,7 @@ def test_chunks_outside_the_filter_are_never_fetched(tmp_path: Any, small_chunks
     state = shard.state()
     keys = [p.key for b in state.trace for p in b.parts]
     total_chunks = sum(
-        len(parts.open_part(shard.blob, p).chunks) for b in state.trace for p in b.parts
+        len(parts.open_part(shard._blob, p).chunks) for b in state.trace for p in b.parts
     )
     assert total_chunks > 40
     day = dt.date(2024, 1, 1) + dt.timedelta(days=420)  # ids 4200..4209, in the second part
@@ -231,7 +231,7 @@ def test_chunks_outside_the_filter_are_never_fetched(tmp_path: Any, small_chunks
     assert pred is not None
     q = snapshot_query(state, 1, shard.location)
 
-    counting = CountingBlob(shard.blob)
+    counting = CountingBlob(shard._blob)
     tasks = plan_read(counting, state, q, row_filter=pred)  # type: ignore[arg-type]
     planned = dict(counting.gets)
     assert planned == {k: 1 for k in keys}  # planning reads each footer once, no chunk
@@ -260,7 +260,7 @@ def test_filters_on_non_key_columns_skip_by_their_own_statistics(
     shard.append(table, new_upper=1)
     state = shard.state()
     q = snapshot_query(state, 0, shard.location)
-    counting = CountingBlob(shard.blob)
+    counting = CountingBlob(shard._blob)
     pred = conjunction(
         [
             bind("starts_with", "note", "late-99", state.schema),
@@ -270,7 +270,7 @@ def test_filters_on_non_key_columns_skip_by_their_own_statistics(
     (task,) = plan_read(counting, state, q, row_filter=pred)  # type: ignore[arg-type]
     counting.gets.clear()
     got = read_task(counting, task)  # type: ignore[arg-type]
-    reader = parts.open_part(shard.blob, state.trace[0].parts[0])
+    reader = parts.open_part(shard._blob, state.trace[0].parts[0])
     assert sum(counting.gets.values()) - 1 < len(reader.chunks) // 3
     assert sorted(got.column("note").to_pylist()) == sorted(
         [n for n in notes if n is not None and n.startswith("late-99")]
@@ -314,13 +314,13 @@ def test_filtered_reads_equal_filtering_the_answer(
         ):
             whole = pa.concat_tables(
                 [
-                    read_task(shard.blob, t)
-                    for t in plan_read(shard.blob, state, q, partition_bytes=size)
+                    read_task(shard._blob, t)
+                    for t in plan_read(shard._blob, state, q, partition_bytes=size)
                 ]
             )
-            tasks = plan_read(shard.blob, state, q, row_filter=pred, partition_bytes=size)
+            tasks = plan_read(shard._blob, state, q, row_filter=pred, partition_bytes=size)
             assert len(tasks) > 1 or not split
-            got = pa.concat_tables([read_task(shard.blob, t) for t in tasks])
+            got = pa.concat_tables([read_task(shard._blob, t) for t in tasks])
             expected = filter_table(whole, pred)
             key = [(c, "ascending") for c in got.column_names]
             assert got.sort_by(key).equals(expected.sort_by(key)), (str(pred), q)
@@ -374,10 +374,10 @@ def test_key_range_tasks_partition_the_rows(tmp_path: Any) -> None:
         )
     state = shard.state()
     q = snapshot_query(state, 2, shard.location, with_diff=True)
-    whole = read_task(shard.blob, plan_read(shard.blob, state, q, max_partitions=1)[0])
-    tasks = plan_read(shard.blob, state, q, partition_bytes=2000)
+    whole = read_task(shard._blob, plan_read(shard._blob, state, q, max_partitions=1)[0])
+    tasks = plan_read(shard._blob, state, q, partition_bytes=2000)
     assert len(tasks) > 2
-    got = pa.concat_tables([read_task(shard.blob, t) for t in tasks])
+    got = pa.concat_tables([read_task(shard._blob, t) for t in tasks])
     key = [(c, "ascending") for c in got.column_names]
     assert got.sort_by(key).equals(whole.sort_by(key))
 
@@ -395,10 +395,10 @@ def test_streamed_pieces_equal_the_whole_answer(tmp_path: Any, monkeypatch: Any)
     state = shard.state()
     q = snapshot_query(state, 0, shard.location)
     for multiset in (False, True):
-        for task in plan_read(shard.blob, state, q, partition_bytes=4000):
-            pieces = list(iter_task(shard.blob, task, as_multiset=multiset))
+        for task in plan_read(shard._blob, state, q, partition_bytes=4000):
+            pieces = list(iter_task(shard._blob, task, as_multiset=multiset))
             assert len(pieces) > 1  # one part at one time: streamed
-            whole = read_task(shard.blob, task, as_multiset=multiset)
+            whole = read_task(shard._blob, task, as_multiset=multiset)
             assert pa.concat_tables(pieces).equals(whole)
     # a second append at another time: streamed only as a multiset of positive diffs
     shard.append(pa.table({**base, "_time": [1] * n, "_diff": [1] * n}), new_upper=2)
@@ -409,13 +409,13 @@ def test_streamed_pieces_equal_the_whole_answer(tmp_path: Any, monkeypatch: Any)
     for as_of, streams in ((1, True), (2, False)):
         state = shard.state()
         q = snapshot_query(state, as_of, shard.location)
-        (task,) = plan_read(shard.blob, state, q, max_partitions=1)
-        pieces = list(iter_task(shard.blob, task, as_multiset=True))
+        (task,) = plan_read(shard._blob, state, q, max_partitions=1)
+        pieces = list(iter_task(shard._blob, task, as_multiset=True))
         assert (len(pieces) > 1) == streams
         key = [(c, "ascending") for c in pieces[0].column_names]
         got = pa.concat_tables(pieces).sort_by(key)
-        assert got.equals(read_task(shard.blob, task, as_multiset=True).sort_by(key))
-        expected = read_task(shard.blob, task)  # consolidated
+        assert got.equals(read_task(shard._blob, task, as_multiset=True).sort_by(key))
+        expected = read_task(shard._blob, task)  # consolidated
         rows = got.group_by(["id", "v"]).aggregate([(DIFF, "sum")])
         rows = rows.rename_columns(["id", "v", DIFF]).sort_by(key)
         assert rows.cast(expected.schema).equals(expected.sort_by(key))
@@ -446,14 +446,14 @@ def test_a_read_spreads_over_min_partitions_when_each_gets_a_mebibyte(
     size = sum(r.size for r in core_read.relevant_parts(state, snapshot_query(state, 0, None)))
     assert 3 * 20_000 < size < 24 << 20
     q = snapshot_query(state, 0, shard.location)
-    assert len(plan_read(shard.blob, state, q)) == 1
-    tasks = plan_read(shard.blob, state, q, min_partitions=3)
+    assert len(plan_read(shard._blob, state, q)) == 1
+    tasks = plan_read(shard._blob, state, q, min_partitions=3)
     assert len(tasks) == 3
-    whole = read_task(shard.blob, plan_read(shard.blob, state, q)[0])
-    got = pa.concat_tables([read_task(shard.blob, t) for t in tasks])
+    whole = read_task(shard._blob, plan_read(shard._blob, state, q)[0])
+    got = pa.concat_tables([read_task(shard._blob, t) for t in tasks])
     assert got.sort_by("id").equals(whole.sort_by("id"))
     # never more tasks than the bytes allow
-    assert len(plan_read(shard.blob, state, q, min_partitions=10_000)) <= size // 20_000
+    assert len(plan_read(shard._blob, state, q, min_partitions=10_000)) <= size // 20_000
 
 
 def _overlapping_appends(tmp_path: Any, retract: bool) -> ps.Shard:
@@ -491,8 +491,8 @@ def test_multiset_snapshot_of_overlapping_parts_reads_each_chunk_once(
     shard = _overlapping_appends(tmp_path, retract=False)
     state = shard.state()
     q = snapshot_query(state, state.upper - 1, shard.location)
-    by_range = plan_read(shard.blob, state, q, partition_bytes=20_000)
-    by_chunk = plan_read(shard.blob, state, q, partition_bytes=20_000, multiset=True)
+    by_range = plan_read(shard._blob, state, q, partition_bytes=20_000)
+    by_chunk = plan_read(shard._blob, state, q, partition_bytes=20_000, multiset=True)
     assert len(by_range) > 1 and len(by_chunk) > 1
     assert all(t.key_range is None for t in by_chunk)
 
@@ -503,7 +503,7 @@ def test_multiset_snapshot_of_overlapping_parts_reads_each_chunk_once(
     assert len(every) == len(set(every))  # no chunk twice
     assert len(decoded(by_range)) > len(every)  # the key-range split re-reads chunks
     assert set(decoded(by_range)) == set(every)
-    got = pa.concat_tables([read_task(shard.blob, t, as_multiset=True) for t in by_chunk])
+    got = pa.concat_tables([read_task(shard._blob, t, as_multiset=True) for t in by_chunk])
     assert got.sort_by("id").equals(shard.snapshot().sort_by("id"))
     scanned = shard.scan().to_arrow().sort_by("id")
     assert scanned.equals(shard.snapshot().drop_columns([DIFF]).sort_by("id"))
@@ -518,7 +518,7 @@ def test_snapshot_with_a_retraction_keeps_the_key_range_split(
     shard = _overlapping_appends(tmp_path, retract=True)
     state = shard.state()
     q = snapshot_query(state, state.upper - 1, shard.location)
-    tasks = plan_read(shard.blob, state, q, partition_bytes=20_000, multiset=True)
+    tasks = plan_read(shard._blob, state, q, partition_bytes=20_000, multiset=True)
     assert len(tasks) > 1 and all(t.key_range is not None for t in tasks)
     expected = shard.snapshot()
     assert expected.num_rows == 7_999
@@ -586,14 +586,14 @@ def test_snapshot_reads_leave_times_undecoded(tmp_path: Any, monkeypatch: Any) -
 
     monkeypatch.setattr(PartReader, "_decode_segment", spy)
     state = shard.state()
-    counting = CountingBlob(shard.blob)
+    counting = CountingBlob(shard._blob)
     q = snapshot_query(state, 1, shard.location)
     tasks = plan_read(counting, state, q)  # type: ignore[arg-type]
     counting.gets.clear()
     got = pa.concat_tables([read_task(counting, t) for t in tasks])  # type: ignore[arg-type]
     assert got.num_rows == 6000 and TIME not in got.column_names
     assert decoded and TIME not in decoded
-    chunks = sum(len(parts.open_part(shard.blob, p).chunks) for b in state.trace for p in b.parts)
+    chunks = sum(len(parts.open_part(shard._blob, p).chunks) for b in state.trace for p in b.parts)
     # one get per chunk (less each part's footer): _time's bytes read through, not skipped
     assert sum(n - 1 for n in counting.gets.values()) == chunks
     assert shard.scan().to_arrow().num_rows == 6000

@@ -47,18 +47,18 @@ def test_merge_takes_the_inputs_this_process_wrote_from_memory(tmp_path):
     expected = shard.snapshot()
     inputs = [p.key for b in shard.state().trace for p in b.parts]
     assert all(
-        _kept().held(shard.blob.url, p, 1 << 20) for b in shard.state().trace for p in b.parts
+        _kept().held(shard._blob.url, p, 1 << 20) for b in shard.state().trace for p in b.parts
     )
     for path in _part_files(tmp_path / "s"):  # storage no longer has the inputs
         os.remove(path)
-    report = shard.maybe_compact()
+    report = shard._maybe_compact()
     assert report is not None and report.committed == 1
     assert shard.snapshot().equals(expected)  # the output part is read from storage
     assert len(shard.state().trace) == 1
     # Replaced inputs are forgotten; the output is kept for the next level's merge.
-    assert not any(_kept()._memo.get((shard.blob.url, k)) for k in inputs)
+    assert not any(_kept()._memo.get((shard._blob.url, k)) for k in inputs)
     (out,) = shard.state().trace[0].parts
-    assert _kept().held(shard.blob.url, out, 1 << 20) is not None
+    assert _kept().held(shard._blob.url, out, 1 << 20) is not None
 
 
 def test_without_the_kept_parts_the_same_merge_reads_storage(tmp_path):
@@ -68,7 +68,7 @@ def test_without_the_kept_parts_the_same_merge_reads_storage(tmp_path):
     for path in _part_files(tmp_path / "s"):
         os.remove(path)
     with pytest.raises(CorruptData, match="missing"):
-        shard.maybe_compact()
+        shard._maybe_compact()
 
 
 def test_output_is_byte_for_byte_the_output_of_a_merge_that_read_storage(tmp_path):
@@ -78,9 +78,9 @@ def test_output_is_byte_for_byte_the_output_of_a_merge_that_read_storage(tmp_pat
         _appends(shard, 8)
         if not keep:
             _kept().clear()
-        shard.maybe_compact()
+        shard._maybe_compact()
         (part,) = shard.state().trace[0].parts
-        outputs.append(shard.blob.get(part.key))
+        outputs.append(shard._blob.get(part.key))
     assert outputs[0] == outputs[1]
 
 
@@ -96,7 +96,7 @@ def test_a_rebased_append_is_read_at_its_new_time_from_memory(tmp_path):
     other.append(pa.table({"id": [2], "name": ["b"]}))
     mine.append(pa.table({"id": [3], "name": ["c"]}))  # planned on a stale upper: rebased
     rebased = [p for b in mine.state().trace for p in b.parts if p.rewrite_time is not None]
-    assert rebased and _kept().held(mine.blob.url, rebased[0], 1 << 20) is not None
+    assert rebased and _kept().held(mine._blob.url, rebased[0], 1 << 20) is not None
     before = mine.updates(0, mine.upper).to_pylist()
     mine.compact()
     assert len(mine.state().trace) == 1
@@ -123,7 +123,7 @@ def test_a_held_part_is_read_in_chunks_of_the_merges_chunk_size(tmp_path):
     shard = ps.open_shard(str(tmp_path / "s"), maintenance=False)
     shard.append(updates([(r, "n", 0, 1) for r in range(1000)]))
     (ref,) = shard.state().trace[0].parts
-    held = _kept().held(shard.blob.url, ref, 4 << 10)
+    held = _kept().held(shard._blob.url, ref, 4 << 10)
     assert held is not None and len(held.chunks) > 4
     assert sum(c.num_rows for c in held.chunks) == 1000
     rows = [held.read_chunk(i).num_rows for i in range(len(held.chunks))]
@@ -146,9 +146,9 @@ def test_a_lost_merge_forgets_the_parts_it_wrote(tmp_path, monkeypatch):
         return result
 
     monkeypatch.setattr(cm, "run_merge", run_then_lose)
-    report = shard.maybe_compact()
+    report = shard._maybe_compact()
     assert report is not None and report.committed == 0
-    assert written and not any(_kept()._memo.get((shard.blob.url, k)) for k in written)
+    assert written and not any(_kept()._memo.get((shard._blob.url, k)) for k in written)
 
 
 def test_reads_never_use_kept_parts(tmp_path):
@@ -168,5 +168,5 @@ def test_spark_and_other_writers_keep_nothing(tmp_path):
     from persistshard.core.storage.parts import write_part
 
     shard = ps.open_shard(str(tmp_path / "s"), maintenance=False)
-    write_part(shard.blob, new_id(), updates([(1, "a", 0, 1)]))
+    write_part(shard._blob, new_id(), updates([(1, "a", 0, 1)]))
     assert len(_kept()) == 0

@@ -172,7 +172,7 @@ def test_random_crashes_converge_to_exactly_once(tmp_path, seed):
             f"output {index} (seed {seed}, {crashes} crashes, {restarts} without checkpoint)"
         )
         assert shard.upper == bindings[-1][0] + 1
-        assert {m.key for m in shard.blob.list("parts/")} == shard.state().part_keys()
+        assert {m.key for m in shard._blob.list("parts/")} == shard.state().part_keys()
         for t, frontier in bindings:
             prefix = Counter(f"{p}/{o}" for p, o in source.records({}, frontier) if o % 2 == index)
             assert Counter({r["v"]: r["_diff"] for r in shard.snapshot(t).to_pylist()}) == prefix
@@ -190,7 +190,7 @@ def test_a_batch_behind_the_remap_is_refused_not_sealed_short(tmp_path):
     with pytest.raises(ps.NotSealed, match=r"^NotSealed: this write holds rows at into-time 1"):
         write_output(out, remap, [("t:0", 0), ("t:0", 3), ("t:1", 0)], {}, None, rng)
     shard = ps.open_shard(out)
-    assert shard.upper == 0 and list(shard.blob.list("parts/")) == []
+    assert shard.upper == 0 and list(shard._blob.list("parts/")) == []
     # Reading the whole bound stretch makes it sealable.
     records = [(p, o) for p, n in (("t:0", 4), ("t:1", 9)) for o in range(n)]
     write_output(out, remap, records, {}, None, rng)

@@ -84,7 +84,7 @@ def test_several_unreadable_newest_entries_go_newest_first(tmp_path):
     location, _ = _shard(tmp_path, appends=5)
     _damage(_entry(location, 5), "empty")
     _damage(_entry(location, 4), "torn")
-    report = repair(ps.open_shard(location).machine, apply=True)
+    report = repair(ps.open_shard(location)._machine, apply=True)
     assert [d.version for d in report.dropped] == [5, 4]
     assert all("header" in d.problem or "bytes" in d.problem for d in report.dropped)
     assert ps.open_shard(location).state().version == 3
@@ -98,7 +98,7 @@ def test_damage_below_a_readable_entry_is_refused_and_changes_nothing(tmp_path, 
     _damage(_entry(location, 2), "crc")
     listing = sorted(os.listdir(os.path.join(location, "consensus")))
     with pytest.raises(ps.CorruptData, match="backup"):
-        repair(ps.open_shard(location).machine, apply=True)
+        repair(ps.open_shard(location)._machine, apply=True)
     assert sorted(os.listdir(os.path.join(location, "consensus"))) == listing
     assert main(["repair", location, "--apply"]) == 2
     assert "backup" in capsys.readouterr().err
@@ -106,7 +106,7 @@ def test_damage_below_a_readable_entry_is_refused_and_changes_nothing(tmp_path, 
 
 def test_a_healthy_shard_needs_nothing_and_an_empty_place_is_no_shard(tmp_path, capsys):
     _, shard = _shard(tmp_path)
-    report = repair(shard.machine, apply=True)
+    report = repair(shard._machine, apply=True)
     assert not report.needed and not report.applied and report.valid_version == 3
     assert main(["repair", str(tmp_path / "nothing")]) == 2
     assert "NoShard" in capsys.readouterr().err
@@ -140,5 +140,5 @@ def test_a_whole_entry_of_a_kind_this_version_does_not_know_is_never_dropped(tmp
     with pytest.raises(ps.CorruptData):
         ps.open_shard(location).snapshot()
     with pytest.raises(ps.CorruptData, match="newer persistshard"):
-        repair(ps.open_shard(location).machine, apply=True)
+        repair(ps.open_shard(location)._machine, apply=True)
     assert sorted(os.listdir(os.path.join(location, "consensus"))) == listing

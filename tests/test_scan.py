@@ -382,9 +382,9 @@ def test_mapped_part_cut_short_is_corrupt_data(shard: Shard, monkeypatch: Any) -
     """A mapped part file shorter than its reference says is `CorruptData`, never a crash
     or a short answer; a missing one names the part."""
     monkeypatch.setattr(plan_mod, "MAP_MIN_BYTES", 0)
-    state = shard.machine.state()
+    state = shard._machine.state()
     ref = next(p for b in (*state.trace, *state.unsealed) for p in b.parts if p.num_rows)
-    path = shard.blob.local_file(ref.key)  # type: ignore[attr-defined]
+    path = shard._blob.local_file(ref.key)  # type: ignore[attr-defined]
     with open(path, "r+b") as f:
         f.truncate(ref.size // 2)
     with pytest.raises(ps.CorruptData):

@@ -24,7 +24,7 @@ def shard(tmp_path) -> ps.Shard:
 
 
 def part_files(shard: ps.Shard) -> list[str]:
-    return [m.key for m in shard.blob.list("parts/")]
+    return [m.key for m in shard._blob.list("parts/")]
 
 
 def test_new_shard(shard):
@@ -172,7 +172,7 @@ def test_invalid_updates_write_nothing(shard, table, message):
 def test_corrupt_part_is_named(shard):
     shard.append(updates([(i, f"item-{i}", 0, 1) for i in range(100)]))
     [key] = part_files(shard)
-    path = shard.blob._path(key)
+    path = shard._blob._path(key)
     data = bytearray(open(path, "rb").read())
     data[len(data) // 3] ^= 0x40
     open(path, "wb").write(bytes(data))
@@ -230,7 +230,7 @@ def test_rollups_bound_load_cost(tmp_path):
     shard = ps.open_shard(location, maintenance=False)  # counts versions: no merges
     for t in range(ROLLUP_EVERY * 2 + 3):
         shard.append(updates([(t, "x", t, 1)]))
-    rollups = [m.key for m in shard.blob.list("rollups/")]
+    rollups = [m.key for m in shard._blob.list("rollups/")]
     assert len(rollups) == 2
     fresh = ps.open_shard(location)
     assert fresh.state() == shard.state()

@@ -165,7 +165,7 @@ class Simulation:
         return -1
 
     def compact(self, shard: Shard) -> None:
-        shard.maybe_compact(2)
+        shard._maybe_compact(2)
 
     def truncate(self, shard: Shard) -> None:
         """What gc does to the log: keep the versions from the head's rollup on."""

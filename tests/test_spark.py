@@ -58,7 +58,7 @@ def counts(df) -> Counter:
 
 
 def part_keys(location) -> set[str]:
-    return {m.key for m in ps.open_shard(location).blob.list("parts/")}
+    return {m.key for m in ps.open_shard(location)._blob.list("parts/")}
 
 
 def test_registered_without_register_call(spark, location):
@@ -481,7 +481,7 @@ def test_streaming_commit_replay_is_a_no_op(location):
     attempt(1)  # replay
     assert shard.state().version == version
     assert {r["id"] for r in shard.snapshot().to_pylist()} == {0, 1}
-    assert {m.key for m in shard.blob.list("parts/")} == shard.state().part_keys()
+    assert {m.key for m in shard._blob.list("parts/")} == shard.state().part_keys()
 
 
 def test_hive_catalog_keeps_the_location(tmp_path):

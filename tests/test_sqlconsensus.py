@@ -123,7 +123,7 @@ def test_shard_on_database_consensus(db_url, tmp_path):
     shard = open_shard(location, consensus=db_url)
     for i in range(20):  # past the first rollup (version 16), below which gc truncates
         shard.compare_and_append(pa.table({"id": [i], "_time": [i], "_diff": [1]}), i, i + 1)
-    assert [m.key for m in shard.blob.list("consensus/")] == [LOG_HOME_KEY]
+    assert [m.key for m in shard._blob.list("consensus/")] == [LOG_HOME_KEY]
     assert shard.storage_options == {"consensus": db_url}
     again = Shard(location, **shard.storage_options)
     assert again.upper == 20
@@ -323,7 +323,7 @@ def test_a_shard_opened_with_the_wrong_consensus_is_refused_not_forked(tmp_path)
         wrong.state()
     with pytest.raises(InvalidOption, match="open it with that consensus"):
         wrong.append(pa.table({"id": [2]}))
-    assert not any(m.key.endswith(".json") for m in wrong.blob.list("consensus/"))
+    assert not any(m.key.endswith(".json") for m in wrong._blob.list("consensus/"))
     assert ps.open_shard(in_db, consensus=url).snapshot().column("id").to_pylist() == [1]
 
     beside = str(tmp_path / "beside")
@@ -369,12 +369,12 @@ def _refused_after_a_lost_race(
     loser = open_shard(location, consensus=db_url)
     stale = loser.state()
     winner.compare_and_append(rows.set_column(1, "_time", pa.array([1])), 1, 2)
-    consensus = loser.machine.consensus
+    consensus = loser._machine.consensus
     if not trust:
         monkeypatch.setattr(type(consensus), "certain_lost_races", property(lambda _: False))
     scans = _Scans(monkeypatch, consensus)
     with pytest.raises(ps.UpperMismatch):
-        loser.machine.commit(Append(1, 2, Batch("b", 1, 2, ()), id="loser"), base=stale)
+        loser._machine.commit(Append(1, 2, Batch("b", 1, 2, ()), id="loser"), base=stale)
     monkeypatch.undo()
     return scans.calls
 
@@ -399,8 +399,8 @@ def test_a_lost_database_response_is_still_resolved(db_url, tmp_path):
     location = f"{tmp_path}/lost-answer"
     shard = open_shard(location, consensus=db_url)
     shard.compare_and_append(pa.table({"id": [0], "_time": [0], "_diff": [1]}), 0, 1)
-    faulty = FaultyConsensus(shard.machine.consensus, fail_after=1.0)
-    shard.machine.consensus = faulty
+    faulty = FaultyConsensus(shard._machine.consensus, fail_after=1.0)
+    shard._machine.consensus = faulty
     assert faulty.certain_lost_races
     shard.compare_and_append(pa.table({"id": [1], "_time": [1], "_diff": [1]}), 1, 2)
     assert faulty.injected >= 1

@@ -32,7 +32,7 @@ def test_dataframe_write_and_read_with_sqlite_consensus(spark, tmp_path):
     assert rows_of(loc, url) == Counter({(1, "apple"): 1, (2, "pear"): 1, (3, "fig"): 1})
     shard = ps.open_shard(loc, consensus=url)
     # The log is in the database only; beside the data, just the marker saying so.
-    assert [m.key for m in shard.blob.list("consensus/")] == [LOG_HOME_KEY]
+    assert [m.key for m in shard._blob.list("consensus/")] == [LOG_HOME_KEY]
     assert shard.upper == 2
     # Without the URL the read is refused, naming where the log is (never an empty shard).
     with pytest.raises(Exception, match=r"InvalidOption: the shard keeps its log in a database"):

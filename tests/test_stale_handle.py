@@ -31,7 +31,7 @@ def stale_handle(tmp_path) -> tuple[Shard, str, int]:
     location = str(tmp_path / "s")
     mine = Shard(location, maintenance=False)
     mine.compare_and_append(row(0, 0), 0, 1)
-    mine_version = mine.machine.known().version
+    mine_version = mine._machine.known().version
     other = Shard(location, maintenance=False)
     for t in range(1, ROLLUP_EVERY + 3):
         other.compare_and_append(row(t, t), t, t + 1)

@@ -50,7 +50,7 @@ BAD_KEYS = [
 
 
 def files(shard: ps.Shard) -> dict[str, bytes | None]:
-    return {m.key: shard.blob.get(m.key) for m in shard.blob.list("")}
+    return {m.key: shard._blob.get(m.key) for m in shard._blob.list("")}
 
 
 def small_shard(location: str) -> ps.Shard:
@@ -76,7 +76,7 @@ def test_a_commit_with_a_bad_part_key_is_refused_and_changes_nothing(tmp_path, b
     before, state = files(shard), shard.state()
     part = replace(a_live_part(shard), key=bad, min_time=state.upper, max_time=state.upper)
     with pytest.raises(InvalidUpdates, match="refused before it is written"):
-        shard.machine.commit(forged_append(shard, part))
+        shard._machine.commit(forged_append(shard, part))
     assert files(shard) == before
     assert ps.open_shard(shard.location).state() == state
 
@@ -101,7 +101,7 @@ def test_a_commit_with_inconsistent_counts_is_refused(tmp_path, change, why):
     change = {k: upper - 1 if v == "upper - 1" else v for k, v in change.items()}
     part = replace(part, key=f"parts/{new_id()}/p.part", **change)
     with pytest.raises(InvalidUpdates, match=why):
-        shard.machine.commit(forged_append(shard, part))
+        shard._machine.commit(forged_append(shard, part))
     assert files(shard) == before
 
 
@@ -115,7 +115,7 @@ def test_an_unsealed_batch_below_the_new_upper_is_refused(tmp_path):
     hidden = replace(live, key=f"parts/{new_id()}/u.part", min_time=0, max_time=0)
     unsealed = Batch(new_id(), 0, 1, (hidden,))
     with pytest.raises(InvalidUpdates, match="below the new upper"):
-        shard.machine.commit(forged_append(shard, part, unsealed))
+        shard._machine.commit(forged_append(shard, part, unsealed))
     assert files(shard) == before
     assert rows_of(ps.open_shard(shard.location).snapshot()) == snapshot
 
@@ -236,7 +236,7 @@ def real_state(tmp_path_factory) -> dict[str, Any]:
     for t in range(6):
         shard.append(updates([(t, "x", t, 1), (t + 1, "y", t, 1)]))
     shard.advance_since(2)
-    shard.maybe_compact(2)
+    shard._maybe_compact(2)
     return shard.state().to_json()
 
 
@@ -301,7 +301,7 @@ def test_hand_corrupted_commits_are_refused_or_land_valid(tmp_path_factory, name
     else:
         part = replace(part, **{_attr(name): value})
     try:
-        new = shard.machine.commit(forged_append(shard, part, extra))
+        new = shard._machine.commit(forged_append(shard, part, extra))
     except PersistShardError:
         assert files(shard) == before
         return
@@ -358,7 +358,7 @@ def test_a_commit_with_a_damaged_inline_part_is_refused(tmp_path, damage, why):
         part = replace(part, num_rows=a_live_part(shard).num_rows)
         why = "holds times"
     with pytest.raises(InvalidUpdates, match=why):
-        shard.machine.commit(forged_append(shard, part))
+        shard._machine.commit(forged_append(shard, part))
     assert files(shard) == before
     assert ps.open_shard(shard.location).state() == state
 

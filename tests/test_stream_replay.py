@@ -172,7 +172,7 @@ def test_lower_batch_id_after_the_checkpoint_was_lost_is_refused(location):
     assert "writer_id" in str(e.value)  # says how to start over on purpose
     assert shard.state().version == version
     assert ids_of(shard) == Counter({1: 1, 2: 1, 3: 1})
-    assert {m.key for m in shard.blob.list("parts/")} == shard.state().stored_part_keys()
+    assert {m.key for m in shard._blob.list("parts/")} == shard.state().stored_part_keys()
 
 
 def test_recorded_batch_id_is_a_replay_only_with_the_same_rows(location):
@@ -186,7 +186,7 @@ def test_recorded_batch_id_is_a_replay_only_with_the_same_rows(location):
         commit(location, 1, [2, 4])  # same id, other rows: a lost checkpoint
     assert shard.state().version == version
     assert ids_of(shard) == Counter({1: 1, 2: 1, 3: 1})
-    assert {m.key for m in shard.blob.list("parts/")} == shard.state().stored_part_keys()
+    assert {m.key for m in shard._blob.list("parts/")} == shard.state().stored_part_keys()
     commit(location, 2, [4])
     assert ids_of(shard) == Counter({1: 1, 2: 1, 3: 1, 4: 1})
 

@@ -67,17 +67,17 @@ def test_batch_upsert_writes(spark: Any, location: str) -> None:
     read = spark.read.format("persistshard").load(location)
     assert sorted(tuple(r) for r in read.collect()) == [(1, "a"), (2, "B")]
     shard.gc(dry_run=False, retention_seconds=0)  # compaction's inputs; no staged part left
-    assert {m.key for m in shard.blob.list("parts/")} == shard.state().part_keys()
+    assert {m.key for m in shard._blob.list("parts/")} == shard.state().part_keys()
 
 
 def test_duplicate_keys_across_tasks_are_refused(spark: Any, location: str) -> None:
     ps.open_shard(location).upsert(pa.table({"id": [1], "v": ["a"]}), "id")
     shard = ps.open_shard(location)
-    before = (shard.upper, {m.key for m in shard.blob.list("")})
+    before = (shard.upper, {m.key for m in shard._blob.list("")})
     dupes = spark.createDataFrame([(5, "x"), (5, "y")], "id long, v string").repartition(2, "v")
     with pytest.raises(Exception, match=r"InvalidUpdates: duplicate key in one upsert: \(id=5\)"):
         dupes.write.format("persistshard").mode("append").option("key_columns", "id").save(location)
-    assert (shard.upper, {m.key for m in shard.blob.list("")}) == before
+    assert (shard.upper, {m.key for m in shard._blob.list("")}) == before
 
 
 @pytest.mark.parametrize(
@@ -127,7 +127,7 @@ def test_foreach_batch_upserts_once_per_batch_id(spark: Any, location: str) -> N
     assert shard.state().version == version
     assert table_of(shard) == {1: "b"}
     assert shard.state().writers["agg"] == 1
-    assert {m.key for m in shard.blob.list("parts/")} == shard.state().part_keys()
+    assert {m.key for m in shard._blob.list("parts/")} == shard.state().part_keys()
 
 
 def test_upsert_stream(spark: Any, location: str, tmp_path: Any) -> None:
@@ -279,7 +279,7 @@ def test_crashes_and_replays_commit_each_micro_batch_once(
     monkeypatch.setattr(layout, "now_ms", lambda: later)
     shard.expire_reader("nobody")
     shard.gc(dry_run=False, retention_seconds=0)
-    assert {m.key for m in shard.blob.list("parts/")} == shard.state().part_keys()
+    assert {m.key for m in shard._blob.list("parts/")} == shard.state().part_keys()
 
 
 def test_commit_checks_keys_staged_by_two_tasks(location: str) -> None:
@@ -290,7 +290,7 @@ def test_commit_checks_keys_staged_by_two_tasks(location: str) -> None:
     with pytest.raises(Exception, match=r"InvalidUpdates: duplicate key .*\(id=2\)"):
         commit_upserts(d, spec, [one, two], staged_ids=[d.write_id])
     shard = ps.open_shard(location)
-    assert shard.upper == 0 and not list(shard.blob.list("parts/"))
+    assert shard.upper == 0 and not list(shard._blob.list("parts/"))
 
 
 def test_streaming_aggregation_in_update_mode_through_foreach_batch(

@@ -185,10 +185,10 @@ def test_task_descriptions_never_show_storage_secrets():
     """What Spark ships to tasks may end in a log or an error (its repr): no secret in it."""
     import dataclasses
 
-    from persistshard.datasource.overwrite import _DiffTask
+    from persistshard.datasource.overwrite import DiffTask
     from persistshard.datasource.writer import BatchDescription
 
-    for cls in (BatchDescription, _DiffTask):
+    for cls in (BatchDescription, DiffTask):
         values = {
             f.name: ({"secret": "hunter2"} if f.name == "storage_options" else None)
             for f in dataclasses.fields(cls)

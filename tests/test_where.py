@@ -149,7 +149,7 @@ def test_where_skips_chunks_it_rules_out_and_filters_exactly(tmp_path: Any, monk
     chunks = [c for p in partitions for s in p.task.slices for c in (s.chunks or ())]
     shard = ps.open_shard(location)
     (ref,) = shard.state().trace[0].parts
-    assert len(open_part(shard.blob, ref).chunks) > 20  # the whole part
+    assert len(open_part(shard._blob, ref).chunks) > 20  # the whole part
     assert 0 < len(chunks) <= 2  # the ones that can hold id < 150
     assert _rows(reader) == [{"id": 7, "name": "n7"}, {"id": 107, "name": "n7"}]
 

@@ -1,5 +1,5 @@
 """A Spark write task whose input fits its budget sorts and consolidates it once
-(`persistshard.datasource.writer._write_gathered`); its parts must hold exactly what a
+(`persistshard.datasource.writer.write_gathered`); its parts must hold exactly what a
 Correction buffer would give: sorted by (row, time), consolidated, split at the upper."""
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ pytest.importorskip("pyspark")
 
 import persistshard as ps
 from persistshard.core.rows import consolidate
+from persistshard.core.shard import write_transaction
 from persistshard.core.storage.parts import read_part
 from persistshard.core.write.validate import update_schema
-from persistshard.datasource.writer import _write_gathered
+from persistshard.datasource.writer import write_gathered
 
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string())])
 
@@ -31,7 +32,7 @@ def _updates(ids: np.ndarray, times: np.ndarray, diffs: np.ndarray) -> pa.Table:
 
 
 def _parts(shard: ps.Shard, refs: list) -> list[pa.Table]:
-    return [read_part(shard.blob, r) for r in refs]
+    return [read_part(shard._blob, r) for r in refs]
 
 
 @pytest.mark.parametrize("kind", ["ascending ids", "shuffled with duplicates"])
@@ -51,7 +52,8 @@ def test_gathered_parts_are_sorted_consolidated_and_split_at_the_upper(tmp_path,
     shard = ps.open_shard(str(tmp_path / "s"))
     full = update_schema(SCHEMA)
     # A tiny part size forces several parts per side.
-    sealed, unsealed = _write_gathered(shard, "w1", list(pieces), full, 15, 20_000)
+    txn = write_transaction(shard, "w1")
+    sealed, unsealed = write_gathered(txn, list(pieces), full, 15, 20_000)
     assert len(sealed) > 1 and len(unsealed) > 1
     expected = consolidate(whole.cast(full))
     for refs, keep in ((sealed, lambda t: t < 15), (unsealed, lambda t: t >= 15)):

@@ -175,7 +175,7 @@ class MergeReport:
 
 @dataclass
 class CompactionReport:
-    """What `Shard.compact` / `Shard.maybe_compact` did.
+    """What `Shard.compact` / `Shard._maybe_compact` did.
 
     ``merges`` lists every merge attempted (``committed`` False for one that lost a race and
     was discarded); ``levels_before``/``levels_after`` are the trace's levels, oldest first.

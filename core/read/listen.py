@@ -31,7 +31,6 @@ import pyarrow as pa
 
 from persistshard.core.rows import DIFF, TIME
 from persistshard.core.statemachine.holds import ReaderHold
-from persistshard.core.statemachine.machine import StateMachine
 from persistshard.core.storage.layout import new_id
 from persistshard.errors import HoldExpired, Indeterminate, SinceViolation
 
@@ -41,8 +40,12 @@ log = logging.getLogger("persistshard.core.read.listen")
 class Readable(Protocol):
     """What a listener reads through (a `persistshard.core.shard.Shard`)."""
 
-    machine: StateMachine
     location: str
+
+    @property
+    def upper(self) -> int: ...
+
+    def register_reader(self, reader_id: str, *, lease_seconds: float = ...) -> ReaderHold: ...
 
     def snapshot(self, as_of: int | None = None) -> pa.Table: ...
 
@@ -68,8 +71,8 @@ class Listen:
         self.timeout = timeout
         self.min_poll = min_poll_seconds
         self.max_poll = max_poll_seconds
-        self.hold = ReaderHold.register(
-            shard.machine, reader_id or f"listen-{new_id()}", lease_seconds
+        self.hold = shard.register_reader(
+            reader_id or f"listen-{new_id()}", lease_seconds=lease_seconds
         )
         if self.as_of < self.hold.since:
             self.hold.expire()
@@ -113,7 +116,7 @@ class Listen:
         started = time.monotonic()
         pause = self.min_poll
         while True:
-            upper = self.shard.machine.state().upper
+            upper = self.shard.upper  # the newest state's
             if upper > time_:
                 return upper
             now = time.monotonic()

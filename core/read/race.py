@@ -41,7 +41,7 @@ from persistshard.errors import CorruptData, VersionCollected
 log = logging.getLogger("persistshard.core.read.race")
 
 #: Reads the shard's newest state (re-reading the consensus head), e.g.
-#: ``Shard.machine.state``.
+#: ``StateMachine.state``.
 Newest = Callable[[], ShardState]
 
 

@@ -7,6 +7,9 @@
   sorted runs spilled to local files, then merged.
 - `diff`: desired minus current, as a bounded-memory merge of sorted runs (overwrite,
   complete-mode sinks).
+- `transaction`: the write protocol every write path uses: the write's lease, its parts,
+  one compare-and-append, the sweep of parts nothing will name.
 
-Invariant: nothing here commits; a write becomes visible only through the state machine.
+Invariant: a write becomes visible only through the state machine, by the one commit of its
+`transaction.WriteTransaction`; nothing else here commits.
 """
