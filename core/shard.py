@@ -16,20 +16,21 @@ What always holds (for every state version a reader can see):
 - A write holds a lease (`persistshard.core.statemachine.leases`) from its first part to its commit:
   gc never deletes its parts meanwhile, and a commit after the lease ran out is `LeaseExpired`.
 
-`Shard` is the user-facing facade: its public surface is what README.md documents. It
-validates input and hands every data write to the write protocol
+`Shard` is the user-facing facade: its public surface is what README.md documents. It validates
+input and hands every data write to the write protocol
 (`persistshard.core.write.transaction.WriteTransaction`, made by `write_transaction`: lease,
 parts, one compare-and-append, sweep), and every state change to its
 `persistshard.core.statemachine.machine.StateMachine`, which owns the commit loop
 (compare-and-set, retries of the same commit, rollups) and the refresh of the state. The
 handle's state machine and blob store (``_machine``, ``_blob``) are private to the package:
 Spark paths reach them only through `write_transaction` and the read helpers below
-(`plan_read_tasks`, `iter_read_task`, `run_read_task`). A wrapped blob store (faults,
-request counting) is handed over as ``Shard(location, blob=...)``. Compaction (`persistshard.core.maintenance.compact`) and gc
-(`persistshard.core.maintenance.gc`) work on the machine too; `Shard.compact` and `Shard.gc` only
-call them. After each of its own commits (appends, upserts, seals) a shard opened with
-``maintenance=True`` (the default) runs the bounded after-commit maintenance of
-`persistshard.core.maintenance.auto`; it never fails the commit.
+(`plan_read_tasks`, `iter_read_task`, `run_read_task`). A wrapped blob store (faults, request
+counting) is handed over as ``Shard(location, blob=...)``. Compaction
+(`persistshard.core.maintenance.compact`) and gc (`persistshard.core.maintenance.gc`) work on
+the machine too; `Shard.compact` and `Shard.gc` only call them. After each of its own commits
+(appends, upserts, seals) a shard opened with ``maintenance=True`` (the default) runs the
+bounded after-commit maintenance of `persistshard.core.maintenance.auto`; it never fails the
+commit.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ import logging
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 import pyarrow as pa
@@ -89,7 +90,12 @@ from persistshard.core.storage.consensus import (
 )
 from persistshard.core.storage.layout import DEFAULT_RETENTION_SECONDS, new_id
 from persistshard.core.storage.sqlconsensus import CONSENSUS_OPTION, open_consensus
-from persistshard.core.write.transaction import WriteTransaction, WrittenUpdates, split_at
+from persistshard.core.write.transaction import (
+    CommitOptions,
+    WriteTransaction,
+    WrittenUpdates,
+    split_at,
+)
 from persistshard.core.write.validate import update_schema, user_schema
 from persistshard.errors import (
     CorruptData,
@@ -251,28 +257,23 @@ class Shard:
         expected_upper: int,
         new_upper: int,
         schema: pa.Schema | None,
-        commit_id: str | None = None,
-        writer: tuple[str, int] | None = None,
-        rebase: bool = False,
-        label: str | None = None,
+        **options: Unpack[CommitOptions],
     ) -> ShardState:
         """Commit parts that came from elsewhere (written by other processes or built by the
         caller) with one compare-and-append: each part is checked first (present with its
         recorded size, its times inside its batch; one listing per write directory), so a
         commit naming a missing part, a part of another size than recorded, or a part whose
         times lie outside its batch is refused (`CorruptData`, `InvalidUpdates`) with nothing
-        applied and nothing deleted. A refused commit deletes the parts; see
-        `persistshard.core.write.transaction.WriteTransaction.commit`."""
+        applied and nothing deleted. ``options``: ``commit_id``, ``writer``, ``rebase``,
+        ``label`` (`persistshard.core.write.transaction.CommitOptions`). A refused commit
+        deletes the parts; see `persistshard.core.write.transaction.WriteTransaction.commit`."""
         return write_transaction(self).commit(
             written,
             expected_upper=expected_upper,
             new_upper=new_upper,
             schema=schema,
-            commit_id=commit_id,
-            writer=writer,
-            rebase=rebase,
-            label=label,
             check=True,
+            **options,
         )
 
     @metrics.operation_method("append")

@@ -63,15 +63,9 @@ from persistshard.core.shard import WrittenUpdates, open_shard, write_transactio
 from persistshard.core.statemachine.state import WriterBatch, WriterVerdict, judge_writer_batch
 from persistshard.core.write.transaction import WriteTransaction
 from persistshard.core.write.validate import update_schema
+from persistshard.datasource import replay
 from persistshard.datasource.options import WriteOptions, storage_errors
-from persistshard.datasource.replay import (
-    DigestedTask,
-    Digesting,
-    identity_of,
-    stream_write_id,
-    task_batch_id,
-    task_query_id,
-)
+from persistshard.datasource.replay import DigestedTask, Digesting, identity_of, task_query_id
 from persistshard.datasource.writer import (
     BatchDescription,
     TaskWritten,
@@ -357,7 +351,7 @@ class UpsertStreamWriter(DataSourceStreamArrowWriter):
 
     def write(self, iterator: Any) -> DigestedTask:
         return upsert_stream_task(
-            self.options, self.schema, iterator, task_batch_id(), task_query_id()
+            self.options, self.schema, iterator, replay.task_batch_id(), task_query_id()
         )
 
     def commit(self, messages: list[Any], batchId: int) -> None:
@@ -390,7 +384,7 @@ def upsert_stream_task(
     """One task of streaming upsert micro-batch ``batch_id``: its rows staged under a write id
     naming the writer and the batch, reported with their digest and the query id."""
     opts, spec, d = plan_upsert(options, schema, False, streaming=True)
-    d = replace(d, write_id=stream_write_id(opts.writer_id, batch_id))
+    d = replace(d, write_id=replay.stream_write_id(opts.writer_id, batch_id))
     rows = Digesting(batches)
     return _digested(stage_task(d, spec, rows), d.write_id, rows, query_id, lower=d.lower)
 

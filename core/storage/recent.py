@@ -5,10 +5,10 @@ after each append) mostly merges batches the same process has just written: eigh
 appends become one batch, eight of those become another. Reading them back costs a get, a
 footer parse and a decode per part, for updates the process held in memory a moment before.
 `RECENT` keeps the updates of small parts written by the Python write path
-(`persistshard.core.write.transaction.WriteTransaction.write_updates`) and by compaction's
-own outputs, decoded, under (storage URL, part key), and a merge takes its inputs from here when it finds them
-(`held`). On S3 this saves a request per input part; on local files the open, the footer
-and the decode (about 40% of a merge of eight 1,000-row batches).
+(`persistshard.core.write.transaction.WriteTransaction.write_updates`) and by compaction's own
+outputs, decoded, under (storage URL, part key), and a merge takes its inputs from here when it
+finds them (`held`). On S3 this saves a request per input part; on local files the open, the
+footer and the decode (about 40% of a merge of eight 1,000-row batches).
 
 Invariants:
 - An entry is exactly the table that was encoded into the part under its key (the stored

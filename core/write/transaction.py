@@ -39,8 +39,7 @@ import contextlib
 import logging
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from types import TracebackType
-from typing import Any
+from typing import Any, TypedDict
 
 import pyarrow as pa
 
@@ -73,7 +72,18 @@ from persistshard.errors import (
 
 log = logging.getLogger("persistshard.core.write.transaction")
 
-__all__ = ["WriteTransaction", "WrittenUpdates", "split_at"]
+__all__ = ["CommitOptions", "WriteTransaction", "WrittenUpdates", "split_at"]
+
+
+class CommitOptions(TypedDict, total=False):
+    """What a commit of written parts may also say (`WriteTransaction.commit`): its id
+    (default: a fresh one), the streaming writer and batch it records, whether a plain append
+    may land at a newer upper (``rebase``), and the history's name for it (``label``)."""
+
+    commit_id: str | None
+    writer: tuple[str, int] | None
+    rebase: bool
+    label: str | None
 
 
 @dataclass
@@ -149,15 +159,10 @@ class WriteTransaction:
         self._lease.__enter__()
         return self
 
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: Any) -> None:
         lease, self._lease = self._lease, None
         if lease is not None:
-            lease.__exit__(kind, error, tb)
+            lease.__exit__(*exc)
 
     def mint(self) -> str:
         """Another fresh write id of this shard (a compaction round's merges, an upsert's
