@@ -31,6 +31,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 import persistshard as ps
 from persistshard.core.statemachine import leases
 from persistshard.core.storage.layout import new_id
+from persistshard.core.write import transaction
 from persistshard.datasource import compact as spark_compact
 from persistshard.datasource import view
 from persistshard.datasource.options import WriteOptions
@@ -154,14 +155,14 @@ def test_complete_mode_diff_longer_than_the_lease_commits(tmp_path, clock, monke
     shard.append(updates([(1, "a", 0, 1), (2, "b", 0, 1)]))
     opts, task = _staged_view_task(location)
     meanwhile = Meanwhile(location, clock)
-    real_diff = view.diff_parts
+    real_diff = transaction.diff_parts
 
     def slow_diff(*args: Any, **kwargs: Any) -> Any:
         out = real_diff(*args, **kwargs)
         meanwhile.hours(2)
         return out
 
-    monkeypatch.setattr(view, "diff_parts", slow_diff)
+    monkeypatch.setattr(transaction, "diff_parts", slow_diff)
     view.commit_complete(opts, SCHEMA, [task], 0)
     fresh = ps.open_shard(location)
     assert rows_of(fresh.snapshot()) == {(1, "a"): 1, (5, "e"): 1}

@@ -10,7 +10,7 @@ import pytest
 
 import persistshard as ps
 from persistshard.core.storage.layout import PARTS_PREFIX
-from persistshard.datasource import overwrite as overwrite_mod
+from persistshard.core.write.transaction import WriteTransaction
 
 
 @pytest.fixture
@@ -81,7 +81,7 @@ def test_overwrite_refused_by_a_racing_writer_leaves_the_shard_unchanged(
     spark.createDataFrame([(1, "a"), (2, "b")], "id BIGINT, v STRING").write.format(
         "persistshard"
     ).mode("append").option("compact", "false").save(location)
-    real = overwrite_mod.plan_key_ranges
+    real = WriteTransaction.key_ranges  # planned between the staging and the diff jobs
 
     def racing(*args, **kwargs):
         import pyarrow as pa
@@ -89,7 +89,7 @@ def test_overwrite_refused_by_a_racing_writer_leaves_the_shard_unchanged(
         ps.open_shard(location).append(pa.table({"id": [3], "v": ["c"]}))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(overwrite_mod, "plan_key_ranges", racing)
+    monkeypatch.setattr(WriteTransaction, "key_ranges", racing)
     desired = spark.createDataFrame([(9, "z")], "id BIGINT, v STRING")
     with pytest.raises(ps.UpperMismatch, match=r"^UpperMismatch: expected upper 1, shard upper"):
         ps.overwrite(spark, desired, location)

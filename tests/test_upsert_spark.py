@@ -15,6 +15,7 @@ from pyspark.sql.types import BooleanType, LongType, StringType, StructField, St
 
 import persistshard as ps
 from persistshard.core.shard import Shard
+from persistshard.core.write.transaction import WriteTransaction
 from persistshard.datasource.upsert import (
     UpsertStreamWriter,
     commit_upserts,
@@ -232,7 +233,7 @@ def test_crashes_and_replays_commit_each_micro_batch_once(
     schema = StructType([*SCHEMA.fields, StructField("deleted", BooleanType())])
     shard = ps.open_shard(location)
     model: dict[int, str] = {}
-    real_commit = Shard.commit_written
+    real_commit = WriteTransaction.commit
     for batch_id in range(6):
         keys = rng.sample(range(20), rng.randint(1, 8))
         ops = [(k, rng.choice([None, "a", "b", "c"])) for k in keys]
@@ -248,10 +249,10 @@ def test_crashes_and_replays_commit_each_micro_batch_once(
                 def boom(*args: Any, **kwargs: Any) -> Any:
                     raise Crash("before the compare-and-set")
 
-                monkeypatch.setattr(Shard, "commit_written", boom)
+                monkeypatch.setattr(WriteTransaction, "commit", boom)
                 with pytest.raises(Crash):
                     UpsertStreamWriter(options, schema, False).commit(messages, batch_id)
-                monkeypatch.setattr(Shard, "commit_written", real_commit)
+                monkeypatch.setattr(WriteTransaction, "commit", real_commit)
                 continue
             UpsertStreamWriter(options, schema, False).commit(messages, batch_id)
             if crashes and crashes[0] == "after_commit":
