@@ -167,7 +167,7 @@ def test_the_commit_itself_refuses_a_move_back_or_past_the_upper(shard):
     c.advance(3, expected=0)
     for to in (2, 7):
         with pytest.raises(InvalidUpdates, match="forward only, and never past the upper 6"):
-            shard.machine.commit(AdvanceConsumer("etl", 3, to, id=f"forged-{to}"))
+            shard._machine.commit(AdvanceConsumer("etl", 3, to, id=f"forged-{to}"))
     assert shard.consumers() == {"etl": 3}
 
 
@@ -318,8 +318,8 @@ def test_lost_database_answers_on_advances_resolve_and_a_racing_handle_loses(tmp
         shard.append(pa.table({"id": [t]}))
     shard.consumer("etl")
     loser = ps.open_shard(location, consensus=db_url).consumer("etl")
-    faulty = FaultyConsensus(shard.machine.consensus, fail_before=0.2, fail_after=0.5, seed=7)
-    shard.machine.consensus = faulty
+    faulty = FaultyConsensus(shard._machine.consensus, fail_before=0.2, fail_after=0.5, seed=7)
+    shard._machine.consensus = faulty
     c = shard.consumer("etl")
     position = 0
     for to in range(2, 13, 2):
