@@ -244,7 +244,7 @@ def test_consumers_survive_rollups_and_replay(shard):
     state = fresh.state()
     assert state.consumers["etl"].position == 10
     assert ShardState.from_json(state.to_json()) == state
-    replayed = fold(ShardState(), [e.commit for _, e in fresh.machine.entries(1)])
+    replayed = fold(ShardState(), [e.commit for _, e in fresh._machine.entries(1)])
     assert replayed.consumers == state.consumers
     described = fresh.describe()["consumers"]["etl"]
     assert described["position"] == 10 and described["age_ms"] >= 0

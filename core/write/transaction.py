@@ -52,6 +52,7 @@ from persistshard.core.statemachine.commits.append import Append
 from persistshard.core.statemachine.leases import WriteLease, holding
 from persistshard.core.statemachine.machine import DETERMINATE_REFUSALS, StateMachine
 from persistshard.core.statemachine.state import Batch, PartRef, ShardState
+from persistshard.core.storage import metrics
 from persistshard.core.storage import parts as part_store
 from persistshard.core.storage.blob import FsspecBlob, foreign_keys, unobserved
 from persistshard.core.storage.layout import PARTS_PREFIX, new_id
@@ -388,6 +389,7 @@ class WriteTransaction:
 
     # --- 3. the commit -----------------------------------------------------------------
 
+    @metrics.operation_method("append")
     def commit(
         self,
         written: WrittenUpdates,
@@ -401,7 +403,9 @@ class WriteTransaction:
         label: str | None = None,
         check: bool = False,
     ) -> ShardState:
-        """Append ``written`` with one compare-and-append (`commits.append.Append`).
+        """Append ``written`` with one compare-and-append (`commits.append.Append`), in an
+        ``append`` operation scope unless one is open (`persistshard.core.storage.metrics`: a
+        certain storage refusal is `StorageError`).
 
         ``check``: the parts came from elsewhere (other processes, an external caller): check
         them first (`check`), so a commit naming a missing part, a part of another size than
