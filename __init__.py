@@ -1,9 +1,10 @@
 """persistshard: versioned, compacting storage of (row, time, diff) updates, for Spark.
 
 ``persistshard.compact(spark, location)`` (distributed compaction),
-``persistshard.overwrite(spark, df, location)`` (distributed self-correcting overwrite) and
-``persistshard.register(spark)`` (the SQL function ``persistshard_history``) are loaded on
-first use,
+``persistshard.overwrite(spark, df, location)`` (distributed self-correcting overwrite),
+``persistshard.register(spark)`` (the SQL function ``persistshard_history``),
+``persistshard.configure_spark(builder)`` and ``persistshard.companion_jar()`` (the JVM
+companion) are loaded on first use,
 so ``import persistshard`` never imports pyspark.
 """
 
@@ -90,6 +91,10 @@ def __getattr__(name: str) -> Any:
         from persistshard.datasource.overwrite import overwrite
 
         return overwrite
+    if name in ("configure_spark", "companion_jar"):  # the JVM companion
+        from persistshard.datasource import companion
+
+        return getattr(companion, name)
     if name == "register":  # the SQL function persistshard_history (datasource/udtf.py)
         from persistshard.datasource.udtf import register
 

@@ -42,6 +42,7 @@ import logging
 import math
 import os
 import sys
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -637,6 +638,28 @@ DOING = {
 }
 
 
+def cmd_jar(args: argparse.Namespace) -> int:
+    """Build (or find in the cache) the JVM companion jar and print its path, for
+    ``spark-submit --jars`` or ``spark.jars``. It is built from the package's Java sources
+    with the JDK's javac against the installed pyspark's jars; without a JDK the command says
+    so and exits 2 (Spark then uses the Python source)."""
+    from persistshard.datasource import companion
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", companion.CompanionUnavailable)
+        path = companion.companion_jar()
+    if path is None:
+        reasons = [str(w.message) for w in caught if w.category is companion.CompanionUnavailable]
+        print(reasons[0] if reasons else "CompanionUnavailable: no jar", file=sys.stderr)
+        return 2
+    if args.print_path:
+        print(path)
+    else:
+        print(f"persistshard companion jar: {path}")
+        print(f"use it with: spark-submit --jars {path} ... (or ps.configure_spark(builder))")
+    return 0
+
+
 def _summary(command: Any) -> str:
     """The first sentence of a command's docstring: its one-line help."""
     doc = " ".join((command.__doc__ or "").split())
@@ -727,7 +750,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 help="keep unreferenced parts and versions younger than this "
                 f"(default {DEFAULT_RETENTION_SECONDS:g})",
             )
+    jar = sub.add_parser(
+        "jar",
+        help=_summary(cmd_jar),
+        description=" ".join((cmd_jar.__doc__ or "").split()),
+    )
+    jar.add_argument("--print-path", action="store_true", help="print only the jar's path")
     args = parser.parse_args(argv)
+    if args.command == "jar":
+        return cmd_jar(args)
     refused = _seconds_flag_problem(args)
     if refused is not None:
         print(str(refused), file=sys.stderr)

@@ -1,9 +1,11 @@
-"""CI: the wheel holds exactly the package's modules, the Spark entry module and py.typed.
+"""CI: the wheel holds exactly the package's modules, the Spark entry module, py.typed and the
+JVM companion's Java sources (``jvm/src``).
 
 Builds the wheel from the working tree and compares its file list with what the tree says
-should ship: every ``.py`` file of the packages listed in pyproject.toml, ``py.typed``, the one
-top-level module ``pyspark_persistshard`` and the dist-info. Anything more (tests, benchmarks,
-a second copy of the entry module) or less fails, naming the files.
+should ship: every ``.py`` file of the packages listed in pyproject.toml, ``py.typed``, every
+``.java`` file under ``jvm/src``, the one top-level module ``pyspark_persistshard`` and the
+dist-info. Anything more (tests, benchmarks, the unshipped ``jvm/prototype``, a second copy of
+the entry module) or less fails, naming the files.
 """
 
 from __future__ import annotations
@@ -32,6 +34,12 @@ def expected_files() -> set[str]:
         for name in os.listdir(directory):
             if name.endswith(".py"):
                 out.add("/".join([*package.split("."), name]))
+    sources = os.path.join(ROOT, "jvm", "src")  # the JVM companion's Java sources
+    for folder, _, files in os.walk(sources):
+        for name in files:
+            if name.endswith(".java"):
+                rel = os.path.relpath(os.path.join(folder, name), ROOT).replace(os.sep, "/")
+                out.add(f"persistshard/{rel}")
     return out
 
 

@@ -93,6 +93,7 @@ FIXTURE_MARKERS: dict[str, str] = {
     "s3_endpoint": "s3",  # tests/test_s3.py
     "s3_options": "s3",  # the moto servers of test_inline, test_linearizability, test_local_cluster
     "s3_direct": "s3",  # test_fault_proxy, test_contracts_under_faults (the proxies sit on it)
+    "jdk": "subprocess",  # test_jvm_companion: javac builds the companion, java runs it
 }
 
 #: What no fixture shows: ``fnmatch`` patterns over "file::Class::function" (no parameters;
@@ -105,6 +106,7 @@ EXPLICIT_MARKERS: dict[str, tuple[str, ...]] = {
     # A Spark application in a child process (a JVM of its own).
     "test_local_cluster.py::*": ("spark", "subprocess"),
     "test_spark.py::test_hive_catalog_keeps_the_location": ("spark", "subprocess"),
+    "test_jvm_companion.py::test_a_session_*": ("spark", "subprocess"),
     # Racing workers of the storage contracts (processes when the store is shared).
     "*::test_put_if_absent_race": ("subprocess",),
     "*::test_cas_race": ("subprocess",),

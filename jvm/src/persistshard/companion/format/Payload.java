@@ -1,0 +1,253 @@
+package persistshard.companion.format;
+
+import java.nio.ByteBuffer;
+import java.nio.ByteOrder;
+import java.util.List;
+import org.apache.arrow.memory.ArrowBuf;
+import org.apache.arrow.memory.BufferAllocator;
+import org.apache.arrow.vector.ipc.message.ArrowFieldNode;
+
+/**
+ * Decodes one column segment's payload into the field nodes and buffers of Arrow's IPC order
+ * (a node, its buffers, then its children, pre-order), ready for
+ * {@link org.apache.arrow.vector.VectorLoader} (docs/format.md, "Segments and payloads").
+ *
+ * <p>Invariants: every length in the node table is checked against the layout's rules and the
+ * payload's size before any byte it names is read, the payload must be used exactly (no
+ * trailing bytes), and a failed check is {@link SegmentError}, never another exception.
+ * Buffers handed out are owned by the caller's list (one reference each), also on failure: the
+ * caller closes them.
+ */
+final class Payload {
+  /** A payload that does not match its type; the reader turns it into {@link CorruptData}. */
+  static final class SegmentError extends Exception {
+    private static final long serialVersionUID = 1L;
+
+    SegmentError(String message) {
+      super(message);
+    }
+  }
+
+  private final byte[] data;
+  private final int start;
+  private final int end;
+  private final ByteBuffer table;
+  private final int words;
+  private int word;
+  private int pos;
+  private final BufferAllocator allocator;
+  private final List<ArrowFieldNode> nodes;
+  private final List<ArrowBuf> buffers;
+
+  private Payload(byte[] data, int start, int length, int words, BufferAllocator allocator,
+      List<ArrowFieldNode> nodes, List<ArrowBuf> buffers) {
+    this.data = data;
+    this.start = start;
+    this.end = start + length;
+    this.table = ByteBuffer.wrap(data, start, 8 * words).slice().order(ByteOrder.LITTLE_ENDIAN);
+    this.words = words;
+    this.pos = start + 8 * words;
+    this.allocator = allocator;
+    this.nodes = nodes;
+    this.buffers = buffers;
+  }
+
+  /**
+   * Appends the nodes and buffers of the column of {@code numRows} rows stored in
+   * {@code data[start, start + length)}.
+   */
+  static void decode(byte[] data, int start, int length, Layout layout, long numRows,
+      BufferAllocator allocator, List<ArrowFieldNode> nodes, List<ArrowBuf> buffers)
+      throws SegmentError {
+    int words = layout.tableWords;
+    if (length < 8L * words) {
+      throw new SegmentError("payload of " + length + " bytes is shorter than its node table");
+    }
+    Payload p = new Payload(data, start, length, words, allocator, nodes, buffers);
+    p.node(layout, numRows);
+    if (p.word != words || p.pos != p.end) {
+      throw new SegmentError("payload has trailing bytes");
+    }
+  }
+
+  private long next() throws SegmentError {
+    if (word >= words) {
+      throw new SegmentError("node table ends early");
+    }
+    long v = table.getLong(8 * word++);
+    if (v < 0) {
+      throw new SegmentError("node table word " + Long.toUnsignedString(v) + " is out of range");
+    }
+    return v;
+  }
+
+  /** The offset of the next buffer of {@code size} bytes; moves past it and its padding. */
+  private int take(long size) throws SegmentError {
+    if (size > end - pos) {
+      throw new SegmentError("buffer of " + size + " bytes at " + (pos - start) + " runs past the payload");
+    }
+    int at = pos;
+    pos += (int) size;
+    pos += (int) (-size & 7);
+    if (pos > end) {
+      pos = end + 1; // padding missing: reported as trailing-byte mismatch below
+    }
+    return at;
+  }
+
+  private ArrowBuf copy(int at, long size) {
+    ArrowBuf buf = allocator.buffer(size);
+    buffers.add(buf);
+    buf.setBytes(0, data, at, size);
+    buf.writerIndex(size);
+    return buf;
+  }
+
+  private void node(Layout layout, long expected) throws SegmentError {
+    long n = next();
+    long nulls = next();
+    if (n != expected) {
+      throw new SegmentError("node of type " + layout.field.getType() + " has " + n + " rows, expected " + expected);
+    }
+    if (nulls > n) {
+      throw new SegmentError(nulls + " nulls in " + n + " rows");
+    }
+    if (layout.kind == Layout.NULL) {
+      if (nulls != n) {
+        throw new SegmentError("null column with non-null values");
+      }
+      nodes.add(new ArrowFieldNode(n, n));
+      return;
+    }
+    long[] sizes = new long[layout.slots()];
+    for (int i = 0; i < sizes.length; i++) {
+      sizes[i] = next();
+    }
+    long bitmapBytes = (n + 7) / 8;
+    if (sizes[0] != (nulls > 0 ? bitmapBytes : 0)) {
+      throw new SegmentError("validity of " + sizes[0] + " bytes for " + n + " rows with " + nulls + " nulls");
+    }
+    nodes.add(new ArrowFieldNode(n, nulls));
+    int validityAt = take(sizes[0]);
+    if (nulls > 0) {
+      copy(validityAt, sizes[0]);
+    } else { // absent: every row valid. Arrow Java is handed the bitmap it would make itself
+      ArrowBuf all = allocator.buffer(bitmapBytes);
+      buffers.add(all);
+      all.setOne(0, bitmapBytes);
+      all.writerIndex(bitmapBytes);
+    }
+    switch (layout.kind) {
+      case Layout.FIXED: {
+        int w = layout.width;
+        if (sizes[1] != n * w) {
+          throw new SegmentError(sizes[1] + " bytes of values for " + n + " rows of width " + w);
+        }
+        int at = take(sizes[1]);
+        fixedValues(at, (int) n, w, layout.shuffle, layout.widenTo);
+        return;
+      }
+      case Layout.BOOL: {
+        if (sizes[1] != bitmapBytes) {
+          throw new SegmentError(sizes[1] + " bytes of booleans for " + n + " rows");
+        }
+        copy(take(sizes[1]), sizes[1]);
+        return;
+      }
+      case Layout.VARBIN: {
+        if (sizes[1] != n * layout.width) {
+          throw new SegmentError(sizes[1] + " bytes of offsets for " + n + " rows");
+        }
+        int offsetsAt = take(sizes[1]);
+        int dataAt = take(sizes[2]);
+        offsets(offsetsAt, (int) n, layout.width, sizes[2]);
+        copy(dataAt, sizes[2]);
+        return;
+      }
+      case Layout.LIST: {
+        if (sizes[1] != n * layout.width) {
+          throw new SegmentError(sizes[1] + " bytes of offsets for " + n + " rows");
+        }
+        long last = offsets(take(sizes[1]), (int) n, layout.width, -1);
+        node(layout.children.get(0), last);
+        return;
+      }
+      case Layout.FIXED_LIST:
+        node(layout.children.get(0), Math.multiplyExact(n, (long) layout.width));
+        return;
+      default: // STRUCT
+        for (Layout c : layout.children) {
+          node(c, n);
+        }
+    }
+  }
+
+  /** Fixed-width values, unshuffled (byte j of value i is at j * n + i) and widened. */
+  private void fixedValues(int at, int n, int w, boolean shuffled, int widenTo) {
+    int out = widenTo > 0 ? widenTo : w;
+    long size = (long) n * out;
+    if (!shuffled && widenTo == 0) {
+      copy(at, size);
+      return;
+    }
+    byte[] values = new byte[(int) size];
+    for (int i = 0; i < n; i++) {
+      int base = i * out;
+      for (int j = 0; j < w; j++) {
+        values[base + j] = data[shuffled ? at + j * n + i : at + i * w + j];
+      }
+      if (out > w) { // sign-extend a narrow decimal's two's complement value
+        byte fill = (byte) (values[base + w - 1] < 0 ? 0xFF : 0);
+        for (int j = w; j < out; j++) {
+          values[base + j] = fill;
+        }
+      }
+    }
+    ArrowBuf buf = allocator.buffer(size);
+    buffers.add(buf);
+    buf.setBytes(0, values);
+    buf.writerIndex(size);
+  }
+
+  /**
+   * Arrow's n + 1 offsets from n shuffled lengths; checks they are non-negative, fit the
+   * offset width and (for VARBIN, {@code total >= 0}) end at {@code total}. Returns the last.
+   */
+  private long offsets(int at, int n, int w, long total) throws SegmentError {
+    ArrowBuf buf = allocator.buffer((long) (n + 1) * w);
+    buffers.add(buf);
+    long sum = 0;
+    long max = w == 4 ? Integer.MAX_VALUE : Long.MAX_VALUE;
+    if (w == 4) {
+      buf.setInt(0, 0);
+    } else {
+      buf.setLong(0, 0);
+    }
+    for (int i = 0; i < n; i++) {
+      long v = 0;
+      for (int j = w - 1; j >= 0; j--) {
+        v = (v << 8) | (data[at + j * n + i] & 0xFF);
+      }
+      if (w == 4) {
+        v = (int) v;
+      }
+      if (v < 0) {
+        throw new SegmentError("negative list or string length");
+      }
+      if (v > max - sum) {
+        throw new SegmentError("offsets overflow");
+      }
+      sum += v;
+      if (w == 4) {
+        buf.setInt(4L * (i + 1), (int) sum);
+      } else {
+        buf.setLong(8L * (i + 1), sum);
+      }
+    }
+    buf.writerIndex((long) (n + 1) * w);
+    if (total >= 0 && sum != total) {
+      throw new SegmentError("offsets end at " + sum + ", data holds " + total + " bytes");
+    }
+    return sum;
+  }
+}
