@@ -250,9 +250,11 @@ def configure_spark(builder: Any) -> Any:
       names; without a JDK nothing (one `CompanionUnavailable` warning) and the session uses
       the Python source as always. The jar registers no data source today: the format
       ``persistshard`` stays the Python source with or without it.
-    - ``spark.pyspark.python``: this interpreter, for Spark's Python workers, unless the
+    - ``spark.pyspark.python`` and the environment variable ``PYSPARK_PYTHON`` (which the
+      session's JVM inherits): this interpreter, for Spark's Python workers, unless the
       builder or ``PYSPARK_PYTHON`` already names one (without either, workers run
-      ``python3`` from ``PATH``, which may not have persistshard).
+      ``python3`` from ``PATH``, which may not have persistshard: the format's lookup then
+      fails).
 
     ``spark.jars`` and the workers' interpreter are read when a session's JVM starts: if a
     SparkContext is already running in this process and lacks either, a `UserWarning` names
@@ -264,14 +266,18 @@ def configure_spark(builder: Any) -> Any:
         named = [j for j in options.get("spark.jars", "").split(",") if j]
         if jar not in named:
             builder = builder.config("spark.jars", ",".join([*named, jar]))
-    if not options.get("spark.pyspark.python") and not os.environ.get("PYSPARK_PYTHON"):
-        builder = builder.config("spark.pyspark.python", sys.executable)
     running = _running_conf()
+    python_named = bool(options.get("spark.pyspark.python") or os.environ.get("PYSPARK_PYTHON"))
+    if not python_named:
+        # Spark's driver-side Python workers (data source lookup, planning) read the variable
+        # from the JVM's environment, which a session's JVM inherits from this process.
+        os.environ["PYSPARK_PYTHON"] = sys.executable
+        builder = builder.config("spark.pyspark.python", sys.executable)
     if running is not None:
         missing = []
         if jar is not None and jar not in running.get("spark.jars", "").split(","):
             missing.append(f"spark.jars with {jar}")
-        if not running.get("spark.pyspark.python") and not os.environ.get("PYSPARK_PYTHON"):
+        if not python_named and not running.get("spark.pyspark.python"):
             missing.append(f"spark.pyspark.python={sys.executable}")
         if missing:
             warnings.warn(

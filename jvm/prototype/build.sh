@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Build the persistshard JVM companion jar (prototype; docs/design.md, "JVM companion: decision").
+# Build the persistshard JVM companion jar (prototype; docs/design.md, "JVM companion").
 #
-# Usage: jvm/build.sh [PYTHON] [OUT_JAR]
+# Usage: jvm/prototype/build.sh [PYTHON] [OUT_JAR]
 #   PYTHON   a Python with pyspark installed (default: python3); its pyspark/jars are the
 #            only compile classpath: no Maven, no network.
-#   OUT_JAR  where to write the jar (default: jvm/build/persistshard-companion.jar).
+#   OUT_JAR  where to write the jar (default: jvm/prototype/build/persistshard-companion.jar).
 # Needs javac (a JDK 17+, not only a JRE). The jar is reproducible: --release 17, sorted
 # entries, fixed timestamps, so the same sources and pyspark give the same bytes.
 set -euo pipefail
