@@ -104,7 +104,9 @@ def pyspark_version() -> str:
 
 def source_files() -> list[Path]:
     """Every Java source of the companion, sorted by path (the build's input)."""
-    return sorted(JAVA_SOURCES.rglob("*.java"), key=lambda p: p.relative_to(JAVA_SOURCES).as_posix())
+    return sorted(
+        JAVA_SOURCES.rglob("*.java"), key=lambda p: p.relative_to(JAVA_SOURCES).as_posix()
+    )
 
 
 def source_digest() -> str:

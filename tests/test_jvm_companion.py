@@ -219,9 +219,7 @@ def test_concurrent_builds_end_with_one_jar_of_the_same_bytes(jar, tmp_path):
     script = "import persistshard as ps; print(ps.companion_jar())"
     env = {**os.environ, companion.CACHE_ENV: str(cache)}
     procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, text=True
-        )
+        subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, text=True)
         for _ in range(2)
     ]
     outs = [p.communicate(timeout=600)[0].strip() for p in procs]
@@ -242,11 +240,15 @@ def test_cli_jar_prints_the_path(jar_cache, jar, monkeypatch, capsys):
     assert str(jar) in out and "--jars" in out
 
 
-def test_configure_spark_warns_when_the_session_is_already_running(spark, jar_cache, jar, monkeypatch):
+def test_configure_spark_warns_when_the_session_is_already_running(
+    spark, jar_cache, jar, monkeypatch
+):
     from pyspark.sql import SparkSession
 
     monkeypatch.setenv(companion.CACHE_ENV, str(jar_cache))
-    with pytest.warns(UserWarning, match=f"already running.*lacks spark.jars with {re.escape(str(jar))}"):
+    with pytest.warns(
+        UserWarning, match=f"already running.*lacks spark.jars with {re.escape(str(jar))}"
+    ):
         builder = companion.configure_spark(SparkSession.builder)
     assert str(jar) in builder._options["spark.jars"].split(",")
     builder._options.pop("spark.jars")  # the shared builder must not carry it to other tests
@@ -428,7 +430,8 @@ def _leaf(column: str, values: list[Any]) -> st.SearchStrategy[filters.Pred]:
     return st.one_of(
         st.builds(lambda op, v: filters.Pred(op, column, v), ops, value),
         st.builds(
-            lambda vs: filters.Pred("in", column, tuple(vs)), st.lists(value, min_size=1, max_size=3)
+            lambda vs: filters.Pred("in", column, tuple(vs)),
+            st.lists(value, min_size=1, max_size=3),
         ),
         st.sampled_from([filters.Pred("is_null", column), filters.Pred("is_not_null", column)]),
     )
@@ -448,7 +451,11 @@ def _cases(draw: st.DrawFn) -> tuple[pa.Table, int, list[str] | None, filters.Pr
     rest = draw(_tables())
     n = rest.num_rows
     keys = draw(st.lists(st.integers(-50, 50) | st.none(), min_size=n, max_size=n))
-    words = draw(st.lists(st.sampled_from(["", "a", "ab", "b", "zz", "é"]) | st.none(), min_size=n, max_size=n))
+    words = draw(
+        st.lists(
+            st.sampled_from(["", "a", "ab", "b", "zz", "é"]) | st.none(), min_size=n, max_size=n
+        )
+    )
     if draw(st.booleans()):
         keys = sorted(keys, key=lambda k: (k is None, k or 0))
     table = pa.table({"key": pa.array(keys, pa.int64()), "word": pa.array(words, pa.string())})
@@ -460,8 +467,12 @@ def _cases(draw: st.DrawFn) -> tuple[pa.Table, int, list[str] | None, filters.Pr
     tree = st.recursive(
         leaves,
         lambda kids: st.one_of(
-            st.lists(kids, min_size=2, max_size=3).map(lambda cs: filters.Pred("and", children=tuple(cs))),
-            st.lists(kids, min_size=2, max_size=3).map(lambda cs: filters.Pred("or", children=tuple(cs))),
+            st.lists(kids, min_size=2, max_size=3).map(
+                lambda cs: filters.Pred("and", children=tuple(cs))
+            ),
+            st.lists(kids, min_size=2, max_size=3).map(
+                lambda cs: filters.Pred("or", children=tuple(cs))
+            ),
             kids.map(lambda c: filters.Pred("not", children=(c,))),
         ),
         max_leaves=4,
@@ -484,7 +495,9 @@ def test_random_parts_decode_in_the_jvm_as_python_reads_them(jar, tmp_path_facto
         path.write_bytes(data)
         reader = PartReader.from_bytes(str(path), data)
         kept = [
-            c for c in range(len(reader.chunks)) if pred is None or filters.chunk_may_match(pred, reader, c)
+            c
+            for c in range(len(reader.chunks))
+            if pred is None or filters.chunk_may_match(pred, reader, c)
         ]
         parts = [reader.read_chunk(c, columns) for c in kept]
         want = pa.Table.from_batches(parts, schema=reader.projected_schema(columns))
@@ -565,4 +578,3 @@ def test_without_the_companion_the_format_is_sparks_python_provider(spark):
     conf = spark._jsparkSession.sessionState().conf()
     lookup = spark._jvm.org.apache.spark.sql.execution.datasources.DataSource
     assert lookup.lookupDataSource("persistshard", conf).getName() == PYTHON_PROVIDER
-

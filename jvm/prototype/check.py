@@ -1,8 +1,9 @@
 """Build the JVM companion twice and check what it is for, in a Spark session of its own.
 
-Usage: ``python jvm/prototype/check.py [--without]`` with the Python that has pyspark and persistshard
-(installed, or on ``PYTHONPATH`` so Spark's workers find ``pyspark_persistshard``). Needs
-``javac`` (a JDK 17+). Exits non-zero on the first failed check; prints one line per check.
+Usage: ``python jvm/prototype/check.py [--without]`` with the Python that has pyspark and
+persistshard (installed, or on ``PYTHONPATH`` so Spark's workers find
+``pyspark_persistshard``). Needs ``javac`` (a JDK 17+). Exits non-zero on the first failed
+check; prints one line per check.
 
 Not a pytest test on purpose (docs/design.md, "JVM companion"): it needs a JDK, which
 the README's machine ("Java 17") need not have, and a test suite must not skip; it also needs
