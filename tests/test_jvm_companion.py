@@ -450,6 +450,19 @@ def _pred_json(pred: filters.Pred) -> dict[str, Any]:
     return {"op": pred.op, "column": pred.column, "value": value}
 
 
+def _combined(kids: st.SearchStrategy[filters.Pred]) -> st.SearchStrategy[filters.Pred]:
+    """``and``/``or`` of two or three of ``kids``, or ``not`` of one."""
+    return st.one_of(
+        st.lists(kids, min_size=2, max_size=3).map(
+            lambda cs: filters.Pred("and", children=tuple(cs))
+        ),
+        st.lists(kids, min_size=2, max_size=3).map(
+            lambda cs: filters.Pred("or", children=tuple(cs))
+        ),
+        kids.map(lambda c: filters.Pred("not", children=(c,))),
+    )
+
+
 @st.composite
 def _cases(draw: st.DrawFn) -> tuple[pa.Table, int, list[str] | None, filters.Pred | None]:
     """A random table with an int key and a string column in front (the filterable ones),
@@ -470,19 +483,8 @@ def _cases(draw: st.DrawFn) -> tuple[pa.Table, int, list[str] | None, filters.Pr
     chunk_bytes = draw(st.sampled_from([1, 64, 1000, 1 << 20]))
     columns = draw(st.none() | st.lists(st.sampled_from(table.column_names), unique=True))
     leaves = st.one_of(_leaf("key", keys), _leaf("word", words))
-    tree = st.recursive(
-        leaves,
-        lambda kids: st.one_of(
-            st.lists(kids, min_size=2, max_size=3).map(
-                lambda cs: filters.Pred("and", children=tuple(cs))
-            ),
-            st.lists(kids, min_size=2, max_size=3).map(
-                lambda cs: filters.Pred("or", children=tuple(cs))
-            ),
-            kids.map(lambda c: filters.Pred("not", children=(c,))),
-        ),
-        max_leaves=4,
-    )
+    level1 = leaves | _combined(leaves)
+    tree = level1 | _combined(level1)
     pred = draw(st.none() | tree)
     return table, chunk_bytes, columns, pred
 
