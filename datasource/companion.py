@@ -41,7 +41,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("persistshard.datasource.companion")
 
 #: The package's Java sources (shipped in the wheel as package data).
 JAVA_SOURCES = Path(__file__).resolve().parent.parent / "jvm" / "src"
