@@ -6,9 +6,12 @@ batch, and the real consumers (pyarrow, DuckDB, Polars, pandas). No Spark here.
 
 from __future__ import annotations
 
+import datetime
 import os
 import random
+import re
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import duckdb
@@ -25,11 +28,12 @@ from hypothesis import strategies as st
 import persistshard as ps
 from persistshard.core.read import plan as plan_mod
 from persistshard.core.read import scan as scan_mod
+from persistshard.core.read.expression import expression_filter
 from persistshard.core.read.filters import Pred, bind
-from persistshard.core.read.scan import expression_filter
 from persistshard.core.shard import Shard
 from persistshard.core.storage import parts
 from persistshard.core.storage.blob import Blob, BlobWrapper, open_blob
+from persistshard.core.write.validate import update_schema
 
 SCHEMA = pa.schema(
     [
@@ -39,6 +43,9 @@ SCHEMA = pa.schema(
         pa.field("pad", pa.string()),
     ]
 )
+#: The schema a scan's filter is bound to: the row columns, ``_time`` and ``_diff``.
+STORED = update_schema(SCHEMA)
+ROOT = Path(__file__).resolve().parent.parent
 
 
 class CountingBlob(BlobWrapper):
@@ -223,8 +230,91 @@ def test_expression_translation() -> None:
     assert e.skip is None and not e.exact
     e = expression_filter(pc.field("id").isin([1, None]), SCHEMA)
     assert e.skip is None  # null matches null in Arrow's is_in: not a SQL IN
-    e = expression_filter(pc.field("_time") >= 2, SCHEMA)
+    e = expression_filter(pc.field("_time") >= 2, STORED)
     assert e.columns == {"_time"}
+    e = expression_filter(pc.field("nope") >= 2, STORED)
+    assert e.columns is None and e.skip is None  # the scan refuses it, evaluating it
+
+
+def test_expression_translation_covers_the_predicates_and_leaves_the_rest() -> None:
+    """Each predicate form the Substrait reading translates, with literals of several Arrow
+    types, and the forms it must leave untranslated (no `Pred`: Arrow filters them)."""
+    schema = pa.schema(
+        [
+            ("i", pa.int32()),
+            ("t", pa.timestamp("us")),
+            ("d", pa.date32()),
+            ("s", pa.large_string()),
+            ("b", pa.binary()),
+            ("f", pa.float64()),
+        ]
+    )
+    t0, d0 = datetime.datetime(2024, 5, 1, 12), datetime.date(2024, 5, 1)
+    translated = [
+        (pc.field("i") < 5, bind("lt", "i", 5, schema)),
+        (pc.field("i") >= 5, bind("ge", "i", 5, schema)),
+        (pc.scalar(5) <= pc.field("i"), bind("ge", "i", 5, schema)),
+        (pc.scalar(5) > pc.field("i"), bind("lt", "i", 5, schema)),
+        (pc.field("i") == 7, bind("eq", "i", 7, schema)),
+        (pc.field("s") == "x", bind("eq", "s", "x", schema)),
+        (pc.field("b") == b"\x00k", bind("eq", "b", b"\x00k", schema)),
+        (pc.field("d") > d0, bind("gt", "d", d0, schema)),
+        (pc.field("t") > t0, bind("gt", "t", t0, schema)),
+        (pc.field("i").isin([1, 2, 3]), bind("in", "i", (1, 2, 3), schema)),
+        (pc.field("s").is_null(), Pred("is_null", "s")),
+        (pc.field("s").is_valid(), Pred("is_not_null", "s")),
+        (~pc.field("s").is_null(), Pred("is_not_null", "s")),
+        (~pc.field("s").is_valid(), Pred("is_null", "s")),
+    ]
+    for expr, pred in translated:
+        e = expression_filter(expr, schema)
+        assert e.skip == pred and e.exact == (pred is not None), expr
+        assert e.columns is not None and len(e.columns) == 1, expr
+    both = expression_filter((pc.field("i") < 5) | pc.field("s").is_null(), schema)
+    assert both.skip == Pred("or", children=(bind("lt", "i", 5, schema), Pred("is_null", "s")))
+    assert both.exact and both.columns == {"i", "s"}
+    untranslated = [
+        pc.field("i") != 3,
+        pc.field("f").is_nan(),
+        ~(pc.field("i") > 20),
+        pc.field("i") + 1 > 3,
+        pc.field("i").isin([1, None]),
+        pc.field("i") < pc.field("f"),
+    ]
+    for expr in untranslated:
+        e = expression_filter(expr, schema)
+        assert e.skip is None and not e.exact and e.columns, expr
+
+
+def test_expressions_substrait_cannot_carry_still_tell_their_columns() -> None:
+    """``id < 10.5`` binds with a safe cast and ``is_null(nan_is_null=True)`` has no
+    Substrait form: nothing is translated, yet the columns they read are known (so a
+    projected scan takes them)."""
+    for expr, column in [
+        (pc.field("id") < 10.5, "id"),
+        (pc.field("v").is_null(nan_is_null=True), "v"),
+    ]:
+        with pytest.raises(pa.ArrowInvalid):
+            expr.to_substrait(STORED)
+        e = expression_filter(expr, STORED)
+        assert e.columns == {column} and e.skip is None and not e.exact
+
+
+def test_expressions_are_read_through_a_public_route() -> None:
+    """The reading uses pyarrow's public Substrait serialization, never the private pickle
+    form (``Expression.__reduce__``, its IPC file of node names) or private constructors
+    (``Expression._call``): no module of the package touches them."""
+    private = re.compile(r"__reduce__|\bExpression\._call\b|show_schema_metadata")
+    found = [
+        f"{path.relative_to(ROOT)}"
+        for path in sorted(ROOT.rglob("*.py"))
+        if "tests" not in path.parts
+        and ".venv" not in path.parts
+        and private.search(path.read_text())
+    ]
+    assert found == []
+    source = (ROOT / "core" / "read" / "expression.py").read_text()
+    assert "to_substrait(" in source and "deserialize_expressions(" in source
 
 
 # --- change reads --------------------------------------------------------------------------

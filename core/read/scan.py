@@ -26,9 +26,9 @@ What always holds:
   expression is evaluated by Arrow on every update that could pass (before consolidation when
   it reads only row columns, on the answer when it reads ``_time`` or ``_diff``); the parts
   of it that `persistshard.core.read.filters.bind` accepts also skip chunks by their statistics.
-  An expression is read through Arrow's own serialization, and the reading is trusted only when
-  the expression rebuilt from it is `equals` to the original (else no skipping: slower, never
-  wrong).
+  An expression is read through its Substrait serialization
+  (`persistshard.core.read.expression`); what it cannot translate skips nothing (slower,
+  never wrong).
 
 Memory. `to_batches` plans the read in tasks of about `SCAN_TASK_BYTES` of stored parts,
 split by key range (`persistshard.core.read.plan.plan_read`); a snapshot of parts that need
@@ -49,14 +49,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import re
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from persistshard.core.read.filters import Pred, bind, conjunction, disjunction, evaluate
+from persistshard.core.read.expression import ExpressionFilter, expression_filter
+from persistshard.core.read.filters import Pred, evaluate
 from persistshard.core.read.plan import (
     READ_AHEAD,
     Job,
@@ -102,180 +102,6 @@ SCAN_MAX_TASKS = 1 << 16
 SCAN_AHEAD = READ_AHEAD
 
 
-# --- pyarrow expressions -------------------------------------------------------------------
-
-_Node = tuple[Any, ...]  # ("call", name, args, options) | ("field", name) | ("literal", scalar)
-_LINE = re.compile(r"^(call|field_ref|literal|options|end|nested_field_ref): '(.*)'$")
-_FLIP = {"less": "gt", "less_equal": "ge", "greater": "lt", "greater_equal": "le", "equal": "eq"}
-_OPS = {"less": "lt", "less_equal": "le", "greater": "gt", "greater_equal": "ge", "equal": "eq"}
-
-
-def _parse(expr: pc.Expression) -> tuple[_Node, pa.Table] | None:
-    """The tree of ``expr`` read from Arrow's serialization of it (an IPC file whose schema
-    metadata lists the nodes in prefix order and whose columns hold literals and options)."""
-    try:
-        buffer = expr.__reduce__()[1][0]
-        table = pa.ipc.open_file(buffer).read_all()
-    except (pa.ArrowException, AttributeError, IndexError, TypeError):
-        return None
-    text = table.schema.to_string(show_field_metadata=False, show_schema_metadata=True)
-    _, marker, meta = text.partition("-- schema metadata --\n")
-    if not marker:
-        return None
-    tokens: list[tuple[str, str]] = []
-    for line in meta.splitlines():
-        m = _LINE.match(line)
-        if m is None:
-            return None
-        tokens.append((m.group(1), m.group(2)))
-    pos = 0
-
-    def node() -> _Node:
-        nonlocal pos
-        kind, value = tokens[pos]
-        pos += 1
-        if kind == "field_ref":
-            return ("field", value)
-        if kind == "literal":
-            return ("literal", table.column(int(value))[0])
-        if kind == "nested_field_ref":
-            names = []
-            for _ in range(int(value)):
-                sub, name = tokens[pos]
-                pos += 1
-                if sub != "field_ref":
-                    raise ValueError(sub)
-                names.append(name)
-            return ("nested", tuple(names))
-        if kind != "call":
-            raise ValueError(kind)
-        args: list[_Node] = []
-        options = None
-        while tokens[pos][0] != "end":
-            if tokens[pos][0] == "options":
-                options = table.column(int(tokens[pos][1]))[0]
-                pos += 1
-            else:
-                args.append(node())
-        pos += 1
-        return ("call", value, tuple(args), options)
-
-    try:
-        tree = node()
-    except (ValueError, IndexError, KeyError, pa.ArrowException):
-        return None
-    return (tree, table) if pos == len(tokens) else None
-
-
-def _rebuild(node: _Node) -> pc.Expression | None:
-    """The expression ``node`` describes (None when its options are not ones we rebuild)."""
-    kind = node[0]
-    if kind == "field":
-        return pc.field(node[1])
-    if kind == "nested":
-        return pc.field(node[1])
-    if kind == "literal":
-        return pc.scalar(node[1])
-    _, name, args, options = node
-    built = [_rebuild(a) for a in args]
-    if any(b is None for b in built):
-        return None
-    opts: Any = None
-    if options is not None:
-        o = options.as_py()
-        kind_name = o.get("_type_name")
-        if name in ("is_null",) and kind_name == b"NullOptions":
-            opts = pc.NullOptions(nan_is_null=o["nan_is_null"])
-        elif name == "is_in" and kind_name == b"SetLookupOptions":
-            value_set = options["value_set"]
-            skip_nulls = {0: False, 1: True}.get(o["null_matching_behavior"])
-            if skip_nulls is None:
-                return None  # EMIT_NULL and INCONCLUSIVE have no Python spelling
-            opts = pc.SetLookupOptions(value_set.values, skip_nulls=skip_nulls)
-        else:
-            return None
-    return pc.Expression._call(name, list(built), opts)
-
-
-def _columns_of(node: _Node) -> set[str] | None:
-    """Top-level columns ``node`` reads (None: a nested reference)."""
-    if node[0] == "field":
-        return {node[1]}
-    if node[0] == "nested":
-        return None
-    if node[0] == "literal":
-        return set()
-    out: set[str] = set()
-    for a in node[2]:
-        cols = _columns_of(a)
-        if cols is None:
-            return None
-        out |= cols
-    return out
-
-
-def _to_pred(node: _Node, schema: pa.Schema) -> tuple[Pred | None, bool]:
-    """(a `Pred` true on every row ``node`` is true on, whether it is true on no other row).
-
-    None: no such predicate narrower than "every row". Only and/or, comparisons of a column
-    with a literal, null tests and ``is_in`` without nulls translate; `bind` decides whether
-    a leaf can be exact on its column's type."""
-    if node[0] != "call":
-        return None, False
-    _, name, args, options = node
-    if name in ("and_kleene", "and", "or_kleene", "or"):
-        parts = [_to_pred(a, schema) for a in args]
-        if name.startswith("and"):
-            kept = [p for p, _ in parts if p is not None]
-            exact = all(p is not None and e for p, e in parts)
-            return conjunction(kept), exact
-        if any(p is None for p, _ in parts):
-            return None, False
-        return disjunction([p for p, _ in parts]), all(e for _, e in parts)
-    if name in _OPS and len(args) == 2:
-        (ka, a), (kb, b) = args[0][:2], args[1][:2]
-        if ka == "field" and kb == "literal":
-            pred = bind(_OPS[name], a, b.as_py(), schema)
-        elif ka == "literal" and kb == "field":
-            pred = bind(_FLIP[name], b, a.as_py(), schema)
-        else:
-            return None, False
-        return pred, pred is not None
-    if name in ("is_null", "is_valid") and len(args) == 1 and args[0][0] == "field":
-        if name == "is_null" and (options is None or options.as_py()["nan_is_null"]):
-            return None, False
-        pred = bind("is_null" if name == "is_null" else "is_not_null", args[0][1], None, schema)
-        return pred, pred is not None
-    if name == "invert" and len(args) == 1 and args[0][0] == "call":
-        _, inner, inner_args, inner_options = args[0]
-        if len(inner_args) != 1 or inner_args[0][0] != "field":
-            return None, False
-        if inner == "is_valid":
-            pred = bind("is_null", inner_args[0][1], None, schema)
-        elif inner == "is_null" and not inner_options.as_py()["nan_is_null"]:
-            pred = bind("is_not_null", inner_args[0][1], None, schema)
-        else:
-            return None, False
-        return pred, pred is not None
-    if name == "is_in" and len(args) == 1 and args[0][0] == "field" and options is not None:
-        values = options.as_py()["value_set"]
-        if any(v is None for v in values):
-            return None, False
-        pred = bind("in", args[0][1], tuple(values), schema)
-        return pred, pred is not None
-    return None, False
-
-
-@dataclasses.dataclass(frozen=True)
-class ExpressionFilter:
-    """How a scan applies a pyarrow compute expression (see `expression_filter`)."""
-
-    expression: pc.Expression
-    columns: frozenset[str] | None  # the top-level columns it reads; None: unknown
-    skip: Pred | None  # true on every row the expression is true on (chunk skipping)
-    exact: bool  # ``skip`` is true on exactly those rows: the expression need not run
-
-
 def _stored_bytes(task: ReadTask, readers: Readers) -> int:
     """The stored bytes of the parts' chunks ``task`` reads (whole parts where it names no
     chunks; its footers are in ``readers``)."""
@@ -287,23 +113,6 @@ def _stored_bytes(task: ReadTask, readers: Readers) -> int:
         else:
             total += sum(reader.chunks[c].length for c in s.chunks)
     return total
-
-
-def expression_filter(expr: pc.Expression, schema: pa.Schema) -> ExpressionFilter:
-    """What ``expr`` reads and which `Pred` it implies over the stored ``schema``."""
-    parsed = _parse(expr)
-    if parsed is None:
-        return ExpressionFilter(expr, None, None, False)
-    tree, _ = parsed
-    try:
-        rebuilt = _rebuild(tree)
-    except (pa.ArrowException, KeyError, TypeError, ValueError):
-        rebuilt = None  # options we do not know how to rebuild: no skipping
-    if rebuilt is None or not rebuilt.equals(expr):
-        return ExpressionFilter(expr, None, None, False)
-    cols = _columns_of(tree)
-    skip, exact = _to_pred(tree, schema)
-    return ExpressionFilter(expr, None if cols is None else frozenset(cols), skip, exact)
 
 
 # --- the scan ------------------------------------------------------------------------------
