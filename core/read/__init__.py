@@ -4,6 +4,8 @@
   turns stored updates into an answer (Spark and the Python API share it).
 - `filters`: exact row predicates and statistics-based chunk skipping.
 - `scan`: lazy, streamed, projected and filtered reads for Python engines.
+- `expression`: what a scan's pyarrow filter reads and the predicate it implies, read through
+  its Substrait form.
 - `listen`: a subscription to a shard's changes, holding since while it runs.
 - `race`: a read whose pinned version gc collected under it gets `VersionCollected` (read
   again); a part the newest version names that is missing stays `CorruptData`.
