@@ -10,9 +10,11 @@ import persistshard as ps
 from persistshard.cli import main
 
 
-def make(tmp_path) -> str:
+def make(tmp_path, **options) -> str:
+    """A shard of four appends, since 3; ``options`` go to `open_shard` (``inline_bytes=0``:
+    every append writes a part file)."""
     location = str(tmp_path / "s")
-    shard = ps.open_shard(location)
+    shard = ps.open_shard(location, **options)
     for t in range(4):
         shard.append(pa.table({"id": [t, 100], "_time": [t, t], "_diff": [1, 1]}))
     shard.advance_since(3)
@@ -32,7 +34,7 @@ def test_inspect_history_verify(tmp_path, capsys):
 
 
 def test_verify_fails_on_a_missing_part(tmp_path, capsys):
-    location = make(tmp_path)
+    location = make(tmp_path, inline_bytes=0)
     shard = ps.open_shard(location)
     shard._blob.delete(shard.state().trace[0].parts[0].key)
     assert main(["verify", location]) == 1
@@ -40,7 +42,7 @@ def test_verify_fails_on_a_missing_part(tmp_path, capsys):
 
 
 def test_compact_then_gc(tmp_path, capsys):
-    location = make(tmp_path)
+    location = make(tmp_path, inline_bytes=0)  # the compacted parts are files for gc
     assert main(["compact", location]) == 0
     assert "1 merge committed" in capsys.readouterr().out
     assert main(["gc", location]) == 0

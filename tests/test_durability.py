@@ -102,13 +102,14 @@ def test_put_over_an_existing_key_replaces_after_the_data_sync(tmp_path, events)
 
 
 def test_a_shard_commit_syncs_every_object_it_references_first(tmp_path, events):
-    """One append through the public API: the part's name is synced (its directory) before
-    the consensus entry that references it is even written."""
+    """One append through the public API that writes a part file (inline writes off): the
+    part's name is synced (its directory) before the consensus entry that references it is
+    even written."""
     import pyarrow as pa
 
     import persistshard as ps
 
-    shard = ps.open_shard(str(tmp_path / "s"))
+    shard = ps.open_shard(str(tmp_path / "s"), inline_bytes=0)
     shard.append(pa.table({"id": [1]}))
     names = [e for e in events if e[0] in ("link", "replace")]
     synced = [e[1] for e in events if e[0] == "fsync"]

@@ -1,6 +1,8 @@
 """Garbage collection: dry run by default, never deletes what a live version references,
 respects the retention floor, removes orphans of failed writes, truncates the log behind the
-latest usable rollup, and resumes after a crash between any two deletions."""
+latest usable rollup, and resumes after a crash between any two deletions. gc deletes part
+files, so the shards here write every part as a file (``inline_bytes=0``); inline parts under
+gc are covered by test_gc_faults.py and test_inline.py."""
 
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ def read_state(shard: ps.Shard, state: ShardState) -> pa.Table:
 def build(location: str, clock: Clock | None = None, appends: int = 3 * ROLLUP_EVERY) -> ps.Shard:
     """A shard with history: appends with writer-sized compactions after each (replaced
     parts), enough versions for several rollups, and one write that never committed."""
-    shard = ps.open_shard(location)
+    shard = ps.open_shard(location, inline_bytes=0)
     for t in range(appends):
         shard.append(updates([(t % 7, "x", t, 1), (t % 5, "y", t, -1)]))
         shard._maybe_compact(2)
@@ -123,7 +125,7 @@ def test_retention_floor_keeps_versions_a_reader_may_hold(tmp_path, clock):
 
 
 def test_orphans_of_failed_writes_and_unknown_files(tmp_path, clock):
-    shard = ps.open_shard(str(tmp_path / "s"))
+    shard = ps.open_shard(str(tmp_path / "s"), inline_bytes=0)
     shard.append(updates([(1, "a", 0, 1)]))
     written = write_transaction(shard, new_id()).write_updates(
         updates([(2, "b", 1, 1)]), lower=1, new_upper=2, schema=shard.schema
@@ -141,7 +143,9 @@ def test_orphans_of_failed_writes_and_unknown_files(tmp_path, clock):
 def test_memory_consensus(tmp_path, clock):
     from persistshard.core.storage.consensus import MemoryConsensus
 
-    shard = ps.open_shard(f"memory://gc-{uuid.uuid4().hex}", consensus=MemoryConsensus())
+    shard = ps.open_shard(
+        f"memory://gc-{uuid.uuid4().hex}", consensus=MemoryConsensus(), inline_bytes=0
+    )
     for t in range(2 * ROLLUP_EVERY + 3):
         shard.append(updates([(t, "a", t, 1)]))
         shard._maybe_compact()
@@ -222,7 +226,7 @@ def test_random_history_never_loses_a_live_version(tmp_path, clock, seed):
     import random
 
     rng = random.Random(seed)
-    shard = ps.open_shard(str(tmp_path / "s"))
+    shard = ps.open_shard(str(tmp_path / "s"), inline_bytes=0)
     shard.compare_and_append(None, 0, 0)  # the empty shard: gc and compaction need one
     history: list[tuple[ShardState, int | None]] = []  # (version, when it stopped being head)
 

@@ -58,7 +58,7 @@ def test_gc_never_deletes_the_rollup_of_a_commit_in_flight(tmp_path, clock):
 
 def test_gc_keeps_temporary_files_younger_than_the_write_lease(tmp_path, clock):
     location = tmp_path / "s"
-    shard = ps.open_shard(str(location), maintenance=False)
+    shard = ps.open_shard(str(location), maintenance=False, inline_bytes=0)
     shard.append(table(0))
     in_flight = location / "parts" / temporary_name()  # another writer's put, not published yet
     in_flight.write_bytes(b"partial")
@@ -69,7 +69,8 @@ def test_gc_keeps_temporary_files_younger_than_the_write_lease(tmp_path, clock):
 
 
 def _replace_parts_under_a_pinned_read(location: str, clock) -> tuple[ps.Shard, ps.Scan]:
-    shard = ps.open_shard(location, maintenance=False)
+    """A scan pinned to a version whose part files gc collected (every part a file)."""
+    shard = ps.open_shard(location, maintenance=False, inline_bytes=0)
     for t in range(4):
         shard.append(table(t))
     scan = shard.scan()  # pins this version
@@ -92,7 +93,7 @@ def test_a_read_that_loses_a_race_with_gc_is_retryable_not_corrupt(tmp_path, clo
 
 def test_a_part_missing_from_the_newest_version_is_still_corrupt(tmp_path, clock):
     location = tmp_path / "s"
-    shard = ps.open_shard(str(location), maintenance=False)
+    shard = ps.open_shard(str(location), maintenance=False, inline_bytes=0)
     for t in range(3):
         shard.append(table(t))
     key = shard.state().trace[0].parts[0].key
@@ -150,9 +151,10 @@ def test_cli_refuses_out_of_range_seconds_in_one_line(tmp_path, capsys, argv, fl
 DAY_MS = 24 * 3600 * 1000
 
 
-def _with_an_orphan(location: str) -> ps.Shard:
-    """A shard with one write that never committed (gc fences before deleting it)."""
-    shard = ps.open_shard(location, maintenance=False)
+def _with_an_orphan(location: str, **options: int) -> ps.Shard:
+    """A shard with one write that never committed (gc fences before deleting it);
+    ``options`` go to `open_shard`."""
+    shard = ps.open_shard(location, maintenance=False, **options)
     shard.append(table(0))
     write_transaction(shard, layout.new_id()).write_updates(
         table(1), lower=1, new_upper=2, schema=shard.schema
@@ -168,18 +170,15 @@ def test_gc_with_now_ms_far_ahead_is_invalid_option(tmp_path, clock):
 
 
 @pytest.mark.parametrize("inline", [False, True])
-def test_a_gc_whose_clock_is_ahead_blocks_no_write(tmp_path, clock, monkeypatch, inline):
-    if inline:
-        from persistshard.core.storage import parts
-
-        monkeypatch.setattr(parts, "DEFAULT_INLINE_BYTES", 1 << 16)
+def test_a_gc_whose_clock_is_ahead_blocks_no_write(tmp_path, clock, inline):
+    inline_bytes = 1 << 16 if inline else 0  # the writes' parts inline, or all files
     location = str(tmp_path / "s")
-    shard = _with_an_orphan(location)
+    shard = _with_an_orphan(location, inline_bytes=inline_bytes)
     real = clock.ms
     clock.ms = real + DAY_MS  # the gc process's clock runs a day ahead
     ps.open_shard(location, maintenance=False).gc(dry_run=False, retention_seconds=0)
     clock.ms = real + 1000  # every other process has the right time
-    writer = ps.open_shard(location, maintenance=False)
+    writer = ps.open_shard(location, maintenance=False, inline_bytes=inline_bytes)
     writer.append(table(1))
     writer.append(table(2))
     assert len(rows_of(ps.open_shard(location).snapshot())) == 3
@@ -187,22 +186,17 @@ def test_a_gc_whose_clock_is_ahead_blocks_no_write(tmp_path, clock, monkeypatch,
 
 
 @pytest.mark.parametrize("inline", [False, True])
-def test_a_shard_fenced_in_the_future_by_an_older_gc_takes_writes(
-    tmp_path, clock, monkeypatch, inline
-):
+def test_a_shard_fenced_in_the_future_by_an_older_gc_takes_writes(tmp_path, clock, inline):
     """A fence an older gc committed hours ahead (before fences were bounded) no longer
     refuses every write until real time catches up: a writer's write ids start their leases
     at the shard's time as it reads it, the fence included. Before: `LeaseExpired`."""
     from persistshard.core.statemachine import leases
 
-    if inline:
-        from persistshard.core.storage import parts
-
-        monkeypatch.setattr(parts, "DEFAULT_INLINE_BYTES", 1 << 16)
+    inline_bytes = 1 << 16 if inline else 0  # the writes' parts inline, or all files
     location = str(tmp_path / "s")
-    ps.open_shard(location, maintenance=False).append(table(0))
+    ps.open_shard(location, maintenance=False, inline_bytes=inline_bytes).append(table(0))
     leases.fence(ps.open_shard(location)._machine, clock.ms + 6 * 3_600_000)
-    writer = ps.open_shard(location, maintenance=False)
+    writer = ps.open_shard(location, maintenance=False, inline_bytes=inline_bytes)
     writer.append(table(1))
     writer.append(table(2))
     assert len(rows_of(ps.open_shard(location).snapshot())) == 3

@@ -2,7 +2,8 @@
 refused with `LeaseExpired` (never `CorruptData` later), and gc's fence stops a stalled commit.
 
 Every test drives the shard's clock (`persistshard.core.storage.layout.now_ms`) by hand; nothing
-depends on how fast the machine is.
+depends on how fast the machine is. Leases protect part files, so the writers here write every
+part as a file (``inline_bytes=0``).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def test_write_outliving_retention_with_gc_in_between_is_refused(tmp_path, clock
     meanwhile. Before leases, gc deleted its parts and the commit then landed: every later
     read was CorruptData. Now the commit is refused with LeaseExpired and the shard stays
     readable and verifiable."""
-    shard = ps.open_shard(str(tmp_path / "s"))
+    shard = ps.open_shard(str(tmp_path / "s"), inline_bytes=0)
     shard.append(updates([(1, "a", 0, 1)]))
     expected = shard.upper
     write_id, written = pending_write(shard)
@@ -69,7 +70,7 @@ def test_write_outliving_retention_with_gc_in_between_is_refused(tmp_path, clock
 
 
 def test_commit_after_the_lease_ran_out_is_refused_even_without_gc(tmp_path, clock):
-    shard = ps.open_shard(str(tmp_path / "s"))
+    shard = ps.open_shard(str(tmp_path / "s"), inline_bytes=0)
     shard.append(updates([(1, "a", 0, 1)]))
     before = shard.state()
     _, written = pending_write(shard)
@@ -81,7 +82,7 @@ def test_commit_after_the_lease_ran_out_is_refused_even_without_gc(tmp_path, clo
 
 
 def test_gc_keeps_parts_of_a_live_write_and_a_renewed_write_commits(tmp_path, clock):
-    shard = ps.open_shard(str(tmp_path / "s"))
+    shard = ps.open_shard(str(tmp_path / "s"), inline_bytes=0)
     shard.append(updates([(1, "a", 0, 1)]))
     expected = shard.upper
     write_id, written = pending_write(shard)
@@ -100,7 +101,7 @@ def test_gc_keeps_parts_of_a_live_write_and_a_renewed_write_commits(tmp_path, cl
 
 
 def test_a_lease_never_comes_back(tmp_path, clock):
-    shard = ps.open_shard(str(tmp_path / "s"))
+    shard = ps.open_shard(str(tmp_path / "s"), inline_bytes=0)
     shard.append(updates([(1, "a", 0, 1)]))
     write_id, _ = pending_write(shard)
     clock.advance(HOUR_MS + 1)
@@ -137,7 +138,7 @@ def test_gc_fence_refuses_a_commit_that_stalled_before_its_compare_and_set(clock
     compare-and-set lose, and the retry is refused: never a state that names deleted parts."""
     inner = MemoryConsensus()
     location = f"memory://leases-{uuid.uuid4().hex}"
-    shard = ps.open_shard(location, consensus=GcBeforeCas(inner))
+    shard = ps.open_shard(location, consensus=GcBeforeCas(inner), inline_bytes=0)
     shard.append(updates([(1, "a", 0, 1)]))
     expected = shard.upper
     _, written = pending_write(shard)
@@ -177,7 +178,7 @@ def test_an_orphan_adopted_before_the_fence_is_kept(tmp_path, clock):
     the lease is live) before gc's fence. gc reads the log again after the fence and keeps
     them."""
     location = str(tmp_path / "s")
-    shard = ps.open_shard(location)
+    shard = ps.open_shard(location, inline_bytes=0)
     shard.append(updates([(1, "a", 0, 1)]))
     expected = shard.upper
     start = clock.ms
@@ -201,7 +202,7 @@ def test_an_orphan_adopted_before_the_fence_is_kept(tmp_path, clock):
 
 
 def test_a_dry_run_commits_no_fence(tmp_path, clock):
-    shard = ps.open_shard(str(tmp_path / "s"))
+    shard = ps.open_shard(str(tmp_path / "s"), inline_bytes=0)
     shard.append(updates([(1, "a", 0, 1)]))
     _, written = pending_write(shard)
     tick(shard, clock, 2 * HOUR_MS)
@@ -212,7 +213,7 @@ def test_a_dry_run_commits_no_fence(tmp_path, clock):
 
 
 def test_a_write_that_started_after_the_fence_commits(tmp_path, clock):
-    shard = ps.open_shard(str(tmp_path / "s"))
+    shard = ps.open_shard(str(tmp_path / "s"), inline_bytes=0)
     shard.append(updates([(1, "a", 0, 1)]))
     pending_write(shard)
     tick(shard, clock, 2 * HOUR_MS)
@@ -222,7 +223,7 @@ def test_a_write_that_started_after_the_fence_commits(tmp_path, clock):
 
 
 def test_a_compaction_that_outlived_its_lease_is_refused_and_cleans_up(tmp_path, clock):
-    shard = ps.open_shard(str(tmp_path / "s"))
+    shard = ps.open_shard(str(tmp_path / "s"), inline_bytes=0)
     for t in range(4):
         shard.append(updates([(t, "x", t, 1)]))
     before = shard.state()
@@ -246,7 +247,7 @@ def test_a_compaction_that_outlived_its_lease_is_refused_and_cleans_up(tmp_path,
 def test_explicit_leases_are_bounded(tmp_path, clock):
     """Leases of writes that never commit are dropped once they run out; they do not pile
     up in the state."""
-    shard = ps.open_shard(str(tmp_path / "s"))
+    shard = ps.open_shard(str(tmp_path / "s"), inline_bytes=0)
     shard.append(updates([(1, "a", 0, 1)]))
     for _ in range(5):
         leases.renew(shard._machine, new_id(), 60)
@@ -257,7 +258,7 @@ def test_explicit_leases_are_bounded(tmp_path, clock):
 
 
 def test_lease_of_an_overwrite_covers_its_delta_writes(tmp_path, clock):
-    shard = ps.open_shard(str(tmp_path / "s"))
+    shard = ps.open_shard(str(tmp_path / "s"), inline_bytes=0)
     shard.append(updates([(1, "a", 0, 1)]))
     base = new_id()
     leases.renew(shard._machine, base, 3 * 3600)
@@ -270,7 +271,7 @@ def test_lease_of_an_overwrite_covers_its_delta_writes(tmp_path, clock):
 def test_write_lease_thread_renews_a_long_write(tmp_path):
     """A write whose lease is shorter than the write: the background thread renews it (real
     clock; the test waits for the renewal, however long that takes)."""
-    shard = ps.open_shard(str(tmp_path / "s"))
+    shard = ps.open_shard(str(tmp_path / "s"), inline_bytes=0)
     shard.append(updates([(1, "a", 0, 1)]))
     with leases.WriteLease(shard._machine, new_id(), lease_seconds=0.3) as lease:
         while lease.renewals < 2:
@@ -281,7 +282,7 @@ def test_write_lease_thread_renews_a_long_write(tmp_path):
 def test_a_lease_that_runs_out_while_renewals_fail_is_lost_and_left_alone(tmp_path, clock):
     """Storage trouble is retried while the lease lives; once it ran out, renewing stops (a
     keeper retrying forever would burn a core for the rest of the process)."""
-    shard = ps.open_shard(str(tmp_path / "s"))
+    shard = ps.open_shard(str(tmp_path / "s"), inline_bytes=0)
     shard.append(updates([(1, "a", 0, 1)]))
     lease = leases.WriteLease(shard._machine, new_id(), lease_seconds=60)
     attempts = []
@@ -302,7 +303,7 @@ def test_a_commit_planned_on_a_stale_state_sees_renewals_made_elsewhere(tmp_path
     """A handle commits on the state it last knew (no head read); when that state predates a
     renewal committed by another handle (the lease keeper's own machine), the lease check
     must not refuse on the stale state: the commit is judged again on the newest state."""
-    shard = ps.open_shard(str(tmp_path / "s"))
+    shard = ps.open_shard(str(tmp_path / "s"), inline_bytes=0)
     shard.append(updates([(1, "a", 0, 1)]))
     write_id, written = pending_write(shard)
     clock.advance(50 * 60 * 1000)
@@ -313,7 +314,7 @@ def test_a_commit_planned_on_a_stale_state_sees_renewals_made_elsewhere(tmp_path
 
 
 def test_a_short_write_commits_nothing_extra(tmp_path):
-    shard = ps.open_shard(str(tmp_path / "s"))
+    shard = ps.open_shard(str(tmp_path / "s"), inline_bytes=0)
     shard.append(updates([(1, "a", 0, 1)]))
     version = shard.state().version
     shard.append(updates([(2, "b", shard.upper, 1)]))
@@ -324,7 +325,7 @@ def test_a_short_write_commits_nothing_extra(tmp_path):
 
 
 def test_renewal_is_a_commit_kind_gc_and_history_understand(tmp_path, clock):
-    shard = ps.open_shard(str(tmp_path / "s"))
+    shard = ps.open_shard(str(tmp_path / "s"), inline_bytes=0)
     shard.append(updates([(1, "a", 0, 1)]))
     shard._machine.commit(RenewLease(new_id(), 5, id=new_id()))
     clock.advance(2 * HOUR_MS)

@@ -35,6 +35,7 @@ What always holds:
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any
 
 import pyarrow as pa
@@ -43,6 +44,8 @@ import pyarrow.compute as pc
 import pyarrow.substrait as substrait
 
 from persistshard.core.read.filters import Pred, bind, conjunction, disjunction
+
+log = logging.getLogger("persistshard.core.read.expression")
 
 __all__ = ["ExpressionFilter", "expression_filter"]
 
@@ -71,13 +74,15 @@ def expression_filter(expr: pc.Expression, schema: pa.Schema) -> ExpressionFilte
     docstring)."""
     try:
         serialized = bytes(expr.to_substrait(schema))
-    except (pa.ArrowException, TypeError, ValueError):
+    except (pa.ArrowException, TypeError, ValueError) as e:
+        log.debug("filter %s has no Substrait form (%s): no chunk skipping", expr, e)
         return ExpressionFilter(expr, _columns_by_binding(expr, schema), None, False)
     try:
         reader = _Reader(serialized, schema)
         tree = reader.tree
         literals = reader.literal_values()
-    except (ValueError, IndexError, KeyError, pa.ArrowException):
+    except (ValueError, IndexError, KeyError, pa.ArrowException) as e:
+        log.debug("filter %s: its Substrait form was not read (%r): no chunk skipping", expr, e)
         return ExpressionFilter(expr, _columns_by_binding(expr, schema), None, False)
     cols = _columns_of(tree)
     skip, exact = _to_pred(tree, literals, schema)
