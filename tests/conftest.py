@@ -56,9 +56,6 @@ def _import_the_tree() -> str:
 
 
 TREE_SHIM = _import_the_tree()
-# Shards store every part as a file unless a test is marked ``inline`` (see below); the
-# variable reaches the Spark workers too (they inherit this environment).
-os.environ["PERSISTSHARD_INLINE_BYTES"] = "0"
 
 import persistshard  # noqa: E402  (after the redirection above, on purpose)
 
@@ -195,19 +192,6 @@ def _memory_store_left_as_found():
     MemoryFileSystem.pseudo_dirs[:] = [
         d for d in MemoryFileSystem.pseudo_dirs if d in dirs or d == ""
     ]
-
-
-@pytest.fixture(autouse=True)
-def _inline_writes_off_unless_marked(request, monkeypatch) -> None:
-    """Shards opened by a test store every part as a file, as before inline writes
-    (``PERSISTSHARD_INLINE_BYTES=0`` above), unless the test is marked ``inline``: then this
-    process uses the production default of `persistshard.core.storage.parts` (Spark writes
-    in such tests pass the ``inline_bytes`` option, which reaches the workers). Most tests
-    count, damage or delete the part files of small appends."""
-    if request.node.get_closest_marker("inline") is not None:
-        from persistshard.core.storage import parts
-
-        monkeypatch.setattr(parts, "DEFAULT_INLINE_BYTES", 4 << 10)
 
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)

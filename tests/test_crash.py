@@ -110,7 +110,6 @@ def test_the_head_hint_is_not_synced_and_losing_it_loses_nothing(tmp_path):
         check_image(lambda: ps.open_shard(str(image / "s")), run, run.steps, f"hint {hint!r}")
 
 
-@pytest.mark.inline
 def test_the_shipped_suites_gc_scenario_has_parts_to_delete_with_inline_writes_on():
     """`persistshard conformance` runs with the production defaults, where 1-row appends are
     inline: its gc scenario must still write part files for gc to delete (a scenario whose gc

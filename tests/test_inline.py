@@ -1,7 +1,7 @@
 """Inline small writes (issue 26, item 2): a small append carries its part in the commit.
 
-Every test here is marked ``inline`` (conftest: the production defaults of
-`persistshard.core.storage.parts` apply), and most fail without the feature: a 1-row append
+Every test here runs at the production defaults of `persistshard.core.storage.parts` (as
+the whole suite does), and most fail without the feature: a 1-row append
 writes no part file yet reads back through every reader (snapshot, updates, scan, listen,
 Spark); over the cap or the threshold the append writes part files; compaction moves inline
 data into parts; a reopened shard and a rollup carry the bytes; and a 1-row append costs at
@@ -24,8 +24,6 @@ from persistshard.core.storage import layout
 from persistshard.core.storage.consensus import HINT_EVERY
 from persistshard.core.storage.parts import DEFAULT_INLINE_CAP
 from persistshard.errors import InvalidOption
-
-pytestmark = pytest.mark.inline
 
 
 def part_files(shard: ps.Shard) -> list[str]:

@@ -40,7 +40,7 @@ def test_conformance_refuses_to_run_inside_a_shard(tmp_path, capsys):
 
 def test_inspect_shows_the_metadata_when_a_part_is_damaged(tmp_path, capsys):
     location = str(tmp_path / "shard")
-    shard = ps.open_shard(location)
+    shard = ps.open_shard(location, inline_bytes=0)  # a part file to damage
     shard.append(updates([(1, "a", 0, 1), (2, "b", 0, 1)]))
     shard.append(updates([(3, "c", 1, 1)]))
     key = shard.state().trace[0].parts[0].key

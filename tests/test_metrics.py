@@ -326,7 +326,7 @@ def test_cli_verbose_shows_the_library_log(tmp_path, capsys, monkeypatch):
 
 def test_process_snapshot_counts_store_requests_commits_and_gc(tmp_path):
     before = ps.metrics()
-    shard = ps.open_shard(str(tmp_path / "s"))
+    shard = ps.open_shard(str(tmp_path / "s"), inline_bytes=0)  # part files for gc to delete
     for t in range(4):
         shard.append(_rows([t], t), new_upper=t + 1)
     shard.compact()

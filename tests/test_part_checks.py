@@ -118,7 +118,6 @@ def test_good_parts_commit_and_read(shard):
     assert shard.snapshot()["id"].to_pylist() == [1, 2, 3, 4, 9]
 
 
-@pytest.mark.inline
 def test_inline_parts_need_no_listing_but_their_times_are_checked(tmp_path):
     shard = ps.open_shard(str(tmp_path / "s"), maintenance=False, inline_bytes=4096)
     shard.append(_updates([1], 0))
@@ -184,7 +183,9 @@ def test_a_listing_the_storage_refuses_is_a_storage_error(shard):
 # --- the Spark driver's commit (the task side runs here without a Spark session) ------------
 
 
-def _spark_write(loc: str, ids_per_task: list[list[int]]):
+def _spark_write(loc: str, ids_per_task: list[list[int]], **options: str):
+    """The driver's description of a write and each task's message, as Spark would make them;
+    ``options`` are more Spark write options (``inline_bytes="0"``: every part a file)."""
     pytest.importorskip("pyspark")
     from pyspark.sql.types import LongType, StructField, StructType
 
@@ -192,8 +193,8 @@ def _spark_write(loc: str, ids_per_task: list[list[int]]):
     from persistshard.datasource.writer import describe_write, write_task
 
     schema = StructType([StructField("id", LongType(), False)])
-    opts = WriteOptions.parse({"path": loc}, schema)
-    shard = ps.open_shard(loc, maintenance=False)
+    opts = WriteOptions.parse({"path": loc, **options}, schema)
+    shard = ps.open_shard(loc, maintenance=False, **opts.storage_options)  # as the sinks open it
     d = describe_write(opts, schema, False, shard)
     messages = [
         write_task(d, [pa.record_batch({"id": pa.array(ids, pa.int64())})], d.lower)
@@ -208,7 +209,7 @@ def test_a_spark_commit_of_damaged_task_parts_is_refused(tmp_path, damage):
 
     loc = str(tmp_path / "s")
     ps.open_shard(loc).append(pa.table({"id": pa.array([0], pa.int64())}))
-    shard, d, messages = _spark_write(loc, [[1, 2], [3, 4]])
+    shard, d, messages = _spark_write(loc, [[1, 2], [3, 4]], inline_bytes="0")  # files to damage
     victim = messages[1].sealed[0]
     if damage == "missing":
         os.remove(_path(shard, victim))

@@ -1,7 +1,8 @@
 """Parts a process just wrote are kept decoded for its own compaction
 (`persistshard.core.storage.recent`): merges take them from memory, give the same output as
 merges that read storage, stay within their bounds, and forget what a commit replaced.
-Reads never use them."""
+Reads never use them. Only parts stored as files are kept, so the shards here write every part
+as a file (``inline_bytes=0``)."""
 
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ def _part_files(root) -> list[str]:
 
 
 def test_merge_takes_the_inputs_this_process_wrote_from_memory(tmp_path):
-    shard = ps.open_shard(str(tmp_path / "s"), maintenance=False)
+    shard = ps.open_shard(str(tmp_path / "s"), maintenance=False, inline_bytes=0)
     _appends(shard, 8)
     expected = shard.snapshot()
     inputs = [p.key for b in shard.state().trace for p in b.parts]
@@ -62,7 +63,7 @@ def test_merge_takes_the_inputs_this_process_wrote_from_memory(tmp_path):
 
 
 def test_without_the_kept_parts_the_same_merge_reads_storage(tmp_path):
-    shard = ps.open_shard(str(tmp_path / "s"), maintenance=False)
+    shard = ps.open_shard(str(tmp_path / "s"), maintenance=False, inline_bytes=0)
     _appends(shard, 8)
     _kept().clear()
     for path in _part_files(tmp_path / "s"):
@@ -74,7 +75,7 @@ def test_without_the_kept_parts_the_same_merge_reads_storage(tmp_path):
 def test_output_is_byte_for_byte_the_output_of_a_merge_that_read_storage(tmp_path):
     outputs = []
     for name, keep in (("kept", True), ("read", False)):
-        shard = ps.open_shard(str(tmp_path / name), maintenance=False)
+        shard = ps.open_shard(str(tmp_path / name), maintenance=False, inline_bytes=0)
         _appends(shard, 8)
         if not keep:
             _kept().clear()
@@ -90,9 +91,9 @@ def test_a_rebased_append_is_read_at_its_new_time_from_memory(tmp_path):
     import pyarrow as pa
 
     location = str(tmp_path / "s")
-    mine = ps.open_shard(location, maintenance=False)
+    mine = ps.open_shard(location, maintenance=False, inline_bytes=0)
     mine.append(pa.table({"id": [1], "name": ["a"]}))
-    other = ps.open_shard(location, maintenance=False)
+    other = ps.open_shard(location, maintenance=False, inline_bytes=0)
     other.append(pa.table({"id": [2], "name": ["b"]}))
     mine.append(pa.table({"id": [3], "name": ["c"]}))  # planned on a stale upper: rebased
     rebased = [p for b in mine.state().trace for p in b.parts if p.rewrite_time is not None]
@@ -111,7 +112,7 @@ def test_a_large_part_is_not_kept_and_the_total_is_bounded(tmp_path, monkeypatch
     from persistshard.core.storage import parts as parts_mod
 
     monkeypatch.setattr(parts_mod, "RECENT", recent.RECENT)
-    shard = ps.open_shard(str(tmp_path / "s"), maintenance=False)
+    shard = ps.open_shard(str(tmp_path / "s"), maintenance=False, inline_bytes=0)
     shard.append(updates([(r, "x" * 40, 0, 1) for r in range(2000)]))  # far over 4 KiB
     assert len(_kept()) == 0
     _appends(shard, 20, rows=20, offset=10)
@@ -120,7 +121,7 @@ def test_a_large_part_is_not_kept_and_the_total_is_bounded(tmp_path, monkeypatch
 
 
 def test_a_held_part_is_read_in_chunks_of_the_merges_chunk_size(tmp_path):
-    shard = ps.open_shard(str(tmp_path / "s"), maintenance=False)
+    shard = ps.open_shard(str(tmp_path / "s"), maintenance=False, inline_bytes=0)
     shard.append(updates([(r, "n", 0, 1) for r in range(1000)]))
     (ref,) = shard.state().trace[0].parts
     held = _kept().held(shard._blob.url, ref, 4 << 10)
@@ -132,7 +133,7 @@ def test_a_held_part_is_read_in_chunks_of_the_merges_chunk_size(tmp_path):
 
 
 def test_a_lost_merge_forgets_the_parts_it_wrote(tmp_path, monkeypatch):
-    shard = ps.open_shard(str(tmp_path / "s"), maintenance=False)
+    shard = ps.open_shard(str(tmp_path / "s"), maintenance=False, inline_bytes=0)
     _appends(shard, 8)
     written: list[str] = []
     real = cm.run_merge
@@ -141,7 +142,7 @@ def test_a_lost_merge_forgets_the_parts_it_wrote(tmp_path, monkeypatch):
         result = real(*args, **kwargs)
         if not written:
             written.extend(result.written_keys)
-            other = ps.open_shard(str(tmp_path / "s"), maintenance=False)
+            other = ps.open_shard(str(tmp_path / "s"), maintenance=False, inline_bytes=0)
             other.compact()  # another compactor replaces the inputs first
         return result
 
@@ -152,7 +153,7 @@ def test_a_lost_merge_forgets_the_parts_it_wrote(tmp_path, monkeypatch):
 
 
 def test_reads_never_use_kept_parts(tmp_path):
-    shard = ps.open_shard(str(tmp_path / "s"), maintenance=False)
+    shard = ps.open_shard(str(tmp_path / "s"), maintenance=False, inline_bytes=0)
     _appends(shard, 2)
     (path, *_) = _part_files(tmp_path / "s")
     os.remove(path)
@@ -167,6 +168,6 @@ def test_spark_and_other_writers_keep_nothing(tmp_path):
     from persistshard.core.storage.layout import new_id
     from persistshard.core.storage.parts import write_part
 
-    shard = ps.open_shard(str(tmp_path / "s"), maintenance=False)
+    shard = ps.open_shard(str(tmp_path / "s"), maintenance=False, inline_bytes=0)
     write_part(shard._blob, new_id(), updates([(1, "a", 0, 1)]))
     assert len(_kept()) == 0

@@ -23,6 +23,12 @@ def shard(tmp_path) -> ps.Shard:
     return ps.open_shard(str(tmp_path / "orders"))
 
 
+@pytest.fixture
+def file_shard(tmp_path) -> ps.Shard:
+    """A shard whose appends write part files (inline writes off), for tests about them."""
+    return ps.open_shard(str(tmp_path / "orders"), inline_bytes=0)
+
+
 def part_files(shard: ps.Shard) -> list[str]:
     return [m.key for m in shard._blob.list("parts/")]
 
@@ -107,7 +113,8 @@ def test_since_and_compacted_reads(shard):
 # --- errors of the API table ------------------------------------------------------------
 
 
-def test_upper_mismatch(shard):
+def test_upper_mismatch(file_shard):
+    shard = file_shard  # the refused append's part file is deleted
     shard.append(updates([(1, "a", 0, 1)]), new_upper=7)
     with pytest.raises(ps.UpperMismatch) as err:
         shard.compare_and_append(updates([(2, "b", 5, 1)]), 5, 9)
@@ -169,7 +176,8 @@ def test_invalid_updates_write_nothing(shard, table, message):
     assert part_files(shard) == files
 
 
-def test_corrupt_part_is_named(shard):
+def test_corrupt_part_is_named(file_shard):
+    shard = file_shard
     shard.append(updates([(i, f"item-{i}", 0, 1) for i in range(100)]))
     [key] = part_files(shard)
     path = shard._blob._path(key)
@@ -240,16 +248,18 @@ def test_rollups_bound_load_cost(tmp_path):
     assert history[0]["kind"] == "append"
 
 
-def test_racing_appends_one_winner(tmp_path):
+@pytest.mark.parametrize("inline_bytes", [0, None], ids=["files", "inline"])
+def test_racing_appends_one_winner(tmp_path, inline_bytes):
     """Eight threads append at the same expected upper: exactly one wins, the others get
-    UpperMismatch, and the winner's data alone is in the shard."""
+    UpperMismatch, and the winner's data alone is in the shard (with part files, the losers'
+    files are gone; inline, at the default, they wrote none)."""
     location = str(tmp_path / "s")
-    ps.open_shard(location).append(updates([(0, "seed", 0, 1)]))
+    ps.open_shard(location, inline_bytes=inline_bytes).append(updates([(0, "seed", 0, 1)]))
     barrier = threading.Barrier(8)
     outcomes: list[str] = []
 
     def writer(i: int) -> None:
-        s = ps.open_shard(location)
+        s = ps.open_shard(location, inline_bytes=inline_bytes)
         s.state()
         barrier.wait()
         try:
@@ -268,8 +278,8 @@ def test_racing_appends_one_winner(tmp_path):
     i = int(winners[0].split()[1])
     shard = ps.open_shard(location)
     assert rows_of(shard.snapshot()) == {(0, "seed"): 1, (i, f"w{i}"): 1}
-    referenced = shard.state().part_keys()
-    assert set(part_files(shard)) == referenced
+    assert set(part_files(shard)) == shard.state().stored_part_keys()
+    assert bool(part_files(shard)) == (inline_bytes == 0)
 
 
 def test_memory_location():

@@ -53,8 +53,10 @@ def files(shard: ps.Shard) -> dict[str, bytes | None]:
     return {m.key: shard._blob.get(m.key) for m in shard._blob.list("")}
 
 
-def small_shard(location: str) -> ps.Shard:
-    shard = ps.open_shard(location)
+def small_shard(location: str, *, inline: bool = False) -> ps.Shard:
+    """Two appends; their parts are files (the forged commits here copy a live part's record
+    under other keys) unless ``inline`` (the production default: the parts travel inline)."""
+    shard = ps.open_shard(location, inline_bytes=None if inline else 0)
     shard.append(updates([(1, "a", 0, 1), (2, "b", 0, 1)]))
     shard.append(updates([(3, "c", 1, 1)]))
     return shard
@@ -155,7 +157,7 @@ def test_an_aliased_key_in_a_stored_state_is_corrupt_and_gc_deletes_nothing(tmp_
 
 def test_a_key_into_another_shard_is_corrupt_not_its_rows(tmp_path):
     """``..`` in a key once read (and verified) another shard's part."""
-    other = ps.open_shard(str(tmp_path / "other"))
+    other = ps.open_shard(str(tmp_path / "other"), inline_bytes=0)
     other.append(updates([(7, "secret", 0, 1)]))
     theirs = a_live_part(other)
     shard = small_shard(str(tmp_path / "s"))
@@ -344,12 +346,11 @@ INLINE_DAMAGE = [
 ]
 
 
-@pytest.mark.inline
 @pytest.mark.parametrize(("damage", "why"), INLINE_DAMAGE)
 def test_a_commit_with_a_damaged_inline_part_is_refused(tmp_path, damage, why):
     """check_transition checks an inline part's size, crc32c, rows and times before the
     compare-and-set: `InvalidUpdates`, nothing written."""
-    shard = small_shard(str(tmp_path / "s"))
+    shard = small_shard(str(tmp_path / "s"), inline=True)
     before, state = files(shard), shard.state()
     part = damage(_inline_part(shard))
     if why == "times":  # the times checked are the footer's, beyond the batch's interval
@@ -363,12 +364,11 @@ def test_a_commit_with_a_damaged_inline_part_is_refused(tmp_path, damage, why):
     assert ps.open_shard(shard.location).state() == state
 
 
-@pytest.mark.inline
 @pytest.mark.parametrize("damage", ["flip", "base64", "type"])
 def test_a_stored_damaged_inline_part_is_corrupt_data(tmp_path, damage):
     """An entry that carries damaged inline bytes (an old or hostile writer; the entry's own
     checksum matches) reads as `CorruptData`, never as other rows."""
-    shard = small_shard(str(tmp_path / "s"))
+    shard = small_shard(str(tmp_path / "s"), inline=True)
     part = _inline_part(shard)
     commit = forged_append(shard, part)
     d = commit.to_json()

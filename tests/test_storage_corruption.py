@@ -156,7 +156,7 @@ def test_a_rollup_breaking_an_invariant_is_corrupt(tmp_path):
 
 def test_a_missing_part_is_corrupt_data_naming_it(tmp_path):
     location = str(tmp_path / "shard")
-    shard = ps.open_shard(location)
+    shard = ps.open_shard(location, inline_bytes=0)  # a part file to remove
     shard.append(pa.table({"id": [1, 2], "_time": [0, 0], "_diff": [1, 1]}))
     key = shard.state().trace[0].parts[0].key
     os.remove(tmp_path / "shard" / key)

@@ -17,9 +17,10 @@ from persistshard.cli import COMMANDS, cmd_conformance, main, plural
 from persistshard.core.storage.blob import FsspecBlob
 
 
-def make(tmp_path, appends: int = 3) -> str:
+def make(tmp_path, appends: int = 3, **options: int) -> str:
+    """A shard of ``appends`` one-row appends; ``options`` go to `open_shard`."""
     location = str(tmp_path / "s")
-    shard = ps.open_shard(location)
+    shard = ps.open_shard(location, **options)
     for t in range(appends):
         shard.append(pa.table({"id": [t], "_time": [t], "_diff": [1]}))
     return location
@@ -96,7 +97,7 @@ def _refuse_writes(self, key, data):
 def test_maintenance_on_a_read_only_shard_is_a_storage_error(tmp_path, capsys, command, doing):
     """Writes refused as on a read-only directory (simulated: the tests may run as root, who
     may write anywhere): one line naming the cause and the fix, exit 2, shard unchanged."""
-    location = make(tmp_path)
+    location = make(tmp_path, inline_bytes=0)  # part files, for gc to be refused deleting
     if command == "gc":
         ps.open_shard(location).compact()  # so that gc has parts to delete
     before = ps.open_shard(location).state()
