@@ -16,10 +16,12 @@ One session-scoped SparkSession (pytest-spark's ``spark_session``, local[2]) ser
 Test tiers: `pytest_collection_modifyitems` below marks each test by what it starts, from the
 fixtures it uses (`FIXTURE_MARKERS`) and a short list for what no fixture shows
 (`EXPLICIT_MARKERS`): ``spark`` (the session's JVM), ``database`` (PostgreSQL), ``s3`` (moto's
-server), ``subprocess`` (worker processes or a JVM of its own); ``slow`` stays by hand. The
-README's fast command deselects them; tests/test_tiers.py checks the marking. Hypothesis runs
-the "dev" profile (few examples) unless ``CI=true`` or ``PERSISTSHARD_HYPOTHESIS_PROFILE``
-picks "ci"; tests that need their own budget use `conformance_helpers.examples`.
+server), ``subprocess`` (worker processes or a JVM of its own), and ``slow`` for the tests
+`SLOW` names (the longest of the rest, measured). The README's fast command deselects them;
+the full command (CI's) deselects nothing; tests/test_tiers.py checks the marking.
+Hypothesis runs the "dev" profile (few examples) unless ``CI=true`` or
+``PERSISTSHARD_HYPOTHESIS_PROFILE`` picks "ci"; tests that need their own budget use
+`conformance_helpers.examples`.
 """
 
 from __future__ import annotations
@@ -137,23 +139,62 @@ EXPLICIT_MARKERS: dict[str, tuple[str, ...]] = {
     "test_tiers.py::test_a_test_is_marked_by_what_its_fixtures_start": ("subprocess",),
     "test_tiers.py::test_the_fast_selection_*": ("subprocess",),
     "test_tiers.py::test_every_marker_used_is_declared": ("subprocess",),
+    "test_tiers.py::test_slow_names_tests_that_exist_*": ("subprocess",),
 }
 
 
+#: The slow tests of what the fast command keeps: each took 10 s or more in a run of the fast
+#: tier with ``--durations`` on 2 shared cores (about 3 s on idle ones); together about a
+#: third of that tier's time. "file::function" (or "file::Class::function") marks every
+#: parameter of the test, "file::function[id]" one. CI runs them all.
+SLOW: frozenset[str] = frozenset(
+    {
+        # Sweeps: a crash, a lost response or a cut page cache at every store call of a
+        # scenario whose setup is long (the other scenarios stay in the fast tier).
+        "test_crash.py::test_process_dies_before_every_store_call[gc]",
+        "test_crash.py::test_page_cache_cut_at_every_step[gc]",
+        "test_crash.py::test_lost_response_at_every_store_call[append]",
+        "test_crash.py::test_lost_response_at_every_store_call[append-inline]",
+        # Every interleaving of racing handles, checked for linearizability.
+        "test_interleaving.py::test_every_interleaving_of_racing_writers_and_gc_is_linearizable",
+        "test_interleaving.py::test_every_interleaving_of_stale_writer_gc_and_reader_is_linearizable",
+        "test_linearizability.py::test_random_legal_histories_of_200_ops_are_accepted_fast",
+        # Every byte of a part, every stored file, flipped or cut.
+        "test_format_corruption.py::test_every_flipped_byte_is_caught",
+        "test_storage_corruption.py::test_every_file_flipped_or_truncated_reads_the_same_or_is_corrupt",
+        # Random histories and tables (seeds 2 and 3 of the holds stay in the fast tier).
+        "test_holds.py::test_random_holds_never_lose_a_readers_history[0]",
+        "test_holds.py::test_random_holds_never_lose_a_readers_history[1]",
+        "test_format.py::test_random_tables_round_trip",
+        "test_correction.py::TestSpillingCorrection::runTest",
+        # Spilling and a long retained log.
+        "test_scan.py::test_consolidation_across_tasks_spills",
+        "test_gc_faults.py::test_gc_reads_only_the_entries_since_its_last_run",
+    }
+)
+
+
+def _names(item: pytest.Item) -> tuple[str, str]:
+    """("file::Class::function" without parameters, the same with them), from the node id
+    (a class by the name the module gives it, as pytest collects it)."""
+    path, *rest = item.nodeid.split("::")
+    full = "::".join([os.path.basename(path), *rest])
+    prefix = full.rpartition("::")[0]
+    return f"{prefix}::{getattr(item, 'originalname', item.name)}", full
+
+
 def _explicit_markers(item: pytest.Item) -> set[str]:
-    """The markers `EXPLICIT_MARKERS` gives ``item``."""
-    parts = [os.path.basename(str(item.path))]
-    cls = getattr(item, "cls", None)
-    if cls is not None:
-        parts.append(cls.__name__)
-    parts.append(getattr(item, "originalname", item.name))
-    name = "::".join(parts)
-    return {
+    """The markers `EXPLICIT_MARKERS` and `SLOW` give ``item``."""
+    name, full = _names(item)
+    found = {
         marker
         for pattern, markers in EXPLICIT_MARKERS.items()
         if fnmatch.fnmatchcase(name, pattern)
         for marker in markers
     }
+    if name in SLOW or full in SLOW:
+        found.add("slow")
+    return found
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -1,8 +1,9 @@
 """The suite's tiers (tests/conftest.py, README "Development"): the markers follow from what a
 test starts, the fast selection leaves out every test that starts a JVM, a database, an S3
-server or worker processes, every marker is declared, and Hypothesis budgets follow the
-profile. The collection is a child pytest (``--collect-only`` with ``-m FAST`` and a small
-plugin that records each test's fixtures, markers and whether ``-m`` kept it)."""
+server or worker processes and the slow ones conftest names, the full command (CI's) leaves
+out nothing, every marker is declared, and Hypothesis budgets follow the profile. The
+collection is a child pytest (``--collect-only`` with ``-m FAST`` and a small plugin that
+records each test's fixtures, markers and whether ``-m`` kept it)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 import tomllib
 from conformance_helpers import examples
+from conftest import SLOW
 from hypothesis import settings
 
 TESTS = Path(__file__).resolve().parent
@@ -126,6 +128,42 @@ def test_the_fast_selection_starts_no_jvm_database_s3_or_workers(collected):
     for row in kept:
         heavy = set(HEAVY.values()) | _visible(moto, row["file"])
         assert not heavy & set(row["fixtures"]), row["id"]
+
+
+def _short_id(node_id: str) -> tuple[str, str]:
+    """("file::function" without parameters, with them) of a node id, as `SLOW` spells them."""
+    path, *rest = node_id.split("::")
+    full = "::".join([os.path.basename(path), *rest])
+    return full.split("[", 1)[0], full
+
+
+def test_slow_names_tests_that_exist_and_the_fast_selection_leaves_them_out(collected):
+    """Each entry of conftest's `SLOW` names collected tests (a renamed test would otherwise
+    drop back into the fast tier unnoticed); each of them is marked ``slow`` and deselected by
+    ``-m FAST``, and ``slow`` marks more than a handful of tests."""
+    named: dict[str, list[dict[str, Any]]] = {entry: [] for entry in SLOW}
+    for row in collected:
+        for name in _short_id(row["id"]):
+            if name in named:
+                named[name].append(row)
+    assert not [entry for entry, rows in named.items() if not rows]
+    for rows in named.values():
+        for row in rows:
+            assert "slow" in row["markers"] and not row["kept"], row["id"]
+    slow = [r for r in collected if "slow" in r["markers"]]
+    assert len(slow) >= len(SLOW) >= 10
+
+
+def test_the_full_command_deselects_nothing():
+    """CI runs README's full command through .ci/run: neither pytest's configured options nor
+    that script select by marker or keyword, so every test, slow ones included, runs in CI."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    addopts = config["tool"]["pytest"]["ini_options"]["addopts"].split()
+    assert not {"-m", "-k"} & set(addopts), addopts
+    run = (ROOT / ".ci" / "run").read_text()
+    commands = [line for line in run.splitlines() if "-m pytest" in line]
+    assert commands and all(' -m "' not in c and " -k " not in c for c in commands)
+    assert all("-m pytest -p no:cacheprovider ||" in c for c in commands), commands
 
 
 def test_every_marker_used_is_declared(collected):
