@@ -250,14 +250,17 @@ def test_self_correcting_overwrite_writes_only_the_difference(spark, location):
 
 
 def test_racing_writers_one_wins(spark, location):
+    """The loser's part files are swept (every part a file: option inline_bytes 0)."""
     spark.createDataFrame([(0,)], "id BIGINT").write.format("persistshard").mode("append").option(
         "compact", "false"
-    ).save(location)
+    ).option("inline_bytes", 0).save(location)
 
     def write(i: int):
         spark.createDataFrame([(i,)], "id BIGINT").write.format("persistshard").mode(
             "append"
-        ).option("expected_upper", 1).option("compact", "false").save(location)
+        ).option("expected_upper", 1).option("compact", "false").option("inline_bytes", 0).save(
+            location
+        )
 
     write(1)
     with pytest.raises(Exception, match=r"UpperMismatch: expected upper 1, shard upper is 2"):
@@ -268,13 +271,14 @@ def test_racing_writers_one_wins(spark, location):
 
 def test_retried_task_leaves_no_orphan_parts(spark, location):
     """Each task fails once after writing its parts and is retried; the commit sees only
-    the successful attempts, and the failed attempts' parts are swept."""
+    the successful attempts, and the failed attempts' part files are swept (every part a
+    file: option inline_bytes 0)."""
     sc = spark.sparkContext
     sc.setLocalProperty(FAULT_PROPERTY, "after_write")
     try:
         spark.range(1000).repartition(2).write.format("persistshard").mode("append").option(
             "compact", "false"
-        ).save(location)
+        ).option("inline_bytes", 0).save(location)
     finally:
         sc.setLocalProperty(FAULT_PROPERTY, None)
     shard = ps.open_shard(location)
@@ -481,7 +485,7 @@ def test_streaming_commit_replay_is_a_no_op(location):
     attempt(1)  # replay
     assert shard.state().version == version
     assert {r["id"] for r in shard.snapshot().to_pylist()} == {0, 1}
-    assert {m.key for m in shard._blob.list("parts/")} == shard.state().part_keys()
+    assert {m.key for m in shard._blob.list("parts/")} == shard.state().stored_part_keys()
 
 
 def test_hive_catalog_keeps_the_location(tmp_path):

@@ -68,7 +68,7 @@ def test_batch_upsert_writes(spark: Any, location: str) -> None:
     read = spark.read.format("persistshard").load(location)
     assert sorted(tuple(r) for r in read.collect()) == [(1, "a"), (2, "B")]
     shard.gc(dry_run=False, retention_seconds=0)  # compaction's inputs; no staged part left
-    assert {m.key for m in shard._blob.list("parts/")} == shard.state().part_keys()
+    assert {m.key for m in shard._blob.list("parts/")} == shard.state().stored_part_keys()
 
 
 def test_duplicate_keys_across_tasks_are_refused(spark: Any, location: str) -> None:
@@ -128,7 +128,7 @@ def test_foreach_batch_upserts_once_per_batch_id(spark: Any, location: str) -> N
     assert shard.state().version == version
     assert table_of(shard) == {1: "b"}
     assert shard.state().writers["agg"] == 1
-    assert {m.key for m in shard._blob.list("parts/")} == shard.state().part_keys()
+    assert {m.key for m in shard._blob.list("parts/")} == shard.state().stored_part_keys()
 
 
 def test_upsert_stream(spark: Any, location: str, tmp_path: Any) -> None:
@@ -280,7 +280,7 @@ def test_crashes_and_replays_commit_each_micro_batch_once(
     monkeypatch.setattr(layout, "now_ms", lambda: later)
     shard.expire_reader("nobody")
     shard.gc(dry_run=False, retention_seconds=0)
-    assert {m.key for m in shard._blob.list("parts/")} == shard.state().part_keys()
+    assert {m.key for m in shard._blob.list("parts/")} == shard.state().stored_part_keys()
 
 
 def test_commit_checks_keys_staged_by_two_tasks(location: str) -> None:
