@@ -48,19 +48,13 @@ from typing import Any
 
 from persistshard.core.shard import Shard
 from persistshard.core.storage import layout
-from persistshard.core.storage.blob import Blob, BlobWrapper, is_certain_refusal, open_blob
+from persistshard.core.storage.blob import Blob, BlobWrapper, as_storage_error, open_blob
 from persistshard.core.storage.layout import DEFAULT_RETENTION_SECONDS
 from persistshard.errors import (
     CorruptData,
-    Indeterminate,
     InvalidOption,
     NoShard,
     PersistShardError,
-    StorageError,
-    is_access_error,
-    is_storage_error,
-    storage_cause,
-    storage_error,
 )
 
 log = logging.getLogger("persistshard.cli")
@@ -833,32 +827,14 @@ def _run(args: argparse.Namespace, options: dict[str, Any]) -> int:
         if args.command == "repair":
             return cmd_repair(args, options)
         return COMMANDS[args.command](open_existing(args.location, options), args)
-    except Indeterminate as e:
-        # A commit refused for lack of access (a read-only directory, credentials that may only
-        # read) did not land: say what to fix rather than "may have been applied".
-        cause = storage_cause(e)
-        if cause is None or not is_access_error(cause):
-            print(str(e), file=sys.stderr)
-            return 2
+    except Exception as e:
+        # The storage's errors, and a commit refused for lack of access (it did not land),
+        # said as StorageError with this command's words; ours as they are; no traceback.
         doing = DOING.get(args.command, f"run {args.command}")
-        print(str(storage_error(cause, args.location, doing)), file=sys.stderr)
-        return 2
-    except StorageError as e:
-        # A certain refusal the library named: said with this command's words.
-        if e.cause is None or not is_certain_refusal(e.cause):
-            print(str(e), file=sys.stderr)
-            return 2
-        doing = DOING.get(args.command, f"run {args.command}")
-        print(str(storage_error(e.cause, args.location, doing)), file=sys.stderr)
-        return 2
-    except PersistShardError as e:
-        print(str(e), file=sys.stderr)
-        return 2
-    except Exception as e:  # the storage's own errors: said as StorageError, no traceback
-        if not is_storage_error(e):
+        translated = as_storage_error(e, args.location, doing)
+        if translated is None and not isinstance(e, PersistShardError):
             raise
-        doing = DOING.get(args.command, f"run {args.command}")
-        print(str(storage_error(e, args.location, doing)), file=sys.stderr)
+        print(str(translated or e), file=sys.stderr)
         return 2
 
 

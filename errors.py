@@ -8,6 +8,12 @@ Invariants:
 - An error is *determinate* (the operation certainly did not take effect) unless it is an
   `Indeterminate`, which says the operation may or may not have been applied; the caller must
   re-read the state before retrying.
+- Some classes also subclass the built-in their case belongs to, so that code written
+  against the built-ins catches them: `InvalidOption` and `InvalidUpdates` are `ValueError`,
+  `NoShard` is a `LookupError`, `StorageError` is an `OSError`. An `OSError` met in a commit
+  may have been applied; a `StorageError` certainly was not (unless its message says it may
+  have landed), so every ``except OSError`` that reads "maybe applied" lets `StorageError`
+  through first (`persistshard.core.statemachine.machine`).
 """
 
 from __future__ import annotations
@@ -66,8 +72,10 @@ class NotSealed(PersistShardError):
         )
 
 
-class InvalidUpdates(PersistShardError):
-    """Bad input (schema, times, diffs, options); nothing was written."""
+class InvalidUpdates(PersistShardError, ValueError):
+    """Bad data: the updates (or rows, or a source frontier) have the wrong columns or types,
+    a null or negative time, a zero or null diff, a time below the write's lower; nothing was
+    written. Options and arguments are `InvalidOption`."""
 
 
 class CorruptData(PersistShardError):
@@ -192,18 +200,20 @@ class VersionCollected(StateConflict):
         )
 
 
-class NoShard(PersistShardError):
+class NoShard(PersistShardError, LookupError):
     """The location holds no shard: no state was ever committed there. Check the path and the
     storage options, or write to the location first (a first write creates the shard)."""
 
 
-class InvalidOption(PersistShardError):
-    """An option (Spark read/write option, table OPTIONS, CLI flag) is unknown, malformed or
-    out of range, or two options contradict each other; nothing was read or written. The
-    message names the option, the value given and what it accepts."""
+class InvalidOption(PersistShardError, ValueError):
+    """An option (Spark read/write option, table OPTIONS, CLI flag) or an argument of a call
+    (a frontier bound, a lease, a location) is unknown, malformed or out of range, two of them
+    contradict each other, or one contradicts the shard (another consensus, other key
+    columns); nothing was read or written. The message names the option, the value given and
+    what it accepts."""
 
 
-class StorageError(PersistShardError):
+class StorageError(PersistShardError, OSError):
     """The storage refused an operation: a read-only directory, a missing permission, missing
     or wrong credentials, an unreachable endpoint. Determinate unless the message says the
     operation may have landed: nothing was changed. The message names the location, what was
@@ -262,8 +272,12 @@ def storage_cause(error: BaseException) -> BaseException | None:
 
 def is_access_error(error: BaseException) -> bool:
     """Whether a storage error means "not allowed": no write permission, a read-only file
-    system, missing or refused credentials (so retrying the same way cannot help)."""
+    system, missing or refused credentials (so retrying the same way cannot help). Our own
+    errors (a `StorageError` included) are not the storage's: False."""
     import errno as errno_codes
+
+    if isinstance(error, PersistShardError):
+        return False
 
     if isinstance(error, PermissionError):
         return True

@@ -42,7 +42,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from persistshard.errors import InvalidUpdates
+from persistshard.errors import InvalidOption
 
 log = logging.getLogger("persistshard.conformance.logsource")
 
@@ -102,7 +102,7 @@ def append_records(
 ) -> tuple[int, int]:
     """Append records to ``topic``'s ``partition``; returns their offsets ``[first, end)``."""
     if ":" in topic or not topic:
-        raise InvalidUpdates(f"topic {topic!r} must be non-empty and have no ':'")
+        raise InvalidOption(f"topic {topic!r} must be non-empty and have no ':'")
     directory = os.path.join(root, f"{topic}-{int(partition)}")
     os.makedirs(directory, exist_ok=True)
     segs = _segments(directory)
@@ -190,9 +190,9 @@ def parse_starting_offsets(text: str | None, root: str) -> dict[str, int]:
     try:
         parsed = json.loads(text)
     except json.JSONDecodeError as e:
-        raise InvalidUpdates(f"startingOffsets is not 'earliest', 'latest' or JSON: {e}") from e
+        raise InvalidOption(f"startingOffsets is not 'earliest', 'latest' or JSON: {e}") from e
     if not isinstance(parsed, dict):
-        raise InvalidUpdates(f"startingOffsets must be a JSON object, got {text!r}")
+        raise InvalidOption(f"startingOffsets must be a JSON object, got {text!r}")
     out: dict[str, int] = {}
     for key, value in parsed.items():
         if isinstance(value, dict):
@@ -202,7 +202,7 @@ def parse_starting_offsets(text: str | None, root: str) -> dict[str, int]:
             out[str(key)] = int(value)
     for key, offset in out.items():
         if offset < 0:
-            raise InvalidUpdates(f"startingOffsets: partition {key!r} has offset {offset}")
+            raise InvalidOption(f"startingOffsets: partition {key!r} has offset {offset}")
     return out
 
 
@@ -223,7 +223,7 @@ class LogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: dict[str, str]) -> None:
         self.root = options.get("path") or ""
         if not self.root:
-            raise InvalidUpdates("the partitioned log source needs a directory: .load(path)")
+            raise InvalidOption("the partitioned log source needs a directory: .load(path)")
         self.starting = options.get("startingoffsets")
         cap = options.get("maxrecordsperpartition")
         self.cap = int(cap) if cap else None

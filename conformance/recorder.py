@@ -322,8 +322,6 @@ def _classify(e: BaseException) -> tuple[str, str]:
 
     if isinstance(e, errors.UpperMismatch):
         return "refused", ""
-    if isinstance(e, errors.Indeterminate | OSError):
-        return "unknown", type(e).__name__
     certain = (
         errors.LeaseExpired,
         errors.CommitDeadline,
@@ -331,8 +329,10 @@ def _classify(e: BaseException) -> tuple[str, str]:
         errors.StorageError,
         errors.StorageUnsupported,
     )
-    if isinstance(e, certain):
+    if isinstance(e, certain):  # before OSError: a StorageError is one, and certain
         return "failed", type(e).__name__
+    if isinstance(e, errors.Indeterminate | OSError):
+        return "unknown", type(e).__name__
     return "error", f"{type(e).__name__}: {e}"
 
 

@@ -34,7 +34,7 @@ from persistshard.core.storage.blob import Blob, BlobMeta, BlobWrapper, open_blo
 from persistshard.core.storage.consensus import BlobConsensus, Consensus, VersionedData
 from persistshard.core.storage.consensus import probe_atomic_create as library_probe
 from persistshard.core.storage.sqlconsensus import open_consensus, redact_url
-from persistshard.errors import Indeterminate
+from persistshard.errors import Indeterminate, StorageError
 
 log = logging.getLogger("persistshard.conformance.storage")
 
@@ -153,6 +153,8 @@ class ReadBack(Consensus):
         for _ in range(READ_BACK_ATTEMPTS):
             try:
                 return self.inner.compare_and_set(expected, data)
+            except StorageError:
+                raise  # refused for certain: nothing to read back
             except (OSError, Indeterminate) as e:
                 log.debug("read-back harness: compare-and-set on %d ambiguous (%s)", base, e)
             self.resolved += 1

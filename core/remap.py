@@ -41,7 +41,7 @@ import pyarrow.compute as pc
 
 from persistshard.core.rows import DIFF, TIME
 from persistshard.core.shard import Shard, open_shard
-from persistshard.errors import InvalidUpdates, NotSealed, UpperMismatch
+from persistshard.errors import InvalidOption, InvalidUpdates, NotSealed, UpperMismatch
 
 log = logging.getLogger("persistshard.core.remap")
 
@@ -296,7 +296,7 @@ class RemapShard:
             pinned = Bindings(self.location, state.upper, state.since)
         else:
             if state.schema != REMAP_SCHEMA:
-                raise InvalidUpdates(
+                raise InvalidOption(
                     f"the shard at {self.location} is not a remap shard: its columns are "
                     f"{state.schema}, a remap shard has (partition string, offset int64)"
                 )
@@ -333,7 +333,7 @@ class RemapShard:
         on the remap shard hold it back as on any shard.
         """
         if not outputs:
-            raise InvalidUpdates("follow_since needs every output shard the remap shard serves")
+            raise InvalidOption("follow_since needs every output shard the remap shard serves")
         states = [
             (o if isinstance(o, Shard) else open_shard(o, **storage_options)).state()
             for o in outputs
@@ -450,7 +450,7 @@ def resume_frontier(
     below each output's upper and are dropped there.
     """
     if not outputs:
-        raise InvalidUpdates("resume_frontier needs at least one output shard")
+        raise InvalidOption("resume_frontier needs at least one output shard")
     remap = (
         remap_location
         if isinstance(remap_location, RemapShard)

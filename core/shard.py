@@ -100,7 +100,6 @@ from persistshard.core.write.validate import update_schema, user_schema
 from persistshard.errors import (
     CorruptData,
     InvalidOption,
-    InvalidUpdates,
     NoShard,
     PersistShardError,
     UpperMismatch,
@@ -289,7 +288,8 @@ class Shard:
 
         Updates must have times ``>= expected_upper``; those ``>= new_upper`` are unsealed.
         Raises `UpperMismatch` (nothing written) if the upper moved, `InvalidUpdates` for bad
-        input (nothing written). Then the after-commit maintenance (`maintain`).
+        updates and `InvalidOption` for a ``new_upper`` below ``expected_upper`` (nothing
+        written). Then the after-commit maintenance (`maintain`).
         """
         since = self._machine.known().since
         out = self._compare_and_append(updates, expected_upper, new_upper, writer=writer)
@@ -305,7 +305,7 @@ class Shard:
         writer: tuple[str, int] | None = None,
     ) -> ShardState:
         if new_upper < expected_upper:
-            raise InvalidUpdates(
+            raise InvalidOption(
                 f"new upper {new_upper} is below the expected upper {expected_upper}",
                 location=self.location,
             )
@@ -431,7 +431,7 @@ class Shard:
         """Move upper to ``new_upper`` without new updates (unsealed ones below it appear)."""
         current = self._machine.state()
         if new_upper < current.upper:
-            raise InvalidUpdates(
+            raise InvalidOption(
                 f"cannot seal at {new_upper}: the upper is already {current.upper} and only "
                 "moves forward",
                 location=self.location,

@@ -72,7 +72,7 @@ from persistshard.core.write.validate import (
     update_schema,
     user_schema,
 )
-from persistshard.errors import InvalidUpdates
+from persistshard.errors import InvalidOption, InvalidUpdates
 
 log = logging.getLogger("persistshard.core.upsert")
 
@@ -116,14 +116,14 @@ def parse_key_columns(value: str | Sequence[str], location: str | None = None) -
     """Key column names from ``"a, b"`` or a sequence; refuses empty and repeated names."""
     names = [n.strip() for n in value.split(",")] if isinstance(value, str) else list(value)
     if not names or any(not n for n in names):
-        raise InvalidUpdates(
+        raise InvalidOption(
             f"key_columns must name at least one column, comma-separated (got {value!r})",
             location=location,
         )
     folded = [n.lower() for n in names]
     repeated = sorted({n for n in names if folded.count(n.lower()) > 1})
     if repeated:
-        raise InvalidUpdates(
+        raise InvalidOption(
             f"key_columns names {', '.join(repeated)} more than once", location=location
         )
     return tuple(names)
@@ -157,7 +157,7 @@ def resolve_key_columns(
             continue
         folded = [n for n in names if n.lower() == key.lower()]
         if len(folded) != 1:
-            raise InvalidUpdates(
+            raise InvalidOption(
                 f"key column {key!r} is not a column of the table (columns: {', '.join(names)})",
                 location=location,
             )
@@ -173,7 +173,7 @@ def resolve_key_columns(
             )
     recorded = recorded_key_columns(schema)
     if recorded is not None and tuple(resolved) != recorded:
-        raise InvalidUpdates(
+        raise InvalidOption(
             f"the shard's upserts use key_columns {','.join(recorded)}; this upsert names "
             f"{','.join(resolved)}. Upsert with the recorded keys (or write to a new shard)",
             location=location,
@@ -213,7 +213,7 @@ def upsert_input(
         diff = pa.chunked_array([pa.array(np.ones(n, dtype=np.int64))])
     if delete_column is not None:
         if delete_column not in table.column_names:
-            raise InvalidUpdates(
+            raise InvalidOption(
                 f"delete_column {delete_column!r} is not a column of the incoming rows "
                 f"(columns: {', '.join(table.column_names)})",
                 location=location,

@@ -64,18 +64,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from persistshard.core.storage.blob import is_certain_refusal
+from persistshard.core.storage.blob import as_storage_error
 from persistshard.core.storage.layout import canonical_location
 from persistshard.errors import (
-    Indeterminate,
     InvalidOption,
     InvalidUpdates,
-    StorageError,
     StorageUnsupported,
-    is_access_error,
-    is_storage_error,
-    storage_cause,
-    storage_error,
 )
 
 if TYPE_CHECKING:
@@ -277,21 +271,11 @@ def storage_errors(location: str | None, doing: str) -> Iterator[None]:
     whose cause is a refused access becomes one too: a refused write did not land."""
     try:
         yield
-    except Indeterminate as e:
-        # A commit the storage refused for lack of access did not land: say what to fix.
-        cause = storage_cause(e)
-        if cause is None or not is_access_error(cause):
-            raise
-        raise storage_error(cause, location, doing) from None
-    except StorageError as e:
-        # A certain refusal the library named: said with this operation's words.
-        if e.cause is None or not is_certain_refusal(e.cause):
-            raise
-        raise storage_error(e.cause, location, doing) from e.cause
     except Exception as e:
-        if not is_storage_error(e):
+        translated = as_storage_error(e, location, doing)
+        if translated is None:
             raise
-        raise storage_error(e, location, doing) from e
+        raise translated from translated.cause
 
 
 #: Options whose value is a persistshard value: refused when given empty (`check_known`).
@@ -482,7 +466,7 @@ NO_LOCATION = (
 def write_location(options: Mapping[str, str], schema: Any = None) -> str:
     """Where a write goes: the ``path``/``location`` option, else the location in the
     schema's field metadata if the provenance rule (module docstring) proves it is the
-    target's own; otherwise `InvalidUpdates` naming the statement forms that work."""
+    target's own; otherwise `InvalidOption` naming the statement forms that work."""
     for key in ("path", "location"):
         value = options.get(key)
         if value:
@@ -490,7 +474,7 @@ def write_location(options: Mapping[str, str], schema: Any = None) -> str:
     fields = list(getattr(schema, "fields", None) or [])
     located = [f for f in fields if LOCATION_KEY in (f.metadata or {})]
     if not located:
-        raise InvalidUpdates(f"{NO_LOCATION}; {WRITE_FORMS}")
+        raise InvalidOption(f"{NO_LOCATION}; {WRITE_FORMS}")
     locations = sorted({str(f.metadata[LOCATION_KEY]) for f in located})
     scanned = [f.name for f in fields if RAW_TYPE_KEY in (f.metadata or {})]
     versions = {str(f.metadata.get(CATALOG_KEY)) for f in located}
@@ -498,7 +482,7 @@ def write_location(options: Mapping[str, str], schema: Any = None) -> str:
         return locations[0]
     if len(locations) > 1 or scanned:
         where = " and ".join(locations)
-        raise InvalidUpdates(
+        raise InvalidOption(
             f"refused to write: this write's columns carry the shard location {where} of a "
             "table they were read from, which need not be the table the statement names "
             "(Spark 4.3 passes a query's columns to the writer unconverted, metadata "
@@ -518,7 +502,7 @@ def write_location(options: Mapping[str, str], schema: Any = None) -> str:
             f"INSERT again (DROP TABLE t, then CREATE TABLE t USING persistshard LOCATION "
             f"'{locations[0]}': an external table's data stays)"
         )
-    raise InvalidUpdates(f"refused to write to {locations[0]}: {reason}; {WRITE_FORMS}")
+    raise InvalidOption(f"refused to write to {locations[0]}: {reason}; {WRITE_FORMS}")
 
 
 def require_location(options: Mapping[str, str], schema: Any = None) -> str:
@@ -526,7 +510,7 @@ def require_location(options: Mapping[str, str], schema: Any = None) -> str:
     location = find_location(options, schema)
     if location is not None:
         return location
-    raise InvalidUpdates(
+    raise InvalidOption(
         "no shard location: use .load(path) or option('path', ...); for SQL, create the "
         "table without a column list so it remembers its location: CREATE TABLE t USING "
         "persistshard LOCATION '/data/t' OPTIONS (columns 'id BIGINT, name STRING'), or name "

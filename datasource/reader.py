@@ -165,7 +165,7 @@ def check_query(shard: Shard, state: ShardState, opts: ReadOptions) -> Query:
         if opts.consumer is not None:
             lo = consumer_from(shard, state, opts.consumer, hi)
         if opts.updates_to is None and lo > hi:
-            raise InvalidUpdates(
+            raise InvalidOption(
                 f"updates_from {lo} is after the shard's upper {state.upper}: no update there "
                 f"is sealed yet; read from {state.upper} at most",
                 location=shard.location,
@@ -306,7 +306,7 @@ def where_filters(
 
 def bad_where(text: str | None, error: Exception, location: str | None = None) -> Exception:
     """The error for a ``where`` option the reader cannot apply exactly."""
-    return InvalidUpdates(
+    return InvalidOption(
         f"option where {text!r} cannot be applied: {error}. The where option takes a SQL "
         "condition over the shard's columns: comparisons with literals, IS [NOT] NULL, "
         "[NOT] IN, [NOT] BETWEEN, [NOT] LIKE 'a%', joined with AND, OR, NOT and parentheses "
@@ -412,7 +412,7 @@ def check_read_schema(opts: ReadOptions, schema: StructType) -> None:
             if opts.consumer is not None
             else "updates_from / updates_to"
         )
-        raise InvalidUpdates(
+        raise InvalidOption(
             f"option {asked} reads changes, but this table's columns have no {TIME} and "
             f"{DIFF}, so every change would come back as a plain row. Create a change table "
             f"over the same shard and read that: CREATE TABLE t_changes USING persistshard "
@@ -420,7 +420,7 @@ def check_read_schema(opts: ReadOptions, schema: StructType) -> None:
             "('updates_from' = '1')"
         )
     if opts.with_diff and DIFF not in names:
-        raise InvalidUpdates(
+        raise InvalidOption(
             f"option with_diff reads {DIFF}, but this table's columns have none. Create a table "
             f"that has it: CREATE TABLE t_diffs USING persistshard LOCATION '{location}' "
             "OPTIONS (with_diff 'true')"
@@ -446,14 +446,14 @@ def check_columns(schema: StructType, stored: pa.Schema, location: str) -> list[
     for f in wanted:
         have = spark_stored.get(f.name)
         if have is None:
-            raise InvalidUpdates(
+            raise InvalidOption(
                 f"the read schema names column {f.name}, which the shard does not have; its "
                 f"columns are: {columns}. Name a subset of them in .schema(...), or leave "
                 ".schema(...) out to read them all",
                 location=location,
             )
         if have.dataType != f.dataType:
-            raise InvalidUpdates(
+            raise InvalidOption(
                 f"the read schema gives column {f.name} the type {f.dataType.simpleString()}, "
                 f"but the shard stores {have.dataType.simpleString()}; its columns are: "
                 f"{columns}. Use the stored type (cast in Spark afterwards)",
@@ -470,7 +470,7 @@ def check_table_columns(schema: StructType, stored: pa.Schema, location: str) ->
     names = {f.name for f in wanted}
     lost = [f.name for f in stored if f.name not in names]
     if lost:
-        raise InvalidUpdates(
+        raise InvalidOption(
             f"the table's columns ({', '.join(names_in_order(wanted))}) no longer include the "
             f"shard's column{'s' if len(lost) > 1 else ''} {', '.join(lost)}: persistshard "
             "can only add nullable columns (ALTER TABLE ... ADD COLUMNS); dropping or renaming "
@@ -579,7 +579,7 @@ def check_not_null(table: pa.Table, target: pa.Schema, location: str) -> None:
     a null is refused, naming the column, rather than handed to Spark as a non-null."""
     for f in target:
         if not f.nullable and f.name in table.column_names and table.column(f.name).null_count:
-            raise InvalidUpdates(
+            raise InvalidOption(
                 f"column {f.name} holds nulls, but the read schema declares it NOT NULL; drop "
                 "NOT NULL from .schema(...)",
                 location=location,

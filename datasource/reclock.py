@@ -47,7 +47,7 @@ from persistshard.datasource.writer import (
     commit_write,
     write_task,
 )
-from persistshard.errors import InvalidUpdates, NotSealed, UpperMismatch
+from persistshard.errors import InvalidOption, InvalidUpdates, NotSealed, UpperMismatch
 
 log = logging.getLogger("persistshard.datasource.reclock")
 
@@ -89,7 +89,7 @@ def check_source_columns(spec: ReclockSpec, schema: pa.Schema, location: str) ->
         ("source_offset_column", spec.offset_column),
     ):
         if column not in names:
-            raise InvalidUpdates(
+            raise InvalidOption(
                 f"option {option} names column {column!r}, which the DataFrame does not have "
                 f"(columns: {', '.join(names)})",
                 location=location,
@@ -126,7 +126,7 @@ def spec_of(opts: Any, schema: Any, location: str) -> ReclockSpec:
         source_frontier=opts.source_frontier,
     )
     if opts.time_column is not None:
-        raise InvalidUpdates(
+        raise InvalidOption(
             "a reclocked write takes its times from the remap shard; it takes no time_column",
             location=location,
         )

@@ -41,7 +41,7 @@ import pyarrow.compute as pc
 from persistshard.core.statemachine.state import BatchIdentity
 from persistshard.core.storage.layout import new_id
 from persistshard.datasource.writer import StreamTaskWritten
-from persistshard.errors import InvalidUpdates
+from persistshard.errors import InvalidOption
 
 #: The version of the row hash below; part of every digest's text.
 VERSION = "v1"
@@ -294,13 +294,13 @@ class DigestedTask(StreamTaskWritten):
 
 def task_batch_id() -> int:
     """The running streaming write task's micro-batch id (the task-local property Spark sets
-    for a streaming write); `InvalidUpdates` outside one."""
+    for a streaming write); `InvalidOption` outside one."""
     from pyspark import TaskContext
 
     ctx = TaskContext.get()
     value = ctx.getLocalProperty("streaming.sql.batchId") if ctx is not None else None
     if value is None:
-        raise InvalidUpdates("streaming write task without a batch id")
+        raise InvalidOption("streaming write task without a batch id")
     return int(value)
 
 

@@ -47,7 +47,7 @@ from persistshard.datasource.options import (
     table_metadata,
 )
 from persistshard.datasource.types import spark_schema_of
-from persistshard.errors import InvalidUpdates, NoShard
+from persistshard.errors import InvalidOption, NoShard
 
 log = logging.getLogger("persistshard.datasource.source")
 
@@ -76,7 +76,7 @@ class PersistShardDataSource(DataSource):
         secrets = storage_options(options)
         consensus = secrets.get("consensus")
         if creating and consensus and url_has_password(consensus):
-            raise InvalidUpdates(
+            raise InvalidOption(
                 "a table's OPTIONS are stored in Spark's catalog, so a consensus URL with a "
                 f"password ({redact_url(consensus)}) is refused there; give the password "
                 "through the database's own configuration (PGPASSWORD, ~/.pgpass), or pass "
@@ -86,7 +86,7 @@ class PersistShardDataSource(DataSource):
         if creating and fsspec_names:
             # Spark keeps a table's OPTIONS in its catalog: storage options (credentials) must
             # not go there. fsspec's own configuration reaches every statement instead.
-            raise InvalidUpdates(
+            raise InvalidOption(
                 f"a table's OPTIONS are stored in Spark's catalog, so storage options "
                 f"({', '.join(fsspec_names)}) are refused there; configure the storage "
                 "through fsspec instead (FSSPEC_<PROTOCOL>_<NAME> environment variables or an "
@@ -99,7 +99,7 @@ class PersistShardDataSource(DataSource):
             columns = options.get("columns")
             if columns is None:
                 if creating:
-                    raise InvalidUpdates(
+                    raise InvalidOption(
                         f"no shard at {shard.location} yet: give the new table its columns, "
                         "e.g. OPTIONS (columns 'id BIGINT, name STRING'), or write to the "
                         "location first",
@@ -115,7 +115,7 @@ class PersistShardDataSource(DataSource):
 
             stored = user_schema(arrow_schema_of(parse_columns(columns)))
         elif options.get("columns"):
-            raise InvalidUpdates(
+            raise InvalidOption(
                 f"the shard at {shard.location} already has columns ({stored}); drop the "
                 "columns option to use them",
             )
@@ -190,7 +190,7 @@ class PersistShardDataSource(DataSource):
         from persistshard.datasource.stream import PersistShardStreamReader
 
         if self.options.get("where") is not None:
-            raise InvalidUpdates(
+            raise InvalidOption(
                 f"option where {self.options['where']!r} applies to batch reads only; filter "
                 "a stream in Spark (df.where(...))"
             )

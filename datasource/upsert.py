@@ -76,7 +76,7 @@ from persistshard.datasource.writer import (
     find_column,
     sweep_write,
 )
-from persistshard.errors import InvalidUpdates, UpperMismatch
+from persistshard.errors import InvalidOption, InvalidUpdates, UpperMismatch
 
 log = logging.getLogger("persistshard.datasource.upsert")
 
@@ -106,7 +106,7 @@ def plan_upsert(
     keys = up.parse_key_columns(options["key_columns"], location)
     if overwrite:
         what = "outputMode('complete')" if streaming else "mode('overwrite')"
-        raise InvalidUpdates(
+        raise InvalidOption(
             f"{what} replaces the whole table; an upsert (option key_columns) changes only "
             "the rows of its keys: use "
             + ("outputMode('append')" if streaming else "mode('append')")
@@ -120,7 +120,7 @@ def plan_upsert(
         ("remap", opts.remap),
     ):
         if given is not None:
-            raise InvalidUpdates(
+            raise InvalidOption(
                 f"an upsert writes every row at one new time (the shard's upper); it takes no "
                 f"{name} option",
                 location=location,
@@ -130,7 +130,7 @@ def plan_upsert(
     if options.get("delete_column"):
         delete_column = find_column(names, options["delete_column"])
         if delete_column is None:
-            raise InvalidUpdates(
+            raise InvalidOption(
                 f"option delete_column names column {options['delete_column']!r}, which the "
                 f"DataFrame does not have (columns: {', '.join(names)})",
                 location=location,
@@ -144,20 +144,20 @@ def plan_upsert(
     batch_id = None
     if options.get("batch_id"):
         if streaming:
-            raise InvalidUpdates(
+            raise InvalidOption(
                 "option batch_id is for batch writes in foreachBatch; a stream numbers its "
                 "micro-batches itself",
                 location=location,
             )
         if opts.writer_id is None:
-            raise InvalidUpdates(
+            raise InvalidOption(
                 "option batch_id needs option writer_id (whose batches it numbers)",
                 location=location,
             )
         try:
             batch_id = int(options["batch_id"])
         except ValueError:
-            raise InvalidUpdates(
+            raise InvalidOption(
                 f"option batch_id must be an integer, got {options['batch_id']!r}",
                 location=location,
             ) from None
@@ -344,7 +344,7 @@ class UpsertStreamWriter(DataSourceStreamArrowWriter):
         self.schema = schema
         self.opts, self.spec, _ = plan_upsert(options, schema, overwrite, streaming=True)
         if self.opts.writer_id is None:
-            raise InvalidUpdates(
+            raise InvalidOption(
                 "a streaming write needs option writer_id: a stable name for this writer, "
                 "so that a replayed micro-batch is committed exactly once"
             )

@@ -61,7 +61,7 @@ from persistshard.datasource.options import (
     storage_errors,
 )
 from persistshard.datasource.types import arrow_schema_of
-from persistshard.errors import InvalidUpdates, UpperMismatch
+from persistshard.errors import InvalidOption, InvalidUpdates, UpperMismatch
 
 log = logging.getLogger("persistshard.datasource.writer")
 
@@ -141,7 +141,7 @@ def describe_write(
     diff_column = find_column(names, opts.diff_column) or find_column(names, DIFF)
     for option, column in (("time_column", opts.time_column), ("diff_column", opts.diff_column)):
         if column is not None and find_column(names, column) is None:
-            raise InvalidUpdates(
+            raise InvalidOption(
                 f"option {option} names column {column!r}, which the DataFrame does not have "
                 f"(columns: {', '.join(names)})",
                 location=shard.location,
@@ -160,7 +160,7 @@ def describe_write(
         )
     lower = state.upper if opts.expected_upper is None else opts.expected_upper
     if opts.upper is not None and opts.upper < lower:
-        raise InvalidUpdates(
+        raise InvalidOption(
             f"option upper {opts.upper} is below the write's lower {lower}", location=shard.location
         )
     fields = [

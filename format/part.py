@@ -45,7 +45,7 @@ import crc32c
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from persistshard.errors import CorruptData, InvalidUpdates
+from persistshard.errors import CorruptData, InvalidOption, InvalidUpdates
 
 from . import chunk as chunk_codec
 from . import stats
@@ -281,11 +281,11 @@ class PartWriter:
         self._name = name
         self._schema = normalize_schema(schema)
         if chunk_bytes < 1:
-            raise InvalidUpdates(f"chunk_bytes must be positive, got {chunk_bytes}")
+            raise InvalidOption(f"chunk_bytes must be positive, got {chunk_bytes}")
         if not 1 <= compression_level <= 22:
-            raise InvalidUpdates(f"compression_level must be in 1..22, got {compression_level}")
+            raise InvalidOption(f"compression_level must be in 1..22, got {compression_level}")
         if sort_column is not None and sort_column not in self._schema.names:
-            raise InvalidUpdates(
+            raise InvalidOption(
                 f"sort column {sort_column!r} is not in the schema {self._schema.names}"
             )
         for col in (TIME_COLUMN, DIFF_COLUMN):
@@ -296,7 +296,7 @@ class PartWriter:
         meta = dict(metadata or {})
         for k, v in meta.items():
             if not isinstance(k, str) or not isinstance(v, str):
-                raise InvalidUpdates(f"part metadata must map str to str, got {k!r}: {v!r}")
+                raise InvalidOption(f"part metadata must map str to str, got {k!r}: {v!r}")
         self._metadata = meta
         self._sort_column = sort_column
         self._chunk_bytes = chunk_bytes

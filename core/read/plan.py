@@ -54,7 +54,7 @@ from persistshard.core.storage.blob import Blob
 from persistshard.core.storage.metrics import run_in_context
 from persistshard.core.storage.parts import adapt_part_table, open_part, release_mapped
 from persistshard.core.write.validate import update_schema
-from persistshard.errors import InvalidUpdates, NegativeDiff, NotSealed, SinceViolation
+from persistshard.errors import InvalidOption, NegativeDiff, NotSealed, SinceViolation
 from persistshard.format import PartReader
 from persistshard.format.pool import WORKERS, SharedPool
 
@@ -78,7 +78,7 @@ def check_updates_range(state: ShardState, lo: int, hi: int, location: str | Non
     is 0 or after since (else updates from before ``lo`` may have been forwarded into the
     range); else the API's error."""
     if lo > hi:
-        raise InvalidUpdates(f"updates_from {lo} is after updates_to {hi}", location=location)
+        raise InvalidOption(f"updates_from {lo} is after updates_to {hi}", location=location)
     if hi > state.upper:
         raise NotSealed(
             hi - 1,

@@ -12,7 +12,7 @@ What always holds:
   (`ReaderHold.downgrade_since`; backwards is `SinceViolation`).
 - Renewing (`heartbeat`, `downgrade_since`) needs a live hold; an expired one is `HoldExpired`
   and never comes back (register again: the shard may have compacted past it meanwhile).
-- Reader ids are unique among live holds (a second registration is `InvalidUpdates`).
+- Reader ids are unique among live holds (a second registration is `InvalidOption`).
 
 Relies on: the state machine's clock (`persistshard.core.storage.layout.now_ms`) being roughly the
 same on every process that commits; a clock far ahead on one committer can expire a hold early.
@@ -31,7 +31,7 @@ from persistshard.core.statemachine.commits.register_reader import RegisterReade
 from persistshard.core.statemachine.machine import StateMachine
 from persistshard.core.statemachine.state import Hold
 from persistshard.core.storage.layout import new_id
-from persistshard.errors import HoldExpired, InvalidUpdates
+from persistshard.errors import HoldExpired, InvalidOption
 
 log = logging.getLogger("persistshard.core.statemachine.holds")
 
@@ -42,7 +42,7 @@ DEFAULT_LEASE_SECONDS = 900.0
 def lease_ms(lease_seconds: float) -> int:
     """A lease in whole milliseconds; it must be positive."""
     if not lease_seconds > 0:
-        raise InvalidUpdates(f"lease_seconds must be positive, got {lease_seconds}")
+        raise InvalidOption(f"lease_seconds must be positive, got {lease_seconds}")
     return max(1, int(lease_seconds * 1000))
 
 
@@ -62,7 +62,7 @@ class ReaderHold:
     ) -> ReaderHold:
         """Hold the shard's current since under a new reader id."""
         if not reader_id:
-            raise InvalidUpdates("a reader id must be a non-empty string")
+            raise InvalidOption("a reader id must be a non-empty string")
         state = machine.commit(RegisterReader(reader_id, lease_ms(lease_seconds), id=new_id()))
         return cls(machine, reader_id, state.holds[reader_id])
 

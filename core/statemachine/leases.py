@@ -52,7 +52,7 @@ from persistshard.core.statemachine.commits.sweep_leases import SweepLeases
 from persistshard.core.statemachine.state import ShardState, lease_covers
 from persistshard.core.storage import layout
 from persistshard.core.storage.layout import id_time_ms, new_id
-from persistshard.errors import InvalidUpdates, LeaseExpired
+from persistshard.errors import InvalidOption, LeaseExpired
 
 
 class Committer(Protocol):
@@ -158,7 +158,7 @@ def renew(machine: Committer, write_id: str, lease_seconds: float) -> int:
     """Extend the lease of ``write_id`` to ``now + lease_seconds``; the new expiry (ms).
     `LeaseExpired` if it already ran out (a lease never comes back: gc may have swept)."""
     if not lease_seconds > 0:
-        raise InvalidUpdates(f"lease_seconds must be positive, got {lease_seconds}")
+        raise InvalidOption(f"lease_seconds must be positive, got {lease_seconds}")
     lease_ms = max(1, int(lease_seconds * 1000))
     state = machine.commit(RenewLease(write_id, lease_ms, id=new_id()))
     return state.leases[write_id]

@@ -59,7 +59,7 @@ from persistshard.core.statemachine.commits import Commit, apply
 from persistshard.core.statemachine.encoding import Entry
 from persistshard.core.statemachine.state import ShardState, check_transition
 from persistshard.core.storage import layout, metrics
-from persistshard.core.storage.blob import Blob, is_certain_refusal
+from persistshard.core.storage.blob import Blob, as_storage_error
 from persistshard.core.storage.consensus import (
     Consensus,
     VersionedData,
@@ -71,12 +71,13 @@ from persistshard.errors import (
     CommitDeadline,
     CorruptData,
     Indeterminate,
+    InvalidOption,
     InvalidUpdates,
     LeaseExpired,
     NotSealed,
     StateConflict,
+    StorageError,
     UpperMismatch,
-    storage_error,
 )
 from persistshard.format.memo import BytesMemo
 
@@ -86,6 +87,7 @@ log = logging.getLogger("persistshard.core.statemachine.machine")
 DETERMINATE_REFUSALS = (
     UpperMismatch,
     InvalidUpdates,
+    InvalidOption,
     NotSealed,
     StateConflict,
     LeaseExpired,
@@ -412,6 +414,8 @@ class StateMachine:
                         return landed
                 elif lost_after is not None and current.last_commit == commit.id:
                     return current  # the "lost" race was lost to this very commit: landed
+            except StorageError:
+                raise  # an OSError, but a certain refusal, said already: never "unknown"
             except OSError as e:
                 if ambiguous_after is None:
                     # Nothing was tried yet: determinate, nothing landed.
@@ -459,6 +463,8 @@ class StateMachine:
                 key = rollup_key(new.version)
                 try:
                     self.blob.put(key, encoding.encode_rollup(new))
+                except StorageError:
+                    raise  # certain: nothing was published (never "unknown")
                 except OSError as e:
                     if ambiguous_after is None:  # determinate: this commit wrote no entry
                         self._raise_determinate(e, commit)
@@ -478,6 +484,8 @@ class StateMachine:
             encoded = entry.encode()
             try:
                 ok = self.consensus.compare_and_set(current.version or None, encoded)
+            except StorageError:
+                raise  # the store refused for certain, nothing applied: never Indeterminate
             except (Indeterminate, OSError) as e:
                 if ambiguous_after is None:
                     ambiguous_after = current.version
@@ -522,12 +530,16 @@ class StateMachine:
         )
 
     def _raise_determinate(self, error: OSError, commit: Commit) -> NoReturn:
-        """Raise ``error``, met before any attempt of ``commit`` could have landed: a certain
-        refusal of the storage as `StorageError` (nothing was applied), anything else as
-        it is (determinate too: nothing was written to the log)."""
-        if is_certain_refusal(error):
-            raise storage_error(error, self.location, f"commit {commit.kind}") from error
-        raise error
+        """Raise ``error``, met before any attempt of ``commit`` could have landed (nothing
+        was written to the log), as `StorageError` (`as_storage_error`): a certain refusal
+        and any other storage error alike (a timeout on the first state read), since
+        nothing was applied either way."""
+        translated = as_storage_error(
+            error, self.location, f"commit {commit.kind} (nothing was applied)"
+        )
+        if translated is None:
+            raise error
+        raise translated from error
 
     def delete_parts(self, keys: Iterable[str]) -> None:
         """Delete parts that no state references (after a refused commit). Best effort: a

@@ -44,6 +44,7 @@ from persistshard.core.storage.layout import PARTS_PREFIX
 from persistshard.errors import (
     CorruptData,
     HoldExpired,
+    InvalidOption,
     InvalidUpdates,
     PersistShardError,
     StateConflict,
@@ -661,7 +662,7 @@ class AssertNoLiveHold:
     def check(self, state: ShardState, location: str | None) -> None:
         hold = state.holds.get(self.reader_id)
         if hold is not None and hold.live_at(self.now_ms):
-            raise InvalidUpdates(
+            raise InvalidOption(
                 f"reader {self.reader_id!r} is already registered (holding since {hold.since}); "
                 "reader ids are unique: pick another, or expire the old hold first",
                 location=location,

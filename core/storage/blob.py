@@ -51,7 +51,16 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
-from persistshard.errors import StorageError, StorageUnsupported, is_access_error
+from persistshard.errors import (
+    Indeterminate,
+    PersistShardError,
+    StorageError,
+    StorageUnsupported,
+    is_access_error,
+    is_storage_error,
+    storage_cause,
+    storage_error,
+)
 
 log = logging.getLogger("persistshard.core.storage.blob")
 
@@ -91,12 +100,47 @@ def is_certain_refusal(error: BaseException) -> bool:
     nothing and that retrying the same way cannot help: permission denied (also an S3 403,
     which s3fs raises as `PermissionError`), a read-only file system, a full disk or quota,
     missing or refused credentials. Timeouts, resets and other errors are not: the request
-    may have been applied."""
+    may have been applied. Our own errors are not the storage's (a `StorageError` is an
+    `OSError` too, already said): False."""
+    if isinstance(error, PersistShardError):
+        return False
     if isinstance(error, PermissionError):
         return True
     if isinstance(error, OSError) and error.errno in REFUSAL_ERRNOS:
         return True
     return is_access_error(error) and not isinstance(error, TimeoutError)
+
+
+def as_storage_error(error: BaseException, location: str | None, doing: str) -> StorageError | None:
+    """The one translation of an error that ended ``doing`` something at ``location`` into
+    the `StorageError` its caller is told, or None when ``error`` is raised as it is. Used by
+    the CLI, the Spark paths (`persistshard.datasource.options.storage_errors`) and a commit
+    that fails before its first attempt could land (`StateMachine`).
+
+    - A raw storage error (`persistshard.errors.is_storage_error`: an `OSError` that is not
+      ours, a storage library's own) is `StorageError` naming ``location``, ``doing``, the
+      storage's reason and the fix (`persistshard.errors.storage_error`).
+    - A `StorageError` whose cause is a certain refusal (`is_certain_refusal`) is said again
+      with ``doing``'s words; any other `StorageError` stays as it is.
+    - An `Indeterminate` whose root cause is a refused access (`is_access_error`: a
+      read-only location, credentials that may only read) is `StorageError`: a write the
+      storage refused for lack of access did not land. Any other `Indeterminate` stays.
+    - Everything else (our other errors, a bug) stays as it is.
+
+    The translation never turns a determinate error into an indeterminate one, nor the other
+    way except for the refused access above."""
+    if isinstance(error, Indeterminate):
+        cause = storage_cause(error)
+        if cause is None or not is_access_error(cause):
+            return None
+        return storage_error(cause, location, doing)
+    if isinstance(error, StorageError):
+        if error.cause is None or not is_certain_refusal(error.cause):
+            return None
+        return storage_error(error.cause, location, doing)
+    if is_storage_error(error):
+        return storage_error(error, location, doing)
+    return None
 
 
 def temporary_name() -> str:

@@ -94,6 +94,7 @@ from persistshard.errors import (
     CorruptData,
     Indeterminate,
     InvalidOption,
+    StorageError,
     StorageUnsupported,
     storage_error,
 )
@@ -234,7 +235,7 @@ def create_or_read(blob: Blob, key: str, data: bytes) -> bytes | None:
     try:
         if blob.put_if_absent(key, data):
             return data
-    except StorageUnsupported:
+    except (StorageUnsupported, StorageError):  # certain: never read back as "unknown"
         raise
     except OSError as e:
         if is_certain_refusal(e):
@@ -267,7 +268,7 @@ def probe_atomic_create(blob: Blob) -> None:
             )
         try:
             again: bool | None = blob.put_if_absent(key, second)
-        except StorageUnsupported:
+        except (StorageUnsupported, StorageError):
             raise
         except OSError:
             again = None  # what is stored now tells
@@ -510,7 +511,7 @@ class BlobConsensus(Consensus):
         raw = _wrap(prev_digest, data)
         try:
             created = self.blob.put_if_absent(_key(new_version), raw)
-        except StorageUnsupported:
+        except (StorageUnsupported, StorageError):  # certain: nothing was created
             raise
         except OSError as e:
             created = self._read_back(new_version, raw, e)

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from persistshard.core.storage.blob import Blob, BlobMeta, BlobWrapper, is_certain_refusal
-from persistshard.errors import storage_error
+from persistshard.errors import StorageError, storage_error
 
 if TYPE_CHECKING:
     from persistshard.core.statemachine.state import ShardState
@@ -257,7 +257,8 @@ def _done(name: str, started: float, failed: BaseException | None, counts: bool)
         op = _CURRENT.get()
         if op is not None:
             op.request()
-    if failed is not None and isinstance(failed, OSError):
+    # A StorageError is an OSError our code raised, its store error counted where it began.
+    if isinstance(failed, OSError) and not isinstance(failed, StorageError):
         REGISTRY.inc("store_errors")
         log.warning("store error: %s failed: %s: %s", name, type(failed).__name__, failed)
 

@@ -80,7 +80,7 @@ from persistshard.core.storage.consensus import (
     refuse_other_home,
 )
 from persistshard.core.storage.layout import canonical_location
-from persistshard.errors import CorruptData, Indeterminate, InvalidOption, InvalidUpdates
+from persistshard.errors import CorruptData, Indeterminate, InvalidOption
 
 log = logging.getLogger("persistshard.core.storage.sqlconsensus")
 
@@ -142,7 +142,7 @@ def open_consensus(url: str, shard: str, home: Blob | None = None) -> Consensus:
         return SqliteConsensus(url, shard, home)
     if scheme in POSTGRES_SCHEMES:
         return PostgresConsensus(url, shard, home)
-    raise InvalidUpdates(
+    raise InvalidOption(
         f"consensus {redact_url(url)!r} is no consensus URL this version knows; use "
         "sqlite:///path/to/file.db (one machine) or postgresql://user@host:port/database",
         location=shard,
@@ -390,14 +390,14 @@ class SqliteConsensus(_SqlConsensus):
     def __init__(self, url: str, shard: str, home: Blob | None = None) -> None:
         super().__init__(url, shard, home)
         if not url.split(":", 1)[1].startswith("///"):
-            raise InvalidUpdates(
+            raise InvalidOption(
                 f"consensus {self.redacted!r}: a SQLite URL is sqlite:///relative/path.db or "
                 "sqlite:////absolute/path.db",
                 location=shard,
             )
         path = _sqlite_path(url)
         if path is None:
-            raise InvalidUpdates(
+            raise InvalidOption(
                 f"consensus {self.redacted!r} names no file; an in-memory SQLite database "
                 "lives in one connection, use MemoryConsensus for that",
                 location=shard,
@@ -654,7 +654,7 @@ class PostgresConsensus(_SqlConsensus):
         try:
             import psycopg
         except ImportError as e:  # pragma: no cover - depends on the installed extras
-            raise InvalidUpdates(
+            raise InvalidOption(
                 f"consensus {self.redacted} needs psycopg 3: pip install 'persistshard[postgres]'",
                 location=self.shard,
             ) from e

@@ -66,7 +66,9 @@ from persistshard.core.write.diff import (
 )
 from persistshard.core.write.validate import normalize_updates, user_schema
 from persistshard.errors import (
+    InvalidOption,
     InvalidUpdates,
+    StorageError,
     StorageUnsupported,
     WriterAlreadyCommitted,
 )
@@ -204,7 +206,7 @@ class WriteTransaction:
         mistyped location would otherwise mix a shard into someone's data)."""
         found = foreign_keys(self._machine.blob)
         if found:
-            raise InvalidUpdates(
+            raise InvalidOption(
                 f"the location holds files but no shard (for example {', '.join(found)}); "
                 "refusing to create a shard among them: choose a new or empty location",
                 location=self.location,
@@ -220,8 +222,8 @@ class WriteTransaction:
             is_file = bool(blob.root) and blob.fs.isfile(blob.root)
         except OSError:
             is_file = False
-        if is_file:
-            raise InvalidUpdates(
+        if is_file:  # what `persistshard.errors.storage_error` says of a NotADirectoryError
+            raise StorageError(
                 f"cannot write the shard at {self.location}: NotADirectoryError: it is a "
                 "file; a shard is a directory (or prefix) of its own",
             )

@@ -39,7 +39,7 @@ from persistshard.core.statemachine.state import (
     schema_from_b64,
     schema_to_b64,
 )
-from persistshard.errors import InvalidUpdates, WriterAlreadyCommitted
+from persistshard.errors import InvalidOption, InvalidUpdates, WriterAlreadyCommitted
 
 
 @dataclass(frozen=True)
@@ -145,7 +145,7 @@ class Append(Commit):
         else:
             new_upper, batch = rebased.upper, rebased
         if new_upper < state.upper:
-            raise InvalidUpdates(
+            raise InvalidOption(
                 f"new upper {new_upper} is below the shard's upper {state.upper}; upper only "
                 "moves forward",
                 location=location,

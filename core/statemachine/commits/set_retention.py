@@ -1,7 +1,7 @@
 """``set_retention``: the history retention is set or cleared
 (`persistshard.core.statemachine.retention`).
 
-Precondition: a valid retention (a positive window, 1..1000 versions; else `InvalidUpdates`).
+Precondition: a valid retention (a positive window, 1..1000 versions; else `InvalidOption`).
 Effect: sets the retention (None clears it and its marks); the current version counts as
 committed now (its real commit time may be older; counting it later only keeps history
 longer), and since follows the new retention at once. The one kind that may change the
@@ -16,7 +16,7 @@ from typing import Any
 from persistshard.core.statemachine import retention as ret
 from persistshard.core.statemachine.commits.base import Commit
 from persistshard.core.statemachine.state import ShardState, follow_retention
-from persistshard.errors import InvalidUpdates
+from persistshard.errors import InvalidOption
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class SetRetention(Commit):
             return replace(state, retention=None, retention_marks=())
         problem = retention.problem()
         if problem is not None:
-            raise InvalidUpdates(f"set_retention: {problem}", location=location)
+            raise InvalidOption(f"set_retention: {problem}", location=location)
         marks = state.retention_marks
         if state.upper > 0 and not marks and self.at_ms is not None:
             marks = ((self.at_ms, state.upper),)
