@@ -128,3 +128,115 @@ def test_put_whose_temporary_vanished_is_retried(tmp_path, monkeypatch):
     vanish["times"] = 1
     Shard(shard_location, inline_bytes=0).append(pa.table({"id": [1]}))
     assert Shard(shard_location).upper == 1
+
+
+class TimingOut(BlobWrapper):
+    """The next ``reads`` reads time out (the answer never came), as on a flaky network;
+    writes work."""
+
+    def __init__(self, inner: Blob, reads: int) -> None:
+        super().__init__(inner)
+        self.reads = reads
+
+    def _maybe_time_out(self, key: str) -> None:
+        if self.reads > 0:
+            self.reads -= 1
+            raise TimeoutError(f"injected: reading {key} timed out")
+
+    def get(self, key: str) -> bytes | None:
+        self._maybe_time_out(key)
+        return self.inner.get(key)
+
+    def list(self, prefix: str = "") -> list:
+        self._maybe_time_out(prefix)
+        return self.inner.list(prefix)
+
+
+@pytest.mark.parametrize("reads", [2, 3, 5])
+def test_a_timeout_before_any_attempt_is_a_determinate_storage_error(existing, reads):
+    """A raw `TimeoutError` reading the state a write plans on, before any compare-and-set,
+    escaped `compare_and_append` as it is. Nothing can have been applied: it is
+    `StorageError` (an `OSError` still), naming the shard, with the timeout as its cause."""
+    blob = TimingOut(Blob(existing), reads)
+    shard = Shard(existing, blob=blob)
+    with pytest.raises(StorageError) as info:
+        shard.compare_and_append(pa.table({"id": [9], "_time": [3], "_diff": [1]}), 3, 4)
+    assert not isinstance(info.value, Indeterminate)
+    assert isinstance(info.value, OSError)
+    assert isinstance(info.value.__cause__, TimeoutError)
+    assert str(info.value).startswith("StorageError: ") and "TimeoutError" in str(info.value)
+    assert shard.location in str(info.value)
+    assert Shard(existing).upper == 3  # nothing applied: the same write now lands
+    Shard(existing).compare_and_append(pa.table({"id": [9], "_time": [3], "_diff": [1]}), 3, 4)
+
+
+def test_a_timeout_on_a_commits_first_state_read_is_a_determinate_storage_error(existing):
+    """The commit loop's own first state read (no attempt made yet) times out: the machine
+    says `StorageError`, not the raw `TimeoutError` (which reads as "may have landed")."""
+    from persistshard.core.statemachine.commits.advance_since import AdvanceSince
+    from persistshard.core.storage.layout import new_id
+
+    blob = TimingOut(Blob(existing), 0)
+    shard = Shard(existing, blob=blob)
+    blob.reads = 3
+    with pytest.raises(StorageError) as info:
+        shard.machine.commit(AdvanceSince(1, id=new_id()))
+    assert isinstance(info.value.__cause__, TimeoutError)
+    assert "nothing was applied" in str(info.value)
+    assert Shard(existing).since == 0
+
+
+class RefusingEntries(BlobWrapper):
+    """Every conditional create of a log entry is refused for certain with `StorageError`,
+    as the store raises it when a put's temporary file was deleted twice under it (nothing
+    was published)."""
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        if key.startswith("consensus/v"):
+            raise StorageError(
+                f"injected: cannot write {key}: nothing was published",
+                location=self.inner.url,
+                cause=FileNotFoundError(errno.ENOENT, "No such file or directory", key),
+            )
+        return self.inner.put_if_absent(key, data)
+
+
+def test_a_storage_error_in_the_stores_compare_and_set_stays_determinate(existing):
+    """`StorageError` is an `OSError`; the consensus reads a failed create back ("it may have
+    been applied") and the commit loop takes an `OSError` from the compare-and-set for an
+    ambiguous attempt. A certain refusal must pass both as it is: never `Indeterminate`."""
+    before = Shard(existing).state()
+    shard = Shard(existing, blob=RefusingEntries(Blob(existing)), inline_bytes=0)
+    with pytest.raises(StorageError, match="injected") as info:
+        shard.append(pa.table({"id": [9]}))
+    assert not isinstance(info.value, Indeterminate)
+    assert Shard(existing).state() == before
+
+
+def test_a_storage_error_from_a_consensus_compare_and_set_is_not_indeterminate(existing):
+    """A consensus that refuses a compare-and-set for certain raises `StorageError` (its own
+    translation of a permission error); the commit loop must not read it as a lost answer."""
+    shard = Shard(existing)
+    calls = []
+
+    def refuse(expected: int | None, data: bytes) -> bool:
+        calls.append(expected)
+        raise StorageError("injected: commit refused, nothing was applied", cause=None)
+
+    shard.consensus.compare_and_set = refuse  # type: ignore[method-assign]
+    before = Shard(existing).state()
+    with pytest.raises(StorageError, match="injected") as info:
+        shard.advance_since(1)
+    assert not isinstance(info.value, Indeterminate)
+    assert len(calls) == 1  # said at once: not retried as an unknown outcome
+    assert Shard(existing).state() == before
+
+
+def test_the_linearizability_recorder_keeps_a_storage_error_certain():
+    """The conformance recorder sorts an append's error into refused, failed (certainly not
+    applied) or unknown; `StorageError` is an `OSError` now, and stays "failed"."""
+    from persistshard.conformance.recorder import _classify
+
+    assert _classify(StorageError("refused"))[0] == "failed"
+    assert _classify(TimeoutError("lost"))[0] == "unknown"
+    assert _classify(Indeterminate("lost"))[0] == "unknown"

@@ -482,6 +482,9 @@ class StateMachine:
             stamped = replace(stamped, metrics=done)
             entry = Entry(stamped, rollup[0], rollup[1], at_ms=now)
             encoded = entry.encode()
+            op = metrics.current()
+            if op is not None:
+                op.attempting()  # from here this commit may land
             try:
                 ok = self.consensus.compare_and_set(current.version or None, encoded)
             except StorageError:

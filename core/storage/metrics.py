@@ -41,8 +41,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from persistshard.core.storage.blob import Blob, BlobMeta, BlobWrapper, is_certain_refusal
-from persistshard.errors import StorageError, storage_error
+from persistshard.core.storage.blob import (
+    Blob,
+    BlobMeta,
+    BlobWrapper,
+    as_storage_error,
+    is_certain_refusal,
+)
+from persistshard.errors import StorageError
 
 if TYPE_CHECKING:
     from persistshard.core.statemachine.state import ShardState
@@ -157,6 +163,9 @@ class Operation:
         self._lock = threading.Lock()
         self.requests = 0
         self.extra: dict[str, int] = {}
+        #: Compare-and-sets this operation's commits tried (`attempting`): none means nothing
+        #: it did can have been applied, so a storage error that ends it is determinate.
+        self.attempts = 0
 
     def request(self) -> None:
         with self._lock:
@@ -166,6 +175,11 @@ class Operation:
         """Add ``n`` to the extra figure ``name`` (``rows_in``, ``task_store_requests``...)."""
         with self._lock:
             self.extra[name] = self.extra.get(name, 0) + n
+
+    def attempting(self) -> None:
+        """A commit of this operation is about to try its compare-and-set (it may land)."""
+        with self._lock:
+            self.attempts += 1
 
     def landed(self) -> None:
         """A commit of this operation landed: what follows is counted toward its next commit
@@ -217,22 +231,29 @@ T = TypeVar("T")
 
 def operation_method(name: str) -> Callable[[F], F]:
     """Decorate a method so that each call runs in its own operation scope (`operation`).
-    A storage refusal that is certain (`persistshard.core.storage.blob.is_certain_refusal`:
-    permission denied, read-only, disk full) escaping the operation is `StorageError`,
-    named after the operation and the object's ``location``: every path that writes before
-    it commits (parts, rollups, merged parts) refuses the same way."""
+    A raw storage error escaping the operation is `StorageError` (`as_storage_error`), named
+    after the operation and the object's ``location``, when it is determinate: a certain
+    refusal (`persistshard.core.storage.blob.is_certain_refusal`: permission denied,
+    read-only, disk full), or any storage error met before a commit of the operation tried
+    its compare-and-set (a timeout reading the state a write plans on: nothing was applied).
+    After such an attempt another storage error stays as it is (it may follow a landed
+    commit). Every path that writes before it commits (parts, rollups, merged parts) refuses
+    the same way; our own errors (a `StorageError` included) pass unchanged."""
 
     def wrap(fn: F) -> F:
         @functools.wraps(fn)
         def inner(*args: Any, **kwargs: Any) -> Any:
-            with operation(name):
+            with operation(name) as op:
                 try:
                     return fn(*args, **kwargs)
                 except OSError as e:
-                    if not is_certain_refusal(e):
+                    if isinstance(e, StorageError) or (op.attempts and not is_certain_refusal(e)):
                         raise
                     location = getattr(args[0], "location", None) if args else None
-                    raise storage_error(e, location, name) from e
+                    translated = as_storage_error(e, location, name)
+                    if translated is None:
+                        raise
+                    raise translated from e
 
         return inner  # type: ignore[return-value]
 
