@@ -80,7 +80,8 @@ class PersistShardDataSource(DataSource):
                 "a table's OPTIONS are stored in Spark's catalog, so a consensus URL with a "
                 f"password ({redact_url(consensus)}) is refused there; give the password "
                 "through the database's own configuration (PGPASSWORD, ~/.pgpass), or pass "
-                "consensus per statement: WITH ('consensus' = '...')"
+                "consensus per statement: WITH ('consensus' = '...')",
+                location=location,
             )
         fsspec_names = sorted(k for k in secrets if k != "consensus")
         if creating and fsspec_names:
@@ -90,7 +91,8 @@ class PersistShardDataSource(DataSource):
                 f"a table's OPTIONS are stored in Spark's catalog, so storage options "
                 f"({', '.join(fsspec_names)}) are refused there; configure the storage "
                 "through fsspec instead (FSSPEC_<PROTOCOL>_<NAME> environment variables or an "
-                "fsspec config file), or pass storage.<name> options per statement"
+                "fsspec config file), or pass storage.<name> options per statement",
+                location=location,
             )
         with storage_errors(location, "read the shard"):
             shard = open_shard(location, **secrets)

@@ -262,8 +262,9 @@ class PartWriter:
     the `PartInfo`. Input must match `schema` (column names and types; dictionary columns are
     stored decoded, and may arrive encoded, with any index type, or decoded); rows in a
     non-nullable top-level column must not be null, and `_time`/`_diff`, when present, must
-    be non-null int64. Violations raise `InvalidUpdates` before anything of that call is
-    written. Errors of the sink propagate; after any error the sink holds no valid part.
+    be non-null int64. Violations raise `InvalidUpdates` (bad arguments: `InvalidOption`)
+    before anything of that call is written. Errors of the sink propagate; after any error
+    the sink holds no valid part.
     """
 
     def __init__(

@@ -17,7 +17,7 @@ import pytest
 from pyspark.sql.types import DoubleType, LongType, StringType, StructField, StructType
 
 import persistshard as ps
-from persistshard.errors import InvalidUpdates
+from persistshard.errors import InvalidOption
 
 
 def _shard(location: str) -> None:
@@ -122,7 +122,7 @@ def test_with_diff_sums_per_distinct_projected_row(tmp_path: Any) -> None:
     big = _read(location, StructType([FULL["name"], diff]), with_diff="true", where="_diff > 44")
     assert sorted(big, key=repr) == sorted(((k, v) for k, v in sums.items() if v > 44), key=repr)
     assert 0 < len(big) < len(got)
-    with pytest.raises(InvalidUpdates, match=r"id is not among the columns of \.schema"):
+    with pytest.raises(InvalidOption, match=r"id is not among the columns of \.schema"):
         _read(
             location,
             StructType([FULL["name"], diff]),
@@ -144,7 +144,7 @@ def test_a_schema_the_shard_cannot_serve_is_refused(
 ) -> None:
     location = str(tmp_path / "s")
     _shard(location)
-    with pytest.raises(InvalidUpdates, match=says) as info:
+    with pytest.raises(InvalidOption, match=says) as info:
         _read(location, StructType([FULL["id"], field]))
     if "does not have" in says or "type" in says:
         assert "its columns are: id bigint, name string, value double" in str(info.value)

@@ -178,7 +178,7 @@ def test_reclocking_options_are_checked(log_source, tmp_path):
     spark = log_source
     df = spark.createDataFrame([("a", 1, "x")], "part STRING, offset BIGINT, v STRING")
     remap = str(tmp_path / "remap")
-    with pytest.raises(Exception, match="InvalidUpdates: option source_partition_column names"):
+    with pytest.raises(Exception, match="InvalidOption: option source_partition_column names"):
         df.write.format("persistshard").mode("append").option("remap", remap).save(
             str(tmp_path / "o")
         )

@@ -389,7 +389,7 @@ def test_sql_create_insert_overwrite_select(spark, tmp_path):
 def test_sql_without_location_says_how(spark):
     spark.sql("CREATE TABLE nowhere (id BIGINT) USING persistshard")
     try:
-        with pytest.raises(Exception, match=r"InvalidUpdates: no shard location.*CREATE TABLE"):
+        with pytest.raises(Exception, match=r"InvalidOption: no shard location.*CREATE TABLE"):
             spark.sql("INSERT INTO nowhere VALUES (1)")
     finally:
         spark.sql("DROP TABLE IF EXISTS nowhere")

@@ -30,7 +30,7 @@ pytestmark = pytest.mark.spark
 
 #: Every refusal names the statement form that works.
 REFUSED = (
-    r"InvalidUpdates: (refused to write|no shard location reached this write).*"
+    r"InvalidOption: (refused to write|no shard location reached this write).*"
     r"WITH \('path' = "
 )
 
@@ -205,7 +205,7 @@ def test_a_table_made_before_the_marker_is_refused_not_misdirected(spark, tmp_pa
     spark.catalog.createTable(name, source="persistshard", schema=schema, path=loc)
     try:
         assert spark.table(name).schema["id"].metadata.get(LOCATION_KEY) == location
-        with pytest.raises(Exception, match=r"InvalidUpdates: refused to write .*re-create it"):
+        with pytest.raises(Exception, match=r"InvalidOption: refused to write .*re-create it"):
             spark.sql(f"INSERT INTO {name} VALUES (2)")
         assert [r.id for r in spark.table(name).collect()] == [1]
     finally:

@@ -23,7 +23,7 @@ from persistshard.datasource.upsert import (
     stage_task,
 )
 from persistshard.datasource.writer import StreamTaskWritten
-from persistshard.errors import InvalidUpdates
+from persistshard.errors import InvalidOption
 
 SCHEMA = StructType([StructField("id", LongType()), StructField("v", StringType())])
 
@@ -95,7 +95,7 @@ def test_upsert_options_are_checked_before_any_task(
     spark: Any, location: str, mode: str, options: dict[str, str], message: str
 ) -> None:
     df = spark.createDataFrame([(1, "a")], "id long, v string")
-    with pytest.raises(Exception, match="InvalidUpdates: .*" + message):
+    with pytest.raises(Exception, match="InvalidOption: .*" + message):
         df.write.format("persistshard").mode(mode).options(**options).save(location)
     assert ps.open_shard(location).upper == 0
 
@@ -342,9 +342,9 @@ def test_stream_writer_refusals(location: str) -> None:
     """Complete mode (Spark passes overwrite=True) and a missing writer_id are refused when
     the stream starts, with what to do instead."""
     options = {"path": location, "key_columns": "id", "writer_id": "w"}
-    with pytest.raises(InvalidUpdates, match=r"outputMode\('complete'\) replaces the whole"):
+    with pytest.raises(InvalidOption, match=r"outputMode\('complete'\) replaces the whole"):
         UpsertStreamWriter(options, SCHEMA, True)
-    with pytest.raises(InvalidUpdates, match="needs option writer_id"):
+    with pytest.raises(InvalidOption, match="needs option writer_id"):
         UpsertStreamWriter({"path": location, "key_columns": "id"}, SCHEMA, False)
-    with pytest.raises(InvalidUpdates, match="batch_id is for batch writes"):
+    with pytest.raises(InvalidOption, match="batch_id is for batch writes"):
         UpsertStreamWriter({**options, "batch_id": "1"}, SCHEMA, False)

@@ -27,7 +27,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 import persistshard as ps
 from persistshard.core.read.filters import Pred, WhereSyntaxError, bind_where, parse_where
-from persistshard.errors import InvalidUpdates
+from persistshard.errors import InvalidOption
 
 SCHEMA = pa.schema(
     [
@@ -166,7 +166,7 @@ def test_where_on_diff_and_time_filters_the_final_rows(tmp_path: Any) -> None:
     got = _rows(_reader(location, "_time = 1 AND _diff < 0", changes, updates_from="0"))
     assert [(r["k"], r["_time"], r["_diff"]) for r in got] == [(1, 1, -1)]
     plain = StructType([StructField("k", LongType())])
-    with pytest.raises(InvalidUpdates, match=r"option where '_diff > 0' cannot be applied"):
+    with pytest.raises(InvalidOption, match=r"option where '_diff > 0' cannot be applied"):
         _rows(_reader(location, "_diff > 0", plain))  # a snapshot without _diff has none
 
 
@@ -174,9 +174,9 @@ def test_a_bad_where_fails_before_anything_is_read(tmp_path: Any) -> None:
     location = str(tmp_path / "s")
     ps.open_shard(location).append(pa.table({"k": [1], "_time": [0], "_diff": [1]}), new_upper=1)
     schema = StructType([StructField("k", LongType())])
-    with pytest.raises(InvalidUpdates, match=r"InvalidUpdates: option where 'k <' cannot be"):
+    with pytest.raises(InvalidOption, match=r"InvalidOption: option where 'k <' cannot be"):
         _reader(location, "k <", schema)
-    with pytest.raises(InvalidUpdates, match=r"option where 'kk = 1'.*no column 'kk'"):
+    with pytest.raises(InvalidOption, match=r"option where 'kk = 1'.*no column 'kk'"):
         _reader(location, "kk = 1", schema).partitions()
 
 
