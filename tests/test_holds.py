@@ -12,7 +12,7 @@ from conformance_helpers import rows_of, updates
 
 import persistshard as ps
 from persistshard.core.storage import layout
-from persistshard.errors import HoldExpired, InvalidUpdates, SinceViolation
+from persistshard.errors import HoldExpired, InvalidOption, SinceViolation
 
 
 class Clock:
@@ -48,7 +48,7 @@ def test_register_holds_the_current_since_and_ids_are_unique(shard):
     hold = shard.register_reader("dash", lease_seconds=60)
     assert hold.since == 2
     assert shard.readers()["dash"][0] == 2
-    with pytest.raises(InvalidUpdates, match="InvalidUpdates: reader 'dash' is already registered"):
+    with pytest.raises(InvalidOption, match="InvalidOption: reader 'dash' is already registered"):
         shard.register_reader("dash")
     other = ps.open_shard(shard.location)  # another process sees the hold in the state
     assert set(other.readers()) == {"dash"}
@@ -118,9 +118,9 @@ def test_with_block_releases_the_hold(shard):
 
 
 def test_bad_leases_and_ids_are_refused(shard):
-    with pytest.raises(InvalidUpdates, match="lease_seconds must be positive"):
+    with pytest.raises(InvalidOption, match="lease_seconds must be positive"):
         shard.register_reader("r", lease_seconds=0)
-    with pytest.raises(InvalidUpdates, match="non-empty"):
+    with pytest.raises(InvalidOption, match="non-empty"):
         shard.register_reader("")
 
 

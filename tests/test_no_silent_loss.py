@@ -71,7 +71,7 @@ def test_no_shard_in_a_directory_of_other_files(tmp_path):
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "orders.csv").write_text("id\n1\n")
     shard = ps.open_shard(str(tmp_path / "data"))
-    with pytest.raises(ps.InvalidUpdates, match=r"holds files but no shard .*orders\.csv"):
+    with pytest.raises(ps.InvalidOption, match=r"^InvalidOption: .*holds files but .*orders\.csv"):
         shard.append(pa.table({"id": [1], "_time": [0], "_diff": [1]}))
     assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["orders.csv"]
     # An existing shard keeps working, whatever else appears next to it.

@@ -148,7 +148,7 @@ def test_source_upper_at_and_resume_frontier(tmp_path, remap):
     assert json.loads(ps.resume_offsets(out2.location, remap=remap.location)) == {
         "t": {"0": 20, "1": 5}
     }
-    with pytest.raises(ps.InvalidUpdates, match=r"^InvalidUpdates: resume_frontier needs"):
+    with pytest.raises(ps.InvalidOption, match=r"^InvalidOption: resume_frontier needs"):
         ps.resume_frontier(remap.location, [])
 
 
@@ -178,7 +178,7 @@ def test_remap_survives_compaction_and_since(remap):
 def test_a_shard_with_other_columns_is_not_a_remap(tmp_path):
     shard = ps.open_shard(str(tmp_path / "orders"))
     shard.append(updates([(1, "x", 0, 1)]))
-    with pytest.raises(ps.InvalidUpdates, match=r"^InvalidUpdates: the shard at .* is not a remap"):
+    with pytest.raises(ps.InvalidOption, match=r"^InvalidOption: the shard at .* is not a remap"):
         ps.open_remap(shard.location).bindings()
 
 

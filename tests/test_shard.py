@@ -91,7 +91,7 @@ def test_seal_moves_upper_only_forward(shard):
     shard.seal(3)
     assert shard.upper == 3
     shard.seal(3)
-    with pytest.raises(ps.InvalidUpdates, match=r"^InvalidUpdates: cannot seal at 2"):
+    with pytest.raises(ps.InvalidOption, match=r"^InvalidOption: cannot seal at 2"):
         shard.seal(2)
 
 

@@ -341,7 +341,7 @@ def test_errors_a_user_can_act_on(spark, table, tmp_path):
     assert "OPTIONS" not in str(e.value)
     with pytest.raises(Exception) as e:
         spark.read.format("persistshard").option("updates_from", 100).load(loc).collect()
-    assert "updates_from 100 is after the shard's upper 1" in str(e.value)
+    assert "InvalidOption: updates_from 100 is after the shard's upper 1" in str(e.value)
     assert "updates_to" not in str(e.value)
     bad_time = spark.createDataFrame([(2, "y", "later")], "id BIGINT, item STRING, _time STRING")
     with pytest.raises(Exception) as e:

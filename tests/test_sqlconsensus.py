@@ -33,7 +33,7 @@ from persistshard.core.storage.sqlconsensus import (
     redact_url,
     url_has_password,
 )
-from persistshard.errors import InvalidOption, InvalidUpdates
+from persistshard.errors import InvalidOption
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.database)])
@@ -228,7 +228,7 @@ def test_credentials_never_show(postgres_url, tmp_path):
     with pytest.raises(OSError) as e:
         consensus.head()
     assert secret not in str(e.value) and "other-secret" not in str(e.value)
-    with pytest.raises(InvalidUpdates) as bad:
+    with pytest.raises(InvalidOption) as bad:
         open_consensus(f"mysql://u:{secret}@h/db", "file:///x")
     assert secret not in str(bad.value)
 
@@ -245,7 +245,7 @@ def test_sqlite_url_forms(tmp_path):
     c: Consensus = open_consensus(f"sqlite:///{tmp_path}/a.db", "file:///x")
     assert c.compare_and_set(None, b"1")
     for bad in ("sqlite://relative.db", "sqlite:///:memory:", "sqlite:///"):
-        with pytest.raises(InvalidUpdates):
+        with pytest.raises(InvalidOption, match=r"^InvalidOption: consensus"):
             open_consensus(bad, "file:///x")
 
 

@@ -32,7 +32,7 @@ import pyarrow as pa
 from persistshard.core.rows import DIFF, TIME
 from persistshard.core.statemachine.holds import ReaderHold
 from persistshard.core.storage.layout import new_id
-from persistshard.errors import HoldExpired, Indeterminate, SinceViolation, StorageError
+from persistshard.errors import HoldExpired, Indeterminate, SinceViolation
 
 log = logging.getLogger("persistshard.core.read.listen")
 
@@ -102,8 +102,6 @@ class Listen:
         try:
             self.hold.downgrade_since(upper - 1)
             self._renewed = time.monotonic()
-        except StorageError:
-            raise  # refused for certain (a read-only location): said, not logged away
         except (OSError, Indeterminate, HoldExpired) as e:
             # The updates are read and the frontier has moved: deliver them (raising here
             # would lose them). The hold stays where it was, which only keeps since lower
