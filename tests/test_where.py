@@ -362,7 +362,7 @@ def test_a_stream_refuses_where(spark: Any, tmp_path: Any) -> None:
         .option("where", "k = 1")
         .load(location)
     )
-    with pytest.raises(Exception, match=r"InvalidOption: option where 'k = 1' applies to batch reads only"):
+    with pytest.raises(Exception, match=r"InvalidOption: option where 'k = 1' applies to batch"):
         query = stream.writeStream.format("memory").queryName("where_stream").start()
         try:
             query.processAllAvailable()
