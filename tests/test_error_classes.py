@@ -88,20 +88,6 @@ def part_metadata(shard: Shard, tmp_path: Any) -> None:
     PartWriter(io.BytesIO(), pa.schema([("id", pa.int64())]), metadata={"k": 1})  # type: ignore[dict-item]
 
 
-#: name -> (trigger, a fragment of the message, whether the message names the shard)
-OPTIONS: dict[str, tuple[Callable[[Shard, Any], None], str, bool]] = {
-    "below_expected_upper": (below_expected_upper, "below the expected upper 3", True),
-    "append_commit_backwards": (append_commit_backwards, "new upper 2 is below", True),
-    "write_lease_not_positive": (write_lease_not_positive, "lease_seconds must be", False),
-    "updates_range_backwards": (updates_range_backwards, "updates_from 2 is after", True),
-    "follow_since_without_outputs": (follow_since_without_outputs, "needs every output", False),
-    "part_chunk_bytes": (part_chunk_bytes, "chunk_bytes must be positive", False),
-    "part_compression_level": (part_compression_level, "compression_level must be in", False),
-    "part_sort_column": (part_sort_column, "sort column 'nope' is not in", False),
-    "part_metadata": (part_metadata, "part metadata must map str to str", False),
-}
-
-
 def test_bad_data_stays_invalid_updates(shard):
     """The other side of the line: a refusal of the data itself is still `InvalidUpdates`."""
     for bad in (
@@ -241,7 +227,17 @@ def log_starting_offsets_negative(shard: Shard, tmp_path: Any) -> None:
     parse_starting_offsets('{"t-0": -1}', str(tmp_path / "log"))
 
 
-SPARK_PATHS: dict[str, tuple[Callable[[Shard, Any], None], str, bool]] = {
+#: name -> (trigger, a fragment of the message, whether the message names the shard)
+OPTIONS: dict[str, tuple[Callable[[Shard, Any], None], str, bool]] = {
+    "below_expected_upper": (below_expected_upper, "below the expected upper 3", True),
+    "append_commit_backwards": (append_commit_backwards, "new upper 2 is below", True),
+    "write_lease_not_positive": (write_lease_not_positive, "lease_seconds must be", False),
+    "updates_range_backwards": (updates_range_backwards, "updates_from 2 is after", True),
+    "follow_since_without_outputs": (follow_since_without_outputs, "needs every output", False),
+    "part_chunk_bytes": (part_chunk_bytes, "chunk_bytes must be positive", False),
+    "part_compression_level": (part_compression_level, "compression_level must be in", False),
+    "part_sort_column": (part_sort_column, "sort column 'nope' is not in", False),
+    "part_metadata": (part_metadata, "part metadata must map str to str", False),
     "read_updates_past_upper": (read_updates_past_upper, "updates_from 9 is after", True),
     "time_column_unknown": (time_column_unknown, "option time_column names column 'ts'", True),
     "upper_below_lower": (upper_below_lower, "option upper 1 is below the write's lower", True),
@@ -259,7 +255,6 @@ SPARK_PATHS: dict[str, tuple[Callable[[Shard, Any], None], str, bool]] = {
     "log_starting_offsets_not_an_object": (log_starting_offsets_not_an_object, "a JSON obj", False),
     "log_starting_offsets_negative": (log_starting_offsets_negative, "has offset -1", False),
 }
-OPTIONS.update(SPARK_PATHS)
 
 
 @pytest.mark.parametrize("name", sorted(OPTIONS))
