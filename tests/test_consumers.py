@@ -24,7 +24,6 @@ from persistshard.core.storage.layout import ROLLUP_EVERY
 from persistshard.errors import (
     Indeterminate,
     InvalidOption,
-    InvalidUpdates,
     NoShard,
     SinceViolation,
     StateConflict,
@@ -166,7 +165,7 @@ def test_the_commit_itself_refuses_a_move_back_or_past_the_upper(shard):
     c = shard.consumer("etl")
     c.advance(3, expected=0)
     for to in (2, 7):
-        with pytest.raises(InvalidUpdates, match="forward only, and never past the upper 6"):
+        with pytest.raises(InvalidOption, match="forward only, and never past the upper 6"):
             shard._machine.commit(AdvanceConsumer("etl", 3, to, id=f"forged-{to}"))
     assert shard.consumers() == {"etl": 3}
 
