@@ -308,7 +308,8 @@ def db_url(request, tmp_path) -> str:
 def test_lost_database_answers_on_advances_resolve_and_a_racing_handle_loses(tmp_path, db_url):
     """On a database consensus: compare-and-sets of advances fail before they are made or are
     applied and their answer lost, at random (seeded). Each advance is reported landed, or
-    fails (Indeterminate, or the injected TimeoutError of a read) and is then found landed or
+    fails (Indeterminate, or the injected TimeoutError of a read: raw, or a StorageError
+    when the commit met it before any attempt) and is then found landed or
     not by reading; every move lands exactly once, and
     a handle that raced from an old position loses with the actual one."""
     location = str(tmp_path / "s")
@@ -326,7 +327,7 @@ def test_lost_database_answers_on_advances_resolve_and_a_racing_handle_loses(tmp
             try:
                 c.advance(to, expected=position)
                 break
-            except (Indeterminate, TimeoutError):  # a read failed, or an answer was lost
+            except (Indeterminate, OSError):  # a read failed, or an answer was lost
                 landed = ps.open_shard(location, consensus=db_url).consumers()["etl"]
                 assert landed in (position, to)
                 if landed == to:

@@ -57,11 +57,11 @@ def below_expected_upper(shard: Shard, tmp_path: Any) -> None:
 
 def append_commit_backwards(shard: Shard, tmp_path: Any) -> None:
     """The commit's own check (a caller that builds the commit by hand)."""
-    shard.machine.commit(Append(3, 2, Batch("w", 3, 2, ()), id=new_id()))
+    shard._machine.commit(Append(3, 2, Batch("w", 3, 2, ()), id=new_id()))
 
 
 def write_lease_not_positive(shard: Shard, tmp_path: Any) -> None:
-    renew(shard.machine, "w", -1.0)
+    renew(shard._machine, "w", -1.0)
 
 
 def updates_range_backwards(shard: Shard, tmp_path: Any) -> None:
@@ -192,9 +192,9 @@ def where_on_a_stream(shard: Shard, tmp_path: Any) -> None:
 
 
 def stream_task_outside_a_stream(shard: Shard, tmp_path: Any) -> None:
-    from persistshard.datasource.sinks import _batch_id
+    from persistshard.datasource.replay import task_batch_id
 
-    _batch_id()
+    task_batch_id()
 
 
 def log_source_without_a_path(shard: Shard, tmp_path: Any) -> None:

@@ -180,7 +180,7 @@ def test_a_timeout_on_a_commits_first_state_read_is_a_determinate_storage_error(
     shard = Shard(existing, blob=blob)
     blob.reads = 3
     with pytest.raises(StorageError) as info:
-        shard.machine.commit(AdvanceSince(1, id=new_id()))
+        shard._machine.commit(AdvanceSince(1, id=new_id()))
     assert isinstance(info.value.__cause__, TimeoutError)
     assert "nothing was applied" in str(info.value)
     assert Shard(existing).since == 0
