@@ -231,12 +231,3 @@ def test_a_storage_error_from_a_consensus_compare_and_set_is_not_indeterminate(e
     assert len(calls) == 1  # said at once: not retried as an unknown outcome
     assert Shard(existing).state() == before
 
-
-def test_the_linearizability_recorder_keeps_a_storage_error_certain():
-    """The conformance recorder sorts an append's error into refused, failed (certainly not
-    applied) or unknown; `StorageError` is an `OSError` now, and stays "failed"."""
-    from persistshard.conformance.recorder import _classify
-
-    assert _classify(StorageError("refused"))[0] == "failed"
-    assert _classify(TimeoutError("lost"))[0] == "unknown"
-    assert _classify(Indeterminate("lost"))[0] == "unknown"
