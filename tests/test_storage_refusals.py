@@ -230,4 +230,3 @@ def test_a_storage_error_from_a_consensus_compare_and_set_is_not_indeterminate(e
     assert not isinstance(info.value, Indeterminate)
     assert len(calls) == 1  # said at once: not retried as an unknown outcome
     assert Shard(existing).state() == before
-
