@@ -230,3 +230,31 @@ def test_a_storage_error_from_a_consensus_compare_and_set_is_not_indeterminate(e
     assert not isinstance(info.value, Indeterminate)
     assert len(calls) == 1  # said at once: not retried as an unknown outcome
     assert Shard(existing).state() == before
+
+
+def test_a_storage_error_after_an_ambiguous_attempt_is_indeterminate(existing):
+    """The compare-and-set is applied but its answer is lost (a timeout), then reading the log
+    back is refused for certain (credentials expired, say). That refusal is certain about the
+    read, not about the commit, which may have landed: `Indeterminate`, never `StorageError`
+    (whose "nothing was applied" would let a caller delete parts the shard now names)."""
+    shard = Shard(existing)
+    consensus = shard.consensus
+    applied = consensus.compare_and_set
+    refused_reads = []
+
+    def lose_answer(expected: int | None, data: bytes) -> bool:
+        assert applied(expected, data)
+        consensus.head = refuse  # type: ignore[method-assign]
+        consensus.scan = refuse  # type: ignore[method-assign]
+        raise TimeoutError("injected: the answer of an applied compare-and-set was lost")
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        refused_reads.append(args)
+        raise StorageError("injected: reading the log refused", cause=None)
+
+    consensus.compare_and_set = lose_answer  # type: ignore[method-assign]
+    with pytest.raises(Indeterminate) as info:
+        shard.advance_since(1)
+    assert isinstance(info.value.__cause__, StorageError)
+    assert refused_reads
+    assert Shard(existing).since == 1  # it had landed

@@ -414,8 +414,8 @@ class StateMachine:
                         return landed
                 elif lost_after is not None and current.last_commit == commit.id:
                     return current  # the "lost" race was lost to this very commit: landed
-            except StorageError:
-                raise  # an OSError, but a certain refusal, said already: never "unknown"
+            except StorageError as e:
+                self._refused(commit, ambiguous_after, e)  # an OSError, but a certain refusal
             except OSError as e:
                 if ambiguous_after is None:
                     # Nothing was tried yet: determinate, nothing landed.
@@ -463,8 +463,8 @@ class StateMachine:
                 key = rollup_key(new.version)
                 try:
                     self.blob.put(key, encoding.encode_rollup(new))
-                except StorageError:
-                    raise  # certain: nothing was published (never "unknown")
+                except StorageError as e:
+                    self._refused(commit, ambiguous_after, e)  # certain: nothing was published
                 except OSError as e:
                     if ambiguous_after is None:  # determinate: this commit wrote no entry
                         self._raise_determinate(e, commit)
@@ -487,8 +487,8 @@ class StateMachine:
                 op.attempting()  # from here this commit may land
             try:
                 ok = self.consensus.compare_and_set(current.version or None, encoded)
-            except StorageError:
-                raise  # the store refused for certain, nothing applied: never Indeterminate
+            except StorageError as e:
+                self._refused(commit, ambiguous_after, e)  # refused for certain: not applied
             except (Indeterminate, OSError) as e:
                 if ambiguous_after is None:
                     ambiguous_after = current.version
@@ -531,6 +531,23 @@ class StateMachine:
             "retry later, or write from fewer processes at once",
             location=self.location,
         )
+
+    def _refused(
+        self, commit: Commit, ambiguous_after: int | None, error: StorageError
+    ) -> NoReturn:
+        """Raise a certain storage refusal met while committing ``commit``. It is certain about
+        the request refused, not about the commit: before any ambiguous attempt nothing can
+        have landed (``error`` as it is); after one (``ambiguous_after`` set) an earlier
+        attempt may have landed, so the outcome is `Indeterminate`, never the refusal, whose
+        "nothing was applied" would let a caller delete parts the shard may now name."""
+        if ambiguous_after is None:
+            raise error
+        raise Indeterminate(
+            f"commit {commit.id}: an earlier attempt's answer was lost and the storage then "
+            f"refused ({error}); whether the commit landed is unknown: re-read the shard "
+            "before retrying",
+            location=self.location,
+        ) from error
 
     def _raise_determinate(self, error: OSError, commit: Commit) -> NoReturn:
         """Raise ``error``, met before any attempt of ``commit`` could have landed (nothing
