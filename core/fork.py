@@ -48,7 +48,7 @@ from persistshard.core.statemachine.commits.add_fork import AddFork
 from persistshard.core.statemachine.commits.drop import Drop
 from persistshard.core.statemachine.commits.fork import Fork
 from persistshard.core.statemachine.commits.release_fork import ReleaseFork
-from persistshard.core.statemachine._machine import StateMachine
+from persistshard.core.statemachine.machine import StateMachine
 from persistshard.core.statemachine.state import (
     PIN_PENDING_MS,
     Batch,
