@@ -14,6 +14,9 @@
                                          (never inside a shard; removes what it wrote)
     persistshard --version               the installed version
     persistshard repair LOCATION [--apply]   drop unreadable newest log entries (dry run default)
+    persistshard fork SRC DST [--as-of T]    a zero-copy fork of SRC at T (default upper - 1)
+    persistshard drop LOCATION [--apply]     delete a shard, keeping what its forks name
+                                             (dry run default)
 
 ``persistshard --help`` lists the commands, ``persistshard COMMAND --help`` describes one (the
 first line of its ``cmd_*`` docstring is its summary). Every command takes
@@ -590,6 +593,61 @@ def cmd_repair(args: argparse.Namespace, options: dict[str, Any]) -> int:
     return 0 if report.applied or not report.needed else 1
 
 
+def cmd_fork(args: argparse.Namespace, options: dict[str, Any]) -> int:
+    """Fork the shard at LOCATION into DST at --as-of (default its upper - 1): a new shard that
+    names the source's parts instead of copying them (`persistshard.core.fork`)."""
+    source = open_existing(args.location, options)
+    fork = source.fork(args.dst, as_of=args.as_of)
+    state = fork.state()
+    named = sum(1 for p in state.parts() if p.source is not None)
+    written = len(state.stored_part_keys()) - named
+    out = {
+        "source": source.location,
+        "fork": fork.location,
+        "as_of": state.since,
+        "upper": state.upper,
+        "parts_named": named,
+        "parts_written": written,
+    }
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        print(
+            f"forked {out['source']} at {out['as_of']} into {out['fork']}: "
+            f"{plural(named, 'part')} named, {plural(written, 'part')} written"
+        )
+    return 0
+
+
+def cmd_drop(args: argparse.Namespace, options: dict[str, Any]) -> int:
+    """Show what dropping the shard deletes (its own parts and log) and releases (its pins at
+    the shards it was forked from); --apply drops it. Parts its live forks name are kept."""
+    shard = Shard(args.location, **options)
+    report = shard.drop(dry_run=not args.apply)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2))
+        return 0
+    verb = "deleted" if args.apply else "would delete"
+    what = "its log" if report.log_deleted else "no log (its forks' pins are kept in it)"
+    print(
+        f"{verb}: {plural(len(report.parts), 'part')}, "
+        f"{plural(len(report.files), 'other file')} and {what}"
+    )
+    if report.released:
+        print(
+            f"{'released' if args.apply else 'would release'}: pins at "
+            f"{plural(len(report.released), 'source shard')}"
+        )
+    if report.kept_parts:
+        print(
+            f"kept {plural(len(report.kept_parts), 'part')} that "
+            f"{plural(len(report.forks), 'fork')} still name: {', '.join(report.forks)}"
+        )
+    if not args.apply:
+        print("dry run: nothing deleted; pass --apply to drop")
+    return 0
+
+
 COMMANDS = {
     "inspect": cmd_inspect,
     "history": cmd_history,
@@ -629,6 +687,8 @@ DOING = {
     "retention": "set the shard's retention",
     "conformance": "run the conformance suite",
     "repair": "repair the shard's log",
+    "fork": "fork the shard",
+    "drop": "drop the shard",
 }
 
 
@@ -675,7 +735,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    extra = {"conformance": cmd_conformance, "repair": cmd_repair}
+    extra = {
+        "conformance": cmd_conformance,
+        "repair": cmd_repair,
+        "fork": cmd_fork,
+        "drop": cmd_drop,
+    }
     for name in [*COMMANDS, *extra]:
         command = COMMANDS.get(name) or extra[name]
         p = sub.add_parser(
@@ -723,6 +788,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                 help="run only the checks whose names match (pytest's -k expression, e.g. "
                 "'Consensus and not race'); default: all",
             )
+        if name == "fork":
+            p.add_argument("dst", help="where the fork goes (a new location)")
+            p.add_argument(
+                "--as-of",
+                type=int,
+                default=None,
+                metavar="T",
+                help="the time forked (in [since, upper); default upper - 1)",
+            )
+        if name == "drop":
+            p.add_argument("--apply", action="store_true", help="drop (default: dry run)")
         if name == "repair":
             p.add_argument(
                 "--apply",
@@ -826,6 +902,10 @@ def _run(args: argparse.Namespace, options: dict[str, Any]) -> int:
             return cmd_conformance(args, options)
         if args.command == "repair":
             return cmd_repair(args, options)
+        if args.command == "fork":
+            return cmd_fork(args, options)
+        if args.command == "drop":
+            return cmd_drop(args, options)
         return COMMANDS[args.command](open_existing(args.location, options), args)
     except Exception as e:
         # The storage's errors, and a commit refused for lack of access (it did not land),

@@ -178,6 +178,14 @@ REGISTRY: tuple[Benchmark, ...] = (
         uses_spark=True,
     ),
     Benchmark(
+        name="fork",
+        module="benchmarks.fork_bench",
+        summary="a zero-copy fork of a shard vs copying its files: time and bytes written",
+        sizes={"quick": {"rows": 2_000_000}, "full": {"rows": 16_000_000}},
+        headings=("forks",),
+        rounds={"quick": 3, "full": 3},
+    ),
+    Benchmark(
         name="writers",
         module="benchmarks.writers_bench",
         summary="state bytes and commit time after 10,000 appends from 10,000 writer ids",

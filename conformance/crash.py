@@ -315,6 +315,29 @@ class Cut(BaseException):
     """The process "died" at a store call (a BaseException: no retry loop catches it)."""
 
 
+class _Sibling(BlobWrapper):
+    """Another shard's store reached through a counting wrapper (`Blob.sibling`: a fork's
+    destination, its source, a source's source): its mutating calls are counted, cut and
+    lost by the wrapper it came from, as one process's calls are."""
+
+    def __init__(self, parent: CutBlob | LoseBlob, inner: Blob) -> None:
+        super().__init__(inner)
+        self.parent = parent
+
+    def put(self, key: str, data: bytes) -> None:
+        self.parent.mutate("put", self.inner.put, key, data)
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        created: bool = self.parent.mutate("put_if_absent", self.inner.put_if_absent, key, data)
+        return created
+
+    def delete(self, key: str) -> None:
+        self.parent.mutate("delete", self.inner.delete, key)
+
+    def sibling(self, url: str) -> Blob:
+        return self.parent.sibling(url)
+
+
 class CutBlob(BlobWrapper):
     """A blob that counts its mutating calls (put, put-if-absent, delete) and raises `Cut`
     instead of making call number ``cut_at`` (0-based; None: never)."""
@@ -328,6 +351,14 @@ class CutBlob(BlobWrapper):
         if self.cut_at is not None and self.calls >= self.cut_at:
             raise Cut(f"cut before store call {self.calls}")
         self.calls += 1
+
+    def mutate(self, kind: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """One mutating call of a sibling store (`_Sibling`), counted and cut as this one's."""
+        self._step()
+        return fn(*args)
+
+    def sibling(self, url: str) -> Blob:
+        return _Sibling(self, self.inner.sibling(url))
 
     def put(self, key: str, data: bytes) -> None:
         self._step()
@@ -385,6 +416,13 @@ class LoseBlob(BlobWrapper):
             return False
         log.debug("store call %d (%s) applied, its response lost", index, kind)
         raise TimeoutError(f"injected: the response to store call {index} ({kind}) was lost")
+
+    def mutate(self, kind: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """One mutating call of a sibling store (`_Sibling`), counted and lost as this one's."""
+        return self._call(kind, fn, *args)
+
+    def sibling(self, url: str) -> Blob:
+        return _Sibling(self, self.inner.sibling(url))
 
     def put(self, key: str, data: bytes) -> None:
         self._call("put", self.inner.put, key, data)
@@ -558,6 +596,16 @@ def _advance_consumer(name: str, expected: int, to: int) -> Step:
     return step
 
 
+def _fork_beside(shard: Shard, remap: str) -> None:
+    """A fork of the shard beside it (where `check_fork` looks), at its upper - 1."""
+    shard.fork(fork_location(remap))
+
+
+def fork_location(remap: str) -> str:
+    """Where the ``fork`` scenario puts its fork: beside the scenario's remap location."""
+    return f"{remap}-fork"
+
+
 SCENARIOS: dict[str, Scenario] = {
     "append": (
         lambda s, r: _appends(s, 14),
@@ -620,7 +668,34 @@ SCENARIOS: dict[str, Scenario] = {
             _advance_consumer("audit", 8, 12),
         ],
     ),
+    # A fork beside the shard (its pin at the shard, then its first entry), then the shard
+    # compacts and gc's at retention 0: every image's fork, if there is one, still has every
+    # part it names (`check_fork`).
+    "fork": (
+        _appends_then_compact(3),
+        [
+            _fork_beside,
+            lambda s, r: _stored(s).append(_rows([100])),
+            lambda s, r: s.compact(),
+            _gc_everything,
+        ],
+    ),
 }
+
+
+def check_fork(open_fork: Callable[[], Any], label: str) -> None:
+    """The fork an image holds, if any (the ``fork`` scenario): complete (it verifies: every
+    part it names is there, its source's included, whatever the source's gc deleted) and
+    readable. An image without one (the cut came before its first entry) passes. Checked by
+    the drivers that cut in place (process cuts, lost responses); a page-cache image is a copy
+    elsewhere, while a fork names its source by location, so there only the source is checked."""
+    fork = open_fork()
+    state = fork.state()
+    if state.version == 0 or state.dropped:
+        return
+    report = fork.verify()
+    assert report.ok, f"{label}: the fork lost parts it names: {report.problems}"
+    fork.snapshot()
 
 
 def _digest(files: dict[str, bytes], acked: int) -> str:
@@ -721,6 +796,7 @@ def check_process_cuts(
         url, _ = _process_run(fresh, name, cut_at, options)
         # Acknowledgements come from the whole run: a cut run stops before its own.
         check_image(partial(Shard, url, **options), full, cut_at, f"{name} (process cut)")
+        check_fork(partial(Shard, fork_location(f"{url}-remap"), **options), name)
     return full.steps + 1
 
 
@@ -776,5 +852,6 @@ def check_lost_responses(
                 ending = "goes on" if die_after is None else f"dies {die_after} calls later"
                 label = f"{name} (response to call {lose_at} ({kind}) {mode}, {ending})"
                 check_image(partial(Shard, url, **options), both, run.steps, label)
+                check_fork(partial(Shard, fork_location(f"{url}-remap"), **options), label)
                 checked += 1
     return checked

@@ -232,8 +232,9 @@ class Shard:
 
         Every read, inspection and maintenance call but ``upper``/``since``/``schema``/``state``
         starts here: a mistyped location must not read as an empty table (API.md, `NoShard`).
-        A shard is created only by a data write (its first commit); it is never removed, so
-        once this handle knows a version above 0 no request is needed."""
+        A shard is created only by a data write (its first commit), so once this handle
+        knows a version above 0 no request is needed (a shard dropped since by another
+        handle is found at the next state read). A dropped shard (`drop`) is `NoShard` too."""
         if state is None:
             state = self._machine.known()
             if state.version == 0:
@@ -243,6 +244,11 @@ class Shard:
                 f"no shard at {self.location}: no state was ever committed there (a mistyped "
                 "location, or the wrong storage options or consensus?); a data write creates "
                 "a shard, reads and maintenance never do"
+            )
+        if state.dropped:
+            raise NoShard(
+                f"no shard at {self.location}: it was dropped (persistshard drop); what is "
+                "left there is kept for its forks until they release it"
             )
         return state
 
@@ -647,7 +653,7 @@ class Shard:
     def verify(self) -> VerifyReport:
         """Check every invariant of the newest state, every checksum of every part and of
         every retained consensus entry."""
-        from persistshard.core.storage.parts import open_part
+        from persistshard.core.storage.parts import open_part, part_blob
 
         problems: list[str] = []
         state = self._require_shard(self._machine.state())
@@ -665,7 +671,8 @@ class Shard:
         nbytes = 0
         for b in (*state.trace, *state.unsealed):
             for ref in b.parts:
-                size = self._blob.size(ref.key) if ref.inline is None else len(ref.inline)
+                stored = part_blob(self._blob, ref)  # a fork's source's part: the source's store
+                size = stored.size(ref.key) if ref.inline is None else len(ref.inline)
                 if size is None:
                     problems.append(f"part {ref.key} of batch {b.id} is missing")
                     continue
@@ -710,6 +717,8 @@ class Shard:
             "unsealed_rows": sum(b.num_rows for b in state.unsealed),
             "unsealed_bytes": sum(b.size_bytes for b in state.unsealed),
             "writers": dict(state.writers),
+            "forks": {f: pin.location for f, pin in sorted(state.forks.items())},
+            "sources": dict(sorted(state.sources.items())),
             "holds": {
                 r: {
                     "since": h.since,
@@ -741,6 +750,52 @@ class Shard:
         self._require_shard()
         return maybe_compact_shard(self._machine, max_merges=max_merges)
 
+    # --- forks and drop (core/fork.py) ----------------------------------------------------
+
+    def related(self, location: str, *, maintenance: bool = False) -> Shard:
+        """A handle on the shard at ``location`` with this one's storage options and kind of
+        log (next to its data when this one's is, else the same database URL), on a sibling
+        of this one's store (`Blob.sibling`): a fork's source, a source's fork. `InvalidOption`
+        for a shard whose log is a consensus object (forks need a log every process can
+        name)."""
+        options = dict(self.storage_options)
+        url = options.pop(CONSENSUS_OPTION, None)
+        if url is None and not isinstance(underlying(self.consensus), BlobConsensus):
+            raise InvalidOption(
+                "forks need the shard's log next to its data or in a database given by URL "
+                "(consensus='sqlite:///...' or 'postgresql://...'), not a consensus object",
+                location=self.location,
+            )
+        blob = self._blob.sibling(location)
+        return Shard(location, consensus=url, blob=blob, maintenance=maintenance, **options)
+
+    def maintains(self) -> bool:
+        """Whether this handle runs the after-commit maintenance (`maintenance`)."""
+        return self.maintenance.enabled
+
+    @metrics.operation_method("fork")
+    def fork(self, dst: str, as_of: int | None = None) -> Shard:
+        """A new shard at ``dst`` whose snapshot at ``as_of`` (default upper - 1; in
+        ``[since, upper)``) is this shard's, with since ``as_of`` and upper ``as_of + 1``. It
+        names this shard's parts instead of copying them (it writes its metadata only), with
+        the same storage options and kind of log; writes, compaction and gc on either side
+        never change the other. See `persistshard.core.fork`."""
+        from persistshard.core import fork as forks
+
+        forked = forks.fork(self, dst, as_of)
+        assert isinstance(forked, Shard)  # made by `related`
+        return forked
+
+    @metrics.operation_method("drop")
+    def drop(self, *, dry_run: bool = False) -> Any:  # a core.fork.DropReport
+        """Delete this shard: its own parts and log, releasing what it referenced (its pins at
+        the shards it was forked from). Parts that live forks name are kept (with the log
+        recording them) until the forks release them. ``dry_run``: only report what would go.
+        Returns a `persistshard.core.fork.DropReport`; rerun after a crash to finish."""
+        from persistshard.core import fork as forks
+
+        return forks.drop(self, apply=not dry_run)
+
     @metrics.operation_method("gc")
     def gc(
         self,
@@ -751,10 +806,21 @@ class Shard:
     ) -> GcReport:
         """List (and with ``dry_run=False`` delete) parts, rollups and log entries no live
         version needs. See `persistshard.core.maintenance.gc`."""
-        self._require_shard()
-        return collect(
+        state = self._require_shard()
+        released: list[str] = []
+        if not dry_run and state.forks:
+            from persistshard.core import fork as forks
+
+            released += forks.release_dangling(self, now_ms)  # creations that died
+        report = collect(
             self._machine, dry_run=dry_run, retention_seconds=retention_seconds, now_ms=now_ms
         )
+        if not dry_run and report.unneeded_sources:
+            from persistshard.core import fork as forks
+
+            released += forks.release_sources(self, report.unneeded_sources)
+        report.released_pins = released
+        return report
 
 
 def _snapshot_schema(user: pa.Schema) -> pa.Schema:
@@ -780,6 +846,10 @@ HISTORY_KINDS = (
     "create_consumer",  # a durable consumer was created at the since
     "advance_consumer",  # a durable consumer moved its position (a compare-and-set)
     "drop_consumer",  # a durable consumer was dropped
+    "fork",  # the first version of a fork: the source's parts named, not copied
+    "add_fork",  # a fork pinned the parts of this shard it names
+    "release_fork",  # a fork released its pin (its compaction replaced them, or it was dropped)
+    "drop",  # the shard was dropped
 )
 
 

@@ -5,7 +5,9 @@ append and a compaction), written by the code before commits were typed (diction
 arguments), with the history kind and summary that code gave each. Every entry must decode,
 encode back to exactly the same bytes, and be described the same way in `Shard.history`; the
 same commits built with the typed kinds must encode to the same bytes; every kind round-trips
-through its stored form; and a kind is registered by declaring its class alone.
+through its stored form; and a kind is registered by declaring its class alone. Kinds added
+since (``fork``, ``add_fork``, ``release_fork``, ``drop``) have entries written by their first
+typed code, held to the same bytes from then on.
 """
 
 from __future__ import annotations
@@ -20,16 +22,20 @@ import pyarrow as pa
 import pytest
 
 from persistshard.core.statemachine.commits import KINDS, Commit, apply
+from persistshard.core.statemachine.commits.add_fork import AddFork
 from persistshard.core.statemachine.commits.advance_consumer import AdvanceConsumer
 from persistshard.core.statemachine.commits.advance_since import AdvanceSince
 from persistshard.core.statemachine.commits.append import Append
 from persistshard.core.statemachine.commits.compact import Compact
 from persistshard.core.statemachine.commits.create_consumer import CreateConsumer
 from persistshard.core.statemachine.commits.downgrade_since import DowngradeSince
+from persistshard.core.statemachine.commits.drop import Drop
 from persistshard.core.statemachine.commits.drop_consumer import DropConsumer
 from persistshard.core.statemachine.commits.expire_reader import ExpireReader
+from persistshard.core.statemachine.commits.fork import Fork
 from persistshard.core.statemachine.commits.heartbeat import Heartbeat
 from persistshard.core.statemachine.commits.register_reader import RegisterReader
+from persistshard.core.statemachine.commits.release_fork import ReleaseFork
 from persistshard.core.statemachine.commits.renew_lease import RenewLease
 from persistshard.core.statemachine.commits.set_retention import SetRetention
 from persistshard.core.statemachine.commits.sweep_leases import SweepLeases
@@ -40,6 +46,7 @@ from persistshard.core.statemachine.state import (
     BatchIdentity,
     PartRef,
     ShardState,
+    SourceRef,
     WriterBatch,
 )
 from persistshard.errors import CorruptData
@@ -69,6 +76,7 @@ def typed_commits() -> dict[str, tuple[Commit, tuple[int, str | None]]]:
     u = Batch("c1-u", 7, 10, (p2,))
     out = Batch("o1-r", 0, 8, (p1, p2), level=2, since=3)
     stream = WriterBatch("w1", 3, BatchIdentity("v1:2:abc", "q-1"))
+    src = SourceRef("0190a1b2c3d4ffff", "s3://bucket/orders")
     none: tuple[int, str | None] = (0, None)
     return {
         "append": (Append(0, 1, t, None, schema, id="c1"), none),
@@ -110,6 +118,23 @@ def typed_commits() -> dict[str, tuple[Commit, tuple[int, str | None]]]:
         "create_consumer": (CreateConsumer("nightly-etl", id="c21"), none),
         "advance_consumer": (AdvanceConsumer("nightly-etl", 3, 9, id="c22"), none),
         "drop_consumer": (DropConsumer("nightly-etl", id="c23"), none),
+        "fork": (
+            Fork(
+                3,
+                schema,
+                (Batch("c1-t", 0, 4, (PartRef(p1.key, 1234, 3, 0, 0, source=src), inline)),),
+                (Batch("c1-u", 2, 3, (replace(p2, min_time=2, max_time=2, source=src),)),),
+                (("0190a1b2c3d4ffff", "s3://bucket/orders"),),
+                id="c21",
+            ),
+            none,
+        ),
+        "add_fork": (
+            AddFork("0190a1b2c3d4eeee", "s3://bucket/orders_dev", (p1.key, p2.key), id="c22"),
+            none,
+        ),
+        "release_fork": (ReleaseFork("0190a1b2c3d4eeee", id="c23"), none),
+        "drop": (Drop(id="c24"), none),
     }
 
 
@@ -157,6 +182,10 @@ def test_every_commit_kind_has_a_golden_entry():
             "create_consumer",
             "advance_consumer",
             "drop_consumer",
+            "fork",
+            "add_fork",
+            "release_fork",
+            "drop",
         }
     )
     assert {type(c).kind for c, _ in typed_commits().values()} == set(KINDS)

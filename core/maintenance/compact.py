@@ -77,6 +77,7 @@ from persistshard.core.storage.parts import (
     PART_TARGET_BYTES,
     adapt_part_table,
     open_part,
+    part_blob,
     written_ref,
 )
 from persistshard.core.storage.recent import RECENT, HeldPart
@@ -295,7 +296,8 @@ WHOLE_READ_BYTES = 4 << 20
 def _open_input(blob: Blob, ref: PartRef) -> PartReader | HeldPart:
     """A reader over input part ``ref``: the decoded updates this process kept when it wrote
     the part (`persistshard.core.storage.recent`), else small parts fetched whole (see
-    above), else a ranged reader."""
+    above), else a ranged reader (from the owner's store for a part a fork names)."""
+    blob = part_blob(blob, ref)
     held = RECENT.held(blob.url, ref, CHUNK_BYTES)
     if held is not None:
         return held

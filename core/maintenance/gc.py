@@ -19,6 +19,12 @@ go:
     then reads the log again and keeps every orphan a commit adopted meanwhile; after the fence no
     commit can adopt one (`LeaseExpired`). A part without a readable write time is never
     deleted.
+- parts a fork's pin names (`ShardState.forks`, `ShardState.kept_keys`) are live like parts
+  of the head: a fork reads them from this shard's store (`persistshard.core.fork`). A pin
+  released at version v is removed like a part a commit at v replaced. A fork's own gc lists
+  only its own store, so it never deletes its sources' parts; it reports in
+  ``unneeded_sources`` the sources no live version of it names parts of any more (its pins
+  there can go: `persistshard.core.shard.Shard.gc` releases them).
 - log entries older than the rollup R that the earliest live version is rebuilt from
   (``consensus.truncate(R)``: every live version is rebuilt from R plus later entries).
 - rollups under ``rollups/`` that no log entry at or after R names, written before the floor
@@ -117,6 +123,11 @@ class GcReport:
     temporary: list[str] = field(default_factory=list)
     temporary_bytes: int = 0
     deleted: int = 0
+    #: For a fork: the sources whose parts no live version names (its pins there can go).
+    unneeded_sources: list[str] = field(default_factory=list)
+    #: The fork pins released by this run: dangling ones on this shard, and this fork's own
+    #: at sources it no longer needs (`persistshard.core.fork`).
+    released_pins: list[str] = field(default_factory=list)
 
     @property
     def bytes(self) -> int:
@@ -184,6 +195,15 @@ class _Log:
     newest_ms: int | None = None
     removed: dict[str, int] = field(default_factory=dict)
     named: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    source_seen: dict[str, int] = field(default_factory=dict)
+
+    def see_sources(self, state: ShardState) -> None:
+        """Record that ``state`` names parts of the sources it names parts of."""
+        if not state.sources:
+            return
+        for p in state.parts():
+            if p.source is not None:
+                self.source_seen[p.source.shard_id] = state.version
 
     def advance(self, entries: list[VersionedData], location: str) -> None:
         """Fold ``entries`` (the versions right after ``version``, oldest first) in."""
@@ -199,8 +219,9 @@ class _Log:
             # fold: apply, then check the invariants (canonical part keys: an aliased key
             # would make gc delete the live part it names).
             new = fold(self.state, [entry.commit], location)
-            for key in self.state.part_keys() - new.part_keys():
+            for key in self.state.kept_keys() - new.kept_keys():
                 self.removed[key] = raw.version
+            self.see_sources(new)
             at = entry.at_ms if entry.at_ms is not None else _UNKNOWN_MS
             if not self.times or at > self.times[-1][1]:
                 self.times.append((raw.version, at))
@@ -242,9 +263,13 @@ class _Log:
 
     def live_parts(self, earliest: int) -> set[str]:
         """Parts some version from ``earliest`` to ``version`` references."""
-        live = self.state.part_keys()
+        live = self.state.kept_keys()
         live.update(k for k, v in self.removed.items() if v > earliest)
         return live
+
+    def unneeded_sources(self, earliest: int) -> list[str]:
+        """For a fork: the sources no version from ``earliest`` on names a part of."""
+        return sorted(i for i in self.state.sources if self.source_seen.get(i, 0) < earliest)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -257,6 +282,7 @@ class _Log:
             "newest_ms": self.newest_ms,
             "removed": dict(sorted(self.removed.items())),
             "named": {k: list(v) for k, v in sorted(self.named.items())},
+            **({"source_seen": dict(sorted(self.source_seen.items()))} if self.source_seen else {}),
         }
 
 
@@ -291,6 +317,7 @@ def _read_log(machine: StateMachine) -> _Log | None:
             location=location,
         )
     log_ = _Log(version=start.version, digest="", rollup=(0, None), state=start, first=first)
+    log_.see_sources(start)
     log_.advance([r for r, _ in decoded if r.version > start.version], location)
     if log_.version != raws[-1].version:
         raise CorruptData(
@@ -319,6 +346,7 @@ def _from_checkpoint(machine: StateMachine) -> _Log | None:
         newest = d["newest_ms"]
         removed = {str(k): int(v) for k, v in d["removed"].items()}
         named = {str(k): (int(v[0]), int(v[1]), int(v[2])) for k, v in d["named"].items()}
+        source_seen = {str(k): int(v) for k, v in d.get("source_seen", {}).items()}
         if not (0 <= rv <= version and first <= version and (rkey is None or rv > 0)):
             return None
     except (ValueError, KeyError, TypeError, IndexError, AttributeError):
@@ -350,7 +378,9 @@ def _from_checkpoint(machine: StateMachine) -> _Log | None:
         newest_ms=int(newest) if newest is not None else None,
         removed=removed,
         named=named,
+        source_seen=source_seen,
     )
+    log_.see_sources(state)
     log_.advance([r for r in raws if r.version > version], location)
     return log_
 
@@ -419,6 +449,7 @@ def collect(
     rollup_version, rollup_key = log_.anchor(earliest)
     report.head_version, report.earliest_live_version = head, earliest
     live = log_.live_parts(earliest)
+    report.unneeded_sources = log_.unneeded_sources(earliest)
 
     part_sizes: dict[str, int] = {}
     listed: set[str] = set()
@@ -551,7 +582,7 @@ def _fence_orphans(
     report.fence_version = fenced.version
     before = log_.version
     log_.advance(machine.consensus.scan(before + 1), machine.location)
-    seen = log_.state.part_keys()
+    seen = log_.state.kept_keys()
     seen.update(k for k, v in log_.removed.items() if v > before)
     adopted = [k for k in report.orphaned_parts if k in seen]
     if adopted:

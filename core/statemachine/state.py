@@ -87,6 +87,28 @@ MAX_INLINE_PART_BYTES = 64 << 10
 
 
 @dataclass(frozen=True)
+class SourceRef:
+    """The shard that owns a part a fork names (`PartRef.source`): its identity (the shard id
+    in its ``consensus/IDENTITY``) and its canonical location. The part's key stays a
+    canonical key *inside that shard* (`key_problem` holds for it as for any key), and it is
+    read from the owner's store (`persistshard.core.storage.parts.open_part`): no key ever
+    leaves its shard."""
+
+    shard_id: str
+    location: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"id": self.shard_id, "location": self.location}
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> SourceRef:
+        shard_id, location = d["id"], d["location"]
+        if not isinstance(shard_id, str) or not isinstance(location, str):
+            raise TypeError(f"source reference {d!r} is not an id and a location")
+        return SourceRef(shard_id, location)
+
+
+@dataclass(frozen=True)
 class PartRef:
     """A part of a batch: its key under the shard, size, rows and time range.
 
@@ -102,6 +124,11 @@ class PartRef:
     ``size == len(inline) <= MAX_INLINE_PART_BYTES`` and ``inline_crc`` is the bytes' crc32c;
     `ShardState.check` verifies all three and that the footer agrees with ``num_rows`` and the
     time range. Stored as base64 in the entry or rollup JSON.
+
+    ``source``, when set, says the part belongs to another shard (a fork names its source's
+    parts, `persistshard.core.fork`): ``key`` is a key inside *that* shard, read from its
+    store; this shard's gc never deletes it (it lists only its own store) and the owner's gc
+    keeps it while the owner's state records the fork (`ShardState.forks`). Never inline.
     """
 
     key: str
@@ -112,6 +139,7 @@ class PartRef:
     rewrite_time: int | None = None
     inline: bytes | None = None
     inline_crc: int | None = None
+    source: SourceRef | None = None
 
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -126,11 +154,14 @@ class PartRef:
         if self.inline is not None:
             d["inline"] = base64.b64encode(self.inline).decode()
             d["crc"] = self.inline_crc
+        if self.source is not None:
+            d["source"] = self.source.to_json()
         return d
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> PartRef:
         inline = d.get("inline")
+        source = d.get("source")
         return PartRef(
             d["key"],
             d["size"],
@@ -140,6 +171,7 @@ class PartRef:
             d.get("rewrite_time"),
             base64.b64decode(inline, validate=True) if inline is not None else None,
             d.get("crc") if inline is not None else None,
+            SourceRef.from_json(source) if source is not None else None,
         )
 
     def at_time(self, time: int) -> PartRef:
@@ -232,6 +264,41 @@ class Batch:
             level=d.get("level", 0),
             since=d.get("since", 0),
         )
+
+
+@dataclass(frozen=True)
+class ForkPin:
+    """What a shard keeps for one of its forks (`ShardState.forks`, keyed by the fork's shard
+    id): the fork's canonical ``location``, the ``keys`` of this shard's own parts the fork was
+    created naming, and ``at_ms``, when the pin was recorded (the committing clock).
+
+    The pin is recorded by the source *before* the fork's first entry exists, so a fork never
+    names a part its source's gc may delete; gc keeps every pinned key
+    (`ShardState.kept_keys`). A fork only ever names fewer of them (its compactions write its
+    own parts), never more, so the keys are a superset of what the fork names. The pin goes
+    (``release_fork``) when the fork's gc finds no live version of the fork naming them, when
+    the fork is dropped, or when gc finds it dangling (no fork at ``location`` with this id,
+    more than `PIN_PENDING_MS` after ``at_ms``: a fork creation that died)."""
+
+    location: str
+    keys: tuple[str, ...]
+    at_ms: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"location": self.location, "keys": list(self.keys), "at_ms": self.at_ms}
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> ForkPin:
+        location, keys, at_ms = d["location"], d["keys"], d["at_ms"]
+        if not isinstance(location, str) or not isinstance(keys, list) or not is_count(at_ms):
+            raise TypeError(f"fork pin {d!r} is not a location, keys and a time")
+        return ForkPin(location, tuple(keys), at_ms)
+
+
+#: A fork pin whose fork has no first entry this long after the pin was recorded is
+#: dangling (the creation died): gc releases it. The creator never commits the fork's first
+#: entry later than half of this after recording the pin (`persistshard.core.fork`).
+PIN_PENDING_MS = 3600 * 1000
 
 
 def schema_to_b64(schema: pa.Schema) -> str:
@@ -431,6 +498,15 @@ class ShardState:
     #: Durable consumers (`persistshard.core.statemachine.consumers`): name -> position and
     #: when it last moved. No lease: a consumer holds since until it moves or is dropped.
     consumers: dict[str, ConsumerPosition] = field(default_factory=dict)
+    #: The forks that name this shard's parts, by the fork's shard id (`ForkPin`): gc keeps
+    #: their keys (`kept_keys`).
+    forks: dict[str, ForkPin] = field(default_factory=dict)
+    #: For a fork: the shards whose parts it was created naming (shard id -> canonical
+    #: location), kept so that its gc and `drop` know where its pins are.
+    sources: dict[str, str] = field(default_factory=dict)
+    #: The shard was dropped (`persistshard.core.fork.drop`): it names no part, reads as no
+    #: shard, and takes only ``release_fork`` commits (its pins, if forks still need them).
+    dropped: bool = False
 
     def live_holds(self, now_ms: int) -> dict[str, Hold]:
         """The holds whose lease has not run out at ``now_ms``."""
@@ -451,6 +527,14 @@ class ShardState:
 
     def part_keys(self) -> set[str]:
         return {p.key for p in self.parts()}
+
+    def kept_keys(self) -> set[str]:
+        """The keys gc must keep for this version: its parts and every key a fork's pin
+        names (`forks`)."""
+        keys = self.part_keys()
+        for pin in self.forks.values():
+            keys.update(pin.keys)
+        return keys
 
     def stored_part_keys(self) -> set[str]:
         """The keys of the parts stored as files (inline parts name no object)."""
@@ -496,6 +580,10 @@ class ShardState:
                 problem = p.inline_problem()
                 if problem is not None:
                     fail(f"batch {b.id}: {problem}")
+                if p.source is not None and (
+                    p.inline is not None or self.sources.get(p.source.shard_id) is None
+                ):
+                    fail(f"part {p.key} names source {p.source.shard_id}, not one of the shard's")
                 if not p.num_rows:
                     continue
                 if p.size == 0:
@@ -548,6 +636,15 @@ class ShardState:
                     f"consumer {name} is at {c.position}, outside [since {self.since}, "
                     f"upper {self.upper}]"
                 )
+        for fork_id, pin in self.forks.items():
+            if not isinstance(fork_id, str) or not isinstance(pin.location, str):
+                fail(f"fork pin {fork_id!r} is not named by an id and a location")
+            for key in pin.keys:
+                problem = key_problem(key)
+                if problem is not None:
+                    fail(f"fork {fork_id}'s pin: {problem}")
+        if self.dropped and (self.trace or self.unsealed):
+            fail("a dropped shard names parts")
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -579,6 +676,13 @@ class ShardState:
                 if self.consumers
                 else {}
             ),
+            **(
+                {"forks": {f: p.to_json() for f, p in sorted(self.forks.items())}}
+                if self.forks
+                else {}
+            ),
+            **({"sources": dict(sorted(self.sources.items()))} if self.sources else {}),
+            **({"dropped": True} if self.dropped else {}),
         }
 
     @staticmethod
@@ -602,6 +706,9 @@ class ShardState:
             retention=ret.Retention.from_json(d.get("retention")),
             retention_marks=tuple((int(t), int(u)) for t, u in d.get("retention_marks", [])),
             consumers={n: ConsumerPosition.from_json(c) for n, c in d.get("consumers", {}).items()},
+            forks={f: ForkPin.from_json(p) for f, p in d.get("forks", {}).items()},
+            sources={str(i): str(loc) for i, loc in d.get("sources", {}).items()},
+            dropped=bool(d.get("dropped", False)),
         )
 
 

@@ -439,6 +439,12 @@ class Blob(ABC):
         before cleaning up (with their write time where known); none by default."""
         return []
 
+    def sibling(self, url: str) -> Blob:
+        """The store of another shard at ``url`` on the same storage, opened with this
+        store's options (a fork reads its source's parts from it, and reaches its source's
+        log through it: `persistshard.core.fork`). The default opens `FsspecBlob`."""
+        return FsspecBlob(url)
+
     def probe_key(self) -> Hashable | None:
         """What names the store behind this blob for the atomic-create probe
         (`persistshard.core.storage.consensus.check_atomic_create`): every blob with the same
@@ -499,6 +505,11 @@ class BlobWrapper(Blob):
     def list_temporary(self) -> builtins.list[BlobMeta]:
         return self.inner.list_temporary()
 
+    def sibling(self, url: str) -> Blob:
+        """The inner's sibling, unwrapped: a wrapper that must see the sibling's requests
+        too (crash cuts, counting) overrides this."""
+        return self.inner.sibling(url)
+
     def probe_key(self) -> Hashable | None:
         """The inner's: a wrapper observes or fails calls but keeps their meaning (one that
         changes what a conditional create does must return its own key, or None)."""
@@ -531,6 +542,8 @@ class FsspecBlob(Blob):
     """
 
     def __init__(self, url: str, **storage_options: Any) -> None:
+        self._options = dict(storage_options)
+        self._siblings: dict[str, Blob] = {}
         no_sync = storage_options.pop(NO_SYNC_OPTION, False)
         self._sync = not (no_sync is True or str(no_sync).lower() == "true")
         fs, root = fsspec.core.url_to_fs(url, **storage_options)
@@ -558,6 +571,14 @@ class FsspecBlob(Blob):
 
     def _path(self, key: str) -> str:
         return posixpath.join(self.root, key) if self.root else key
+
+    def sibling(self, url: str) -> Blob:
+        """`Blob.sibling`: an `FsspecBlob` at ``url`` with this one's storage options (one per
+        url and blob: parts are immutable, so a sibling never goes stale)."""
+        found = self._siblings.get(url)
+        if found is None:
+            found = self._siblings[url] = FsspecBlob(url, **self._options)
+        return found
 
     def local_file(self, key: str) -> str | None:
         """The file on this machine holding ``key`` when the blob is a local directory (a

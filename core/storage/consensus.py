@@ -167,6 +167,13 @@ class Consensus(ABC):
     def truncate(self, below: int) -> int:
         """Delete entries with version < ``below`` (never the head); return how many."""
 
+    def destroy(self) -> None:
+        """Delete the whole log, head included: the end of a shard's drop
+        (`persistshard.core.fork.drop`, after its ``drop`` commit), after which the log reads
+        as empty. Idempotent. Not atomic: a crash may leave part of it, which a rerun deletes
+        (the drop's marker says to). A consensus that cannot raises `NotImplementedError`."""
+        raise NotImplementedError(f"{type(self).__name__} cannot delete a shard's log")
+
     def oldest_stored(self) -> int | None:
         """The lowest version whose entry is still stored, trusted or not (what a truncation
         would delete from: a truncation cut short leaves entries that `scan` no longer
@@ -671,6 +678,15 @@ class BlobConsensus(Consensus):
         log.debug("%s: truncated %d log versions below %d", self.blob.url, deleted, current)
         return deleted
 
+    def destroy(self) -> None:
+        """`Consensus.destroy`: every entry (oldest first), then the head hint, then the floor
+        markers (the entries they guarded are gone)."""
+        for version in self._versions():
+            self.blob.delete(_key(version))
+        self.blob.delete(_HINT)
+        for meta in self.blob.list(_FLOOR_PREFIX):
+            self.blob.delete(meta.key)
+
 
 class MemoryConsensus(Consensus):
     """An in-process consensus (a list under a lock), for tests and single-process use."""
@@ -720,6 +736,10 @@ class MemoryConsensus(Consensus):
             for v in doomed:
                 del self._entries[v]
             return len(doomed)
+
+    def destroy(self) -> None:
+        with self._lock:
+            self._entries.clear()
 
 
 #: Next to the data of every shard written since shard ids: its identity (`LogHome`: the

@@ -307,6 +307,10 @@ class CountingBlob(BlobWrapper):
         finally:
             _done(name, started, failed, True)
 
+    def sibling(self, url: str) -> Blob:
+        """The inner's sibling, counted too (a fork's reads of its source's parts)."""
+        return counting_blob(self.inner.sibling(url))
+
     def get(self, key: str) -> bytes | None:
         return self._timed("blob.get", lambda: self.inner.get(key))  # type: ignore[no-any-return]
 

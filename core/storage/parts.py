@@ -256,6 +256,12 @@ class PartSink:
         return self.parts
 
 
+def part_blob(blob: Blob, ref: PartRef) -> Blob:
+    """The store ``ref`` lives in: ``blob`` (the shard's), or for a part another shard owns
+    (``ref.source``, a fork naming its source's part) that shard's (`Blob.sibling`)."""
+    return blob.sibling(ref.source.location) if ref.source is not None else blob
+
+
 def open_part(
     blob: Blob,
     ref: PartRef,
@@ -281,9 +287,13 @@ def open_part(
     as `CorruptData`. Any other storage, or a file that cannot be mapped, reads as without.
     ``on_map`` is told of the mapping when it is made (`release_mapped` can then give its
     pages back).
+
+    A part another shard owns (``ref.source``, a fork naming its source's part) is read from
+    that shard's store (`Blob.sibling`), under its own key there.
     """
     if ref.inline is not None:
         return PartReader.from_bytes(ref.key, ref.inline)
+    blob = part_blob(blob, ref)
 
     def fetch(offset: int, length: int) -> bytes:
         try:

@@ -590,6 +590,20 @@ class SqliteConsensus(_SqlConsensus):
                 raise self._unreachable("truncate the log", e) from e
         return max(0, cur.rowcount)
 
+    def destroy(self) -> None:
+        """`Consensus.destroy`: the shard's entries, then its heads row (each statement
+        idempotent; a crash between them leaves an empty log)."""
+        key = self._log_key()
+        if key is None:
+            return
+        with self._lock:
+            try:
+                conn = self._connect()
+                conn.execute(f"DELETE FROM {ENTRIES} WHERE shard = ?", (key,))
+                conn.execute(f"DELETE FROM {HEADS} WHERE shard = ?", (key,))
+            except sqlite3.Error as e:
+                raise self._unreachable("delete the log", e) from e
+
 
 class PostgresConsensus(_SqlConsensus):
     """The log in PostgreSQL (psycopg 3, autocommit): shared by every machine that reaches it.
@@ -748,6 +762,15 @@ class PostgresConsensus(_SqlConsensus):
             {"shard": key, "below": below},
         )
         return max(0, int(cur.rowcount))
+
+    def destroy(self) -> None:
+        """`Consensus.destroy`: the shard's entries, then its heads row (each statement
+        idempotent; a crash between them leaves an empty log)."""
+        key = self._log_key()
+        if key is None:
+            return
+        self._run("delete the log", f"DELETE FROM {ENTRIES} WHERE shard = %s", (key,))
+        self._run("delete the log", f"DELETE FROM {HEADS} WHERE shard = %s", (key,))
 
 
 def _create_tables(conn: Any) -> None:

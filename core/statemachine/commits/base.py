@@ -32,7 +32,7 @@ from persistshard.core.statemachine.state import (
     prune_due,
     prune_writers,
 )
-from persistshard.errors import CorruptData
+from persistshard.errors import CorruptData, NoShard
 
 #: Every commit kind, by its stored name (filled as the kinds' classes are declared).
 KINDS: dict[str, type[Commit]] = {}
@@ -53,6 +53,9 @@ class Commit(ABC):
     kind: ClassVar[str]
     #: Whether this kind may change the retention (`check_transition`).
     changes_retention: ClassVar[bool] = False
+    #: Whether this kind applies to a dropped shard (``release_fork``, ``drop``); every
+    #: other kind is refused there (`apply`: `NoShard`).
+    on_dropped: ClassVar[bool] = False
 
     id: str
     at_ms: int | None = None
@@ -113,8 +116,10 @@ class Commit(ABC):
 
     def leased_writes(self) -> set[str]:
         """The writes whose lease must be live when the commit lands
-        (`persistshard.core.statemachine.leases.check_commit`): those of the parts it adds."""
-        return {w for w in (part_write_id(p.key) for p in self.added_parts()) if w is not None}
+        (`persistshard.core.statemachine.leases.check_commit`): those of the parts it adds
+        (a part another shard owns, `PartRef.source`, is no write of this shard's)."""
+        own = (p for p in self.added_parts() if p.source is None)
+        return {w for w in (part_write_id(p.key) for p in own) if w is not None}
 
     def check_step(self, old: ShardState, new: ShardState) -> str | None:
         """What is wrong with the step ``old -> new`` for this kind beyond the checks of
@@ -172,7 +177,15 @@ def apply(state: ShardState, commit: Commit, location: str | None = None) -> Sha
     The kind's transition (`Commit.apply`), then what every commit does: with a time, drop
     the holds and explicit write leases that had run out by then and prune writer records
     when due; the result has ``version = state.version + 1`` and ``last_commit = commit.id``.
+    A dropped shard (``state.dropped``) takes only the kinds that say so
+    (`Commit.on_dropped`); any other is `NoShard`, nothing applied.
     """
+    if state.dropped and not commit.on_dropped:
+        raise NoShard(
+            f"commit {commit.id} ({commit.kind}) refused: the shard was dropped "
+            "(persistshard drop); nothing was applied",
+            location=location,
+        )
     new = commit.apply(state, location)
     if commit.at_ms is not None:
         now = commit.at_ms
