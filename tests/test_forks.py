@@ -54,9 +54,9 @@ def files_under(path: str) -> set[str]:
 def opener(request, tmp_path) -> Callable[[str], Shard]:
     """Opens shards under ``tmp_path`` with the log next to the data, or in one SQLite file."""
     if request.param == "files":
-        return lambda name: ps.open_shard(str(tmp_path / name))
+        return lambda name: ps.open_shard(str(tmp_path / name), inline_bytes=0)
     url = f"sqlite:///{tmp_path / 'logs.db'}"
-    return lambda name: ps.open_shard(str(tmp_path / name), consensus=url)
+    return lambda name: ps.open_shard(str(tmp_path / name), consensus=url, inline_bytes=0)
 
 
 def source_with_history(shard: Shard, n: int = 6) -> Shard:
@@ -227,7 +227,7 @@ def test_drop_deletes_parts_and_log_and_releases_its_pins(tmp_path, opener):
     assert files_under(str(tmp_path / "dev")) == set()
     assert not src.state().forks
     with pytest.raises(ps.NoShard):
-        ps.open_shard(str(tmp_path / "dev")).snapshot()
+        ps.open_shard(str(tmp_path / "dev"), inline_bytes=0).snapshot()
     with pytest.raises(ps.NoShard):
         dev.drop()
     # The location is free again: a new fork (or shard) may go there.
@@ -260,9 +260,9 @@ def test_a_dropped_source_keeps_what_its_forks_name_until_they_release_it(tmp_pa
 def test_gc_releases_a_dangling_pin_once_its_creation_is_over(tmp_path, clock):
     """A creation that died after its pin: no fork at the destination. The source's gc keeps
     the pin while the creation may still land, and releases it afterwards."""
-    src = source_with_history(ps.open_shard(str(tmp_path / "src")), 3)
+    src = source_with_history(ps.open_shard(str(tmp_path / "src"), inline_bytes=0), 3)
     keys = tuple(sorted(src.state().stored_part_keys()))
-    location = ps.open_shard(str(tmp_path / "ghost")).location
+    location = ps.open_shard(str(tmp_path / "ghost"), inline_bytes=0).location
     src._machine.commit(AddFork("ghost-id", location, keys, id=new_id()))
     src.compact()
     clock.advance(PIN_PENDING_MS // 2)
@@ -282,7 +282,7 @@ def test_a_fork_that_lost_the_race_with_a_compaction_forks_again(tmp_path, monke
     (its keys are no longer the shard's) and the fork starts again on the newest state."""
     from persistshard.core import fork as forks
 
-    src = source_with_history(ps.open_shard(str(tmp_path / "src")), 4)
+    src = source_with_history(ps.open_shard(str(tmp_path / "src"), inline_bytes=0), 4)
     real = forks._plan
     calls = []
 
@@ -301,16 +301,16 @@ def test_a_fork_that_lost_the_race_with_a_compaction_forks_again(tmp_path, monke
 
 
 def test_cli_fork_and_drop(tmp_path, capsys):
-    src = source_with_history(ps.open_shard(str(tmp_path / "src")), 3)
+    src = source_with_history(ps.open_shard(str(tmp_path / "src"), inline_bytes=0), 3)
     assert cli(["fork", str(tmp_path / "src"), str(tmp_path / "dev"), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["as_of"] == src.upper - 1 and out["parts_written"] == 0 and out["parts_named"] > 0
     assert cli(["fork", str(tmp_path / "src"), str(tmp_path / "old"), "--as-of", "1"]) == 0
     assert "into" in capsys.readouterr().out
-    assert contents(ps.open_shard(str(tmp_path / "old"))) == contents(src, 1)
+    assert contents(ps.open_shard(str(tmp_path / "old"), inline_bytes=0)) == contents(src, 1)
     assert cli(["drop", str(tmp_path / "dev")]) == 0
     assert "dry run" in capsys.readouterr().out
-    assert ps.open_shard(str(tmp_path / "dev")).upper == src.upper
+    assert ps.open_shard(str(tmp_path / "dev"), inline_bytes=0).upper == src.upper
     assert cli(["drop", str(tmp_path / "dev"), "--apply"]) == 0
     assert "deleted" in capsys.readouterr().out
     assert files_under(str(tmp_path / "dev")) == set()
@@ -328,7 +328,7 @@ def _fresh() -> str:
 
 
 def _setup(url: str, consensus: str | None = None) -> tuple[list[dict[str, Any]], int]:
-    src = ps.open_shard(url, consensus=consensus, maintenance=False)
+    src = ps.open_shard(url, consensus=consensus, maintenance=False, inline_bytes=0)
     for i in range(4):
         src.append(rows([i]))
     src.compact()
@@ -343,10 +343,10 @@ def _recover_and_check(
     does not exist or reads the source's snapshot exactly, even after the source compacts and
     gc's at retention 0; then dropping whatever is at ``dst`` and a gc of the source past the
     pins' pending time leave no pin and no fork file behind."""
-    src = ps.open_shard(url, consensus=consensus, maintenance=False)
+    src = ps.open_shard(url, consensus=consensus, maintenance=False, inline_bytes=0)
     assert contents(src) == expected, label
     assert src.verify().ok, label
-    fork = ps.open_shard(dst, consensus=consensus)
+    fork = ps.open_shard(dst, consensus=consensus, inline_bytes=0)
     exists = fork.state().version > 0 and not fork.state().dropped
     if exists:
         assert contents(fork) == expected, label
@@ -381,7 +381,7 @@ def _run_cut(
     dst = f"{url}-dev"
     _setup(url, consensus)
     blob = CutBlob(open_blob(url), cut_at)
-    shard = Shard(url, blob=blob, consensus=consensus, maintenance=False)
+    shard = Shard(url, blob=blob, consensus=consensus, maintenance=False, inline_bytes=0)
     try:
         op(shard, dst)
     except Cut:
@@ -409,7 +409,7 @@ def test_a_fork_cut_before_every_store_call(log_url):
     assert steps > (2 if log_url is None else 1)  # SQLite: only markers are store calls
     for cut_at in range(steps + 1):
         url, dst, _ = _run_cut(_fork, cut_at, log_url)
-        expected = contents(ps.open_shard(url, consensus=log_url))
+        expected = contents(ps.open_shard(url, consensus=log_url, inline_bytes=0))
         _recover_and_check(url, dst, expected, f"fork cut before call {cut_at}", log_url)
 
 
@@ -420,8 +420,8 @@ def test_a_drop_cut_before_every_store_call_finishes_when_run_again(log_url):
     _, _, steps = _run_cut(_fork_then_drop, None, log_url)
     for cut_at in range(steps + 1):
         url, dst, _ = _run_cut(_fork_then_drop, cut_at, log_url)
-        fork = ps.open_shard(dst, consensus=log_url)
-        expected = contents(ps.open_shard(url, consensus=log_url))
+        fork = ps.open_shard(dst, consensus=log_url, inline_bytes=0)
+        expected = contents(ps.open_shard(url, consensus=log_url, inline_bytes=0))
         if open_blob(dst).get(DROPPING_KEY) is None and fork.state().version > 0:
             state = fork.state()
             if not state.dropped:
@@ -437,7 +437,7 @@ def test_lost_responses_in_fork_and_drop(op):
     url = _fresh()
     _setup(url)
     counted = LoseBlob(open_blob(url))
-    op(Shard(url, blob=counted, maintenance=False), f"{url}-dev")
+    op(Shard(url, blob=counted, maintenance=False, inline_bytes=0), f"{url}-dev")
     checked = 0
     for lose_at, kind in enumerate(counted.kinds):
         for mode in ("lost", "exists") if kind == "put_if_absent" else ("lost",):
@@ -447,7 +447,7 @@ def test_lost_responses_in_fork_and_drop(op):
                 expected, _ = _setup(url)
                 blob = LoseBlob(open_blob(url), lose_at, mode, die_after)
                 try:
-                    op(Shard(url, blob=blob, maintenance=False), dst)
+                    op(Shard(url, blob=blob, maintenance=False, inline_bytes=0), dst)
                 except (Cut, OSError, Indeterminate, ps.StateConflict):
                     pass
                 _recover_and_check(url, dst, expected, f"call {lose_at} ({kind}) {mode}")
@@ -460,7 +460,7 @@ def test_lost_responses_in_fork_and_drop(op):
 
 def test_fork_gc_and_drop_on_s3(s3_direct):
     base = f"s3://{BUCKET}/{uuid.uuid4().hex}"
-    src = source_with_history(ps.open_shard(f"{base}/src", **s3_direct), 4)
+    src = source_with_history(ps.open_shard(f"{base}/src", **s3_direct, inline_bytes=0), 4)
     dev = src.fork(f"{base}/dev")
     expected = contents(dev)
     assert expected == contents(src)
@@ -478,9 +478,49 @@ def test_fork_gc_and_drop_on_s3(s3_direct):
 
 
 def test_spark_reads_a_fork(tmp_path, spark):
-    src = source_with_history(ps.open_shard(str(tmp_path / "src")), 4)
+    src = source_with_history(ps.open_shard(str(tmp_path / "src"), inline_bytes=0), 4)
     dev = src.fork(str(tmp_path / "dev"))
     dev.append(rows([321]))
     got = spark.read.format("persistshard").load(str(tmp_path / "dev"))
     ids = sorted(r["id"] for r in got.collect())
     assert ids == sorted(r["id"] for r in contents(dev))
+
+
+def test_a_fork_of_a_shard_with_inline_parts(tmp_path, opener_inline):
+    """At the production default small appends travel inside the commits (inline parts): a
+    fork carries those in its own state (nothing of the source's to pin) beside references
+    to the source's part files; gc at retention 0 on both sides and a drop of the fork keep
+    the source exact."""
+    src = opener_inline("src")
+    src.maintenance.enabled = False
+    big = pa.table({"id": pa.array(range(5000), pa.int64()), "v": [f"r{i}" for i in range(5000)]})
+    src.append(big)  # a part file
+    for i in range(3):
+        src.append(rows([10_000 + i]))  # inline parts
+    parts = src.state().parts()
+    assert any(p.inline is not None for p in parts) and any(p.inline is None for p in parts)
+    dev = src.fork(str(tmp_path / "dev"))
+    expected = contents(src)
+    assert contents(dev) == expected and dev.verify().ok
+    inline = [p for p in dev.state().parts() if p.inline is not None]
+    assert inline and all(p.source is None for p in inline)
+    files = [p for p in dev.state().parts() if p.inline is None]
+    assert files and all(p.source is not None for p in files)
+    src.append(rows([20_000]))
+    src.compact()
+    src.gc(dry_run=False, retention_seconds=0)
+    dev.gc(dry_run=False, retention_seconds=0)
+    assert contents(dev) == expected and dev.verify().ok
+    after = contents(src)
+    assert len(after) == len(expected) + 1
+    dev.drop()
+    assert contents(src) == after and src.verify().ok
+
+
+@pytest.fixture(params=["files", "sqlite"])
+def opener_inline(request, tmp_path) -> Callable[[str], Shard]:
+    """As `opener`, at the production inline default."""
+    if request.param == "files":
+        return lambda name: ps.open_shard(str(tmp_path / name))
+    url = f"sqlite:///{tmp_path / 'logs.db'}"
+    return lambda name: ps.open_shard(str(tmp_path / name), consensus=url)
