@@ -56,7 +56,8 @@ CHUNK_BYTES = 8 << 20
 #: An append whose encoded part is at most this many bytes is inline by default
 #: (``inline_bytes`` of `persistshard.core.shard.Shard`, Spark option ``inline_bytes``); the
 #: environment variable ``PERSISTSHARD_INLINE_BYTES`` changes this default for a process and
-#: the Spark workers it starts (the test suite sets 0: most tests count part files).
+#: the Spark workers it starts (the tests run at this default; a test about part files
+#: asks for them with ``inline_bytes=0``).
 DEFAULT_INLINE_BYTES = int(os.environ.get("PERSISTSHARD_INLINE_BYTES", 4 << 10))
 #: By default a state holds at most this many inline bytes (``inline_cap``, also a Spark
 #: option).
