@@ -87,7 +87,7 @@ def test_spark_write_into_a_directory_of_other_files_is_refused(spark, tmp_path)
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "part-0000.parquet").write_bytes(b"PAR1")
     df = spark.createDataFrame([(1,)], "id BIGINT")
-    with pytest.raises(Exception, match=r"InvalidUpdates: the location holds files but no"):
+    with pytest.raises(Exception, match=r"InvalidOption: the location holds files but no"):
         df.write.format("persistshard").mode("append").save(str(tmp_path / "data"))
     assert [p.name for p in (tmp_path / "data").iterdir()] == ["part-0000.parquet"]
 
