@@ -49,6 +49,7 @@ import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from persistshard.core.config import KNOBS, ShardConfig
 from persistshard.core.shard import Shard
 from persistshard.core.storage import layout
 from persistshard.core.storage.blob import Blob, BlobWrapper, as_storage_error, open_blob
@@ -84,6 +85,22 @@ def parse_storage_options(pairs: Sequence[str]) -> dict[str, Any]:
         except ValueError:
             out[name.strip()] = value
     return out
+
+
+def parse_config(pairs: Sequence[str], location: str | None = None) -> ShardConfig:
+    """``--set NAME=VALUE`` pairs as the shard's configuration (`ShardConfig.from_options`,
+    the parser of every route); a name that is no knob is `InvalidOption`."""
+    knobs: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        name = name.strip()
+        if not sep or name.lower() not in KNOBS:
+            raise InvalidOption(
+                f"--set takes NAME=VALUE with NAME one of {', '.join(KNOBS)}, got {pair!r}",
+                location=location,
+            )
+        knobs[name] = value
+    return ShardConfig.from_options(knobs, location=location, prefix="--set ")
 
 
 class Progress:
@@ -356,7 +373,7 @@ def _with_progress(shard: Shard, desc: str, total: float | None, count: str = "b
     if not progress.active:
         return shard, progress
     blob = CountingBlob(shard._blob, progress, count=count)
-    return Shard(shard.location, blob=blob, **shard.storage_options), progress
+    return shard.address.open(blob=blob), progress
 
 
 def _stored_bytes(shard: Shard) -> int:
@@ -507,25 +524,18 @@ def cmd_conformance(args: argparse.Namespace, options: dict[str, Any]) -> int:
         return 2
     from persistshard.conformance import cleanup
     from persistshard.conformance.storage import probe_atomic_create
+    from persistshard.conformance.target import ConformanceTarget
 
     refusal = cleanup.refuse_inside_shard(args.location, options)
     if refusal is not None:
         print(f"persistshard conformance: {refusal}", file=sys.stderr)
         return 2
-    run = cleanup.new_run()
-    os.environ["PERSISTSHARD_CONFORMANCE_LOCATION"] = args.location
     consensus = options.pop("consensus", None)
-    if consensus:
-        os.environ["PERSISTSHARD_CONFORMANCE_CONSENSUS"] = consensus
-    os.environ["PERSISTSHARD_CONFORMANCE_STORAGE_OPTIONS"] = json.dumps(options)
-    os.environ["PERSISTSHARD_CONFORMANCE_RUN"] = run
+    # The target reaches the suite as a pytest plugin object (its fixture), never through the
+    # environment: the storage options may hold credentials.
+    target = ConformanceTarget(args.location, dict(options), consensus, cleanup.new_run())
+    run = target.run
     here = os.path.join(os.path.dirname(__file__), "conformance", "run_suite.py")
-    # run_suite reads its location, options and consensus from the environment when imported:
-    # a second run in this process must import it afresh, not reuse the first run's values.
-    for name, module in list(sys.modules.items()):
-        path = getattr(module, "__file__", None)
-        if path and os.path.realpath(path) == os.path.realpath(here):
-            del sys.modules[name]
     collector = _Collector()
     pytest_args = [here, "-q", "-p", "no:cacheprovider"]
     if args.select:
@@ -535,7 +545,7 @@ def cmd_conformance(args: argparse.Namespace, options: dict[str, Any]) -> int:
         probe_atomic_create(open_blob(args.location, **options), prefix=probe)
         if args.json:
             with contextlib.redirect_stdout(io.StringIO()):
-                code = int(pytest.main(pytest_args, plugins=[collector]))
+                code = int(pytest.main(pytest_args, plugins=[collector, target]))
             failed = [o for o in collector.outcomes if o["outcome"] == "failed"]
             summary = {
                 "location": args.location,
@@ -547,7 +557,7 @@ def cmd_conformance(args: argparse.Namespace, options: dict[str, Any]) -> int:
             }
             print(json.dumps(summary, indent=2))
         else:
-            code = int(pytest.main(pytest_args, plugins=[collector]))
+            code = int(pytest.main(pytest_args, plugins=[collector, target]))
             _print_store(args.location, collector.store)
         if code == 5:  # pytest: nothing ran
             print(f"persistshard conformance: no check matches {args.select!r}", file=sys.stderr)
@@ -563,7 +573,7 @@ def cmd_repair(args: argparse.Namespace, options: dict[str, Any]) -> int:
     needed nothing), 1 on a dry run that found something to repair."""
     from persistshard.core.maintenance.repair import repair
 
-    shard = Shard(args.location, **options)
+    shard = Shard(args.location, config=args.config, **options)
     report = repair(shard._machine, apply=args.apply)
     if report.newest_version == 0:
         raise NoShard(
@@ -596,7 +606,7 @@ def cmd_repair(args: argparse.Namespace, options: dict[str, Any]) -> int:
 def cmd_fork(args: argparse.Namespace, options: dict[str, Any]) -> int:
     """Fork the shard at LOCATION into DST at --as-of (default its upper - 1): a new shard that
     names the source's parts instead of copying them (`persistshard.core.fork`)."""
-    source = open_existing(args.location, options)
+    source = open_existing(args.location, options, args.config)
     fork = source.fork(args.dst, as_of=args.as_of)
     state = fork.state()
     named = sum(1 for p in state.parts() if p.source is not None)
@@ -622,7 +632,7 @@ def cmd_fork(args: argparse.Namespace, options: dict[str, Any]) -> int:
 def cmd_drop(args: argparse.Namespace, options: dict[str, Any]) -> int:
     """Show what dropping the shard deletes (its own parts and log) and releases (its pins at
     the shards it was forked from); --apply drops it. Parts its live forks name are kept."""
-    shard = Shard(args.location, **options)
+    shard = Shard(args.location, config=args.config, **options)
     report = shard.drop(dry_run=not args.apply)
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
@@ -659,9 +669,12 @@ COMMANDS = {
 }
 
 
-def open_existing(location: str, options: dict[str, Any]) -> Shard:
-    """The shard at ``location``, or `NoShard` when nothing was ever committed there."""
-    shard = Shard(location, **options)
+def open_existing(
+    location: str, options: dict[str, Any], config: ShardConfig | None = None
+) -> Shard:
+    """The shard at ``location`` (``options``: its storage options and consensus; ``config``:
+    the ``--set`` knobs), or `NoShard` when nothing was ever committed there."""
+    shard = Shard(location, config=config, **options)
     try:
         head = shard.consensus.head()
     except CorruptData as e:
@@ -780,6 +793,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             metavar="NAME=VALUE",
             help="an fsspec storage option (repeatable; JSON values are decoded)",
         )
+        if name != "conformance":
+            p.add_argument(
+                "--set",
+                action="append",
+                default=[],
+                metavar="NAME=VALUE",
+                help="a knob of the shard's configuration, e.g. chunk_bytes=1048576 "
+                f"(repeatable; known: {', '.join(KNOBS)})",
+            )
         if name == "conformance":
             p.add_argument(
                 "-k",
@@ -839,6 +861,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(e))
     if args.consensus:
         options["consensus"] = args.consensus
+    try:
+        args.config = parse_config(getattr(args, "set", []), args.location)
+    except InvalidOption as e:
+        print(str(e), file=sys.stderr)
+        return 2
     with _logging_to_stderr(args.verbose):
         return _run(args, options)
 
@@ -906,7 +933,7 @@ def _run(args: argparse.Namespace, options: dict[str, Any]) -> int:
             return cmd_fork(args, options)
         if args.command == "drop":
             return cmd_drop(args, options)
-        return COMMANDS[args.command](open_existing(args.location, options), args)
+        return COMMANDS[args.command](open_existing(args.location, options, args.config), args)
     except Exception as e:
         # The storage's errors, and a commit refused for lack of access (it did not land),
         # said as StorageError with this command's words; ours as they are; no traceback.

@@ -96,9 +96,11 @@ def counting_shard(location: str, *, before: bool = False, **options: Any) -> An
     from persistshard.core.shard import Shard
     from persistshard.core.storage.blob import open_blob
 
+    # The store takes storage options only; the shard takes its consensus and knobs too.
+    storage = {k: v for k, v in options.items() if k not in ("consensus", "inline_bytes")}
     if before:
         options = {**options, "inline_bytes": 0}
-    blob = CountingBlob(open_blob(location, **options))
+    blob = CountingBlob(open_blob(location, **storage))
     # The commit path alone: after-commit maintenance (a merge every few appends, amortized)
     # is measured by the maintenance benchmark.
     shard = Shard(location, blob=blob, maintenance=False, **options)

@@ -51,6 +51,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from persistshard.core.config import ShardConfig
 from persistshard.core.remap import open_remap
 from persistshard.core.shard import Shard, open_shard, write_transaction
 from persistshard.core.storage import blob as blob_module
@@ -492,13 +493,18 @@ def _appends(shard: Shard, n: int, start: int = 0) -> None:
         shard.append(_rows([i]))
 
 
+def _reconfigured(shard: Shard, **knobs: int) -> Shard:
+    """``shard`` opened again with ``knobs`` over its configuration, on the same blob store
+    (a crash scenario's cutting wrapper included) and consensus."""
+    address = shard.address
+    return replace(address, config=address.config.replace(**knobs)).open(blob=shard._blob)
+
+
 def _inline(shard: Shard) -> Shard:
     """``shard`` with inline small writes on at the production defaults (whatever the caller's
     defaults are): its 1-row appends carry their rows in the log entry, no part file."""
-    from persistshard.core.storage.parts import DEFAULT_INLINE_CAP
-
-    shard.inline_bytes, shard.inline_cap = 4 << 10, max(DEFAULT_INLINE_CAP, 64 << 10)
-    return shard
+    defaults = ShardConfig()
+    return _reconfigured(shard, inline_bytes=defaults.inline_bytes, inline_cap=defaults.inline_cap)
 
 
 def _inline_appends(shard: Shard, n: int, start: int = 0) -> None:
@@ -549,8 +555,7 @@ Scenario = tuple[Step, list[Step]]
 def _stored(shard: Shard) -> Shard:
     """``shard`` writing every part as a file whatever the process's inline default: the
     inputs a compaction then replaces are files gc has to delete."""
-    shard.inline_bytes = 0
-    return shard
+    return _reconfigured(shard, inline_bytes=0)
 
 
 def _appends_then_compact(n: int) -> Step:

@@ -43,6 +43,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from persistshard.core.config import ShardConfig
 from persistshard.core.read.plan import check_as_of
 from persistshard.core.statemachine.commits.add_fork import AddFork
 from persistshard.core.statemachine.commits.drop import Drop
@@ -69,7 +70,6 @@ from persistshard.core.storage.layout import (
     PARTS_PREFIX,
     ROLLUPS_PREFIX,
     canonical_location,
-    new_id,
 )
 from persistshard.core.storage.parts import read_part, write_parts
 from persistshard.errors import (
@@ -86,8 +86,11 @@ class Shard(Protocol):
     module for `Shard.fork` and `Shard.drop`, so it is named by its shape here)."""
 
     location: str
-    inline_bytes: int
+    config: ShardConfig
     _machine: StateMachine
+
+    @property
+    def inline_bytes(self) -> int: ...
 
     @property
     def _blob(self) -> Blob: ...
@@ -188,7 +191,9 @@ def _write_cuts(source: Shard, target: Shard, plan: _Plan, as_of: int) -> list[s
     written: list[str] = []
     for trace, index, ref in plan.cuts:
         table = read_part(source._blob, ref, max_time=as_of)
-        refs = write_parts(target._blob, write_id, table, inline_max=target.inline_bytes)
+        refs = write_parts(
+            target._blob, write_id, table, config=target.config, inline_max=target.inline_bytes
+        )
         written.extend(r.key for r in refs if r.inline is None)
         batches = plan.trace if trace else plan.unsealed
         batch = batches[index]
@@ -256,7 +261,8 @@ def fork(source: Shard, dst: str, as_of: int | None = None) -> Shard:
         try:
             for owner_id, (loc, keys) in sorted(plan.pins.items()):
                 owner = _owner(source, source_id, owner_id, loc)
-                owner._machine.commit(AddFork(fork_id, location, tuple(sorted(keys)), id=new_id()))
+                adding = AddFork(fork_id, location, tuple(sorted(keys)), id=owner._machine.new_id())
+                owner._machine.commit(adding)
                 pinned.append((owner, owner_id))
             if time.monotonic() - started > PIN_PENDING_MS / 2000:
                 raise StateConflict(
@@ -266,7 +272,12 @@ def fork(source: Shard, dst: str, as_of: int | None = None) -> Shard:
             unsealed = [u for u in (_bounded(b) for b in plan.unsealed) if u is not None]
             sources = tuple(sorted((i, loc) for i, (loc, _) in plan.pins.items()))
             commit = Fork(
-                at, state.schema, tuple(plan.trace), tuple(unsealed), sources, id=new_id()
+                at,
+                state.schema,
+                tuple(plan.trace),
+                tuple(unsealed),
+                sources,
+                id=target._machine.new_id(),
             )
             target._machine.commit(commit)
         except StateConflict as e:
@@ -293,7 +304,7 @@ def fork(source: Shard, dst: str, as_of: int | None = None) -> Shard:
 def _release_all(pinned: list[tuple[Shard, str]], fork_id: str) -> None:
     for owner, _ in pinned:
         try:
-            owner._machine.commit(ReleaseFork(fork_id, id=new_id()))
+            owner._machine.commit(ReleaseFork(fork_id, id=owner._machine.new_id()))
         except (PersistShardError, OSError) as e:  # dangling: the owner's gc releases it
             log.warning("%s: could not release fork %s's pin: %s", owner.location, fork_id, e)
 
@@ -315,7 +326,7 @@ def release_at(shard: Shard, source_id: str, location: str, fork_id: str) -> boo
         return False
     if fork_id not in state.forks:
         return False
-    new = owner._machine.commit(ReleaseFork(fork_id, id=new_id()))
+    new = owner._machine.commit(ReleaseFork(fork_id, id=owner._machine.new_id()))
     log.info("%s: released the pin of fork %s", location, fork_id)
     if new.dropped and not new.forks:
         drop(owner, apply=True)
@@ -368,10 +379,10 @@ def dangling(shard: Shard, state: ShardState, now_ms: int) -> list[str]:
 def release_dangling(shard: Shard, now_ms: int | None = None) -> list[str]:
     """Release the dangling pins on ``shard`` (`dangling`); the forks released."""
     state = shard._machine.state()
-    now = layout.now_ms() if now_ms is None else now_ms
+    now = shard.config.clock() if now_ms is None else now_ms
     released = dangling(shard, state, now)
     for fork_id in released:
-        shard._machine.commit(ReleaseFork(fork_id, id=new_id()))
+        shard._machine.commit(ReleaseFork(fork_id, id=shard._machine.new_id()))
         log.info("%s: released the dangling pin of fork %s", shard.location, fork_id)
     return released
 
@@ -450,7 +461,7 @@ def drop(shard: Shard, *, apply: bool = False) -> DropReport:
         return report
     report.released = sorted(state.sources)
     if apply and not state.dropped:
-        state = shard._machine.commit(Drop(id=new_id()))
+        state = shard._machine.commit(Drop(id=shard._machine.new_id()))
         log.info("%s: dropped (version %d)", shard.location, state.version)
     if apply and state.sources:
         fork_id = identity(shard)
@@ -475,7 +486,7 @@ def drop(shard: Shard, *, apply: bool = False) -> DropReport:
     report.files = sorted(k for k in listed if not k.startswith(PARTS_PREFIX))
     report.log_deleted = True
     if apply:
-        blob.put(DROPPING_KEY, new_id().encode())
+        blob.put(DROPPING_KEY, shard._machine.new_id().encode())
         _delete_everything(shard, report)
     return report
 

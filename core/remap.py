@@ -40,7 +40,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from persistshard.core.rows import DIFF, TIME
-from persistshard.core.shard import Shard, open_shard
+from persistshard.core.shard import Shard, ShardAddress, open_shard
 from persistshard.errors import InvalidOption, InvalidUpdates, NotSealed, UpperMismatch
 
 log = logging.getLogger("persistshard.core.remap")
@@ -278,8 +278,9 @@ class RemapShard:
     """The remap shard at ``location`` (see the module docstring). Built on the public
     `Shard` API only: ``compare_and_append``, ``updates``, ``state``."""
 
-    def __init__(self, location: str, **storage_options: Any) -> None:
-        self.shard: Shard = open_shard(location, **storage_options)
+    def __init__(self, location: str, **options: Any) -> None:
+        """``options``: `persistshard.core.shard.open_shard`'s."""
+        self.shard: Shard = open_shard(location, **options)
         self.location = self.shard.location
         self._cache: tuple[int, Bindings] | None = None
 
@@ -435,9 +436,17 @@ def _fold_bindings(changes: pa.Table) -> list[tuple[int, Frontier]]:
     return out
 
 
-def open_remap(location: str, **storage_options: Any) -> RemapShard:
-    """Open (or create on the first mint) the remap shard at ``location``."""
-    return RemapShard(location, **storage_options)
+def open_remap(location: str, address: ShardAddress | None = None, **options: Any) -> RemapShard:
+    """Open (or create on the first mint) the remap shard at ``location``; with ``address``
+    (the data shard's), with its storage options, consensus and configuration."""
+    if address is not None:
+        options = {
+            "consensus": address.consensus,
+            "config": address.config,
+            **address.storage_options,
+            **options,
+        }
+    return RemapShard(location, **options)
 
 
 def resume_frontier(

@@ -37,14 +37,15 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Unpack
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from persistshard.core.config import KNOBS, ShardConfig
 from persistshard.core.maintenance.auto import AutoMaintenance, MaintenanceReport
 from persistshard.core.maintenance.compact import CompactionReport, compact_shard
 from persistshard.core.maintenance.compact import maybe_compact as maybe_compact_shard
@@ -80,7 +81,6 @@ from persistshard.core.statemachine.state import (
     ShardState,
 )
 from persistshard.core.storage import layout, metrics
-from persistshard.core.storage import parts as part_store
 from persistshard.core.storage.blob import Blob, open_blob
 from persistshard.core.storage.consensus import (
     BlobConsensus,
@@ -89,7 +89,7 @@ from persistshard.core.storage.consensus import (
     underlying,
 )
 from persistshard.core.storage.layout import DEFAULT_RETENTION_SECONDS, new_id
-from persistshard.core.storage.sqlconsensus import CONSENSUS_OPTION, open_consensus
+from persistshard.core.storage.sqlconsensus import open_consensus, redact_url
 from persistshard.core.write.transaction import (
     CommitOptions,
     WriteTransaction,
@@ -110,6 +110,7 @@ log = logging.getLogger("persistshard.core.shard")
 
 __all__ = [
     "Shard",
+    "ShardAddress",
     "VerifyReport",
     "WrittenUpdates",
     "advance_consumer",
@@ -118,6 +119,39 @@ __all__ = [
     "split_at",
     "write_transaction",
 ]
+
+
+@dataclass(frozen=True)
+class ShardAddress:
+    """What opens a shard again in another place (a Spark task, a CLI subcommand): its
+    location, the blob store's options (may hold credentials: ``repr`` hides them), its
+    consensus URL (None: the log next to the data) and its configuration. Picklable when the
+    configuration's clock is (the default is)."""
+
+    location: str
+    storage_options: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    consensus: str | None = None
+    config: ShardConfig = field(default_factory=ShardConfig)
+
+    def __repr__(self) -> str:
+        """The storage options' names only, the consensus URL without its password."""
+        consensus = redact_url(self.consensus) if self.consensus else None
+        names = ", ".join(sorted(self.storage_options))
+        return (
+            f"ShardAddress({self.location!r}, storage_options=[{names}], "
+            f"consensus={consensus!r}, config={self.config!r})"
+        )
+
+    def open(self, *, maintenance: bool = True, blob: Blob | None = None) -> Shard:
+        """The shard at this address (``blob``: a store to use instead of the default)."""
+        return Shard(
+            self.location,
+            consensus=self.consensus,
+            blob=blob,
+            config=self.config,
+            maintenance=maintenance,
+            **self.storage_options,
+        )
 
 
 @dataclass(frozen=True)
@@ -143,61 +177,64 @@ class Shard:
         *,
         consensus: Consensus | str | None = None,
         blob: Blob | None = None,
-        inline_bytes: int | None = None,
-        inline_cap: int | None = None,
+        config: ShardConfig | None = None,
         maintenance: bool = True,
-        **storage_options: Any,
+        **options: Any,
     ) -> None:
+        """``options``: the knobs of `persistshard.core.config.ShardConfig` by name (e.g.
+        ``inline_bytes=0``, ``clock=...``), applied over ``config`` (default: the defaults,
+        and the environment `ShardConfig.from_options` reads); every other key is a storage
+        option of the blob store (fsspec's). ``blob``: the blob store to use instead of
+        `open_blob`'s (a wrapped store, e.g. a fault-injecting one: conformance)."""
         #: The canonical location (`persistshard.core.storage.layout.canonical_location`):
         #: every spelling of one place gives one string, the shard's name in logs, caches and
         #: the keys of database logs written before shard ids.
         self.location = layout.canonical_location(location)
+        knobs = {k: v for k, v in options.items() if k.lower() in KNOBS or k == "clock"}
+        #: This handle's tunables and clock (`persistshard.core.config`).
+        self.config = ShardConfig.from_options(
+            knobs, base=config, env=config is None, location=self.location
+        )
+        #: The blob store's options (fsspec's): what reopens the storage elsewhere.
+        self.storage_options = {k: v for k, v in options.items() if k not in knobs}
+        #: The consensus URL when the consensus was given as one (what reopens it elsewhere).
+        self.consensus_url = consensus if isinstance(consensus, str) else None
         #: The bounded compaction and gc after this handle's commits (off: ``enabled=False``).
         self.maintenance = AutoMaintenance(enabled=maintenance)
-        inline_bytes = (
-            part_store.DEFAULT_INLINE_BYTES if inline_bytes is None else int(inline_bytes)
-        )
-        inline_cap = part_store.DEFAULT_INLINE_CAP if inline_cap is None else int(inline_cap)
-        if inline_bytes < 0 or inline_cap < 0:
-            raise InvalidOption(
-                f"inline_bytes {inline_bytes} and inline_cap {inline_cap} must be >= 0 (Spark "
-                "options inline_bytes, inline_cap; 0 turns inline writes off)",
-                location=self.location,
-            )
-        #: An append's part of at most this many bytes is committed inline (0: never).
-        self.inline_bytes = min(inline_bytes, MAX_INLINE_PART_BYTES)
-        #: A commit never takes the state's inline bytes past this (`parts.fit_inline`).
-        self.inline_cap = inline_cap
-        #: What reopens this shard elsewhere (Spark tasks): fsspec's options, plus
-        #: ``consensus`` when the consensus was given as a URL and the inline settings when
-        #: they are not the defaults (`open_blob` ignores those keys).
-        self.storage_options = storage_options
-        blob = blob if blob is not None else open_blob(self.location, **storage_options)
+        blob = blob if blob is not None else open_blob(self.location, **self.storage_options)
         blob = metrics.counting_blob(blob)  # store requests counted per operation
         if isinstance(consensus, str):
-            url = consensus
             # Keyed by the shard id recorded next to the data (read on first use), so every
             # spelling of the location finds one log, and another database is refused.
-            consensus = open_consensus(url, self.location, blob)
-            self.storage_options = {**storage_options, CONSENSUS_OPTION: url}
+            consensus = open_consensus(consensus, self.location, blob)
         elif consensus is not None and isinstance(underlying(consensus), DatabaseLog):
             attached = underlying(consensus)
             assert isinstance(attached, DatabaseLog)
             attached.attach(blob)
-        if (inline_bytes, inline_cap) != (
-            part_store.DEFAULT_INLINE_BYTES,
-            part_store.DEFAULT_INLINE_CAP,
-        ):
-            self.storage_options = {
-                **self.storage_options,
-                "inline_bytes": inline_bytes,
-                "inline_cap": inline_cap,
-            }
         consensus = consensus if consensus is not None else BlobConsensus(blob)
         counts = not (isinstance(consensus, BlobConsensus) and consensus.blob is blob)
         self._machine = StateMachine(
-            self.location, blob, metrics.count_consensus(consensus, requests=counts)
+            self.location,
+            blob,
+            metrics.count_consensus(consensus, requests=counts),
+            self.config,
         )
+
+    @property
+    def inline_bytes(self) -> int:
+        """An append's part of at most this many bytes is committed inline (0: never)."""
+        return min(self.config.inline_bytes, MAX_INLINE_PART_BYTES)
+
+    @property
+    def inline_cap(self) -> int:
+        """A commit never takes the state's inline bytes past this (`parts.fit_inline`)."""
+        return self.config.inline_cap
+
+    @property
+    def address(self) -> ShardAddress:
+        """What opens this shard again elsewhere (a Spark task, another process): its
+        location, storage options, consensus URL and configuration."""
+        return ShardAddress(self.location, self.storage_options, self.consensus_url, self.config)
 
     @property
     def _blob(self) -> Blob:
@@ -453,7 +490,7 @@ class Shard:
         current = self._machine.state()
         if since <= current.since:
             return current.since
-        return self._machine.commit(AdvanceSince(since, id=new_id())).since
+        return self._machine.commit(AdvanceSince(since, id=self._machine.new_id())).since
 
     def set_retention(
         self, seconds: float | None = None, versions: int | None = None
@@ -464,7 +501,7 @@ class Shard:
         on every commit that moves the upper (and at once), never past a live reader hold and
         never to the upper. See `persistshard.core.statemachine.retention`."""
         retention = retention_of(seconds, versions, self.location)
-        return self._machine.commit(SetRetention(retention, id=new_id()))
+        return self._machine.commit(SetRetention(retention, id=self._machine.new_id()))
 
     def retention(self) -> Retention | None:
         """The shard's history retention, or None (keeps everything until since is moved)."""
@@ -492,12 +529,12 @@ class Shard:
 
     def expire_reader(self, reader_id: str) -> None:
         """Drop ``reader_id``'s hold by hand (an operator's tool; idempotent)."""
-        self._machine.commit(ExpireReader(reader_id, id=new_id()))
+        self._machine.commit(ExpireReader(reader_id, id=self._machine.new_id()))
 
     def readers(self) -> dict[str, tuple[int, int]]:
         """``{reader_id: (since, lease expiry in ms since the epoch)}`` of the live holds."""
         self._require_shard()
-        holds = self._machine.state().live_holds(layout.now_ms())
+        holds = self._machine.state().live_holds(self.config.clock())
         return {r: (h.since, h.expires_ms) for r, h in sorted(holds.items())}
 
     # --- durable consumers (core/statemachine/consumers.py) -------------------------------
@@ -602,6 +639,7 @@ class Shard:
             query,
             columns=columns,
             filter=filter,
+            config=self.config,
             newest=self._machine.state,
         )
 
@@ -625,6 +663,7 @@ class Shard:
             q,
             columns=columns,
             filter=filter,
+            config=self.config,
             newest=self._machine.state,
         )
 
@@ -697,7 +736,7 @@ class Shard:
     def describe(self) -> dict[str, Any]:
         """Upper, since, batches by level, sizes, unsealed updates (for `persistshard inspect`)."""
         state = self._require_shard(self._machine.state())
-        now = layout.now_ms()
+        now = self.config.clock()
         levels: dict[int, dict[str, int]] = {}
         for b in state.trace:
             lvl = levels.setdefault(b.level, {"batches": 0, "parts": 0, "rows": 0, "bytes": 0})
@@ -753,13 +792,12 @@ class Shard:
     # --- forks and drop (core/fork.py) ----------------------------------------------------
 
     def related(self, location: str, *, maintenance: bool = False) -> Shard:
-        """A handle on the shard at ``location`` with this one's storage options and kind of
-        log (next to its data when this one's is, else the same database URL), on a sibling
-        of this one's store (`Blob.sibling`): a fork's source, a source's fork. `InvalidOption`
-        for a shard whose log is a consensus object (forks need a log every process can
-        name)."""
-        options = dict(self.storage_options)
-        url = options.pop(CONSENSUS_OPTION, None)
+        """A handle on the shard at ``location`` with this one's storage options,
+        configuration and kind of log (next to its data when this one's is, else the same
+        database URL), on a sibling of this one's store (`Blob.sibling`): a fork's source, a
+        source's fork. `InvalidOption` for a shard whose log is a consensus object (forks need
+        a log every process can name)."""
+        url = self.consensus_url
         if url is None and not isinstance(underlying(self.consensus), BlobConsensus):
             raise InvalidOption(
                 "forks need the shard's log next to its data or in a database given by URL "
@@ -767,7 +805,14 @@ class Shard:
                 location=self.location,
             )
         blob = self._blob.sibling(location)
-        return Shard(location, consensus=url, blob=blob, maintenance=maintenance, **options)
+        return Shard(
+            location,
+            consensus=url,
+            blob=blob,
+            config=self.config,
+            maintenance=maintenance,
+            **self.storage_options,
+        )
 
     def maintains(self) -> bool:
         """Whether this handle runs the after-commit maintenance (`maintenance`)."""
@@ -905,15 +950,19 @@ def open_shard(
     location: str,
     *,
     consensus: Consensus | str | None = None,
+    config: ShardConfig | None = None,
     maintenance: bool = True,
-    **storage_options: Any,
+    **options: Any,
 ) -> Shard:
     """Open (or create on first write) the shard at ``location``. ``consensus``: where its log
     is, a `Consensus` or a URL (``sqlite:///...``, ``postgresql://...``,
     `persistshard.core.storage.sqlconsensus`); default the log next to the data
-    (`BlobConsensus`). ``maintenance``: whether this handle runs the bounded compaction and
-    gc after its commits (`persistshard.core.maintenance.auto`; default on)."""
-    return Shard(location, consensus=consensus, maintenance=maintenance, **storage_options)
+    (`BlobConsensus`). ``config`` and the knobs named in ``options`` (``inline_bytes=0``,
+    ``clock=...``: `persistshard.core.config.ShardConfig`) tune the handle; the other
+    ``options`` are the blob store's (fsspec's). ``maintenance``: whether this handle runs the
+    bounded compaction and gc after its commits (`persistshard.core.maintenance.auto`;
+    default on)."""
+    return Shard(location, consensus=consensus, config=config, maintenance=maintenance, **options)
 
 
 def write_transaction(shard: Shard, write_id: str | None = None) -> WriteTransaction:

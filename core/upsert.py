@@ -52,6 +52,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from persistshard.core.config import ShardConfig
 from persistshard.core.read.filters import chunk_stats
 from persistshard.core.read.plan import (
     PartSlice,
@@ -460,10 +461,12 @@ def delta_parts(
     schema: pa.Schema,
     write_id: str,
     *,
+    config: ShardConfig,
     location: str | None = None,
     stats: LookupStats | None = None,
 ) -> list[PartRef]:
-    """Write, as parts of ``write_id``, the updates at ``state.upper`` that apply
+    """Write, as parts of ``write_id`` (sized as ``config`` says), the updates at
+    ``state.upper`` that apply
     ``incoming`` (from `prepare`) to ``state``'s contents; commits nothing. The caller commits
     them with ``expected_upper = state.upper`` and ``new_upper = state.upper + 1``."""
     snapshot_schema = pa.schema([*schema, pa.field(DIFF, pa.int64(), nullable=False)])
@@ -483,7 +486,7 @@ def delta_parts(
         current.num_rows,
         delta.num_rows,
     )
-    return write_parts(blob, write_id, delta)
+    return write_parts(blob, write_id, delta, config=config)
 
 
 def _conform(table: pa.Table, schema: pa.Schema, location: str | None) -> pa.Table:

@@ -29,6 +29,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from persistshard import errors
+from persistshard.core.config import ShardConfig
 from persistshard.core.maintenance import trace
 from persistshard.core.maintenance.compact import CompactionReport, MergeResult, merge_report
 from persistshard.core.shard import Shard, write_transaction
@@ -49,7 +50,9 @@ def run_merge_task(payload: str) -> str:
     try:
         blob = open_blob(d["location"], **d["storage_options"])
         plan = trace.MergePlan.from_json(d["plan"])
-        result = run_merge(blob, plan, schema_from_b64(d["schema"]), write_id=d["write_id"])
+        config = ShardConfig.from_options(d["config"], env=False)
+        schema = schema_from_b64(d["schema"])
+        result = run_merge(blob, plan, schema, write_id=d["write_id"], config=config)
         return json.dumps({"result": result.to_json()})
     except Exception as e:  # raised again on the driver, after the round's other commits
         log.warning("merge task for %s failed: %s: %s", d.get("location"), type(e).__name__, e)
@@ -102,6 +105,7 @@ def compact(
                 {
                     "location": shard.location,
                     "storage_options": shard.storage_options,
+                    "config": shard.config.options(),
                     "plan": plan.to_json(),
                     "schema": schema_to_b64(state.schema),
                     "write_id": write_id,

@@ -64,6 +64,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from persistshard.core.config import KNOBS, MEMORY_BUDGET, ShardConfig
+from persistshard.core.shard import ShardAddress
 from persistshard.core.storage.blob import as_storage_error
 from persistshard.core.storage.layout import canonical_location
 from persistshard.errors import (
@@ -108,8 +110,6 @@ WRITE_OPTIONS = frozenset(
         "delete_column",
         "batch_id",
         "source_frontier",
-        "inline_bytes",  # small writes carried in the commit (core/storage/parts.py)
-        "inline_cap",
     }
 )
 READ_OPTIONS = frozenset(
@@ -134,8 +134,12 @@ READ_OPTIONS = frozenset(
 TABLE_OPTIONS = frozenset(
     {"columns", "provider", "owner", "external", "is_managed_location", "comment"}
 )
-COMMON_OPTIONS = frozenset(
-    {"path", "location", "paths", "checkpointlocation", "queryname", "consensus"}
+#: The knobs of a shard's configuration (`persistshard.core.config.ShardConfig`: inline_bytes,
+#: chunk_bytes, ...): options of every read and write, parsed by `shard_config`.
+CONFIG_OPTIONS = frozenset(KNOBS)
+COMMON_OPTIONS = (
+    frozenset({"path", "location", "paths", "checkpointlocation", "queryname", "consensus"})
+    | CONFIG_OPTIONS
 )
 ALL_OPTIONS = WRITE_OPTIONS | READ_OPTIONS | TABLE_OPTIONS | COMMON_OPTIONS
 
@@ -165,12 +169,10 @@ def _decode(value: Any) -> Any:
         return value
 
 
-def storage_options(
-    options: Mapping[str, Any], schema: Any = None, location: str | None = None
-) -> StorageOptions:
-    """The ``storage.<name>`` options as fsspec storage options (JSON values decoded), plus
-    ``consensus`` (the shard's consensus URL, `consensus_url`), which travels with them to
-    every `open_shard` (`persistshard.core.shard.Shard` takes it as its ``consensus``)."""
+def storage_options(options: Mapping[str, Any]) -> StorageOptions:
+    """The ``storage.<name>`` options as fsspec storage options (JSON values decoded): the
+    blob store's options only (the consensus URL is `consensus_url`, the knobs
+    `shard_config`)."""
     out = StorageOptions()
     for key, value in options.items():
         if key.lower().startswith(STORAGE_PREFIX):
@@ -183,14 +185,26 @@ def storage_options(
                     "option consensus (a sqlite:/// or postgresql:// URL)"
                 )
             out[name] = _decode(value)
-    url = consensus_url(options, schema, location)
-    if url:
-        out["consensus"] = url
-    for name in ("inline_bytes", "inline_cap"):  # `Shard` takes them; open_blob drops them
-        number = _int(options, name)
-        if number is not None:
-            out[name] = number
     return out
+
+
+def shard_config(options: Mapping[str, Any], location: str | None = None) -> ShardConfig:
+    """The shard configuration the options give (`CONFIG_OPTIONS`, names case-insensitive;
+    `ShardConfig.from_options`, the one parser of Python arguments, Spark and SQL options and
+    CLI flags): knobs left out keep their defaults."""
+    knobs = {k: v for k, v in options.items() if k.lower() in CONFIG_OPTIONS}
+    return ShardConfig.from_options(knobs, location=location, prefix="option ")
+
+
+def shard_address(options: Mapping[str, Any], schema: Any, location: str) -> ShardAddress:
+    """What opens the shard the options name, in the driver and in every task: the location,
+    the storage options, the consensus URL (`consensus_url`) and the configuration."""
+    return ShardAddress(
+        location,
+        storage_options(options),
+        consensus_url(options, schema, location),
+        shard_config(options, location),
+    )
 
 
 def consensus_url(
@@ -279,7 +293,7 @@ def storage_errors(location: str | None, doing: str) -> Iterator[None]:
 
 
 #: Options whose value is a persistshard value: refused when given empty (`check_known`).
-VALUED_OPTIONS = WRITE_OPTIONS | READ_OPTIONS
+VALUED_OPTIONS = WRITE_OPTIONS | READ_OPTIONS | CONFIG_OPTIONS
 
 #: Option ``retention``'s syntax (`parse_retention`).
 RETENTION_SYNTAX = (
@@ -534,8 +548,14 @@ class WriteOptions:
     maintenance: bool = True
     #: Option ``retention`` (`parse_retention`): set on the shard when the write starts.
     retention: tuple[int | None, int | None] | None = None
-    storage_options: StorageOptions = field(default_factory=StorageOptions)
+    #: What opens the shard (storage options, consensus URL, configuration).
+    address: ShardAddress = field(default_factory=lambda: ShardAddress(""))
     merge_schema: bool = False
+
+    @property
+    def storage_options(self) -> StorageOptions:
+        """The blob store's options (``storage.<name>``)."""
+        return StorageOptions(self.address.storage_options)
 
     @property
     def plain(self) -> bool:
@@ -587,8 +607,8 @@ class WriteOptions:
             compact=_bool(options, "compact", True),
             maintenance=_bool(options, "maintenance", True),
             retention=parse_retention(options),
-            memory_budget=memory_budget if memory_budget is not None else (256 << 20),
-            storage_options=storage_options(options, schema, location),
+            memory_budget=memory_budget if memory_budget is not None else MEMORY_BUDGET,
+            address=shard_address(options, schema, location),
             merge_schema=_bool(options, "merge_schema", False),
             remap=remap,
             source_partition_column=_name(options, "source_partition_column") or "partition",
@@ -630,7 +650,8 @@ class ReadOptions:
     min_partitions: int = 1
     reader_id: str | None = None
     reader_lease_seconds: int | None = None
-    storage_options: StorageOptions = field(default_factory=StorageOptions)
+    #: What opens the shard (storage options, consensus URL, configuration).
+    address: ShardAddress = field(default_factory=lambda: ShardAddress(""))
     #: The ``where`` option's text (checked by the reader: `persistshard.core.read.filters`).
     where: str | None = None
     #: A streaming read holds the shard's since (a commit: needs write access) unless false.
@@ -638,6 +659,11 @@ class ReadOptions:
     #: A batch read of this durable consumer's changes: from its position to ``updates_to``
     #: (default: the upper seen at planning).
     consumer: str | None = None
+
+    @property
+    def storage_options(self) -> StorageOptions:
+        """The blob store's options (``storage.<name>``)."""
+        return StorageOptions(self.address.storage_options)
 
     @property
     def reads_updates(self) -> bool:
@@ -673,7 +699,7 @@ class ReadOptions:
             min_partitions=min_partitions if min_partitions is not None else (os.cpu_count() or 1),
             reader_id=_name(options, "reader_id"),
             reader_lease_seconds=_int(options, "reader_lease_seconds", minimum=1),
-            storage_options=storage_options(options, schema, location),
+            address=shard_address(options, schema, location),
             where=options.get("where"),
             hold=_bool(options, "hold", True),
             consumer=_name(options, "consumer"),

@@ -43,9 +43,10 @@ import numpy as np
 import pyarrow as pa
 
 from persistshard import errors
+from persistshard.core.config import MEMORY_BUDGET, ShardConfig
 from persistshard.core.read.plan import KeyRange
 from persistshard.core.rows import DIFF, TIME, consolidate
-from persistshard.core.shard import Shard, WrittenUpdates, write_transaction
+from persistshard.core.shard import WrittenUpdates, write_transaction
 from persistshard.core.statemachine.state import PartRef
 from persistshard.core.storage.blob import open_blob
 from persistshard.core.storage.layout import release_unused_memory
@@ -95,6 +96,7 @@ class DiffTask:
     time: int
     write_id: str
     memory_budget: int
+    config: ShardConfig
 
 
 def _desired(batch: pa.RecordBatch, d: BatchDescription) -> pa.Table:
@@ -119,7 +121,7 @@ def stage_task(d: BatchDescription, batches: Any, memory_budget: int) -> list[li
     takes the runs apart again). Validates like any write; returns the chains."""
     from pyspark import TaskContext
 
-    blob = open_blob(d.location, **d.storage_options)
+    blob = open_blob(d.location, **d.address.storage_options)
     schema = d.target if d.target is not None else (d.shard_schema or d.incoming)
     limit = max(1 << 20, memory_budget // 4)
     chains: list[list[PartRef]] = []
@@ -131,7 +133,7 @@ def stage_task(d: BatchDescription, batches: Any, memory_budget: int) -> list[li
         if pending:
             run = consolidate(pa.concat_tables(pending))
             pending, size = [], 0
-            chains.append(write_parts(blob, d.write_id, run))
+            chains.append(write_parts(blob, d.write_id, run, config=d.address.config))
             del run
             release_unused_memory()  # the run's sort and encode buffers, before the next
 
@@ -178,6 +180,7 @@ def _run_diff(task: DiffTask) -> tuple[list[PartRef], DiffStats] | dict[str, str
                 time=task.time,
                 write_id=task.write_id,
                 memory_budget=task.memory_budget,
+                config=task.config,
                 key_range=task.key_range,
                 stats=stats,
             )
@@ -200,7 +203,7 @@ def overwrite(
     df: DataFrame,
     location: str,
     *,
-    memory_budget: int = 256 << 20,
+    memory_budget: int = MEMORY_BUDGET,
     merge_schema: bool = False,
     max_ranges: int | None = None,
     range_bytes: int = RANGE_BYTES,
@@ -216,7 +219,7 @@ def overwrite(
     options = {"path": location, "memory_budget": str(memory_budget)}
     options.update({f"storage.{k}": str(v) for k, v in storage_options.items()})
     opts = WriteOptions.parse(options, df.schema)
-    shard = Shard(opts.location, **opts.storage_options)
+    shard = opts.address.open()
     check_location(shard)
     state = shard.state()
     d = describe_write(opts, df.schema, True, shard, evolve=merge_schema)
@@ -259,6 +262,7 @@ def overwrite(
                         time,
                         delta_ids[-1],
                         memory_budget,
+                        shard.config,
                     )
                 )
             outcomes = spark.sparkContext.parallelize(tasks, len(tasks)).map(_run_diff).collect()

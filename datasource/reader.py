@@ -90,15 +90,15 @@ from persistshard.core.read.race import pinned_read
 from persistshard.core.rows import DIFF, TIME
 from persistshard.core.shard import (
     Shard,
+    ShardAddress,
     iter_read_task,
-    open_shard,
     plan_read_tasks,
     run_read_task,
 )
 from persistshard.core.statemachine.consumers import read_from
 from persistshard.core.statemachine.state import ShardState
 from persistshard.core.storage.blob import Blob
-from persistshard.datasource.options import LOCATION_KEY, ReadOptions, StorageOptions
+from persistshard.datasource.options import LOCATION_KEY, ReadOptions
 from persistshard.datasource.types import arrow_schema_of, conform, spark_schema_of
 from persistshard.errors import InvalidOption, InvalidUpdates, NoShard
 
@@ -142,14 +142,15 @@ class ShardPartition(InputPartition):
         location: str,
         version: int,
         task: ReadTask,
-        storage_options: dict[str, Any] | None = None,
+        address: ShardAddress | None = None,
         result_filter: Pred | None = None,
     ) -> None:
         super().__init__(version)
         self.location = location
         self.version = version
         self.task = task
-        self.storage_options = StorageOptions(storage_options or {})  # repr hides the values
+        #: What opens the shard in the task (its repr hides the storage options' values).
+        self.address = address if address is not None else ShardAddress(location)
         self.result_filter = result_filter
 
     @property
@@ -221,13 +222,14 @@ def plan_partitions(
         min_partitions=opts.min_partitions,
         row_filter=row_filter,
         multiset=multiset,
+        min_task_bytes=shard.config.min_task_bytes,
     )
     assert state.schema is not None
     if columns is not None and set(columns) != set(state.schema.names):
         names = tuple(n for n in state.schema.names if n in set(columns))
         tasks = [dataclasses.replace(t, columns=names) for t in tasks]
     return [
-        ShardPartition(shard.location, state.version, t, shard.storage_options, result_filter)
+        ShardPartition(shard.location, state.version, t, shard.address, result_filter)
         for t in tasks
     ]
 
@@ -241,12 +243,12 @@ def read_partition(
     (`persistshard.core.read.race`)."""
 
     def newest() -> ShardState:
-        return open_shard(p.location, **p.storage_options).state()
+        return p.address.open().state()
 
     with pinned_read(p.version, newest, p.location):
         if blob is not None:
             return read_task(blob, p.task, as_multiset=as_multiset)
-        shard = open_shard(p.location, **p.storage_options)
+        shard = p.address.open()
         return run_read_task(shard, p.task, as_multiset=as_multiset)
 
 
@@ -517,7 +519,7 @@ class PersistShardReader(DataSourceReader):
         return where_filters(self.opts, self.where, stored, self.schema, columns)
 
     def partitions(self) -> list[ShardPartition]:
-        shard = open_shard(self.opts.location, **self.opts.storage_options)
+        shard = self.opts.address.open()
         state = shard.state()
         if state.schema is None:
             if not declared_table(self.schema):
@@ -557,7 +559,7 @@ class PersistShardReader(DataSourceReader):
         q = partition.query
         target = arrow_schema_of(self.schema)
         result_filter = partition.result_filter
-        shard = open_shard(partition.location, **partition.storage_options)
+        shard = partition.address.open()
         multiset = DIFF not in target.names
         # The driver pinned the version in partitions(): a part gc collected since is
         # VersionCollected (the text Spark shows starts with it: run the query again).
@@ -602,7 +604,7 @@ class ScopedPushdownReader(PersistShardReader):
         self.pushed: tuple[Pred, ...] = ()
 
     def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
-        state = open_shard(self.opts.location, **self.opts.storage_options).state()
+        state = self.opts.address.open().state()
         if state.schema is None:
             return filters  # partitions() reports the missing shard
         visible = output_schema(state.schema, self.schema)

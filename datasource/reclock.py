@@ -213,9 +213,9 @@ def commit_reclocked(
     commit is followed (``maintenance``, the write option) by the bounded after-commit
     maintenance."""
     present = [m for m in messages if m is not None]
-    from persistshard.core.shard import open_shard, write_transaction
+    from persistshard.core.shard import write_transaction
 
-    shard = open_shard(d.location, **d.storage_options)
+    shard = d.address.open()
     txn = write_transaction(shard)
     try:
         # Each task renewed its write's lease while it ran; the driver keeps them to the commit.
@@ -234,7 +234,7 @@ def _commit(
     compact: bool,
     maintenance: bool,
 ) -> int:
-    remap = open_remap(spec.remap, **d.storage_options)
+    remap = open_remap(spec.remap, address=d.address)
     uppers = {m.remap_upper for m in present}
     if len(uppers) > 1:
         raise UpperMismatch(

@@ -16,7 +16,7 @@ from typing import Any
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter
 from pyspark.sql.types import StructType
 
-from persistshard.core.shard import Shard, open_shard, write_transaction
+from persistshard.core.shard import Shard, write_transaction
 from persistshard.core.statemachine.state import WriterBatch, WriterVerdict, judge_writer_batch
 from persistshard.core.storage.layout import new_id
 from persistshard.datasource import reclock
@@ -49,7 +49,7 @@ class PersistShardWriter(DataSourceArrowWriter):
 
     def __init__(self, options: dict[str, str], schema: StructType, overwrite: bool) -> None:
         self.opts = WriteOptions.parse(options, schema)
-        shard = open_shard(self.opts.location, **self.opts.storage_options)
+        shard = self.opts.address.open()
         check_location(shard)
         apply_retention(shard, self.opts.retention)
         # A SQL table's location comes from its catalog columns; columns there without it
@@ -72,7 +72,7 @@ class PersistShardWriter(DataSourceArrowWriter):
                     location=shard.location,
                 )
             spec = reclock.spec_of(self.opts, schema, shard.location)
-            remap = open_remap(spec.remap, **self.opts.storage_options)
+            remap = open_remap(spec.remap, address=self.opts.address)
             self.reclock = (spec, remap.pinned())
         self.description = describe_write(self.opts, schema, overwrite, shard, evolve=evolve)
 
@@ -107,7 +107,7 @@ class PersistShardWriter(DataSourceArrowWriter):
             self.description.location,
             self.description.write_id,
         )
-        shard = open_shard(self.description.location, **self.description.storage_options)
+        shard = self.description.address.open()
         sweep_write(shard, self.description.write_id, set())
 
 
@@ -124,7 +124,7 @@ def stream_task(
 ) -> DigestedTask:
     """One task of micro-batch ``batch_id`` (not reclocked): its rows written as parts under a
     write id naming the writer and the batch, reported with their digest and the query id."""
-    shard = open_shard(opts.location, **opts.storage_options)
+    shard = opts.address.open()
     d = describe_write(opts, schema, complete, shard)
     d = replace(d, write_id=stream_write_id(opts.writer_id, batch_id))
     rows = Digesting(batches)
@@ -207,9 +207,7 @@ class PersistShardStreamWriter(DataSourceStreamArrowWriter):
     def __init__(self, options: dict[str, str], schema: StructType, overwrite: bool) -> None:
         self.opts = WriteOptions.parse(options, schema)
         if self.opts.retention is not None:
-            apply_retention(
-                open_shard(self.opts.location, **self.opts.storage_options), self.opts.retention
-            )
+            apply_retention(self.opts.address.open(), self.opts.retention)
         if self.opts.writer_id is None:
             raise InvalidOption(
                 "a streaming write needs option writer_id: a stable name for this writer, "
@@ -235,10 +233,10 @@ class PersistShardStreamWriter(DataSourceStreamArrowWriter):
             )
         from persistshard.core.remap import open_remap
 
-        shard = open_shard(self.opts.location, **self.opts.storage_options)
+        shard = self.opts.address.open()
         d = describe_write(self.opts, self.schema, self.complete, shard)
         d = replace(d, write_id=stream_write_id(self.opts.writer_id, batch_id))
-        bindings = open_remap(self.reclock.remap, **self.opts.storage_options).pinned()
+        bindings = open_remap(self.reclock.remap, address=self.opts.address).pinned()
         return reclock.reclock_task(d, self.reclock, iterator, bindings)
 
     def commit(self, messages: list[Any], batchId: int) -> None:
@@ -246,7 +244,7 @@ class PersistShardStreamWriter(DataSourceStreamArrowWriter):
             # No batch-id bookkeeping: Spark restarts batch ids when the checkpoint is deleted;
             # the reclocked times themselves make a replay a no-op.
 
-            shard = open_shard(self.opts.location, **self.opts.storage_options)
+            shard = self.opts.address.open()
             d = replace(describe_write(self.opts, self.schema, False, shard), write_id=new_id())
             reclock.commit_reclocked(
                 d,
@@ -259,7 +257,7 @@ class PersistShardStreamWriter(DataSourceStreamArrowWriter):
         if self.complete:
             commit_complete(self.opts, self.schema, messages, batchId)
             return
-        shard = open_shard(self.opts.location, **self.opts.storage_options)
+        shard = self.opts.address.open()
         present = [m for m in messages if m is not None]
         lowers = {m.lower for m in present}
         writer = WriterBatch(self.opts.writer_id or "", batchId, identity_of(present))
@@ -291,7 +289,7 @@ class PersistShardStreamWriter(DataSourceStreamArrowWriter):
                 sweep_write(shard, m.write_id, shard.state().part_keys())
 
     def abort(self, messages: list[Any], batchId: int) -> None:
-        shard = open_shard(self.opts.location, **self.opts.storage_options)
+        shard = self.opts.address.open()
         keep = shard.state().part_keys()
         for m in messages:
             if m is not None:

@@ -34,7 +34,6 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import LongType, StructField, StructType
 
 from persistshard.core.rows import DIFF, TIME
-from persistshard.core.shard import open_shard
 from persistshard.core.storage.sqlconsensus import redact_url, url_has_password
 from persistshard.datasource.options import (
     LOCATION_KEY,
@@ -42,8 +41,8 @@ from persistshard.datasource.options import (
     check_shared,
     find_location,
     require_location,
+    shard_address,
     storage_errors,
-    storage_options,
     table_metadata,
 )
 from persistshard.datasource.types import spark_schema_of
@@ -73,8 +72,8 @@ class PersistShardDataSource(DataSource):
         location = require_location(options)
         check_shared(location)
         creating = "location" in options or "provider" in options
-        secrets = storage_options(options)
-        consensus = secrets.get("consensus")
+        address = shard_address(options, None, location)
+        consensus = address.consensus
         if creating and consensus and url_has_password(consensus):
             raise InvalidOption(
                 "a table's OPTIONS are stored in Spark's catalog, so a consensus URL with a "
@@ -83,7 +82,7 @@ class PersistShardDataSource(DataSource):
                 "consensus per statement: WITH ('consensus' = '...')",
                 location=location,
             )
-        fsspec_names = sorted(k for k in secrets if k != "consensus")
+        fsspec_names = sorted(address.storage_options)
         if creating and fsspec_names:
             # Spark keeps a table's OPTIONS in its catalog: storage options (credentials) must
             # not go there. fsspec's own configuration reaches every statement instead.
@@ -95,7 +94,7 @@ class PersistShardDataSource(DataSource):
                 location=location,
             )
         with storage_errors(location, "read the shard"):
-            shard = open_shard(location, **secrets)
+            shard = address.open()
             stored = shard.schema
         if stored is None:
             columns = options.get("columns")

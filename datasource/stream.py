@@ -35,7 +35,7 @@ from pyspark.sql.types import StructType
 
 from persistshard.core.read.plan import check_as_of, check_updates_range
 from persistshard.core.rows import DIFF, TIME
-from persistshard.core.shard import Shard, open_shard
+from persistshard.core.shard import Shard
 from persistshard.core.statemachine.holds import DEFAULT_LEASE_SECONDS, ReaderHold
 from persistshard.core.storage.layout import new_id
 from persistshard.datasource.options import ReadOptions
@@ -136,7 +136,7 @@ class PersistShardStreamReader(DataSourceStreamReader):
 
     def initialOffset(self) -> dict[str, int]:
         start = self.opts.updates_from
-        hold = self._holding(open_shard(self.opts.location, **self.opts.storage_options))
+        hold = self._holding(self.opts.address.open())
         if hold is not None and start is not None and start - 1 > hold.since:
             hold.downgrade_since(start - 1)
         return {"upper": INITIAL if start is None else start}
@@ -144,13 +144,13 @@ class PersistShardStreamReader(DataSourceStreamReader):
     def latestOffset(
         self, start: dict[str, Any] | None = None, limit: Any = None
     ) -> dict[str, int]:
-        shard = open_shard(self.opts.location, **self.opts.storage_options)
+        shard = self.opts.address.open()
         self._holding(shard)
         return {"upper": shard.upper}
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[ShardPartition]:
         lo, hi = int(start["upper"]), int(end["upper"])
-        shard = open_shard(self.opts.location, **self.opts.storage_options)
+        shard = self.opts.address.open()
         state = shard.state()
         if hi <= 0 or state.schema is None:
             return []
@@ -174,7 +174,7 @@ class PersistShardStreamReader(DataSourceStreamReader):
     def commit(self, end: dict[str, Any]) -> None:
         """Spark has everything below ``end``: hold since at ``end - 1`` from now on."""
         upper = int(end["upper"])
-        hold = self._holding(open_shard(self.opts.location, **self.opts.storage_options))
+        hold = self._holding(self.opts.address.open())
         if hold is not None and upper - 1 > hold.since:
             log.debug(
                 "%s: stream read through %d; hold moves to %d", self.opts.location, upper, upper - 1

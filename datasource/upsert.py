@@ -59,7 +59,7 @@ from pyspark.sql.types import BooleanType, StructType
 
 from persistshard.core import upsert as up
 from persistshard.core.rows import DIFF, TIME, consolidate
-from persistshard.core.shard import WrittenUpdates, open_shard, write_transaction
+from persistshard.core.shard import WrittenUpdates, write_transaction
 from persistshard.core.statemachine.state import WriterBatch, WriterVerdict, judge_writer_batch
 from persistshard.core.write.transaction import WriteTransaction
 from persistshard.core.write.validate import update_schema
@@ -99,7 +99,7 @@ def plan_upsert(
 ) -> tuple[WriteOptions, UpsertSpec, BatchDescription]:
     """Mint an upsert write (module docstring, step 1); every check runs here."""
     opts = WriteOptions.parse(options, schema)
-    shard = open_shard(opts.location, **opts.storage_options)
+    shard = opts.address.open()
     check_location(shard)
     apply_retention(shard, opts.retention)
     location = shard.location
@@ -172,7 +172,7 @@ def plan_upsert(
 def stage_task(d: BatchDescription, spec: UpsertSpec, batches: Any) -> TaskWritten:
     """Step 2: one task's incoming rows, checked and written as staged parts."""
     with storage_errors(d.location, "write the shard"):
-        shard = open_shard(d.location, **d.storage_options)
+        shard = d.address.open()
         # A task still staging late in the write's lease renews it (core/statemachine/leases.py).
         with write_transaction(shard, d.write_id) as txn:
             return _stage(d, spec, batches, txn)
@@ -229,7 +229,7 @@ def commit_upserts(
     """Step 3 (module docstring): apply the staged rows to the shard in one commit, then
     (``maintenance``, the write option) the bounded after-commit maintenance."""
     with storage_errors(d.location, "write the shard"):
-        shard = open_shard(d.location, maintenance=maintenance, **d.storage_options)
+        shard = d.address.open(maintenance=maintenance)
         txn = write_transaction(shard)
         try:
             # The staged rows are read here: their writes' leases must still be live (else
@@ -331,7 +331,7 @@ class UpsertWriter(DataSourceArrowWriter):
         )
 
     def abort(self, messages: list[Any]) -> None:
-        shard = open_shard(self.description.location, **self.description.storage_options)
+        shard = self.description.address.open()
         sweep_write(shard, self.description.write_id, set())
 
 
@@ -368,7 +368,7 @@ class UpsertStreamWriter(DataSourceStreamArrowWriter):
         )
 
     def abort(self, messages: list[Any], batchId: int) -> None:
-        shard = open_shard(self.opts.location, **self.opts.storage_options)
+        shard = self.opts.address.open()
         for m in messages:
             if m is not None and m.write_id:
                 sweep_write(shard, m.write_id, set())

@@ -40,7 +40,7 @@ from typing import Any
 
 from pyspark.sql.types import StructType
 
-from persistshard.core.shard import WrittenUpdates, open_shard, write_transaction
+from persistshard.core.shard import WrittenUpdates, write_transaction
 from persistshard.core.statemachine.state import WriterBatch, WriterVerdict, judge_writer_batch
 from persistshard.core.write.diff import DiffRun, current_runs
 from persistshard.datasource.options import WriteOptions, storage_errors
@@ -58,7 +58,7 @@ def commit_complete(
     opts: WriteOptions, spark_schema: StructType, messages: list[Any], batch_id: int
 ) -> None:
     """Commit one complete-mode micro-batch exactly once (module docstring)."""
-    shard = open_shard(opts.location, **opts.storage_options)
+    shard = opts.address.open()
     present = [m for m in messages if m is not None]
     writer = WriterBatch(opts.writer_id or "", batch_id, identity_of(present))
     chains = [DiffRun(tuple(m.sealed), 1) for m in present if m.sealed]

@@ -42,7 +42,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from persistshard.core.rows import DIFF, TIME, consolidation_indices, row_columns
-from persistshard.core.shard import Shard, WrittenUpdates, open_shard, write_transaction
+from persistshard.core.shard import Shard, ShardAddress, WrittenUpdates, write_transaction
 from persistshard.core.statemachine.state import PartRef
 from persistshard.core.storage import layout, metrics
 from persistshard.core.storage.parts import PutsBehind
@@ -56,7 +56,6 @@ from persistshard.core.write.validate import (
     user_schema,
 )
 from persistshard.datasource.options import (
-    StorageOptions,
     WriteOptions,
     storage_errors,
 )
@@ -102,7 +101,7 @@ class BatchDescription:
     diff_column: str | None
     overwrite: bool
     memory_budget: int
-    storage_options: dict[str, Any] = field(repr=False)  # may hold credentials
+    address: ShardAddress = field(repr=False)  # its storage options may hold credentials
     target: pa.Schema | None = None
     sources: tuple[str, ...] = ()
     plain: bool = False
@@ -187,7 +186,7 @@ def describe_write(
         diff_column=diff_column,
         overwrite=overwrite,
         memory_budget=opts.memory_budget,
-        storage_options=StorageOptions(shard.storage_options),
+        address=shard.address,
         target=target,
         sources=tuple(sources),
         plain=opts.plain and time_column is None and not overwrite,
@@ -244,7 +243,7 @@ def write_task(d: BatchDescription, batches: Any, time: int) -> TaskWritten:
     """Step 2: sort and consolidate one task's batches and write its parts."""
     _check_case(d)
     with storage_errors(d.location, "write the shard"), metrics.operation("write task") as op:
-        shard = open_shard(d.location, **d.storage_options)
+        shard = d.address.open()
         # A task still running late in the write's lease renews it (core/statemachine/leases.py).
         with write_transaction(shard, d.write_id) as txn:
             written = _write_task(d, batches, time, txn)
@@ -263,7 +262,7 @@ def _write_task(d: BatchDescription, batches: Any, time: int, txn: WriteTransact
     # transient copy of about as much again) plus one part being gathered and encoded
     # (2 x 1/12). Measured peak: about the budget, whatever the input
     # (tests/test_writer_memory.py).
-    part_bytes = max(1 << 20, min(d.memory_budget // 12, 256 << 20))
+    part_bytes = max(1 << 20, min(d.memory_budget // 12, d.address.config.part_bytes))
     run_bytes = max(1 << 20, d.memory_budget // 3)
     # A task reads its input once and then writes it out: while the input fits in its share
     # of the budget it is only gathered, then sorted and consolidated once
@@ -452,7 +451,7 @@ def commit_write(
     """Step 3: one compare-and-append of every task's parts (see the module docstring),
     then (``maintenance``) the bounded after-commit maintenance of
     `persistshard.core.maintenance.auto`, its merges only when ``compact``."""
-    shard = open_shard(d.location, maintenance=maintenance, **d.storage_options)
+    shard = d.address.open(maintenance=maintenance)
     txn = write_transaction(shard, d.write_id)
     with txn, metrics.operation("spark write") as op:
         minted = layout.id_time_ms(d.write_id)

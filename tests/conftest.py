@@ -266,8 +266,19 @@ def s3_direct(request):
 
 
 @pytest.fixture
-def clock(monkeypatch):
-    """A settable clock (`conformance_helpers.Clock`, milliseconds) as the shard's clock."""
+def clock():
+    """A settable clock (`conformance_helpers.Clock`, milliseconds): a test hands it to the
+    shards it opens (``open_shard(path, clock=clock.now)``, the configuration's clock)."""
+    from conformance_helpers import Clock
+
+    return Clock()
+
+
+@pytest.fixture
+def process_clock(monkeypatch):
+    """A settable clock put in place of this process's wall clock
+    (`persistshard.core.storage.layout.now_ms`, every shard's default clock): for shards
+    opened where no clock can be handed over, inside the Spark driver's code."""
     from conformance_helpers import Clock
 
     from persistshard.core.storage import layout

@@ -85,4 +85,4 @@ def test_conformance_json_on_local_files(tmp_path, capsys):
     assert summary["ok"] and summary["failed"] == 0 and summary["passed"] >= 15
     names = {t["test"] for t in summary["tests"]}
     assert {"TestBlob::test_put_if_absent_race", "TestConsensus::test_cas_race"} <= names
-    assert "TestShardModel::runTest" in names
+    assert "TestShardModel::test_model" in names

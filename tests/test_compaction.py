@@ -94,7 +94,9 @@ class CompactionMachine(Base):  # type: ignore[valid-type, misc]
         plan = trace.next_plan(state) if state.schema is not None else None
         if plan is None:
             return
-        result = cm.run_merge(self.shard._blob, plan, state.schema, write_id=new_id())
+        result = cm.run_merge(
+            self.shard._blob, plan, state.schema, write_id=new_id(), config=self.shard.config
+        )
         if rival:
             self.other.compact()
         elif step:
@@ -318,7 +320,7 @@ def test_lost_race_deletes_outputs(shard):
     state = shard.state()
     plan = trace.next_plan(state)
     assert plan is not None and plan.reason == "level"
-    result = cm.run_merge(shard._blob, plan, state.schema, write_id=new_id())
+    result = cm.run_merge(shard._blob, plan, state.schema, write_id=new_id(), config=shard.config)
     assert result.written_keys and set(result.written_keys) <= stored_keys(shard)
     rival = ps.open_shard(shard.location, maintenance=False)
     rival.compact()
@@ -339,7 +341,10 @@ def test_independent_merges_committed_in_any_order_keep_levels_ordered(shard):
     assert [p.input_ids for p in plans] == [
         [b.id for b in state.trace[i : i + f]] for i in (0, f, 2 * f)
     ]
-    results = [cm.run_merge(shard._blob, p, state.schema, write_id=new_id()) for p in plans]
+    results = [
+        cm.run_merge(shard._blob, p, state.schema, write_id=new_id(), config=shard.config)
+        for p in plans
+    ]
     for plan, result in reversed(list(zip(plans, results, strict=True))):  # newest first
         assert cm.commit_merge(shard._machine, plan, result)[0]
         shard.state().check()
@@ -351,7 +356,7 @@ def test_a_merge_that_would_break_level_order_is_refused(shard, monkeypatch):
         shard.append(updates([(t, "a", t, 1)]))
     state = shard.state()
     plan = trace.MergePlan("level", state.trace[1:], since=0, upper_at_plan=state.upper)
-    result = cm.run_merge(shard._blob, plan, state.schema, write_id=new_id())
+    result = cm.run_merge(shard._blob, plan, state.schema, write_id=new_id(), config=shard.config)
     monkeypatch.setattr(trace, "commit_level", lambda *a: 1)  # above its predecessor's 0
     committed, _, _ = cm.commit_merge(shard._machine, plan, result)
     assert not committed
@@ -435,10 +440,9 @@ def test_fully_passed_unsealed_batches_are_dropped_and_far_parts_reused(shard):
 # --- memory bound and output shape -------------------------------------------------------
 
 
-def test_merge_memory_is_bounded_by_chunks_not_batches(shard, monkeypatch):
+def test_merge_memory_is_bounded_by_chunks_not_batches(shard):
     chunk = 16 << 10
-    monkeypatch.setattr(parts_mod, "CHUNK_BYTES", chunk)
-    monkeypatch.setattr(cm, "CHUNK_BYTES", chunk)
+    shard = ps.open_shard(shard.location, maintenance=False, chunk_bytes=chunk)
     rng = random.Random(7)
     k = 4
     for t in range(k):
@@ -447,7 +451,7 @@ def test_merge_memory_is_bounded_by_chunks_not_batches(shard, monkeypatch):
     state = shard.state()
     total = sum(b.num_rows for b in state.trace)
     plan = trace.MergePlan("level", state.trace, since=0, upper_at_plan=state.upper)
-    result = cm.run_merge(shard._blob, plan, state.schema, write_id=new_id())
+    result = cm.run_merge(shard._blob, plan, state.schema, write_id=new_id(), config=shard.config)
     stats = result.stats
     assert stats.chunks_read > 10 * k
     # At most one chunk per input run, the arriving chunk, and the bound row.
@@ -457,11 +461,10 @@ def test_merge_memory_is_bounded_by_chunks_not_batches(shard, monkeypatch):
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_multi_chunk_merge_equals_sort_and_consolidate(shard, monkeypatch, seed):
+def test_multi_chunk_merge_equals_sort_and_consolidate(shard, seed):
     """Tiny chunks, few distinct rows repeated across runs and chunk boundaries, times
     forwarded: the streaming merge equals sorting and consolidating everything at once."""
-    monkeypatch.setattr(parts_mod, "CHUNK_BYTES", 512)
-    monkeypatch.setattr(cm, "CHUNK_BYTES", 512)
+    shard = ps.open_shard(shard.location, maintenance=False, chunk_bytes=512)
     rng = random.Random(seed)
     for t in range(5):
         n = rng.randrange(50, 400)
@@ -470,7 +473,9 @@ def test_multi_chunk_merge_equals_sort_and_consolidate(shard, monkeypatch, seed)
     shard.advance_since(3)
     state = shard.state()
     plan = trace.MergePlan("full", state.trace, since=3, upper_at_plan=state.upper)
-    result = cm.run_merge(shard._blob, plan, state.schema, write_id=new_id(), part_bytes=2048)
+    result = cm.run_merge(
+        shard._blob, plan, state.schema, write_id=new_id(), config=shard.config, part_bytes=2048
+    )
     assert result.stats.chunks_read > 10
     got = pa.concat_tables([parts_mod.read_part(shard._blob, p) for p in result.parts])
     inputs = [parts_mod.read_part(shard._blob, p) for b in state.trace for p in b.parts]
@@ -483,7 +488,9 @@ def test_outputs_are_cut_where_the_row_changes(shard):
     shard.append(updates([(i, "x", 1, 1) for i in range(1500)]))
     state = shard.state()
     plan = trace.next_plan(state)
-    result = cm.run_merge(shard._blob, plan, state.schema, write_id=new_id(), part_bytes=4096)
+    result = cm.run_merge(
+        shard._blob, plan, state.schema, write_id=new_id(), config=shard.config, part_bytes=4096
+    )
     assert len(result.parts) > 3
     tables = [parts_mod.read_part(shard._blob, p) for p in result.parts]
     for a, b in itertools.pairwise(tables):
@@ -642,7 +649,7 @@ def test_a_writers_merges_share_a_young_write_id(tmp_path, clock, monkeypatch):
     from persistshard.core.statemachine import leases
     from persistshard.core.statemachine.state import part_write_id
 
-    shard = ps.open_shard(str(tmp_path / "s"), maintenance=False)
+    shard = ps.open_shard(str(tmp_path / "s"), maintenance=False, clock=clock.now)
 
     def merge_ids() -> list[str | None]:
         for _ in range(8):

@@ -23,7 +23,6 @@ from persistshard.conformance.storage import (
     one_consensus,
 )
 from persistshard.core.shard import Shard
-from persistshard.core.statemachine import machine
 from persistshard.core.statemachine.encoding import Entry
 from persistshard.core.storage.blob import Blob
 from persistshard.core.storage.consensus import MemoryConsensus
@@ -99,15 +98,14 @@ def test_model_on_local_files(tmp_path):
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_commits_under_injected_faults(tmp_path, seed, monkeypatch):
+def test_commits_under_injected_faults(tmp_path, seed):
     """Storage calls fail before or after doing their work (20% each). Every logical append is
     retried by the caller until it is known to have landed; the result must hold each append
     exactly once: none lost, none doubled. (No pauses between retries: the faults are
     injected, not a storage that needs time to recover.)"""
-    monkeypatch.setattr(machine, "BACKOFF_SECONDS", 0.0)
     location = f"{tmp_path}/faulty"
     blob = FaultyBlob(Blob(location), fail_before=0.2, fail_after=0.2, seed=seed)
-    shard = Shard(location, blob=blob)
+    shard = Shard(location, blob=blob, commit_backoff_seconds=0)
     for i in range(25):
         data = pa.table({"id": [i], "_time": [i], "_diff": [1]})
         while True:
@@ -128,13 +126,12 @@ def test_commits_under_injected_faults(tmp_path, seed, monkeypatch):
 
 
 @pytest.mark.parametrize("seed", range(2))
-def test_commits_under_injected_faults_and_stalls(tmp_path, seed, monkeypatch):
+def test_commits_under_injected_faults_and_stalls(tmp_path, seed):
     """As above, with stalls: before some storage calls the writer pauses while another
     writer appends past a rollup and the log is truncated behind it (as gc does), so the
     writer's retries and read-backs meet a log that moved on and lost its old versions.
     Each of its appends is retried until it is seen in the shard; every append, its own and
     the other's, must be there exactly once."""
-    monkeypatch.setattr(machine, "BACKOFF_SECONDS", 0.0)
     location = f"{tmp_path}/stalls"
     other = Shard(location)
     other.append(pa.table({"id": [-1], "_time": [0], "_diff": [1]}))
@@ -151,7 +148,7 @@ def test_commits_under_injected_faults_and_stalls(tmp_path, seed, monkeypatch):
     blob = FaultyBlob(
         Blob(location), fail_before=0.1, fail_after=0.1, seed=seed, stall=0.02, on_stall=meanwhile
     )
-    shard = Shard(location, blob=blob)
+    shard = Shard(location, blob=blob, commit_backoff_seconds=0)
     for i in range(10):
         while True:
             try:

@@ -57,7 +57,7 @@ def test_a_consumer_is_created_at_the_since_once_and_listed_apart_from_readers(s
     assert [h["kind"] for h in shard.history()][-2] == "create_consumer"
 
 
-def test_a_consumer_holds_since_below_its_position_with_no_lease(shard, monkeypatch):
+def test_a_consumer_holds_since_below_its_position_with_no_lease(shard):
     """since stops at position - 1 (so the changes from the position stay exact) under
     advance_since, retention, compaction and gc at retention 0, however much time passes: no
     lease."""
@@ -68,7 +68,8 @@ def test_a_consumer_holds_since_below_its_position_with_no_lease(shard, monkeypa
     from persistshard.core.storage import layout
 
     later = layout.now_ms() + 10 * 365 * 86400 * 1000  # ten years on: no lease runs out
-    monkeypatch.setattr(layout, "now_ms", lambda: later)
+    shard = ps.open_shard(shard.location, clock=lambda: later)
+    c = shard.consumer("etl")  # the same consumer, through the handle on the later clock
     shard.set_retention(versions=1)
     for t in range(6, 9):
         shard.append(updates([(t, f"r{t}", t, 1)]))
@@ -266,19 +267,18 @@ def test_a_state_with_a_consumer_outside_since_and_upper_is_refused(shard):
 
 
 @pytest.mark.parametrize("fault", ["lose_response", "retry_after_lost", "duplicate"])
-def test_a_lost_response_on_the_advance_resolves_to_one_move(tmp_path, monkeypatch, fault):
+def test_a_lost_response_on_the_advance_resolves_to_one_move(tmp_path, fault):
     """The advance's log entry is created and its answer lost (or the client's own retry
     says "exists", or the request arrives twice): the advance is reported landed (or
     Indeterminate, then found landed by reading), never refused as a conflict with itself,
     and lands once."""
-    monkeypatch.setattr(machine, "BACKOFF_SECONDS", 0.0)
     location = str(tmp_path / "s")
     plain = ps.open_shard(location)
     for t in range(20):
         plain.append(updates([(t, "x", t, 1)]))
     plain.consumer("etl")
     blob = FaultyBlob(Blob(location), operations=frozenset({"put_if_absent"}), **{fault: 1.0})
-    faulty = Shard(location, blob=blob)
+    faulty = Shard(location, blob=blob, commit_backoff_seconds=0)
     c = faulty.consumer("etl")
     position = 0
     for to in (3, 7, 12, 19):

@@ -37,7 +37,6 @@ from persistshard.conformance.crash import (
     check_process_cuts,
     write_image,
 )
-from persistshard.core.storage import blob as blob_module
 
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
@@ -63,12 +62,11 @@ def test_process_dies_before_every_store_call(name):
 def test_the_model_loses_what_was_never_synced(tmp_path, monkeypatch: Any):
     """The harness itself: with syncing switched off, a cut right after an acknowledged
     append loses it (so the passing tests above are not vacuous)."""
-    monkeypatch.setattr(blob_module, "SYNC_LOCAL", False)
     root = tmp_path / "run"
     recorder = PageCacheRecorder(str(root))
     run = CrashRun()
     with recorder.recording():
-        shard = ps.open_shard(str(root / "s"))
+        shard = ps.open_shard(str(root / "s"), unsafe_no_sync=True)  # a storage option
         run.ack(shard, 0)
         shard.append(pa.table({"id": [1]}))
         run.ack(shard, recorder.steps)

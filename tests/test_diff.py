@@ -46,7 +46,7 @@ def _stage(shard: ps.Shard, desired: pa.Table, time: int, pieces: int) -> list[l
         half = t.num_rows // 2
         refs = []
         for piece in (t.slice(0, half), t.slice(half)):  # a chain of two parts
-            refs.extend(write_parts(shard._blob, "staged", piece))
+            refs.extend(write_parts(shard._blob, "staged", piece, config=shard.config))
         chains.append(refs)
     return chains
 
@@ -68,6 +68,7 @@ def _apply_overwrite(shard: ps.Shard, chains: list[list], budget: int, ranges: i
                 time=time,
                 write_id=new_id(),
                 memory_budget=budget,
+                config=shard.config,
                 key_range=kr,
                 stats=stats,
             )
@@ -85,9 +86,8 @@ def _apply_overwrite(shard: ps.Shard, chains: list[list], budget: int, ranges: i
 def test_randomized_overwrite_matches_snapshot_semantics(tmp_path, monkeypatch, seed):
     """After applying the diff at the upper, the snapshot is exactly the desired rows (with
     their multiplicities), and the rows written are exactly the changed ones."""
-    monkeypatch.setattr(diff_mod, "SLICE_ROWS", 5)  # many slices: every merge path runs
     rng = np.random.default_rng(seed)
-    shard = ps.open_shard(str(tmp_path / "s"))
+    shard = ps.open_shard(str(tmp_path / "s"), slice_rows=5)  # many slices: every merge path
     universe = 60
     for t in range(4):  # history: inserts and deletes at several times, several parts
         k = int(rng.integers(5, 40))
@@ -153,11 +153,20 @@ def test_schema_evolution_reads_old_parts_with_nulls(tmp_path):
         {"id": [1, 2], "name": ["a", "b"], "extra": [None, 5], TIME: [1, 1], DIFF: [1, 1]},
         schema=pa.schema([*wide, pa.field(TIME, pa.int64()), pa.field(DIFF, pa.int64())]),
     )
-    staged = write_parts(shard._blob, "staged", consolidate(desired))
+    staged = write_parts(shard._blob, "staged", consolidate(desired), config=shard.config)
     state = shard.state()
     runs = [DiffRun(tuple(staged), 1), *current_runs(state)]
     stats = diff_mod.DiffStats()
-    parts = diff_parts(shard._blob, runs, wide, time=1, write_id="w", memory_budget=1, stats=stats)
+    parts = diff_parts(
+        shard._blob,
+        runs,
+        wide,
+        time=1,
+        write_id="w",
+        memory_budget=1,
+        config=shard.config,
+        stats=stats,
+    )
     write_transaction(shard).commit(
         ps.core.shard.WrittenUpdates(sealed=parts), expected_upper=1, new_upper=2, schema=wide
     )
@@ -184,7 +193,7 @@ before = pool.max_memory()
 stats = DiffStats()
 runs = [DiffRun(tuple(staged), 1), *current_runs(state)]
 parts = diff_parts(shard._blob, runs, state.schema, time=state.upper, write_id="d",
-                   memory_budget=budget, stats=stats)
+                   memory_budget=budget, config=shard.config, stats=stats)
 print(json.dumps({"peak": pool.max_memory() - before, "written": stats.rows_written,
                   "passes": stats.passes}))
 """
@@ -214,7 +223,7 @@ def test_peak_memory_stays_far_below_the_table(tmp_path):
     desired = pa.table(
         {"id": ids, "name": new_names, TIME: np.full(n, 4, np.int64), DIFF: np.ones(n, np.int64)}
     )
-    staged = write_parts(shard._blob, "staged", desired)
+    staged = write_parts(shard._blob, "staged", desired, config=shard.config)
     table_bytes = current.nbytes + desired.nbytes
     del current, desired, names, new_names
     refs = json.dumps(
@@ -248,10 +257,9 @@ def test_runs_of_disjoint_keys_chain_and_merge_in_one_pass(tmp_path, monkeypatch
     touching at a boundary key, plus overlapping runs: runs whose bounds are strictly apart
     chain into one, the others stay alone, and the diff is still exact. With a fan-in of 2
     the sorted case needs one pass however many runs it has."""
-    monkeypatch.setattr(diff_mod, "SLICE_ROWS", 7)
-    monkeypatch.setattr(diff_mod, "fan_in_for", lambda budget: 2)
+    monkeypatch.setattr(diff_mod, "fan_in_for", lambda budget, chunk_bytes: 2)
     rng = np.random.default_rng(seed)
-    shard = ps.open_shard(str(tmp_path / "s"))
+    shard = ps.open_shard(str(tmp_path / "s"), slice_rows=7)
     universe = 300
     ids = sorted(rng.integers(0, universe, 200).tolist())
     shard.compare_and_append(_updates(ids, [f"n{i % 5}" for i in ids], 0, [1] * len(ids)), 0, 1)
@@ -275,14 +283,20 @@ def test_runs_of_disjoint_keys_chain_and_merge_in_one_pass(tmp_path, monkeypatch
         piece = piece.append_column(TIME, pa.array([1] * piece.num_rows, pa.int64()))
         chains.append(
             write_parts(
-                shard._blob, "staged", consolidate(piece.select(["id", "name", TIME, DIFF]))
+                shard._blob,
+                "staged",
+                consolidate(piece.select(["id", "name", TIME, DIFF])),
+                config=shard.config,
             )
         )
     if overlapping:  # one more run across the whole key space
         extra = desired.slice(0, 40).append_column(TIME, pa.array([1] * 40, pa.int64()))
         chains.append(
             write_parts(
-                shard._blob, "staged", consolidate(extra.select(["id", "name", TIME, DIFF]))
+                shard._blob,
+                "staged",
+                consolidate(extra.select(["id", "name", TIME, DIFF])),
+                config=shard.config,
             )
         )
         desired = pa.concat_tables([desired, desired.slice(0, 40)])
@@ -301,7 +315,14 @@ def test_runs_of_disjoint_keys_chain_and_merge_in_one_pass(tmp_path, monkeypatch
         assert deepest == 1
     stats = diff_mod.DiffStats()
     written = diff_parts(
-        shard._blob, runs, state.schema, time=1, write_id=new_id(), memory_budget=1, stats=stats
+        shard._blob,
+        runs,
+        state.schema,
+        time=1,
+        write_id=new_id(),
+        memory_budget=1,
+        config=shard.config,
+        stats=stats,
     )
     if deepest == 1:
         assert stats.passes == 1 and len(runs) > 2

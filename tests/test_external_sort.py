@@ -153,7 +153,7 @@ def test_large_write_task_parts_are_one_chain_per_side(tmp_path):
         diff_column=None,
         overwrite=False,
         memory_budget=3 << 20,  # runs of 1 MiB: several
-        storage_options={},
+        address=shard.address,
         target=incoming,
         sources=tuple(incoming.names),
     )

@@ -260,7 +260,9 @@ def test_a_dropped_source_keeps_what_its_forks_name_until_they_release_it(tmp_pa
 def test_gc_releases_a_dangling_pin_once_its_creation_is_over(tmp_path, clock):
     """A creation that died after its pin: no fork at the destination. The source's gc keeps
     the pin while the creation may still land, and releases it afterwards."""
-    src = source_with_history(ps.open_shard(str(tmp_path / "src"), inline_bytes=0), 3)
+    src = source_with_history(
+        ps.open_shard(str(tmp_path / "src"), inline_bytes=0, clock=clock.now), 3
+    )
     keys = tuple(sorted(src.state().stored_part_keys()))
     location = ps.open_shard(str(tmp_path / "ghost"), inline_bytes=0).location
     src._machine.commit(AddFork("ghost-id", location, keys, id=new_id()))

@@ -17,7 +17,7 @@ import persistshard as ps
 from persistshard.core.shard import write_transaction
 from persistshard.core.statemachine.state import ShardState
 from persistshard.core.storage.blob import Blob, BlobWrapper
-from persistshard.core.storage.layout import ROLLUP_EVERY, new_id
+from persistshard.core.storage.layout import ROLLUP_EVERY
 
 HOUR_MS = 3600 * 1000
 
@@ -36,16 +36,21 @@ def read_state(shard: ps.Shard, state: ShardState) -> pa.Table:
     return shard._read_range(state, min_time=None, max_time=None)
 
 
-def build(location: str, clock: Clock | None = None, appends: int = 3 * ROLLUP_EVERY) -> ps.Shard:
+def build(
+    location: str, clock: Clock | None = None, appends: int = 3 * ROLLUP_EVERY, step_ms: int = 0
+) -> ps.Shard:
     """A shard with history: appends with writer-sized compactions after each (replaced
-    parts), enough versions for several rollups, and one write that never committed."""
-    shard = ps.open_shard(location, inline_bytes=0)
+    parts), enough versions for several rollups, and one write that never committed (every
+    part a file). On ``clock`` when given (moved ``step_ms`` after each append), else the
+    wall clock."""
+    on_clock = {"clock": clock.now} if clock is not None else {}
+    shard = ps.open_shard(location, inline_bytes=0, **on_clock)
     for t in range(appends):
         shard.append(updates([(t % 7, "x", t, 1), (t % 5, "y", t, -1)]))
         shard._maybe_compact(2)
         if clock is not None:
-            clock.advance(1000)
-    write_transaction(shard, new_id()).write_updates(
+            clock.advance(step_ms)
+    write_transaction(shard).write_updates(
         updates([(99, "lost", shard.upper, 1)]),
         lower=shard.upper,
         new_upper=shard.upper + 1,
@@ -55,7 +60,7 @@ def build(location: str, clock: Clock | None = None, appends: int = 3 * ROLLUP_E
 
 
 def test_gc_is_a_dry_run_by_default(tmp_path, clock):
-    shard = build(str(tmp_path / "s"))
+    shard = build(str(tmp_path / "s"), clock)
     tick(shard, clock, 2 * HOUR_MS)
     before = keys(shard)
     report = shard.gc()
@@ -77,7 +82,7 @@ def test_nothing_young_is_deleted(tmp_path):
 
 
 def test_gc_after_the_retention_window(tmp_path, clock):
-    shard = build(str(tmp_path / "s"))
+    shard = build(str(tmp_path / "s"), clock)
     tick(shard, clock, 2 * HOUR_MS)
     reads = all_reads(shard)
     history = len(shard.history())
@@ -90,7 +95,7 @@ def test_gc_after_the_retention_window(tmp_path, clock):
     assert report.fence_version == report.head_version + 1  # the lease fence before deleting
     assert len(shard.history()) == history + 1 - report.consensus_versions
     assert shard.verify().ok
-    fresh = ps.open_shard(shard.location)
+    fresh = ps.open_shard(shard.location, clock=clock.now)
     assert all_reads(fresh) == reads
     # Only the rollup the remaining log needs is left.
     assert len([k for k in keys(shard, "rollups/") if not k.startswith("rollups/gc/")]) == 1
@@ -102,7 +107,7 @@ def test_retention_floor_keeps_versions_a_reader_may_hold(tmp_path, clock):
     """A reader pinned a version; compaction replaced its parts. Within the retention window
     the version is live and its parts stay; once its successor is older than the window,
     they go."""
-    shard = build(str(tmp_path / "s"), clock, appends=6)
+    shard = build(str(tmp_path / "s"), clock, appends=6, step_ms=1000)
     pinned = shard.state()
     pinned_rows = read_state(shard, pinned).sort_by("id")
     clock.advance(10 * 60 * 1000)
@@ -125,9 +130,9 @@ def test_retention_floor_keeps_versions_a_reader_may_hold(tmp_path, clock):
 
 
 def test_orphans_of_failed_writes_and_unknown_files(tmp_path, clock):
-    shard = ps.open_shard(str(tmp_path / "s"), inline_bytes=0)
+    shard = ps.open_shard(str(tmp_path / "s"), inline_bytes=0, clock=clock.now)
     shard.append(updates([(1, "a", 0, 1)]))
-    written = write_transaction(shard, new_id()).write_updates(
+    written = write_transaction(shard).write_updates(
         updates([(2, "b", 1, 1)]), lower=1, new_upper=2, schema=shard.schema
     )
     shard._blob.put("parts/not-an-id/stray.part", b"x")
@@ -144,7 +149,10 @@ def test_memory_consensus(tmp_path, clock):
     from persistshard.core.storage.consensus import MemoryConsensus
 
     shard = ps.open_shard(
-        f"memory://gc-{uuid.uuid4().hex}", consensus=MemoryConsensus(), inline_bytes=0
+        f"memory://gc-{uuid.uuid4().hex}",
+        consensus=MemoryConsensus(),
+        inline_bytes=0,
+        clock=clock.now,
     )
     for t in range(2 * ROLLUP_EVERY + 3):
         shard.append(updates([(t, "a", t, 1)]))
@@ -154,7 +162,10 @@ def test_memory_consensus(tmp_path, clock):
     report = shard.gc(dry_run=False)
     assert report.consensus_versions > 0 and report.parts
     assert all_reads(shard) == reads
-    assert all_reads(ps.open_shard(shard.location, consensus=shard.consensus)) == reads
+    assert (
+        all_reads(ps.open_shard(shard.location, consensus=shard.consensus, clock=clock.now))
+        == reads
+    )
 
 
 # --- crash at any point, then resume ------------------------------------------------------
@@ -181,7 +192,7 @@ class CrashingBlob(BlobWrapper):
 
 def test_gc_resumes_after_a_crash_between_any_two_deletions(tmp_path, clock):
     template = tmp_path / "template"
-    shard = build(str(template), appends=2 * ROLLUP_EVERY)
+    shard = build(str(template), clock, appends=2 * ROLLUP_EVERY)
     tick(shard, clock, 2 * HOUR_MS)
     pinned = shard.state()
     reads = all_reads(shard)
@@ -189,7 +200,7 @@ def test_gc_resumes_after_a_crash_between_any_two_deletions(tmp_path, clock):
     # The outcome without a crash.
     clean_dir = tmp_path / "clean"
     shutil.copytree(template, clean_dir)
-    clean = ps.open_shard(str(clean_dir))
+    clean = ps.open_shard(str(clean_dir), clock=clock.now)
     report = clean.gc(dry_run=False, now_ms=now)
     assert report.parts and report.consensus_versions and report.rollups
     total = report.deleted
@@ -197,11 +208,11 @@ def test_gc_resumes_after_a_crash_between_any_two_deletions(tmp_path, clock):
     for k in range(total):
         where = tmp_path / f"crash-{k}"
         shutil.copytree(template, where)
-        crashing = ps.Shard(str(where), blob=CrashingBlob(Blob(str(where)), k))
+        crashing = ps.Shard(str(where), blob=CrashingBlob(Blob(str(where)), k), clock=clock.now)
         with pytest.raises(Crash):
             crashing.gc(dry_run=False, now_ms=now)
         # Whatever was deleted, the head and every read are intact...
-        survivor = ps.open_shard(str(where))
+        survivor = ps.open_shard(str(where), clock=clock.now)
         assert survivor.state().part_keys() == pinned.part_keys()
         assert pinned.part_keys() <= set(keys(survivor, "parts/"))
         assert rows_of(survivor.snapshot()) == reads[survivor.upper - 1]
@@ -226,7 +237,7 @@ def test_random_history_never_loses_a_live_version(tmp_path, clock, seed):
     import random
 
     rng = random.Random(seed)
-    shard = ps.open_shard(str(tmp_path / "s"), inline_bytes=0)
+    shard = ps.open_shard(str(tmp_path / "s"), inline_bytes=0, clock=clock.now)
     shard.compare_and_append(None, 0, 0)  # the empty shard: gc and compaction need one
     history: list[tuple[ShardState, int | None]] = []  # (version, when it stopped being head)
 

@@ -8,7 +8,7 @@ import math
 
 import pyarrow as pa
 import pytest
-from conformance_helpers import rows_of
+from conformance_helpers import Clock, rows_of
 
 import persistshard as ps
 from persistshard.cli import main as cli
@@ -26,7 +26,7 @@ def table(t: int) -> pa.Table:
 
 def test_gc_never_deletes_the_rollup_of_a_commit_in_flight(tmp_path, clock):
     location = str(tmp_path / "s")
-    shard = ps.open_shard(location, maintenance=False)
+    shard = ps.open_shard(location, maintenance=False, clock=clock.now)
     for t in range(ROLLUP_EVERY - 1):
         shard.append(table(t))
         clock.advance(10)
@@ -37,7 +37,7 @@ def test_gc_never_deletes_the_rollup_of_a_commit_in_flight(tmp_path, clock):
         if ran or not shard._blob.list("rollups/"):
             return
         clock.advance(1000)
-        ran.append(ps.open_shard(location).gc(dry_run=False, retention_seconds=0))
+        ran.append(ps.open_shard(location, clock=clock.now).gc(dry_run=False, retention_seconds=0))
 
     stalling = FaultyBlob(
         open_blob(location),
@@ -45,11 +45,11 @@ def test_gc_never_deletes_the_rollup_of_a_commit_in_flight(tmp_path, clock):
         stall=1.0,
         on_stall=gc_while_stalled,
     )
-    writer = ps.Shard(location, blob=stalling, maintenance=False)
+    writer = ps.Shard(location, blob=stalling, maintenance=False, clock=clock.now)
     writer.append(table(ROLLUP_EVERY - 1))
     assert ran, "gc did not run while the writer was stalled"
     assert not ran[0].rollups
-    fresh = ps.open_shard(location)
+    fresh = ps.open_shard(location, clock=clock.now)
     assert fresh.state().version == ROLLUP_EVERY
     assert len(rows_of(fresh.snapshot())) == ROLLUP_EVERY
     assert fresh.verify().ok
@@ -58,7 +58,7 @@ def test_gc_never_deletes_the_rollup_of_a_commit_in_flight(tmp_path, clock):
 
 def test_gc_keeps_temporary_files_younger_than_the_write_lease(tmp_path, clock):
     location = tmp_path / "s"
-    shard = ps.open_shard(str(location), maintenance=False, inline_bytes=0)
+    shard = ps.open_shard(str(location), maintenance=False, inline_bytes=0, clock=clock.now)
     shard.append(table(0))
     in_flight = location / "parts" / temporary_name()  # another writer's put, not published yet
     in_flight.write_bytes(b"partial")
@@ -70,14 +70,14 @@ def test_gc_keeps_temporary_files_younger_than_the_write_lease(tmp_path, clock):
 
 def _replace_parts_under_a_pinned_read(location: str, clock) -> tuple[ps.Shard, ps.Scan]:
     """A scan pinned to a version whose part files gc collected (every part a file)."""
-    shard = ps.open_shard(location, maintenance=False, inline_bytes=0)
+    shard = ps.open_shard(location, maintenance=False, inline_bytes=0, clock=clock.now)
     for t in range(4):
         shard.append(table(t))
     scan = shard.scan()  # pins this version
     shard.compact()  # replaces every part the pinned version reads
     clock.advance(2000)
     shard.append(table(4))
-    report = ps.open_shard(location).gc(dry_run=False, retention_seconds=0)
+    report = ps.open_shard(location, clock=clock.now).gc(dry_run=False, retention_seconds=0)
     assert report.parts  # the pinned version's parts are gone
     return shard, scan
 
@@ -93,7 +93,7 @@ def test_a_read_that_loses_a_race_with_gc_is_retryable_not_corrupt(tmp_path, clo
 
 def test_a_part_missing_from_the_newest_version_is_still_corrupt(tmp_path, clock):
     location = tmp_path / "s"
-    shard = ps.open_shard(str(location), maintenance=False, inline_bytes=0)
+    shard = ps.open_shard(str(location), maintenance=False, inline_bytes=0, clock=clock.now)
     for t in range(3):
         shard.append(table(t))
     key = shard.state().trace[0].parts[0].key
@@ -151,19 +151,17 @@ def test_cli_refuses_out_of_range_seconds_in_one_line(tmp_path, capsys, argv, fl
 DAY_MS = 24 * 3600 * 1000
 
 
-def _with_an_orphan(location: str, **options: int) -> ps.Shard:
-    """A shard with one write that never committed (gc fences before deleting it);
-    ``options`` go to `open_shard`."""
-    shard = ps.open_shard(location, maintenance=False, **options)
+def _with_an_orphan(location: str, clock: Clock, **options: int) -> ps.Shard:
+    """A shard on ``clock`` with one write that never committed (gc fences before deleting
+    it); ``options`` go to `open_shard`."""
+    shard = ps.open_shard(location, maintenance=False, clock=clock.now, **options)
     shard.append(table(0))
-    write_transaction(shard, layout.new_id()).write_updates(
-        table(1), lower=1, new_upper=2, schema=shard.schema
-    )
+    write_transaction(shard).write_updates(table(1), lower=1, new_upper=2, schema=shard.schema)
     return shard
 
 
 def test_gc_with_now_ms_far_ahead_is_invalid_option(tmp_path, clock):
-    shard = _with_an_orphan(str(tmp_path / "s"))
+    shard = _with_an_orphan(str(tmp_path / "s"), clock)
     with pytest.raises(InvalidOption, match="now_ms"):
         shard.gc(dry_run=False, now_ms=clock.ms + DAY_MS)
     shard.append(table(1))
@@ -173,15 +171,17 @@ def test_gc_with_now_ms_far_ahead_is_invalid_option(tmp_path, clock):
 def test_a_gc_whose_clock_is_ahead_blocks_no_write(tmp_path, clock, inline):
     inline_bytes = 1 << 16 if inline else 0  # the writes' parts inline, or all files
     location = str(tmp_path / "s")
-    shard = _with_an_orphan(location, inline_bytes=inline_bytes)
+    shard = _with_an_orphan(location, clock, inline_bytes=inline_bytes)
     real = clock.ms
     clock.ms = real + DAY_MS  # the gc process's clock runs a day ahead
-    ps.open_shard(location, maintenance=False).gc(dry_run=False, retention_seconds=0)
+    ps.open_shard(location, maintenance=False, clock=clock.now).gc(
+        dry_run=False, retention_seconds=0
+    )
     clock.ms = real + 1000  # every other process has the right time
-    writer = ps.open_shard(location, maintenance=False, inline_bytes=inline_bytes)
+    writer = ps.open_shard(location, maintenance=False, inline_bytes=inline_bytes, clock=clock.now)
     writer.append(table(1))
     writer.append(table(2))
-    assert len(rows_of(ps.open_shard(location).snapshot())) == 3
+    assert len(rows_of(ps.open_shard(location, clock=clock.now).snapshot())) == 3
     assert shard.state().lease_fence_ms <= real + 1000 + layout.CLOCK_LEAD_MS
 
 
@@ -194,29 +194,30 @@ def test_a_shard_fenced_in_the_future_by_an_older_gc_takes_writes(tmp_path, cloc
 
     inline_bytes = 1 << 16 if inline else 0  # the writes' parts inline, or all files
     location = str(tmp_path / "s")
-    ps.open_shard(location, maintenance=False, inline_bytes=inline_bytes).append(table(0))
-    leases.fence(ps.open_shard(location)._machine, clock.ms + 6 * 3_600_000)
-    writer = ps.open_shard(location, maintenance=False, inline_bytes=inline_bytes)
+    opened = {"maintenance": False, "inline_bytes": inline_bytes, "clock": clock.now}
+    ps.open_shard(location, **opened).append(table(0))
+    leases.fence(ps.open_shard(location, clock=clock.now)._machine, clock.ms + 6 * 3_600_000)
+    writer = ps.open_shard(location, **opened)
     writer.append(table(1))
     writer.append(table(2))
-    assert len(rows_of(ps.open_shard(location).snapshot())) == 3
+    assert len(rows_of(ps.open_shard(location, clock=clock.now).snapshot())) == 3
 
 
 def test_a_gc_clock_behind_or_jumping_loses_no_commit(tmp_path, clock):
     location = str(tmp_path / "s")
-    shard = ps.open_shard(location, maintenance=False)
+    shard = ps.open_shard(location, maintenance=False, clock=clock.now)
     for t in range(ROLLUP_EVERY * 2):
         start = clock.ms
         if t % 5 == 0 and t > 0:  # (gc of a location without a shard is NoShard)
             clock.ms = start - DAY_MS  # a gc whose clock is a day behind
-            ps.open_shard(location).gc(dry_run=False, retention_seconds=0)
+            ps.open_shard(location, clock=clock.now).gc(dry_run=False, retention_seconds=0)
         elif t % 5 == 2:
             clock.ms = start + 3_600_000  # a gc whose clock jumps an hour ahead
-            ps.open_shard(location).gc(dry_run=False, retention_seconds=0)
+            ps.open_shard(location, clock=clock.now).gc(dry_run=False, retention_seconds=0)
         clock.ms = start + 100
         shard.append(table(t))
         shard.compact()
-    fresh = ps.open_shard(location)
+    fresh = ps.open_shard(location, clock=clock.now)
     assert len(rows_of(fresh.snapshot())) == ROLLUP_EVERY * 2
     assert fresh.verify().ok
 
@@ -239,13 +240,13 @@ class LogReads(BlobWrapper):
 
 def test_gc_reads_only_the_entries_since_its_last_run(tmp_path, clock):
     location = str(tmp_path / "s")
-    shard = ps.open_shard(location, maintenance=False)
+    shard = ps.open_shard(location, maintenance=False, clock=clock.now)
     shard.append(table(0))
     retained = 30 * ROLLUP_EVERY
     for t in range(retained):
         shard.seal(t + 2)  # cheap commits; all inside gc's retention window
     counting = LogReads(open_blob(location))
-    gc = ps.Shard(location, blob=counting, maintenance=False)
+    gc = ps.Shard(location, blob=counting, maintenance=False, clock=clock.now)
     gc.gc(dry_run=False)
     first = counting.reads
     assert first >= retained  # the first run reads the retained log once
@@ -255,10 +256,10 @@ def test_gc_reads_only_the_entries_since_its_last_run(tmp_path, clock):
     for t in range(5):
         shard.seal(retained + 2 + t)
     counting.reads = 0
-    report = ps.Shard(location, blob=counting, maintenance=False).gc(dry_run=False)
+    report = ps.Shard(location, blob=counting, maintenance=False, clock=clock.now).gc(dry_run=False)
     assert counting.reads <= 2 * ROLLUP_EVERY + 5, counting.reads
     assert report.head_version == shard.state().version
-    assert len(rows_of(ps.open_shard(location).snapshot())) == 1
+    assert len(rows_of(ps.open_shard(location, clock=clock.now).snapshot())) == 1
 
 
 class GcBeforeFirstPartRead(BlobWrapper):
@@ -290,23 +291,23 @@ def test_a_compaction_whose_inputs_gc_collected_is_a_state_conflict(tmp_path, cl
     from persistshard.core.storage.recent import RECENT
 
     location = str(tmp_path / "s")
-    writer = ps.open_shard(location, maintenance=False, inline_bytes=0)
+    writer = ps.open_shard(location, maintenance=False, inline_bytes=0, clock=clock.now)
     for t in range(4):
         writer.append(table(t))
     RECENT.clear()  # the inputs must be read from the store, not this process's memory
 
     def meanwhile() -> None:
-        other = ps.open_shard(location, maintenance=False)
+        other = ps.open_shard(location, maintenance=False, clock=clock.now)
         other.compact()
         clock.advance(10)
         other.gc(dry_run=False, retention_seconds=0)
 
     blob = GcBeforeFirstPartRead(open_blob(location), meanwhile)
-    late = ps.Shard(location, blob=blob, maintenance=False)
+    late = ps.Shard(location, blob=blob, maintenance=False, clock=clock.now)
     late.state()
     with pytest.raises(StateConflict, match="VersionCollected"):
         late.compact()
-    fresh = ps.open_shard(location)
+    fresh = ps.open_shard(location, clock=clock.now)
     assert len(rows_of(fresh.snapshot())) == 4 and fresh.verify().ok
 
 
@@ -318,13 +319,13 @@ def test_an_upsert_whose_current_rows_gc_collected_retries_on_the_newest_state(t
     from persistshard.core.storage.recent import RECENT
 
     location = str(tmp_path / "s")
-    writer = ps.open_shard(location, maintenance=False, inline_bytes=0)
+    writer = ps.open_shard(location, maintenance=False, inline_bytes=0, clock=clock.now)
     for k in range(4):
         writer.upsert(pa.table({"k": [k], "v": [f"a{k}"]}), key_columns=["k"])
     RECENT.clear()
 
     def meanwhile() -> None:
-        other = ps.open_shard(location, maintenance=False)
+        other = ps.open_shard(location, maintenance=False, clock=clock.now)
         other.compact()
         clock.advance(10)
         other.gc(dry_run=False, retention_seconds=0)
@@ -334,8 +335,11 @@ def test_an_upsert_whose_current_rows_gc_collected_retries_on_the_newest_state(t
         blob=GcBeforeFirstPartRead(open_blob(location), meanwhile),
         maintenance=False,
         inline_bytes=0,
+        clock=clock.now,
     )
     late.state()
     late.upsert(pa.table({"k": [1, 9], "v": ["b1", "b9"]}), key_columns=["k"])
-    got = {(r["k"], r["v"]) for r in ps.open_shard(location).snapshot().to_pylist()}
+    got = {
+        (r["k"], r["v"]) for r in ps.open_shard(location, clock=clock.now).snapshot().to_pylist()
+    }
     assert got == {(0, "a0"), (1, "b1"), (2, "a2"), (3, "a3"), (9, "b9")}

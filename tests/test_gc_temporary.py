@@ -19,7 +19,7 @@ HOUR = 3600
 
 def test_leftover_temporary_files_are_collected_after_the_floor(tmp_path, capsys, clock):
     location = tmp_path / "shard"
-    shard = ps.open_shard(str(location))
+    shard = ps.open_shard(str(location), clock=clock.now)
     for t in range(3):
         shard.append(pa.table({"id": [t], "_time": [t], "_diff": [1]}))
     part_dir = location / shard.state().trace[0].parts[0].key.rsplit("/", 1)[0]
@@ -47,8 +47,8 @@ def test_leftover_temporary_files_are_collected_after_the_floor(tmp_path, capsys
     assert "3 temporary files" in capsys.readouterr().out
     assert not any(p.exists() for p in (old_in_parts, old_in_log, legacy))
     assert young.exists()
-    assert ps.open_shard(str(location)).snapshot() == snapshot
-    assert ps.open_shard(str(location)).verify().ok
+    assert ps.open_shard(str(location), clock=clock.now).snapshot() == snapshot
+    assert ps.open_shard(str(location), clock=clock.now).verify().ok
 
     tick(shard, clock, 2 * HOUR * 1000)
     later = shard.gc(dry_run=False)

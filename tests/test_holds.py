@@ -16,7 +16,7 @@ from persistshard.errors import HoldExpired, InvalidOption, SinceViolation
 
 
 class Clock:
-    """The shard's one clock (`persistshard.core.storage.layout.now_ms`), settable by the test."""
+    """A shard's clock (its configuration's ``clock``), settable by the test in seconds."""
 
     def __init__(self) -> None:
         self.ms = int(time.time() * 1000)
@@ -29,15 +29,14 @@ class Clock:
 
 
 @pytest.fixture
-def clock(monkeypatch) -> Clock:
-    c = Clock()
-    monkeypatch.setattr(layout, "now_ms", c.now)
-    return c
+def clock() -> Clock:
+    return Clock()
 
 
 @pytest.fixture
-def shard(tmp_path) -> ps.Shard:
-    s = ps.open_shard(str(tmp_path / "s"))
+def shard(tmp_path, clock) -> ps.Shard:
+    """Four appends, on the test's clock (still unless the test moves it)."""
+    s = ps.open_shard(str(tmp_path / "s"), clock=clock.now)
     for t in range(4):
         s.append(updates([(t, f"r{t}", t, 1)]))
     return s
@@ -202,7 +201,7 @@ def test_random_holds_never_lose_a_readers_history(tmp_path, clock, seed):
     reader reads every time from its hold to the upper exactly (snapshots and change reads
     equal the model's), and since is never above a live hold."""
     rng = random.Random(seed)
-    shard = ps.open_shard(str(tmp_path / "s"))
+    shard = ps.open_shard(str(tmp_path / "s"), clock=clock.now)
     shard.compare_and_append(None, 0, 0)  # the empty shard: gc and compaction need one
     model: list[tuple[tuple[int, str], int, int]] = []  # (row, time, diff)
     handles: dict[str, ps.core.statemachine.holds.ReaderHold] = {}

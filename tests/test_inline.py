@@ -20,9 +20,9 @@ from conformance_helpers import rows_of, updates
 
 import persistshard as ps
 from benchmarks.inline_bench import appends, counting_shard
+from persistshard.core.config import ShardConfig
 from persistshard.core.storage import layout
 from persistshard.core.storage.consensus import HINT_EVERY
-from persistshard.core.storage.parts import DEFAULT_INLINE_CAP
 from persistshard.errors import InvalidOption
 
 
@@ -47,7 +47,7 @@ def test_a_one_row_append_writes_no_part_file_and_reads_back(shard):
     assert part_files(shard) == []
     state = shard.state()
     assert all(p.inline is not None for p in state.parts()) and len(state.parts()) == 3
-    assert 0 < state.inline_bytes() <= DEFAULT_INLINE_CAP
+    assert 0 < state.inline_bytes() <= ShardConfig().inline_cap
     want = {(i, f"x{i}"): 1 for i in range(3)}
     assert rows_of(shard.snapshot()) == want
     assert rows_of(shard.updates(0, 3).drop_columns(["_time"])) == want

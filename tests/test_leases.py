@@ -31,8 +31,9 @@ def part_files(shard: ps.Shard) -> set[str]:
 
 
 def pending_write(shard: ps.Shard, item: str = "slow") -> tuple[str, ps.shard.WrittenUpdates]:
-    """Parts of a write at the current upper, written but not committed."""
-    write_id = new_id()
+    """Parts of a write at the current upper, written but not committed (its id minted at
+    the shard's clock)."""
+    write_id = shard._machine.new_write_id()
     written = write_transaction(shard, write_id).write_updates(
         updates([(7, item, shard.upper, 1)]),
         lower=shard.upper,
@@ -53,7 +54,7 @@ def test_write_outliving_retention_with_gc_in_between_is_refused(tmp_path, clock
     meanwhile. Before leases, gc deleted its parts and the commit then landed: every later
     read was CorruptData. Now the commit is refused with LeaseExpired and the shard stays
     readable and verifiable."""
-    shard = ps.open_shard(str(tmp_path / "s"), inline_bytes=0)
+    shard = ps.open_shard(str(tmp_path / "s"), inline_bytes=0, clock=clock.now)
     shard.append(updates([(1, "a", 0, 1)]))
     expected = shard.upper
     write_id, written = pending_write(shard)
@@ -63,26 +64,26 @@ def test_write_outliving_retention_with_gc_in_between_is_refused(tmp_path, clock
     with pytest.raises(LeaseExpired) as info:
         commit(shard, written, expected)
     assert str(info.value).startswith("LeaseExpired: ") and write_id in str(info.value)
-    fresh = ps.open_shard(shard.location)
+    fresh = ps.open_shard(shard.location, clock=clock.now)
     assert rows_of(fresh.snapshot()) == {(1, "a"): 1}
     assert fresh.verify().ok
     assert part_files(fresh) == fresh.state().part_keys()
 
 
 def test_commit_after_the_lease_ran_out_is_refused_even_without_gc(tmp_path, clock):
-    shard = ps.open_shard(str(tmp_path / "s"), inline_bytes=0)
+    shard = ps.open_shard(str(tmp_path / "s"), inline_bytes=0, clock=clock.now)
     shard.append(updates([(1, "a", 0, 1)]))
     before = shard.state()
     _, written = pending_write(shard)
     clock.advance(HOUR_MS + 1)
     with pytest.raises(LeaseExpired):
         commit(shard, written, before.upper)
-    assert ps.open_shard(shard.location).state() == before
+    assert ps.open_shard(shard.location, clock=clock.now).state() == before
     assert not (set(written.keys()) & part_files(shard))  # a refused commit deletes its parts
 
 
 def test_gc_keeps_parts_of_a_live_write_and_a_renewed_write_commits(tmp_path, clock):
-    shard = ps.open_shard(str(tmp_path / "s"), inline_bytes=0)
+    shard = ps.open_shard(str(tmp_path / "s"), inline_bytes=0, clock=clock.now)
     shard.append(updates([(1, "a", 0, 1)]))
     expected = shard.upper
     write_id, written = pending_write(shard)
@@ -101,7 +102,7 @@ def test_gc_keeps_parts_of_a_live_write_and_a_renewed_write_commits(tmp_path, cl
 
 
 def test_a_lease_never_comes_back(tmp_path, clock):
-    shard = ps.open_shard(str(tmp_path / "s"), inline_bytes=0)
+    shard = ps.open_shard(str(tmp_path / "s"), inline_bytes=0, clock=clock.now)
     shard.append(updates([(1, "a", 0, 1)]))
     write_id, _ = pending_write(shard)
     clock.advance(HOUR_MS + 1)
@@ -138,11 +139,11 @@ def test_gc_fence_refuses_a_commit_that_stalled_before_its_compare_and_set(clock
     compare-and-set lose, and the retry is refused: never a state that names deleted parts."""
     inner = MemoryConsensus()
     location = f"memory://leases-{uuid.uuid4().hex}"
-    shard = ps.open_shard(location, consensus=GcBeforeCas(inner), inline_bytes=0)
+    shard = ps.open_shard(location, consensus=GcBeforeCas(inner), inline_bytes=0, clock=clock.now)
     shard.append(updates([(1, "a", 0, 1)]))
     expected = shard.upper
     _, written = pending_write(shard)
-    other = ps.open_shard(location, consensus=inner)
+    other = ps.open_shard(location, consensus=inner, clock=clock.now)
 
     def stall_then_gc() -> None:
         tick(other, clock, 2 * HOUR_MS)
@@ -152,7 +153,7 @@ def test_gc_fence_refuses_a_commit_that_stalled_before_its_compare_and_set(clock
     shard.consensus.before_cas.append(stall_then_gc)
     with pytest.raises(LeaseExpired):
         commit(shard, written, expected)
-    fresh = ps.open_shard(location, consensus=inner)
+    fresh = ps.open_shard(location, consensus=inner, clock=clock.now)
     assert rows_of(fresh.snapshot()) == {(1, "a"): 1}
     assert fresh.verify().ok
 
@@ -178,7 +179,7 @@ def test_an_orphan_adopted_before_the_fence_is_kept(tmp_path, clock):
     the lease is live) before gc's fence. gc reads the log again after the fence and keeps
     them."""
     location = str(tmp_path / "s")
-    shard = ps.open_shard(location, inline_bytes=0)
+    shard = ps.open_shard(location, inline_bytes=0, clock=clock.now)
     shard.append(updates([(1, "a", 0, 1)]))
     expected = shard.upper
     start = clock.ms
@@ -193,16 +194,16 @@ def test_an_orphan_adopted_before_the_fence_is_kept(tmp_path, clock):
 
     blob = CommitAfterListing(shard._blob, writer_commits)
     clock.ms = gc_now
-    report = ps.Shard(location, blob=blob).gc(dry_run=False)
+    report = ps.Shard(location, blob=blob, clock=clock.now).gc(dry_run=False)
     assert report.fence_version and not report.orphaned_parts and not report.parts
     assert set(written.keys()) <= part_files(shard)
-    fresh = ps.open_shard(location)
+    fresh = ps.open_shard(location, clock=clock.now)
     assert rows_of(fresh.snapshot()) == {(1, "a"): 1, (7, "slow"): 1}
     assert fresh.verify().ok
 
 
 def test_a_dry_run_commits_no_fence(tmp_path, clock):
-    shard = ps.open_shard(str(tmp_path / "s"), inline_bytes=0)
+    shard = ps.open_shard(str(tmp_path / "s"), inline_bytes=0, clock=clock.now)
     shard.append(updates([(1, "a", 0, 1)]))
     _, written = pending_write(shard)
     tick(shard, clock, 2 * HOUR_MS)
@@ -213,7 +214,7 @@ def test_a_dry_run_commits_no_fence(tmp_path, clock):
 
 
 def test_a_write_that_started_after_the_fence_commits(tmp_path, clock):
-    shard = ps.open_shard(str(tmp_path / "s"), inline_bytes=0)
+    shard = ps.open_shard(str(tmp_path / "s"), inline_bytes=0, clock=clock.now)
     shard.append(updates([(1, "a", 0, 1)]))
     pending_write(shard)
     tick(shard, clock, 2 * HOUR_MS)
@@ -223,7 +224,7 @@ def test_a_write_that_started_after_the_fence_commits(tmp_path, clock):
 
 
 def test_a_compaction_that_outlived_its_lease_is_refused_and_cleans_up(tmp_path, clock):
-    shard = ps.open_shard(str(tmp_path / "s"), inline_bytes=0)
+    shard = ps.open_shard(str(tmp_path / "s"), inline_bytes=0, clock=clock.now)
     for t in range(4):
         shard.append(updates([(t, "x", t, 1)]))
     before = shard.state()
@@ -247,7 +248,7 @@ def test_a_compaction_that_outlived_its_lease_is_refused_and_cleans_up(tmp_path,
 def test_explicit_leases_are_bounded(tmp_path, clock):
     """Leases of writes that never commit are dropped once they run out; they do not pile
     up in the state."""
-    shard = ps.open_shard(str(tmp_path / "s"), inline_bytes=0)
+    shard = ps.open_shard(str(tmp_path / "s"), inline_bytes=0, clock=clock.now)
     shard.append(updates([(1, "a", 0, 1)]))
     for _ in range(5):
         leases.renew(shard._machine, new_id(), 60)
@@ -258,7 +259,7 @@ def test_explicit_leases_are_bounded(tmp_path, clock):
 
 
 def test_lease_of_an_overwrite_covers_its_delta_writes(tmp_path, clock):
-    shard = ps.open_shard(str(tmp_path / "s"), inline_bytes=0)
+    shard = ps.open_shard(str(tmp_path / "s"), inline_bytes=0, clock=clock.now)
     shard.append(updates([(1, "a", 0, 1)]))
     base = new_id()
     leases.renew(shard._machine, base, 3 * 3600)
@@ -282,7 +283,7 @@ def test_write_lease_thread_renews_a_long_write(tmp_path):
 def test_a_lease_that_runs_out_while_renewals_fail_is_lost_and_left_alone(tmp_path, clock):
     """Storage trouble is retried while the lease lives; once it ran out, renewing stops (a
     keeper retrying forever would burn a core for the rest of the process)."""
-    shard = ps.open_shard(str(tmp_path / "s"), inline_bytes=0)
+    shard = ps.open_shard(str(tmp_path / "s"), inline_bytes=0, clock=clock.now)
     shard.append(updates([(1, "a", 0, 1)]))
     lease = leases.WriteLease(shard._machine, new_id(), lease_seconds=60)
     attempts = []
@@ -303,14 +304,19 @@ def test_a_commit_planned_on_a_stale_state_sees_renewals_made_elsewhere(tmp_path
     """A handle commits on the state it last knew (no head read); when that state predates a
     renewal committed by another handle (the lease keeper's own machine), the lease check
     must not refuse on the stale state: the commit is judged again on the newest state."""
-    shard = ps.open_shard(str(tmp_path / "s"), inline_bytes=0)
+    shard = ps.open_shard(str(tmp_path / "s"), inline_bytes=0, clock=clock.now)
     shard.append(updates([(1, "a", 0, 1)]))
     write_id, written = pending_write(shard)
     clock.advance(50 * 60 * 1000)
-    leases.renew(ps.open_shard(shard.location)._machine, write_id, 3600)  # another handle
+    leases.renew(
+        ps.open_shard(shard.location, clock=clock.now)._machine, write_id, 3600
+    )  # another handle
     clock.advance(20 * 60 * 1000)  # the implicit lease ran out; the renewed one lives
     commit(shard, written, shard._machine.known().upper)
-    assert rows_of(ps.open_shard(shard.location).snapshot()) == {(1, "a"): 1, (7, "slow"): 1}
+    assert rows_of(ps.open_shard(shard.location, clock=clock.now).snapshot()) == {
+        (1, "a"): 1,
+        (7, "slow"): 1,
+    }
 
 
 def test_a_short_write_commits_nothing_extra(tmp_path):
@@ -325,10 +331,10 @@ def test_a_short_write_commits_nothing_extra(tmp_path):
 
 
 def test_renewal_is_a_commit_kind_gc_and_history_understand(tmp_path, clock):
-    shard = ps.open_shard(str(tmp_path / "s"), inline_bytes=0)
+    shard = ps.open_shard(str(tmp_path / "s"), inline_bytes=0, clock=clock.now)
     shard.append(updates([(1, "a", 0, 1)]))
     shard._machine.commit(RenewLease(new_id(), 5, id=new_id()))
     clock.advance(2 * HOUR_MS)
     shard.gc(dry_run=False, now_ms=clock.ms)
     assert len(shard.history()) >= 2
-    assert ps.open_shard(shard.location).verify().ok
+    assert ps.open_shard(shard.location, clock=clock.now).verify().ok

@@ -25,7 +25,7 @@ def stream_append(shard: ps.Shard, writer: str, batch: int) -> None:
 
 
 def test_writer_records_expire_after_the_record_period(tmp_path, clock):
-    shard = ps.open_shard(str(tmp_path / "s"))
+    shard = ps.open_shard(str(tmp_path / "s"), clock=clock.now)
     stream_append(shard, "old", 0)
     clock.ms += st.WRITER_RECORD_MS // 2
     stream_append(shard, "recent", 0)
@@ -53,7 +53,7 @@ def test_writer_records_expire_after_the_record_period(tmp_path, clock):
 
 def test_writer_records_are_capped_least_recent_first(tmp_path, clock, monkeypatch):
     monkeypatch.setattr(st, "MAX_WRITER_RECORDS", 5)
-    shard = ps.open_shard(str(tmp_path / "s"))
+    shard = ps.open_shard(str(tmp_path / "s"), clock=clock.now)
     for i in range(8):
         clock.ms += 1
         stream_append(shard, f"w{i}", 0)
@@ -61,7 +61,7 @@ def test_writer_records_are_capped_least_recent_first(tmp_path, clock, monkeypat
     assert {f"w{i}" for i in range(3, 8)} <= writers and len(writers) <= 5 + 5 // 4
     assert not {"w0", "w1"} & writers  # the least recent went first
     # Folding the log from scratch prunes the same records.
-    assert ps.open_shard(shard.location).state().writers == shard.state().writers
+    assert ps.open_shard(shard.location, clock=clock.now).state().writers == shard.state().writers
 
 
 def test_records_written_before_commit_times_were_kept_expire_too(clock):
@@ -126,8 +126,7 @@ def test_a_commit_that_keeps_losing_gives_up_at_its_deadline(tmp_path, monkeypat
 
 
 def test_a_write_that_gives_up_deletes_its_parts(tmp_path, monkeypatch):
-    monkeypatch.setattr(machine, "COMMIT_DEADLINE_SECONDS", 0.05)
-    shard = ps.open_shard(str(tmp_path / "s"))
+    shard = ps.open_shard(str(tmp_path / "s"), commit_deadline_seconds=0.05)
     shard.append(updates([(1, "a", 0, 1)]))
     keys = {m.key for m in shard._blob.list("parts/")}
     shard._machine.consensus = LosingConsensus(shard._machine.consensus, 10**9)  # type: ignore[assignment]

@@ -6,7 +6,8 @@ their write's lease while they run; the streaming sinks' commits hold every task
 a long diff or delta renews its own. Without those, each test below fails: gc deletes the
 parts of the job (then CorruptData, or the commit refused with LeaseExpired).
 
-The unit tests drive the shard's clock by hand (`layout.now_ms`) and play the Spark tasks
+The unit tests drive the process's clock by hand (the ``process_clock`` fixture: the Spark
+paths open their shards themselves, on the default clock) and play the Spark tasks
 and the driver in this process, with gc running "meanwhile": time passes in steps of ten
 minutes, each step renews the leases that are due (`leases.renew_due`, what the keeper
 thread does) and runs gc. One test runs a real distributed overwrite on the session's
@@ -40,6 +41,14 @@ from persistshard.datasource.writer import StreamTaskWritten, describe_write, wr
 from persistshard.errors import LeaseExpired
 
 STEP_MS = 10 * 60 * 1000
+
+
+@pytest.fixture
+def clock(process_clock: Clock) -> Clock:
+    """The process's clock: the shards the Spark paths open take no clock of ours."""
+    return process_clock
+
+
 SCHEMA = StructType([StructField("id", LongType()), StructField("item", StringType())])
 
 

@@ -61,7 +61,6 @@ import pyarrow as pa  # noqa: E402
 from conformance_helpers import rows_of  # noqa: E402
 
 from persistshard.core.shard import Shard  # noqa: E402
-from persistshard.core.statemachine import machine  # noqa: E402
 from persistshard.core.statemachine.commits.append import Append  # noqa: E402
 from persistshard.core.statemachine.state import Batch  # noqa: E402
 from persistshard.core.storage import blob as blob_module  # noqa: E402
@@ -73,13 +72,15 @@ LOSSES = ["lose_response", "retry_after_lost", "duplicate"]
 
 
 def faulty_shard(
-    location: str, fault: str, p: float, seed: int, inline: bool
+    location: str, fault: str, p: float, seed: int, inline: bool, backoff: float | None = None
 ) -> tuple[Shard, FaultyBlob]:
-    """A shard over local files whose conditional creates (the log entries) meet ``fault``."""
+    """A shard over local files whose conditional creates (the log entries) meet ``fault``;
+    ``backoff``: its ``commit_backoff_seconds`` (default the configuration's)."""
     blob = FaultyBlob(
         Blob(location), seed=seed, operations=frozenset({"put_if_absent"}), **{fault: p}
     )
-    return Shard(location, blob=blob, inline_bytes=None if inline else 0), blob
+    knobs = {"inline_bytes": None if inline else 0, "commit_backoff_seconds": backoff}
+    return Shard(location, blob=blob, **knobs), blob
 
 
 def append_until_known(shard: Shard, i: int) -> None:
@@ -102,9 +103,8 @@ def test_lost_response_on_log_entry_local(tmp_path, monkeypatch, fault, inline):
     told success (or Indeterminate, resolved), every row is there exactly once, and nothing
     is unreadable. Before the fix: `UpperMismatch` for a commit that landed, then its parts
     deleted (`CorruptData`) or, inline, rows landed that the caller was told were refused."""
-    monkeypatch.setattr(machine, "BACKOFF_SECONDS", 0.0)
     location = str(tmp_path / "shard")
-    shard, blob = faulty_shard(location, fault, 0.4, seed=3, inline=inline)
+    shard, blob = faulty_shard(location, fault, 0.4, seed=3, inline=inline, backoff=0)
     n = ROLLUP_EVERY + 4  # past a rollup
     for i in range(n):
         append_until_known(shard, i)
@@ -120,9 +120,8 @@ def test_lost_response_on_log_entry_local(tmp_path, monkeypatch, fault, inline):
 def test_lost_response_on_plain_append_never_doubles(tmp_path, monkeypatch, fault):
     """Plain appends (no times: they land at whatever the upper is) re-apply the same commit
     after a lost race: a race "lost" to a lost response must not land the rows twice."""
-    monkeypatch.setattr(machine, "BACKOFF_SECONDS", 0.0)
     location = str(tmp_path / "shard")
-    shard, blob = faulty_shard(location, fault, 0.5, seed=5, inline=False)
+    shard, blob = faulty_shard(location, fault, 0.5, seed=5, inline=False, backoff=0)
     for i in range(16):
         while True:
             try:

@@ -29,7 +29,7 @@ def _rows(ids: list[int], tag: str = "v") -> pa.Table:
 
 
 class Clock:
-    """A settable stand-in for `layout.now_ms`."""
+    """A settable clock for a shard's configuration (``open_shard(path, clock=clock)``)."""
 
     def __init__(self, start_ms: int) -> None:
         self.ms = start_ms
@@ -39,10 +39,8 @@ class Clock:
 
 
 @pytest.fixture
-def clock(monkeypatch: Any) -> Clock:
-    c = Clock(layout.now_ms())
-    monkeypatch.setattr(layout, "now_ms", c)
-    return c
+def clock() -> Clock:
+    return Clock(layout.now_ms())
 
 
 def _parts_on_disk(shard: ps.Shard) -> int:
@@ -78,7 +76,7 @@ def test_versions_retention_moves_since_on_every_commit(tmp_path):
 
 
 def test_window_retention_follows_the_clock(tmp_path, clock: Clock):
-    shard = ps.open_shard(str(tmp_path / "s"), maintenance=False)
+    shard = ps.open_shard(str(tmp_path / "s"), maintenance=False, clock=clock)
     shard.set_retention(seconds=60)
     t0 = clock.ms
     at: list[tuple[int, int]] = []
@@ -100,7 +98,7 @@ def test_window_retention_follows_the_clock(tmp_path, clock: Clock):
 
 
 def test_both_rules_keep_what_either_wants(tmp_path, clock: Clock):
-    shard = ps.open_shard(str(tmp_path / "s"), maintenance=False)
+    shard = ps.open_shard(str(tmp_path / "s"), maintenance=False, clock=clock)
     shard.set_retention(seconds=3600, versions=1)
     for i in range(3):
         shard.append(_rows([i]))
@@ -223,7 +221,7 @@ def test_retention_and_maintenance_bound_storage_by_distinct_rows(tmp_path, cloc
     """Rewriting the same 4 keys 24 times: with a retention, compaction consolidates what
     since passed, and gc (run by the writer once since moved and the floor passed) deletes
     the replaced parts; no manual call."""
-    shard = ps.open_shard(str(tmp_path / "s"))
+    shard = ps.open_shard(str(tmp_path / "s"), clock=clock)
     shard.set_retention(versions=1)
     for r in range(24):
         shard.upsert(_rows([0, 1, 2, 3], f"r{r}-"), "id")

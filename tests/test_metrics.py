@@ -32,6 +32,7 @@ PURE = {
     "persistshard.core.statemachine.encoding": "pure encoding and decoding of entries and "
     "rollups, and the fold; the state machine logs what it reads",
     "persistshard.core.storage.layout": "key names, ids and the clock",
+    "persistshard.core.config": "the configuration and its parser, which raises InvalidOption",
     "persistshard.core.storage.recent": "an in-memory store of decoded parts; compaction logs "
     "the merges that take inputs from it",
     "persistshard.core.statemachine.retention": "the pure since-from-retention rule; the "
@@ -44,6 +45,7 @@ PURE = {
     "what they decide from it",
     "persistshard.conformance.model": "the in-memory reference model",
     "persistshard.conformance.run_suite": "pytest test classes: pytest reports their outcome",
+    "persistshard.conformance.target": "the run's target, a pytest plugin object (a fixture)",
     "persistshard.conformance.linearizability": "the checker, a pure search over a recorded "
     "history; the recorder and the tests report its verdict",
 }

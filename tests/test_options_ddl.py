@@ -150,21 +150,18 @@ def test_a_read_plans_at_least_the_planning_hosts_cores(tmp_path, monkeypatch):
     import pyarrow as pa
 
     import persistshard as ps
-    from persistshard.core.read import plan as core_read
-    from persistshard.core.storage import parts
     from persistshard.datasource.reader import PersistShardReader
 
-    monkeypatch.setattr(parts, "CHUNK_BYTES", 4096)
-    monkeypatch.setattr(core_read, "MIN_TASK_BYTES", 10_000)
     location = str(tmp_path / "s")
     n = 20_000
-    ps.open_shard(location).append(
+    ps.open_shard(location, chunk_bytes=4096).append(
         pa.table({"id": pa.array(range(n), pa.int64()), "_time": [0] * n, "_diff": [1] * n}),
         new_upper=1,
     )
     schema = StructType([StructField("id", LongType(), False)])
     monkeypatch.setattr(os, "cpu_count", lambda: 3)
     assert ReadOptions.parse({"path": location}).min_partitions == 3
-    assert len(PersistShardReader({"path": location}, schema).partitions()) == 3
-    one = PersistShardReader({"path": location, "min_partitions": "1"}, schema)
+    scaled = {"path": location, "min_task_bytes": "10000"}  # option: the configuration's knob
+    assert len(PersistShardReader(scaled, schema).partitions()) == 3
+    one = PersistShardReader({**scaled, "min_partitions": "1"}, schema)
     assert len(one.partitions()) == 1

@@ -38,7 +38,7 @@ def _updates(ids: list[int], time: int) -> pa.Table:
 
 
 def _written(shard: ps.Shard, ids: list[int], time: int, write_id: str | None = None) -> list:
-    return write_parts(shard._blob, write_id or new_id(), _updates(ids, time))
+    return write_parts(shard._blob, write_id or new_id(), _updates(ids, time), config=shard.config)
 
 
 def _path(shard: ps.Shard, ref: PartRef) -> str:
@@ -121,7 +121,9 @@ def test_good_parts_commit_and_read(shard):
 def test_inline_parts_need_no_listing_but_their_times_are_checked(tmp_path):
     shard = ps.open_shard(str(tmp_path / "s"), maintenance=False, inline_bytes=4096)
     shard.append(_updates([1], 0))
-    (ref,) = write_parts(shard._blob, new_id(), _updates([2], 1), inline_max=4096)
+    (ref,) = write_parts(
+        shard._blob, new_id(), _updates([2], 1), config=shard.config, inline_max=4096
+    )
     assert ref.inline is not None
     with pytest.raises(InvalidUpdates, match="outside"):
         shard.commit_checked(
@@ -194,7 +196,7 @@ def _spark_write(loc: str, ids_per_task: list[list[int]], **options: str):
 
     schema = StructType([StructField("id", LongType(), False)])
     opts = WriteOptions.parse({"path": loc, **options}, schema)
-    shard = ps.open_shard(loc, maintenance=False, **opts.storage_options)  # as the sinks open it
+    shard = opts.address.open(maintenance=False)  # as the sinks open it
     d = describe_write(opts, schema, False, shard)
     messages = [
         write_task(d, [pa.record_batch({"id": pa.array(ids, pa.int64())})], d.lower)

@@ -11,9 +11,13 @@ import pyarrow as pa
 import pytest
 
 import persistshard as ps
+from persistshard.core.config import ShardConfig
 from persistshard.core.storage import parts
 from persistshard.core.storage.blob import BlobWrapper, open_blob
 from persistshard.core.storage.parts import PutsBehind, write_parts
+
+#: Parts cut at 100 kB: a 20,000-row table is written as several.
+SMALL_PARTS = ShardConfig(part_bytes=100_000)
 
 
 class GatedBlob(BlobWrapper):
@@ -50,7 +54,6 @@ def _table(n: int) -> pa.Table:
 def test_the_next_part_is_encoded_while_the_previous_one_is_put(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(parts, "PART_TARGET_BYTES", 100_000)
     blob = GatedBlob(open_blob(str(tmp_path / "s")))
     encoded: list[int] = []
     real = parts.encode_part
@@ -63,7 +66,7 @@ def test_the_next_part_is_encoded_while_the_previous_one_is_put(
         return real(table, **kwargs)
 
     monkeypatch.setattr(parts, "encode_part", encode)
-    refs = write_parts(blob, "w", _table(20_000))
+    refs = write_parts(blob, "w", _table(20_000), config=SMALL_PARTS)
     assert len(refs) > 2
     assert blob.events[:3] == ["encoded", "put started", "encoded"]
     assert blob.events.count("put done") == len(refs)
@@ -73,12 +76,11 @@ def test_the_next_part_is_encoded_while_the_previous_one_is_put(
 def test_a_failed_put_fails_the_write_after_the_others_end(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(parts, "PART_TARGET_BYTES", 100_000)
     blob = GatedBlob(open_blob(str(tmp_path / "s")))
     blob.fail = True
     blob.gate.set()
     with pytest.raises(OSError, match="injected failure"):
-        write_parts(blob, "w", _table(20_000))
+        write_parts(blob, "w", _table(20_000), config=SMALL_PARTS)
     assert "put started" in blob.events
 
 
@@ -93,8 +95,7 @@ def test_leaving_on_an_error_waits_for_the_put_under_way(tmp_path: Any) -> None:
 
 def test_a_large_python_append_reads_back(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """End to end: an append cut into several parts put behind is whole after the commit."""
-    monkeypatch.setattr(parts, "PART_TARGET_BYTES", 100_000)
-    shard = ps.open_shard(str(tmp_path / "s"))
+    shard = ps.open_shard(str(tmp_path / "s"), config=SMALL_PARTS)
     table = _table(20_000).drop_columns(["_time", "_diff"])
     shard.append(table)
     assert len(shard.state().parts()) > 2

@@ -21,7 +21,13 @@ from hypothesis import strategies as st
 
 import persistshard as ps
 from persistshard.core.read.filters import Pred, bind, chunk_may_match, conjunction, filter_table
-from persistshard.core.read.plan import plan_read, read_task, snapshot_query, updates_query
+from persistshard.core.read.plan import (
+    plan_read,
+    read_task,
+    relevant_parts,
+    snapshot_query,
+    updates_query,
+)
 from persistshard.core.rows import DIFF, TIME
 from persistshard.core.storage import parts
 from persistshard.format import PartReader, encode_part
@@ -196,9 +202,8 @@ class CountingBlob:
         return getattr(self.blob, name)
 
 
-@pytest.fixture
-def small_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(parts, "CHUNK_BYTES", 2000)
+#: Parts of many small chunks (each filtered read below can skip most of them).
+SMALL_CHUNKS = {"chunk_bytes": 2000}
 
 
 def orders(lo: int, hi: int, time: int) -> pa.Table:
@@ -216,8 +221,8 @@ def orders(lo: int, hi: int, time: int) -> pa.Table:
     )
 
 
-def test_chunks_outside_the_filter_are_never_fetched(tmp_path: Any, small_chunks: None) -> None:
-    shard = ps.open_shard(str(tmp_path / "s"))
+def test_chunks_outside_the_filter_are_never_fetched(tmp_path: Any) -> None:
+    shard = ps.open_shard(str(tmp_path / "s"), **SMALL_CHUNKS)
     shard.append(orders(0, 3000, 0), new_upper=1)
     shard.append(orders(3000, 6000, 1), new_upper=2)
     state = shard.state()
@@ -249,11 +254,9 @@ def test_chunks_outside_the_filter_are_never_fetched(tmp_path: Any, small_chunks
     assert sum(n - 1 for n in counting.gets.values()) == total_chunks
 
 
-def test_filters_on_non_key_columns_skip_by_their_own_statistics(
-    tmp_path: Any, small_chunks: None
-) -> None:
+def test_filters_on_non_key_columns_skip_by_their_own_statistics(tmp_path: Any) -> None:
     """`note` is not the sort column: version 2 statistics still rule chunks out."""
-    shard = ps.open_shard(str(tmp_path / "s"))
+    shard = ps.open_shard(str(tmp_path / "s"), **SMALL_CHUNKS)
     table = orders(0, 2000, 0)
     notes = [None] * 1000 + [f"late-{i}" for i in range(1000)]  # nulls first, then values
     table = table.set_column(2, "note", pa.array(notes))
@@ -278,11 +281,9 @@ def test_filters_on_non_key_columns_skip_by_their_own_statistics(
 
 
 @pytest.mark.parametrize("split", [False, True])
-def test_filtered_reads_equal_filtering_the_answer(
-    tmp_path: Any, small_chunks: None, split: bool
-) -> None:
+def test_filtered_reads_equal_filtering_the_answer(tmp_path: Any, split: bool) -> None:
     """Snapshots (rows repeated over times, retractions included) and change reads."""
-    shard = ps.open_shard(str(tmp_path / "s"))
+    shard = ps.open_shard(str(tmp_path / "s"), **SMALL_CHUNKS)
     shard.append(orders(0, 1500, 0), new_upper=1)
     retract = orders(0, 1500, 1).slice(
         0,
@@ -387,8 +388,7 @@ def test_streamed_pieces_equal_the_whole_answer(tmp_path: Any, monkeypatch: Any)
     its pieces always add up to `read_task`'s answer (as a multiset when ``as_multiset``)."""
     from persistshard.core.read.plan import iter_task
 
-    monkeypatch.setattr(parts, "CHUNK_BYTES", 4096)  # many chunks per part
-    shard = ps.open_shard(str(tmp_path / "s"))
+    shard = ps.open_shard(str(tmp_path / "s"), chunk_bytes=4096)  # many chunks per part
     n = 3000
     base = {"id": pa.array(range(n), pa.int64()), "v": pa.array([str(i % 13) for i in range(n)])}
     shard.append(pa.table({**base, "_time": [0] * n, "_diff": [1] * n}), new_upper=1)
@@ -425,12 +425,8 @@ def test_a_read_spreads_over_min_partitions_when_each_gets_a_mebibyte(
     tmp_path: Any, monkeypatch: Any
 ) -> None:
     """One part far below ``partition_bytes`` still splits into ``min_partitions`` tasks when
-    each would get `MIN_TASK_BYTES`; the tasks' answers add up to the whole."""
-    from persistshard.core.read import plan as core_read
-
-    monkeypatch.setattr(parts, "CHUNK_BYTES", 4096)
-    monkeypatch.setattr(core_read, "MIN_TASK_BYTES", 20_000)
-    shard = ps.open_shard(str(tmp_path / "s"))
+    each would get ``min_task_bytes`` (here 20,000); the tasks' answers add up to the whole."""
+    shard = ps.open_shard(str(tmp_path / "s"), chunk_bytes=4096)
     n = 20_000
     rng = np.random.default_rng(2)
     table = pa.table(
@@ -443,23 +439,25 @@ def test_a_read_spreads_over_min_partitions_when_each_gets_a_mebibyte(
     )
     shard.append(table, new_upper=1)
     state = shard.state()
-    size = sum(r.size for r in core_read.relevant_parts(state, snapshot_query(state, 0, None)))
+    size = sum(r.size for r in relevant_parts(state, snapshot_query(state, 0, None)))
     assert 3 * 20_000 < size < 24 << 20
     q = snapshot_query(state, 0, shard.location)
-    assert len(plan_read(shard._blob, state, q)) == 1
-    tasks = plan_read(shard._blob, state, q, min_partitions=3)
+    assert len(plan_read(shard._blob, state, q, min_task_bytes=20_000)) == 1
+    tasks = plan_read(shard._blob, state, q, min_partitions=3, min_task_bytes=20_000)
     assert len(tasks) == 3
+    assert len(plan_read(shard._blob, state, q, min_partitions=3)) < 3  # a mebibyte each
     whole = read_task(shard._blob, plan_read(shard._blob, state, q)[0])
     got = pa.concat_tables([read_task(shard._blob, t) for t in tasks])
     assert got.sort_by("id").equals(whole.sort_by("id"))
     # never more tasks than the bytes allow
-    assert len(plan_read(shard._blob, state, q, min_partitions=10_000)) <= size // 20_000
+    spread = plan_read(shard._blob, state, q, min_partitions=10_000, min_task_bytes=20_000)
+    assert len(spread) <= size // 20_000
 
 
 def _overlapping_appends(tmp_path: Any, retract: bool) -> ps.Shard:
     """Four appends of shuffled keys (every part spans the whole key range), in several
-    chunks each; with ``retract`` the last one retracts a row of the first."""
-    shard = ps.open_shard(str(tmp_path / "s"), maintenance=False)
+    chunks (of 8 KiB) each; with ``retract`` the last one retracts a row of the first."""
+    shard = ps.open_shard(str(tmp_path / "s"), maintenance=False, chunk_bytes=8192)
     rng = np.random.default_rng(5)
     ids = rng.permutation(8_000)
     for i in range(4):
@@ -487,7 +485,6 @@ def test_multiset_snapshot_of_overlapping_parts_reads_each_chunk_once(
     when every diff is positive: it splits by chunk, and every chunk is decoded by exactly one
     task, where a key-range split over parts of shuffled keys decodes every chunk in every
     task. The tasks' answers still add up to the snapshot."""
-    monkeypatch.setattr(parts, "CHUNK_BYTES", 8192)
     shard = _overlapping_appends(tmp_path, retract=False)
     state = shard.state()
     q = snapshot_query(state, state.upper - 1, shard.location)
@@ -514,7 +511,6 @@ def test_snapshot_with_a_retraction_keeps_the_key_range_split(
 ) -> None:
     """A negative diff must meet its row's other updates in one task: no chunk split then,
     and the streamed scan drops the retracted row."""
-    monkeypatch.setattr(parts, "CHUNK_BYTES", 8192)
     shard = _overlapping_appends(tmp_path, retract=True)
     state = shard.state()
     q = snapshot_query(state, state.upper - 1, shard.location)
@@ -573,8 +569,7 @@ def test_snapshot_reads_leave_times_undecoded(tmp_path: Any, monkeypatch: Any) -
     """A snapshot needs no `_time` when every time of a part is at or before ``as_of``: the
     column is neither decoded nor, when it lies between wanted columns, fetched apart (one
     get per chunk). A part with later times decodes it (rows after ``as_of`` are dropped)."""
-    monkeypatch.setattr(parts, "CHUNK_BYTES", 4096)
-    shard = ps.open_shard(str(tmp_path / "s"), maintenance=False)
+    shard = ps.open_shard(str(tmp_path / "s"), maintenance=False, chunk_bytes=4096)
     shard.append(orders(0, 3000, 0), new_upper=1)
     shard.append(orders(3000, 6000, 1), new_upper=2)
     decoded: list[str] = []

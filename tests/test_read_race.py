@@ -25,7 +25,7 @@ def table(t: int, n: int = 1) -> pa.Table:
 def collect(location: str, clock) -> None:  # type: ignore[no-untyped-def]
     """Replace every part (compaction), let the retention window pass and gc at retention 0:
     every version before the compaction is no longer live, and its parts are gone."""
-    other = ps.open_shard(location, maintenance=False, inline_bytes=0)
+    other = ps.open_shard(location, maintenance=False, inline_bytes=0, clock=clock.now)
     other.compact()
     clock.advance(2000)
     other.append(table(other.upper))
@@ -50,13 +50,14 @@ class GcAtFirstPartRead(BlobWrapper):
 
 def _shard(tmp_path, clock, n: int = 4) -> tuple[str, ps.Shard]:  # type: ignore[no-untyped-def]
     location = str(tmp_path / "s")
-    writer = ps.open_shard(location, maintenance=False, inline_bytes=0)
+    writer = ps.open_shard(location, maintenance=False, inline_bytes=0, clock=clock.now)
     for t in range(n):
         writer.append(table(t))
     reader = ps.Shard(
         location,
         blob=GcAtFirstPartRead(location, lambda: collect(location, clock)),
         maintenance=False,
+        clock=clock.now,
     )
     return location, reader
 
@@ -88,7 +89,7 @@ def test_updates_that_lose_a_race_with_gc_are_version_collected(tmp_path, clock)
 
 def test_a_change_scan_consumed_after_gc_is_version_collected(tmp_path, clock):
     location = str(tmp_path / "s")
-    shard = ps.open_shard(location, maintenance=False, inline_bytes=0)
+    shard = ps.open_shard(location, maintenance=False, inline_bytes=0, clock=clock.now)
     for t in range(4):
         shard.append(table(t))
     scan = shard.scan_updates(0, 4)
@@ -101,7 +102,7 @@ def test_a_change_scan_consumed_after_gc_is_version_collected(tmp_path, clock):
 
 def test_a_scan_that_meets_a_collected_part_while_iterating_is_version_collected(tmp_path, clock):
     location = str(tmp_path / "s")
-    shard = ps.open_shard(location, maintenance=False, inline_bytes=0)
+    shard = ps.open_shard(location, maintenance=False, inline_bytes=0, clock=clock.now)
     n = 30  # more parts than a scan reads ahead of its consumer
     for t in range(n):
         shard.append(table(t, 100))
@@ -118,7 +119,7 @@ def test_a_scan_that_meets_a_collected_part_while_iterating_is_version_collected
 
 def test_a_scan_through_the_arrow_stream_is_version_collected(tmp_path, clock):
     location = str(tmp_path / "s")
-    shard = ps.open_shard(location, maintenance=False, inline_bytes=0)
+    shard = ps.open_shard(location, maintenance=False, inline_bytes=0, clock=clock.now)
     for t in range(4):
         shard.append(table(t))
     scan = shard.scan()
@@ -143,7 +144,7 @@ def test_the_spark_reader_task_that_meets_a_collected_part_is_version_collected(
     from persistshard.datasource.reader import PersistShardReader, read_partition
 
     location = str(tmp_path / "s")
-    shard = ps.open_shard(location, maintenance=False, inline_bytes=0)
+    shard = ps.open_shard(location, maintenance=False, inline_bytes=0, clock=clock.now)
     for t in range(4):
         shard.append(table(t))
     schema = StructType([StructField("id", LongType())])
@@ -190,7 +191,7 @@ def test_a_missing_part_of_the_newest_version_is_corrupt_even_when_pinned_earlie
     """The pinned version was replaced, but not its part: the newest version names it too,
     so its absence is damage, not a race."""
     location = tmp_path / "s"
-    shard = ps.open_shard(str(location), maintenance=False, inline_bytes=0)
+    shard = ps.open_shard(str(location), maintenance=False, inline_bytes=0, clock=clock.now)
     shard.append(table(0))
     scan = shard.scan()
     clock.advance(2000)
@@ -224,13 +225,13 @@ def test_a_state_read_whose_rollup_gc_removed_while_the_head_moved_reads_the_new
     from persistshard.core.storage.layout import ROLLUP_EVERY
 
     location = str(tmp_path / "s")
-    writer = ps.open_shard(location, maintenance=False, inline_bytes=0)
+    writer = ps.open_shard(location, maintenance=False, inline_bytes=0, clock=clock.now)
     for t in range(ROLLUP_EVERY + 1):  # the head names the rollup of version ROLLUP_EVERY
         writer.append(table(t))
     removed: list[str] = []
 
     def move_on_and_collect() -> None:
-        other = ps.open_shard(location, maintenance=False, inline_bytes=0)
+        other = ps.open_shard(location, maintenance=False, inline_bytes=0, clock=clock.now)
         for _ in range(ROLLUP_EVERY):
             other.append(table(other.upper))
         clock.advance(2000)
@@ -240,9 +241,16 @@ def test_a_state_read_whose_rollup_gc_removed_while_the_head_moved_reads_the_new
 
     SHARED_STATES.clear()  # as in a fresh process: the reader rebuilds the state from a rollup
     reader = ps.Shard(
-        location, blob=GcAtFirstRollupRead(location, move_on_and_collect), maintenance=False
+        location,
+        blob=GcAtFirstRollupRead(location, move_on_and_collect),
+        maintenance=False,
+        clock=clock.now,
     )
     state = reader.state()
     assert removed, "gc removed no rollup under the reader"
-    assert state.version == 2 * ROLLUP_EVERY + 2 == ps.open_shard(location).state().version
+    assert (
+        state.version
+        == 2 * ROLLUP_EVERY + 2
+        == ps.open_shard(location, clock=clock.now).state().version
+    )
     assert reader.snapshot().num_rows == 2 * ROLLUP_EVERY + 2

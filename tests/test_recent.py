@@ -169,5 +169,5 @@ def test_spark_and_other_writers_keep_nothing(tmp_path):
     from persistshard.core.storage.parts import write_part
 
     shard = ps.open_shard(str(tmp_path / "s"), maintenance=False, inline_bytes=0)
-    write_part(shard._blob, new_id(), updates([(1, "a", 0, 1)]))
+    write_part(shard._blob, new_id(), updates([(1, "a", 0, 1)]), config=shard.config)
     assert len(_kept()) == 0

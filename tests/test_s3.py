@@ -152,17 +152,22 @@ def test_cli_conformance_probe_on_s3(s3_location, s3_options, capsys, monkeypatc
     and on local files in tests/test_cli.py)."""
     import pytest as real_pytest
 
+    from persistshard.conformance.target import ConformanceTarget
+
     seen: dict[str, Any] = {}
 
     def fake_main(args, plugins=()):
-        seen["location"] = os.environ["PERSISTSHARD_CONFORMANCE_LOCATION"]
-        seen["options"] = json.loads(os.environ["PERSISTSHARD_CONFORMANCE_STORAGE_OPTIONS"])
+        (target,) = [p for p in plugins if isinstance(p, ConformanceTarget)]
+        seen["location"] = target.location
+        seen["options"] = target.storage_options
+        seen["environment"] = [k for k in os.environ if k.startswith("PERSISTSHARD_CONFORMANCE")]
         return 0
 
     monkeypatch.setattr(real_pytest, "main", fake_main)
     options = [f"--storage-option={k}={json.dumps(v)}" for k, v in s3_options.items()]
     assert cli(["conformance", s3_location, *options]) == 0
-    assert seen == {"location": s3_location, "options": s3_options}
+    # The target reaches the suite as a plugin object: no credential in the environment.
+    assert seen == {"location": s3_location, "options": s3_options, "environment": []}
     assert all_objects(s3_location, s3_options) == {}  # the probe cleans up after itself
     monkeypatch.setattr(
         "persistshard.cli.open_blob", lambda url, **kw: IgnoresIfNoneMatch(open_blob(url, **kw))

@@ -102,18 +102,15 @@ def projected(table: pa.Table, columns: list[str], extra: list[str]) -> Counter[
     return Counter({k: v for k, v in out.items() if v != 0})
 
 
-@pytest.fixture
-def small(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Many chunks per part and many tasks per scan."""
-    monkeypatch.setattr(parts, "CHUNK_BYTES", 4096)
-    monkeypatch.setattr(scan_mod, "SCAN_TASK_BYTES", 4096)
+#: Many chunks per part and many tasks per scan.
+SMALL = {"chunk_bytes": 4096, "scan_task_bytes": 4096}
 
 
 @pytest.fixture
-def shard(tmp_path: Any, small: None) -> Shard:
+def shard(tmp_path: Any) -> Shard:
     """Four appends: 2,000 rows at 0, a retraction and re-insert of 300 of them (new v) at 1,
     rows at 2 with a duplicate (diff 2), and a retraction at 3."""
-    s = ps.open_shard(str(tmp_path / "shard"), maintenance=False)
+    s = ps.open_shard(str(tmp_path / "shard"), maintenance=False, **SMALL)
     s.append(updates(rows(2000), 0, 1), new_upper=1)
     s.append(
         pa.concat_tables([updates(rows(300, 500), 1, -1), updates(rows(300, 500, v=7), 1, 1)]),
@@ -126,7 +123,7 @@ def shard(tmp_path: Any, small: None) -> Shard:
 
 def counted(s: Shard) -> tuple[Shard, CountingBlob]:
     blob = CountingBlob(open_blob(s.location))
-    return Shard(s.location, blob=blob), blob
+    return Shard(s.location, blob=blob, config=s.config), blob
 
 
 # --- answers -------------------------------------------------------------------------------
@@ -428,11 +425,11 @@ def test_empty_shards(tmp_path: Any) -> None:
 # --- streaming -----------------------------------------------------------------------------
 
 
-def test_unit_diffs_are_not_fetched(tmp_path: Any, small: None, monkeypatch: Any) -> None:
+def test_unit_diffs_are_not_fetched(tmp_path: Any, monkeypatch: Any) -> None:
     """A snapshot scan of chunks whose statistics prove every diff is 1 never fetches the
     ``_diff`` column (its answer needs no repeat); a chunk holding a diff of 2 still does,
     and repeats its row."""
-    s = ps.open_shard(str(tmp_path / "ones"), maintenance=False)
+    s = ps.open_shard(str(tmp_path / "ones"), maintenance=False, **SMALL)
     s.append(updates(rows(3000), 0, 1), new_upper=1)
     s.append(updates(rows(1, 3000), 1, 2), new_upper=2)
     counted_shard, blob = counted(s)
@@ -450,7 +447,7 @@ def test_unit_diffs_are_not_fetched(tmp_path: Any, small: None, monkeypatch: Any
 def test_mapped_parts_read_as_ranged_gets_do(shard: Shard, monkeypatch: Any) -> None:
     """A scan maps local parts into memory (every part here, with the size floor at 0) and
     answers exactly what ranged gets through a wrapper (never mapped) answer."""
-    monkeypatch.setattr(plan_mod, "MAP_MIN_BYTES", 0)
+    mapping = ps.open_shard(shard.location, config=shard.config.replace(map_min_bytes=0))
     maps: list[int] = []
     real = parts.mmap.mmap
 
@@ -460,7 +457,7 @@ def test_mapped_parts_read_as_ranged_gets_do(shard: Shard, monkeypatch: Any) -> 
 
     monkeypatch.setattr(parts.mmap, "mmap", spy)
     for kwargs in ({}, {"columns": ["v"]}, {"filter": pc.field("id") < 900}):
-        mapped = shard.scan(**kwargs).to_arrow()
+        mapped = mapping.scan(**kwargs).to_arrow()
         assert maps
         maps.clear()
         unmapped = counted(shard)[0].scan(**kwargs).to_arrow()
@@ -471,26 +468,28 @@ def test_mapped_parts_read_as_ranged_gets_do(shard: Shard, monkeypatch: Any) -> 
 def test_mapped_part_cut_short_is_corrupt_data(shard: Shard, monkeypatch: Any) -> None:
     """A mapped part file shorter than its reference says is `CorruptData`, never a crash
     or a short answer; a missing one names the part."""
-    monkeypatch.setattr(plan_mod, "MAP_MIN_BYTES", 0)
+    mapping = ps.open_shard(shard.location, config=shard.config.replace(map_min_bytes=0))
     state = shard._machine.state()
     ref = next(p for b in (*state.trace, *state.unsealed) for p in b.parts if p.num_rows)
     path = shard._blob.local_file(ref.key)  # type: ignore[attr-defined]
     with open(path, "r+b") as f:
         f.truncate(ref.size // 2)
     with pytest.raises(ps.CorruptData):
-        shard.scan().to_arrow()
+        mapping.scan().to_arrow()
     os.remove(path)
     with pytest.raises(ps.CorruptData, match=ref.key):
-        shard.scan().to_arrow()
+        mapping.scan().to_arrow()
 
 
 def test_tasks_read_at_once_keep_their_order(shard: Shard, monkeypatch: Any) -> None:
-    """Pieces computed SCAN_AHEAD ahead answer in task order, as one at a time does."""
+    """Pieces computed ``scan_ahead`` ahead answer in task order, as one at a time does."""
     scan = shard.scan(columns=["id", "s"])
     assert len(scan.tasks()) > 4
     together = scan.to_arrow()
-    monkeypatch.setattr(scan_mod, "SCAN_AHEAD", 1)
-    assert scan.to_arrow().equals(together)
+    one = ps.open_shard(shard.location, config=shard.config.replace(scan_ahead=1))
+    one_at_a_time = one.scan(columns=["id", "s"])
+    assert one_at_a_time.config.scan_ahead == 1
+    assert one_at_a_time.to_arrow().equals(together)
     assert together.column("id").to_pylist() == sorted(together.column("id").to_pylist())
 
 
@@ -603,14 +602,13 @@ def filters(draw: st.DrawFn) -> pc.Expression:
 )
 def test_scan_equals_filtered_projected_snapshot(
     tmp_path_factory: Any,
-    small: None,
     batches: list[list[tuple[Any, ...]]],
     expr: pc.Expression | None,
     columns: list[str] | None,
     with_diff: bool,
 ) -> None:
     schema = pa.schema([("a", pa.int64()), ("b", pa.int64()), ("c", pa.int64())])
-    s = ps.open_shard(str(tmp_path_factory.mktemp("p")), maintenance=False)
+    s = ps.open_shard(str(tmp_path_factory.mktemp("p")), maintenance=False, **SMALL)
     upper = 0
     for batch in batches:
         ups = [(a, b, c, upper + dt, d) for a, b, c, dt, d in batch]
@@ -661,11 +659,11 @@ def test_consolidation_across_tasks_spills(shard: Shard, monkeypatch: pytest.Mon
             made.append(self)
 
     monkeypatch.setattr(scan_mod, "Correction", Recording)
-    monkeypatch.setattr(scan_mod, "SCAN_MERGE_BUDGET", 4096)
-    got = shard.scan(columns=["s", "v"], with_diff=True).to_arrow()
+    budget = ps.open_shard(shard.location, config=shard.config.replace(scan_merge_budget=4096))
+    got = budget.scan(columns=["s", "v"], with_diff=True).to_arrow()
     assert projected(got, ["s", "v"], []) == projected(shard.snapshot(3), ["s", "v"], [])
     assert len(got) == len(projected(got, ["s", "v"], []))
-    changes = shard.scan_updates(0, 4, columns=["pad"]).to_arrow()
+    changes = budget.scan_updates(0, 4, columns=["pad"]).to_arrow()
     whole = shard.updates(0, 4)
     assert projected(changes, ["pad"], ["_time"]) == projected(whole, ["pad"], ["_time"])
     assert len(made) == 2 and all(c.stats["spilled_runs"] > 0 for c in made)
@@ -698,16 +696,14 @@ def test_a_streamed_scan_gives_back_mapped_pages_as_it_goes(
 ) -> None:
     """Large local parts are read through memory mappings; their touched pages count in the
     resident set until given back, so a streamed scan gives them back each time it has read
-    `SCAN_RELEASE_BYTES` of stored parts (issue 27: RSS stays near that much, whatever the
+    ``scan_release_bytes`` of stored parts (issue 27: RSS stays near that much, whatever the
     shard's size), and a smaller read never pays for it. Views still in use read the
     same bytes after the release."""
-    from persistshard.core.read import plan, scan
-    from persistshard.core.storage import parts
+    from persistshard.core.read import plan
 
-    monkeypatch.setattr(plan, "MAP_MIN_BYTES", 1)
-    monkeypatch.setattr(scan, "SCAN_TASK_BYTES", 64 << 10)
-    monkeypatch.setattr(parts, "CHUNK_BYTES", 64 << 10)
-    shard = ps.open_shard(str(tmp_path / "s"))
+    shard = ps.open_shard(
+        str(tmp_path / "s"), map_min_bytes=1, chunk_bytes=64 << 10, scan_task_bytes=64 << 10
+    )
     rng = np.random.default_rng(3)
     n = 200_000
     shard.append(pa.table({"id": np.arange(n, dtype=np.int64), "v": rng.random(n)}))
@@ -721,7 +717,9 @@ def test_a_streamed_scan_gives_back_mapped_pages_as_it_goes(
     monkeypatch.setattr(plan, "release_mapped", recording)
     s = shard.scan()
     assert s.to_arrow().num_rows == n and released == []  # 3.2 MB: under the default
-    monkeypatch.setattr(scan, "SCAN_RELEASE_BYTES", 256 << 10)
+    s = ps.open_shard(
+        shard.location, config=shard.config.replace(scan_release_bytes=256 << 10)
+    ).scan()
     tasks = s.tasks()
     batches = list(s.to_batches())  # every batch stays alive past the releases
     stored = sum(p.size for b in shard.state().trace for p in b.parts)

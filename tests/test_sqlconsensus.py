@@ -124,8 +124,9 @@ def test_shard_on_database_consensus(db_url, tmp_path):
     for i in range(20):  # past the first rollup (version 16), below which gc truncates
         shard.compare_and_append(pa.table({"id": [i], "_time": [i], "_diff": [1]}), i, i + 1)
     assert [m.key for m in shard._blob.list("consensus/")] == [LOG_HOME_KEY]
-    assert shard.storage_options == {"consensus": db_url}
-    again = Shard(location, **shard.storage_options)
+    assert shard.storage_options == {}  # storage options only: the consensus travels apart
+    assert shard.address.consensus == db_url
+    again = shard.address.open()
     assert again.upper == 20
     assert rows_of(again.snapshot()) == {(i,): 1 for i in range(20)}
     shard.advance_since(19)

@@ -336,7 +336,7 @@ def test_state_records_the_identity_and_judges_at_the_compare_and_set(location, 
     from persistshard.core.statemachine.commits.append import Append
     from persistshard.errors import WriterAlreadyCommitted
 
-    shard = ps.open_shard(location)
+    shard = ps.open_shard(location, clock=clock.now)
     first = st.BatchIdentity(digest="v1:1:00000000000000aa", query_id="q-1")
 
     def append(writer) -> None:

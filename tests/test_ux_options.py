@@ -8,7 +8,11 @@ from __future__ import annotations
 import pytest
 
 import persistshard as ps
+from persistshard.core.config import KNOBS
+from persistshard.core.shard import ShardAddress
 from persistshard.datasource.options import (
+    COMMON_OPTIONS,
+    CONFIG_OPTIONS,
     READ_OPTIONS,
     WRITE_OPTIONS,
     ReadOptions,
@@ -42,26 +46,24 @@ def test_the_lists_cover_every_option_the_parsers_read():
     upsert = {"key_columns", "delete_column", "batch_id"}  # parsed by datasource/upsert.py
     reclock = {"source_partition_column", "source_offset_column", "source_frontier"}
     retention = {"retention"}  # its syntax: tests/test_maintenance_auto.py
-    inline = {"inline_bytes", "inline_cap"}  # storage-level integers: see the test below
     assert (
-        set(WRITE_INTS)
-        | set(WRITE_BOOLS)
-        | set(WRITE_NAMES)
-        | upsert
-        | reclock
-        | retention
-        | inline
+        set(WRITE_INTS) | set(WRITE_BOOLS) | set(WRITE_NAMES) | upsert | reclock | retention
         == WRITE_OPTIONS
     )
+    # The shard's configuration: options of every read and write (see the tests below).
+    assert CONFIG_OPTIONS == set(KNOBS) and CONFIG_OPTIONS <= COMMON_OPTIONS
 
 
 @pytest.mark.parametrize("key", ["inline_bytes", "inline_cap"])
-def test_inline_options_are_integers_carried_with_the_storage_options(key):
-    from persistshard.datasource.options import storage_options
-
-    assert storage_options({key: "2048"})[key] == 2048
+@pytest.mark.parametrize("kind", ["read", "write"])
+def test_configuration_options_are_parsed_into_the_configuration(kind, key):
+    opts = parse(kind, **{key: "2048", "storage.anon": "true"})
+    assert getattr(opts.address.config, key) == 2048
+    assert opts.storage_options == {"anon": True}  # the storage options carry nothing else
     with pytest.raises(InvalidOption, match=rf"^InvalidOption: option {key} "):
-        storage_options({key: "2k"})
+        parse(kind, **{key: "2k"})
+    with pytest.raises(InvalidOption, match=rf"^InvalidOption: option {key} '-1' must not"):
+        parse(kind, **{key: "-1"})
 
 
 def parse(kind: str, **options: str):
@@ -189,8 +191,7 @@ def test_task_descriptions_never_show_storage_secrets():
     from persistshard.datasource.writer import BatchDescription
 
     for cls in (BatchDescription, DiffTask):
-        values = {
-            f.name: ({"secret": "hunter2"} if f.name == "storage_options" else None)
-            for f in dataclasses.fields(cls)
-        }
+        secret = {"secret": "hunter2"}
+        given = {"storage_options": secret, "address": ShardAddress("/x", secret)}
+        values = {f.name: given.get(f.name) for f in dataclasses.fields(cls)}
         assert "hunter2" not in repr(cls(**values)), cls.__name__

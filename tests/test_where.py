@@ -125,14 +125,12 @@ def _rows(reader: Any) -> list[dict[str, Any]]:
     return [r for p in reader.partitions() for b in reader.read(p) for r in b.to_pylist()]
 
 
-def test_where_skips_chunks_it_rules_out_and_filters_exactly(tmp_path: Any, monkeypatch) -> None:
-    from persistshard.core.storage import parts
+def test_where_skips_chunks_it_rules_out_and_filters_exactly(tmp_path: Any) -> None:
     from persistshard.core.storage.parts import open_part
 
-    monkeypatch.setattr(parts, "CHUNK_BYTES", 4096)
     location = str(tmp_path / "s")
     n = 20_000
-    ps.open_shard(location).append(
+    ps.open_shard(location, chunk_bytes=4096).append(
         pa.table(
             {
                 "id": pa.array(range(n), pa.int64()),

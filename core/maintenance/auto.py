@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 from persistshard.core.maintenance.compact import CompactionReport, maybe_compact
 from persistshard.core.maintenance.gc import GcReport, collect
 from persistshard.core.statemachine.machine import StateMachine
-from persistshard.core.storage import layout
 from persistshard.core.storage.layout import DEFAULT_RETENTION_SECONDS
 from persistshard.errors import StateConflict
 
@@ -72,7 +71,7 @@ class AutoMaintenance:
     gc_interval_seconds: float = GC_INTERVAL_SECONDS
     #: gc's retention floor (`persistshard.core.maintenance.gc`): what it keeps regardless.
     gc_retention_seconds: float = DEFAULT_RETENTION_SECONDS
-    _last_gc: int | None = None  # when this handle last ran gc (ms, `layout.now_ms`)
+    _last_gc: int | None = None  # when this handle last ran gc (ms, the shard's clock)
 
     def after_commit(
         self, machine: StateMachine, since_before: int, *, compact: bool = True
@@ -85,7 +84,7 @@ class AutoMaintenance:
         if compact:
             self._compact(machine, report)
         since = machine.known().since
-        now = layout.now_ms()  # the shard's one clock (tests set it)
+        now = machine.config.clock()
         due = self._last_gc is None or now - self._last_gc >= self.gc_interval_seconds * 1000
         if since > since_before and due:
             self._last_gc = now

@@ -25,12 +25,13 @@ memory (`persistshard.core.storage.recent`), in chunks of the same size as store
 Memory bound (measured by `MergeStats.peak_buffered_bytes`, checked by the tests): a run's
 buffered updates come from its most recently delivered chunk, plus the rows of its older
 chunks that share the bound's first key (everything below a bound was emitted), so the
-buffer holds about ``k`` chunks for ``k`` input parts: about ``k * CHUNK_BYTES`` of decoded
+buffer holds about ``k`` chunks for ``k`` input parts: about ``k * chunk_bytes`` of decoded
 Arrow data, and twice that while sorting; a left-over piece under half of the chunk it is a
 view of is copied, so views never keep more than twice the buffered bytes alive. The output
 side adds the part writer's two encoded chunks in flight and the compressed bytes of the one
 output part being assembled (blobs are written with one ``put``): at most the compressed
-size of ``part_bytes`` of data. None of it depends on batch sizes.
+size of ``part_bytes`` of data (``chunk_bytes`` and ``part_bytes``: the shard's configuration,
+`persistshard.core.config`). None of it depends on batch sizes.
 
 Unsealed trimming: an unsealed batch straddling the plan's upper is rewritten part by part,
 streaming, keeping only updates at or after the upper (each part stays sorted and
@@ -49,6 +50,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from persistshard.core.config import ShardConfig
 from persistshard.core.maintenance import trace
 from persistshard.core.maintenance.trace import MergePlan
 from persistshard.core.read.race import check_collected
@@ -73,8 +75,6 @@ from persistshard.core.storage import metrics
 from persistshard.core.storage.blob import Blob
 from persistshard.core.storage.layout import id_time_ms, new_id, part_key
 from persistshard.core.storage.parts import (
-    CHUNK_BYTES,
-    PART_TARGET_BYTES,
     adapt_part_table,
     open_part,
     part_blob,
@@ -293,12 +293,13 @@ class _Run:
 WHOLE_READ_BYTES = 4 << 20
 
 
-def _open_input(blob: Blob, ref: PartRef) -> PartReader | HeldPart:
+def _open_input(blob: Blob, ref: PartRef, chunk_bytes: int) -> PartReader | HeldPart:
     """A reader over input part ``ref``: the decoded updates this process kept when it wrote
     the part (`persistshard.core.storage.recent`), else small parts fetched whole (see
-    above), else a ranged reader (from the owner's store for a part a fork names)."""
+    above), else a ranged reader (from the owner's store for a part a fork names). Held
+    updates come in chunks of ``chunk_bytes``."""
     blob = part_blob(blob, ref)
-    held = RECENT.held(blob.url, ref, CHUNK_BYTES)
+    held = RECENT.held(blob.url, ref, chunk_bytes)
     if held is not None:
         return held
     if ref.size > WHOLE_READ_BYTES or ref.inline is not None:
@@ -372,8 +373,10 @@ class _RunWriter:
         part_bytes: int,
         stats: MergeStats,
         *,
+        chunk_bytes: int,
         hold: bool = False,
     ) -> None:
+        self.chunk_bytes = chunk_bytes
         self.blob = blob
         self.hold = hold
         self._held: list[pa.Table] | None = [] if hold else None
@@ -395,7 +398,7 @@ class _RunWriter:
                 self._sink,
                 self.schema,
                 sort_column=self.columns[0] if self.columns else None,
-                chunk_bytes=CHUNK_BYTES,
+                chunk_bytes=self.chunk_bytes,
             )
             self._bytes = 0
         return self._writer
@@ -473,6 +476,7 @@ def _trim_unsealed(
     write_id: str,
     stats: MergeStats,
     written: list[str],
+    config: ShardConfig,
 ) -> Batch | None:
     """``batch`` without its updates at times ``< upper``; None if nothing remains."""
     if batch.lower >= upper:
@@ -487,7 +491,9 @@ def _trim_unsealed(
             parts.append(ref)
             continue
         reader = open_part(blob, ref)
-        out = _RunWriter(blob, write_id, schema, PART_TARGET_BYTES, stats)
+        out = _RunWriter(
+            blob, write_id, schema, config.part_bytes, stats, chunk_bytes=config.chunk_bytes
+        )
         try:
             for index, info in enumerate(reader.chunks):
                 if info.max_time is not None and info.max_time < upper:
@@ -509,7 +515,7 @@ def _trim_unsealed(
     if not parts:
         return None
     return Batch(
-        id=new_id(),
+        id=new_id(id_time_ms(write_id)),
         lower=min(p.min_time for p in parts),
         upper=max(p.max_time for p in parts) + 1,
         parts=tuple(parts),
@@ -522,10 +528,13 @@ def run_merge(
     user_schema: pa.Schema,
     *,
     write_id: str,
-    part_bytes: int = PART_TARGET_BYTES,
+    config: ShardConfig,
+    part_bytes: int | None = None,
     hold: bool = False,
 ) -> MergeResult:
     """Execute ``plan``: write its output run and unsealed remainders; commit nothing.
+    Output parts of about ``part_bytes`` (default ``config.part_bytes``), chunks of
+    ``config.chunk_bytes``.
 
     Inputs this process kept decoded are taken from memory (`_open_input`); with ``hold``
     small outputs are kept too, for the merges that will take them as inputs (the driver of
@@ -540,16 +549,27 @@ def run_merge(
         stats.seconds = time.perf_counter() - started
         return MergeResult(list(reusable), [], [], stats, free=True)
     written: list[str] = []
-    writer = _RunWriter(blob, write_id, schema, part_bytes, stats, hold=hold)
+    chunk_bytes = config.chunk_bytes
+    part_bytes = config.part_bytes if part_bytes is None else part_bytes
+    writer = _RunWriter(
+        blob, write_id, schema, part_bytes, stats, chunk_bytes=chunk_bytes, hold=hold
+    )
     try:
         runs = [
-            _Run(_open_input(blob, ref), schema, plan.floor, None, stats, ref)
+            _Run(_open_input(blob, ref, chunk_bytes), schema, plan.floor, None, stats, ref)
             for b in plan.inputs
             for ref in b.parts
             if ref.num_rows
         ]
         runs += [
-            _Run(_open_input(blob, ref), schema, plan.floor, plan.upper_at_plan, stats, ref)
+            _Run(
+                _open_input(blob, ref, chunk_bytes),
+                schema,
+                plan.floor,
+                plan.upper_at_plan,
+                stats,
+                ref,
+            )
             for u in plan.unsealed
             for ref in u.parts
             if ref.num_rows and ref.min_time < plan.upper_at_plan
@@ -563,7 +583,9 @@ def run_merge(
         written.extend(p.key for p in writer.parts)
         remainders = []
         for u in plan.unsealed:
-            rest = _trim_unsealed(blob, u, plan.upper_at_plan, schema, write_id, stats, written)
+            rest = _trim_unsealed(
+                blob, u, plan.upper_at_plan, schema, write_id, stats, written, config
+            )
             if rest is not None:
                 remainders.append(rest)
     except BaseException:
@@ -616,7 +638,7 @@ def commit_merge(
     re-applied to the newest (`StateMachine.commit`)."""
     base = state
     state = state if state is not None else machine.state()
-    commit, output = compact_commit(plan, result, state, new_id(), new_id())
+    commit, output = compact_commit(plan, result, state, machine.new_id(), machine.new_id())
     try:
         after = machine.commit(commit, base=base)
     except (StateConflict, LeaseExpired):
@@ -683,12 +705,13 @@ def compact_shard(
     *,
     full: bool = True,
     max_merges: int | None = None,
-    part_bytes: int = PART_TARGET_BYTES,
+    part_bytes: int | None = None,
     max_conflicts: int = 10,
 ) -> CompactionReport:
     """Plan, run and commit merges one at a time until the trace is tidy (see
     `persistshard.core.maintenance.trace`), at most ``max_merges`` of them; gives up after
-    ``max_conflicts`` lost races (other compactors are then doing the work)."""
+    ``max_conflicts`` lost races (other compactors are then doing the work). Output parts
+    of about ``part_bytes`` (default the machine's configuration's)."""
     return _compact_from(machine, machine.state(), full, max_merges, part_bytes, max_conflicts)
 
 
@@ -697,7 +720,7 @@ def _compact_from(
     state: ShardState,
     full: bool,
     max_merges: int | None,
-    part_bytes: int,
+    part_bytes: int | None,
     max_conflicts: int,
 ) -> CompactionReport:
     report = CompactionReport(levels_before=trace.levels(state), batches_before=len(state.trace))
@@ -715,6 +738,7 @@ def _compact_from(
                     plan,
                     state.schema,
                     write_id=write_id,
+                    config=machine.config,
                     part_bytes=part_bytes,
                     hold=True,
                 )
@@ -771,4 +795,4 @@ def maybe_compact(machine: StateMachine, *, max_merges: int = 1) -> CompactionRe
     state = known if known.version > 0 else machine.state()
     if not needs_compaction(state):
         return None
-    return _compact_from(machine, state, False, max_merges, PART_TARGET_BYTES, 10)
+    return _compact_from(machine, state, False, max_merges, None, 10)

@@ -42,8 +42,9 @@ fence commits aside): a gc whose clock runs ahead cannot commit a fence in the f
 would refuse every write with `LeaseExpired`) nor treat live writes as orphans. The price: on
 a shard nobody commits to, what becomes collectable only later waits for the next commit.
 A clock ahead may still end a reader's retention window early by up to that bound. A
-``now_ms`` ahead of both this process's clock and the newest commit time by more than the
-bound is `InvalidOption`, as is a retention that is negative, NaN or infinite (0 is valid).
+``now_ms`` ahead of both the shard's clock (its configuration's) and the newest commit time
+by more than the bound is `InvalidOption`, as is a retention that is negative, NaN or
+infinite (0 is valid).
 
 Cost. gc keeps what it learnt of the log in ``rollups/gc/checkpoint.json`` (`_Log`: the
 version it covers and that entry's digest, when each retained part was removed, the commit
@@ -394,11 +395,11 @@ def _write_checkpoint(machine: StateMachine, log_: _Log) -> None:
 
 
 def _clock(machine: StateMachine, log_: _Log | None, now_ms: int | None) -> tuple[int, int]:
-    """(gc's clock, the time gc judges by): the clock is ``now_ms`` or this process's; the
+    """(gc's clock, the time gc judges by): the clock is ``now_ms`` or the shard's; the
     time judged by is the clock, but never more than `CLOCK_LEAD_MS` after the shard's newest
-    commit time (commits gc makes aside). A ``now_ms`` later than both this process's clock
-    and the newest commit time by more than that is `InvalidOption`."""
-    process = layout.now_ms()
+    commit time (commits gc makes aside). A ``now_ms`` later than both the shard's clock and
+    the newest commit time by more than that is `InvalidOption`."""
+    process = machine.config.clock()
     if now_ms is not None:
         if isinstance(now_ms, bool) or not isinstance(now_ms, int):
             raise InvalidOption(

@@ -29,6 +29,7 @@ from typing import Protocol
 
 import pyarrow as pa
 
+from persistshard.core.config import ShardConfig
 from persistshard.core.rows import DIFF, TIME
 from persistshard.core.statemachine.holds import ReaderHold
 from persistshard.core.storage.layout import new_id
@@ -41,6 +42,7 @@ class Readable(Protocol):
     """What a listener reads through (a `persistshard.core.shard.Shard`)."""
 
     location: str
+    config: ShardConfig
 
     @property
     def upper(self) -> int: ...
@@ -72,7 +74,7 @@ class Listen:
         self.min_poll = min_poll_seconds
         self.max_poll = max_poll_seconds
         self.hold = shard.register_reader(
-            reader_id or f"listen-{new_id()}", lease_seconds=lease_seconds
+            reader_id or f"listen-{new_id(shard.config.clock())}", lease_seconds=lease_seconds
         )
         if self.as_of < self.hold.since:
             self.hold.expire()

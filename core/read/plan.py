@@ -47,6 +47,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from persistshard.core.config import DEFAULTS
 from persistshard.core.read.filters import Pred, chunk_may_match, chunk_stats, filter_table
 from persistshard.core.rows import DIFF, TIME, advance_times, consolidate, snapshot_of
 from persistshard.core.statemachine.state import PartRef, ShardState
@@ -249,32 +250,32 @@ _RANGE_TYPES = (
 #: each footer once. Parts are immutable, so a cached reader never goes stale.
 Readers = dict[str, PartReader]
 
-#: Parts smaller than this are never memory-mapped (`MappedReaders`).
-MAP_MIN_BYTES = 64 << 10
 #: Most parts one `MappedReaders` maps (each mapping holds a file descriptor while it lives).
 MAP_MAX_PARTS = 64
 
 
 class MappedReaders(Readers):
-    """A `Readers` cache that opens parts of at least `MAP_MIN_BYTES` in a local directory
+    """A `Readers` cache that opens parts of at least ``map_min_bytes`` (the configuration's)
+    in a local directory
     memory-mapped (`persistshard.core.storage.parts.open_part` with ``mapped``), up to
     `MAP_MAX_PARTS` of them; the rest read by ranged gets. The mappings live as long as the
     cache (and the views taken of them), so a cache serves one consumption of a read."""
 
-    def __init__(self) -> None:
+    def __init__(self, map_min_bytes: int = DEFAULTS.map_min_bytes) -> None:
         super().__init__()
+        self.map_min_bytes = map_min_bytes
         self.mapped = 0
         self.mappings: list[mmap.mmap] = []
 
     def release(self) -> None:
         """Give back the pages of every mapping so far (`release_mapped`): a streamed scan
-        calls it as it goes (`persistshard.core.read.scan.SCAN_RELEASE_BYTES`), so its
+        calls it as it goes (the configuration's ``scan_release_bytes``), so its
         resident set stays near that much of the parts, not the shard's."""
         release_mapped(list(self.mappings))
 
     def claim(self, ref: PartRef) -> bool:
         """Whether ``ref`` is to be opened mapped (counted when it is)."""
-        if ref.size < MAP_MIN_BYTES or self.mapped >= MAP_MAX_PARTS:
+        if ref.size < self.map_min_bytes or self.mapped >= MAP_MAX_PARTS:
             return False
         self.mapped += 1
         return True
@@ -356,10 +357,6 @@ def _wanted_chunks(
     return out
 
 
-#: The least bytes of parts a task is split off for when a read spreads over the cores.
-MIN_TASK_BYTES = 1 << 20
-
-
 def plan_read(
     blob: Blob,
     state: ShardState,
@@ -371,6 +368,7 @@ def plan_read(
     row_filter: Pred | None = None,
     readers: Readers | None = None,
     multiset: bool = False,
+    min_task_bytes: int = DEFAULTS.min_task_bytes,
 ) -> list[ReadTask]:
     """Tasks of the pinned ``state`` for ``q``, split by key range (module docstring).
 
@@ -383,7 +381,7 @@ def plan_read(
 
     Aims at one task per ``partition_bytes`` of relevant parts, at most ``max_partitions``,
     and at least ``min_partitions`` (the cores a read should keep busy) as long as each task
-    gets `MIN_TASK_BYTES`; a split never cuts a chunk, so fewer chunks mean fewer tasks.
+    gets ``min_task_bytes``; a split never cuts a chunk, so fewer chunks mean fewer tasks.
     When the read splits, or when a filter is given, the part footers are read here and
     chunks that cannot match are left out of every task (parts left with no chunk are not
     read at all).
@@ -394,7 +392,7 @@ def plan_read(
     total = sum(r.size for r in refs)
     want = max(1, min(max_partitions, -(-total // max(1, partition_bytes))))
     if min_partitions > want:
-        want = max(want, min(max_partitions, min_partitions, total // MIN_TASK_BYTES))
+        want = max(want, min(max_partitions, min_partitions, total // min_task_bytes))
     first = state.schema.field(0)
     rangeable = any(test(first.type) for test in _RANGE_TYPES)
 

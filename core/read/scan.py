@@ -30,17 +30,18 @@ What always holds:
   (`persistshard.core.read.expression`); what it cannot translate skips nothing (slower,
   never wrong).
 
-Memory. `to_batches` plans the read in tasks of about `SCAN_TASK_BYTES` of stored parts,
+Memory (the ``scan_*`` knobs of the shard's configuration, `persistshard.core.config`).
+`to_batches` plans the read in tasks of about ``scan_task_bytes`` of stored parts,
 split by key range (`persistshard.core.read.plan.plan_read`); a snapshot of parts that need
 no cross-chunk consolidation streams chunk by chunk (`persistshard.core.read.plan.chunk_jobs`),
-any other task is read whole, and a scan holds at most `SCAN_AHEAD` + 1 such pieces. Large
+any other task is read whole, and a scan holds at most ``scan_ahead`` + 1 such pieces. Large
 local parts are memory-mapped; the pages a scan touched are given back each time it has read
-`SCAN_RELEASE_BYTES` of stored parts. What it does
+``scan_release_bytes`` of stored parts. What it does
 not bound: a task is never split inside one key value of the first row column (a shard whose
 rows mostly share one first-column value reads as one task). A ``with_diff`` snapshot or a
 change read projected *without* the first row column must consolidate across tasks: their
 answers go through a `persistshard.core.write.correction.Correction` with a budget of
-`SCAN_MERGE_BUDGET`, which spills sorted runs to local files beyond it and merges them back
+``scan_merge_budget``, which spills sorted runs to local files beyond it and merges them back
 a bounded slice at a time.
 """
 
@@ -55,10 +56,10 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from persistshard.core.config import ShardConfig
 from persistshard.core.read.expression import ExpressionFilter, expression_filter
 from persistshard.core.read.filters import Pred, evaluate
 from persistshard.core.read.plan import (
-    READ_AHEAD,
     Job,
     MappedReaders,
     Query,
@@ -84,22 +85,10 @@ log = logging.getLogger("persistshard.core.read.scan")
 if TYPE_CHECKING:
     from persistshard.core.storage.blob import Blob
 
-__all__ = ["SCAN_TASK_BYTES", "Scan", "expression_filter"]
+__all__ = ["Scan", "expression_filter"]
 
-#: Stored bytes of parts per task of a scan (the unit of memory `Scan.to_batches` holds).
-SCAN_TASK_BYTES = 4 << 20
-#: Stored bytes of parts a scan reads between two givings back of the pages of the parts it
-#: mapped (`MappedReaders.release`, after the task that reaches it): its resident set holds
-#: about this much of the parts' pages, and a read of fewer bytes makes no such call.
-SCAN_RELEASE_BYTES = 32 << 20
-#: In-memory bytes of the buffer that consolidates tasks' answers together (a ``with_diff`` or
-#: change scan projected without the first row column); it spills sorted runs beyond that.
-SCAN_MERGE_BUDGET = 64 << 20
 #: Most tasks a scan is split into.
 SCAN_MAX_TASKS = 1 << 16
-#: Pieces (a chunk of a task that streams, else a whole task) a scan computes ahead of its
-#: consumer, in `READ_THREADS` threads; a scan then holds up to one more piece than this.
-SCAN_AHEAD = READ_AHEAD
 
 
 def _stored_bytes(task: ReadTask, readers: Readers) -> int:
@@ -208,7 +197,7 @@ class Scan:
         *,
         columns: Sequence[str] | None = None,
         filter: Pred | pc.Expression | None = None,
-        task_bytes: int | None = None,
+        config: ShardConfig | None = None,
         newest: Newest | None = None,
     ) -> None:
         self._blob = blob
@@ -218,7 +207,8 @@ class Scan:
         #: (`persistshard.core.read.race`); None: every missing part is `CorruptData`.
         self._newest = newest
         self.query = query
-        self._task_bytes = SCAN_TASK_BYTES if task_bytes is None else task_bytes
+        #: The shard's configuration: the ``scan_*`` knobs bound this scan's memory.
+        self.config = config if config is not None else ShardConfig()
         stored = update_schema(state.schema if state.schema is not None else pa.schema([]))
         self._stored = stored
         row_names = stored.names[:-2]
@@ -281,7 +271,8 @@ class Scan:
             self._blob,
             self._state,
             self.query,
-            partition_bytes=self._task_bytes,
+            partition_bytes=self.config.scan_task_bytes,
+            min_task_bytes=self.config.min_task_bytes,
             max_partitions=SCAN_MAX_TASKS,
             row_filter=self._row_filter,
             readers=readers,
@@ -330,7 +321,7 @@ class Scan:
         chunk of a task that streams (`chunk_jobs`), the whole answer of one that does not,
         computed a few pieces ahead of the consumer (`run_ahead`)."""
         # Each part's footer is parsed once per consumption; large local parts are mapped.
-        readers = MappedReaders()
+        readers = MappedReaders(self.config.map_min_bytes)
         tasks = self.tasks(readers)
         if not tasks:
             return
@@ -351,11 +342,11 @@ class Scan:
                 jobs.extend(functools.partial(self._shaped, piece) for piece in pieces)
                 ends[len(jobs) - 1] = _stored_bytes(task, readers)
         read = 0  # stored bytes read since the mapped parts' pages were last given back
-        for i, piece in enumerate(run_ahead(jobs, SCAN_AHEAD)):
+        for i, piece in enumerate(run_ahead(jobs, self.config.scan_ahead)):
             if piece.num_rows:
                 yield piece
             read += ends.get(i, 0)
-            if read >= SCAN_RELEASE_BYTES:
+            if read >= self.config.scan_release_bytes:
                 # The resident set holds the pages of about this much of the parts, not of
                 # every part read (giving them back costs a system call per mapping).
                 readers.release()
@@ -370,11 +361,11 @@ class Scan:
 
     def _merged(self, tasks: list[ReadTask], readers: Readers) -> Iterator[pa.Table]:
         """The tasks' answers consolidated together, through a `Correction` of
-        `SCAN_MERGE_BUDGET` bytes that spills sorted runs to local files beyond it (a
+        ``scan_merge_budget`` bytes that spills sorted runs to local files beyond it (a
         snapshot's pieces enter at time 0). Sorted by (time, row)."""
         q = self.query
         schema = tasks[0].output_schema()
-        buffer = Correction(schema, budget_bytes=SCAN_MERGE_BUDGET)
+        buffer = Correction(schema, budget_bytes=self.config.scan_merge_budget)
         try:
             for task in tasks:
                 for piece in iter_task(self._blob, task, readers=readers):

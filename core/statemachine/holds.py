@@ -14,7 +14,7 @@ What always holds:
   and never comes back (register again: the shard may have compacted past it meanwhile).
 - Reader ids are unique among live holds (a second registration is `InvalidOption`).
 
-Relies on: the state machine's clock (`persistshard.core.storage.layout.now_ms`) being roughly the
+Relies on: the state machine's clock (its configuration's ``clock``) being roughly the
 same on every process that commits; a clock far ahead on one committer can expire a hold early.
 """
 
@@ -30,7 +30,6 @@ from persistshard.core.statemachine.commits.heartbeat import Heartbeat
 from persistshard.core.statemachine.commits.register_reader import RegisterReader
 from persistshard.core.statemachine.machine import StateMachine
 from persistshard.core.statemachine.state import Hold
-from persistshard.core.storage.layout import new_id
 from persistshard.errors import HoldExpired, InvalidOption
 
 log = logging.getLogger("persistshard.core.statemachine.holds")
@@ -63,14 +62,15 @@ class ReaderHold:
         """Hold the shard's current since under a new reader id."""
         if not reader_id:
             raise InvalidOption("a reader id must be a non-empty string")
-        state = machine.commit(RegisterReader(reader_id, lease_ms(lease_seconds), id=new_id()))
+        lease = lease_ms(lease_seconds)
+        state = machine.commit(RegisterReader(reader_id, lease, id=machine.new_id()))
         return cls(machine, reader_id, state.holds[reader_id])
 
     @classmethod
     def attach(cls, machine: StateMachine, reader_id: str) -> ReaderHold:
         """The handle of a live hold registered earlier (by this or another process); renews
         its lease. `HoldExpired` if there is none."""
-        state = machine.commit(Heartbeat(reader_id, id=new_id()))
+        state = machine.commit(Heartbeat(reader_id, id=machine.new_id()))
         return cls(machine, reader_id, state.holds[reader_id])
 
     @property
@@ -100,16 +100,16 @@ class ReaderHold:
 
     def downgrade_since(self, since: int) -> None:
         """Move the hold forward to ``since`` (renews the lease); a no-op at the same time."""
-        self._run(DowngradeSince(self.reader_id, int(since), id=new_id()))
+        self._run(DowngradeSince(self.reader_id, int(since), id=self.machine.new_id()))
 
     def heartbeat(self) -> None:
         """Renew the lease."""
-        self._run(Heartbeat(self.reader_id, id=new_id()))
+        self._run(Heartbeat(self.reader_id, id=self.machine.new_id()))
 
     def expire(self) -> None:
         """Release the hold (idempotent)."""
         if not self._expired:
-            self.machine.commit(ExpireReader(self.reader_id, id=new_id()))
+            self.machine.commit(ExpireReader(self.reader_id, id=self.machine.new_id()))
             self._expired = True
 
     def __enter__(self) -> ReaderHold:

@@ -42,16 +42,17 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from types import TracebackType
 from typing import Any, Protocol
 
+from persistshard.core.config import ShardConfig
 from persistshard.core.statemachine.commits import Commit
 from persistshard.core.statemachine.commits.renew_lease import RenewLease
 from persistshard.core.statemachine.commits.sweep_leases import SweepLeases
 from persistshard.core.statemachine.state import ShardState, lease_covers
-from persistshard.core.storage import layout
-from persistshard.core.storage.layout import id_time_ms, new_id
+from persistshard.core.storage.layout import id_time_ms
 from persistshard.errors import InvalidOption, LeaseExpired
 
 
@@ -59,15 +60,21 @@ class Committer(Protocol):
     """What leases need of a state machine (`persistshard.core.statemachine.machine.StateMachine`,
     which imports this module to check leases, so it is named by its shape here)."""
 
+    config: ShardConfig
+
     def commit(self, commit: Commit) -> ShardState: ...
 
     def state(self) -> ShardState: ...
+
+    def new_id(self) -> str: ...
 
 
 log = logging.getLogger("persistshard.core.statemachine.leases")
 
 #: The implicit lease of every write, from the time in its write id. A write that may take
-#: longer holds a `WriteLease`, which renews it.
+#: longer holds a `WriteLease`, which renews it. Not a knob of a shard's configuration
+#: (`persistshard.core.config`): gc judges other processes' writes by it, so every process
+#: writing to a shard must agree on it.
 DEFAULT_WRITE_LEASE_SECONDS = 3600.0
 
 
@@ -110,13 +117,13 @@ def check_commit(state: ShardState, commit: Commit, location: str | None) -> Non
 
 
 def require_live(
-    state: ShardState, write_ids: Iterable[str], location: str | None, now_ms: int | None = None
+    state: ShardState, write_ids: Iterable[str], location: str | None, now_ms: int
 ) -> None:
     """Raise `LeaseExpired` if the lease of any of ``write_ids`` ran out (or is behind gc's
-    fence) in ``state`` at ``now_ms`` (default: now): gc may have deleted its parts, so
+    fence) in ``state`` at ``now_ms`` (the shard's clock): gc may have deleted its parts, so
     whatever would read or commit them must stop here, with a clear error, rather than meet
     missing files later (`CorruptData`)."""
-    now = layout.now_ms() if now_ms is None else now_ms
+    now = now_ms
     for write_id in sorted(set(write_ids)):
         if not live(state, write_id, now):
             until = expiry_ms(state, write_id)
@@ -143,7 +150,7 @@ def holding(
     """
     ids = sorted({w for w in write_ids if w})
     if check and ids:
-        require_live(machine.state(), ids, location)
+        require_live(machine.state(), ids, location, machine.config.clock())
     with contextlib.ExitStack() as stack:
         yield [stack.enter_context(WriteLease(machine, w)) for w in ids]
 
@@ -160,13 +167,13 @@ def renew(machine: Committer, write_id: str, lease_seconds: float) -> int:
     if not lease_seconds > 0:
         raise InvalidOption(f"lease_seconds must be positive, got {lease_seconds}")
     lease_ms = max(1, int(lease_seconds * 1000))
-    state = machine.commit(RenewLease(write_id, lease_ms, id=new_id()))
+    state = machine.commit(RenewLease(write_id, lease_ms, id=machine.new_id()))
     return state.leases[write_id]
 
 
 def fence(machine: Committer, through_ms: int) -> ShardState:
     """gc's fence: commit that every write whose lease ran out by ``through_ms`` is swept."""
-    return machine.commit(SweepLeases(int(through_ms), id=new_id()))
+    return machine.commit(SweepLeases(int(through_ms), id=machine.new_id()))
 
 
 class WriteLease:
@@ -194,8 +201,10 @@ class WriteLease:
         self.lease_seconds = DEFAULT_WRITE_LEASE_SECONDS if lease_seconds is None else lease_seconds
         self._source = machine
         self._machine: Committer | None = None
+        #: The shard's clock (its configuration's): renewals are due by it.
+        self.clock = machine.config.clock
         started = id_time_ms(write_id)
-        self.expires_ms = (started if started is not None else layout.now_ms()) + int(
+        self.expires_ms = (started if started is not None else self.clock()) + int(
             self.lease_seconds * 1000
         )
         self.renewals = 0
@@ -208,13 +217,18 @@ class WriteLease:
         with self._lock:
             if self._machine is None:
                 m: Any = self._source  # a StateMachine: a fresh one of its kind, for this thread
-                self._machine = type(m)(m.location, m.blob, m.consensus)
+                self._machine = type(m)(m.location, m.blob, m.consensus, m.config)
             self.expires_ms = renew(self._machine, self.write_id, self.lease_seconds)
             self.renewals += 1
 
     def due_ms(self) -> int:
-        """When the keeper renews it next: a third of the lease before it runs out."""
+        """When the keeper renews it next (by `clock`): a third of the lease before it runs
+        out."""
         return max(self.expires_ms - int(self.lease_seconds * 1000 / 3), self._retry_at_ms)
+
+    def due_in_ms(self) -> int:
+        """How long until the keeper renews it (negative: overdue), by its shard's clock."""
+        return self.due_ms() - self.clock()
 
     def _renew_quietly(self) -> None:
         try:
@@ -223,7 +237,7 @@ class WriteLease:
             log.warning("write %s lost its lease: %s", self.write_id, e)
             self.lost = True
         except Exception as e:  # storage trouble: try again a little later, while it can help
-            now = layout.now_ms()
+            now = self.clock()
             if now >= self.expires_ms:
                 # The lease ran out while the store failed: no renewal can bring it back (gc
                 # may already sweep the write's parts, and its commit will be refused), so stop
@@ -245,6 +259,11 @@ class WriteLease:
         tb: TracebackType | None,
     ) -> None:
         _KEEPER.remove(self)
+
+
+def _monotonic_ms() -> int:
+    """The keeper's own timer (its naps; a lease is due by its shard's clock)."""
+    return time.monotonic_ns() // 1_000_000
 
 
 class _Keeper:
@@ -271,7 +290,7 @@ class _Keeper:
                     target=self._run, name="persistshard-lease-keeper", daemon=True
                 )
                 self._thread.start()
-            elif self._wake_ms is None or lease.due_ms() < self._wake_ms:
+            elif self._wake_ms is None or lease.due_in_ms() < self._wake_ms - _monotonic_ms():
                 self._cond.notify()
 
     def remove(self, lease: WriteLease) -> None:
@@ -280,8 +299,7 @@ class _Keeper:
 
     def renew_due(self) -> int:
         with self._cond:
-            now = layout.now_ms()
-            due = [x for x in self._leases if not x.lost and x.due_ms() <= now]
+            due = [x for x in self._leases if not x.lost and x.due_in_ms() <= 0]
         for lease in due:
             lease._renew_quietly()
         return len(due)
@@ -289,13 +307,12 @@ class _Keeper:
     def _run(self) -> None:
         while True:
             with self._cond:
-                now = layout.now_ms()
-                due = [x for x in self._leases if not x.lost and x.due_ms() <= now]
+                waiting = {x: x.due_in_ms() for x in self._leases if not x.lost}
+                due = [x for x, wait in waiting.items() if wait <= 0]
                 if not due:
-                    waiting = [x.due_ms() for x in self._leases if not x.lost]
-                    nap_ms = min(waiting, default=now + 1000 * self.MAX_NAP_SECONDS) - now
+                    nap_ms = min(waiting.values(), default=1000 * self.MAX_NAP_SECONDS)
                     nap = min(self.MAX_NAP_SECONDS, max(0.01, nap_ms / 1000))
-                    self._wake_ms = now + int(nap * 1000)
+                    self._wake_ms = _monotonic_ms() + int(nap * 1000)
                     self._cond.wait(nap)
                     self._wake_ms = None
                     continue

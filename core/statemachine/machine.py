@@ -29,13 +29,14 @@ What always holds:
 - After a lost race the next attempt waits a random pause (full jitter: uniform in
   ``[0, min(MAX_BACKOFF_SECONDS, RACE_BACKOFF_SECONDS * 2**n))`` after the n-th loss), so
   writers that collide do not collide again in lockstep; the first retry is immediate. A
-  commit gives up with `CommitDeadline` once ``deadline_seconds`` (`COMMIT_DEADLINE_SECONDS`)
-  have passed since it started, or after ``max_attempts`` attempts.
+  commit gives up with `CommitDeadline` once ``deadline_seconds`` (the configuration's
+  ``commit_deadline_seconds``, `persistshard.core.config`) have passed since it started, or
+  after ``max_attempts`` attempts.
 - Before each attempt, a commit that adds parts (or renews a lease) is checked against the
   leases of the state it expects (`persistshard.core.statemachine.leases.check_commit`): a write
   whose lease ran out is refused with `LeaseExpired`, so a commit never references a part gc may
   have deleted.
-- Each attempt stamps the commit with the clock (`persistshard.core.storage.layout.now_ms`): leases
+- Each attempt stamps the commit with the shard's clock (``config.clock``): leases
   of reader holds are judged by the time of the commit that sees them, the same on every replay.
 - Every `ROLLUP_EVERY`-th version also writes a rollup (a full copy of the state) before its
   entry, and the entry names it, so loading costs one rollup plus fewer than `ROLLUP_EVERY`
@@ -54,6 +55,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import NoReturn
 
+from persistshard.core.config import ShardConfig
 from persistshard.core.statemachine import encoding, leases
 from persistshard.core.statemachine.commits import Commit, apply
 from persistshard.core.statemachine.encoding import Entry
@@ -96,8 +98,6 @@ DETERMINATE_REFUSALS = (
 
 #: How many compare-and-set attempts one commit makes at most before giving up.
 MAX_ATTEMPTS = 1000
-#: How long one commit keeps retrying lost races before giving up (`CommitDeadline`).
-COMMIT_DEADLINE_SECONDS = 120.0
 #: The scale of the random pause after a lost race (it doubles per loss, up to the cap).
 RACE_BACKOFF_SECONDS = 0.002
 MAX_BACKOFF_SECONDS = 0.5
@@ -105,8 +105,6 @@ MAX_BACKOFF_SECONDS = 0.5
 MAX_STORAGE_FAILURES = 8
 #: How many times `StateMachine.state` starts again when the log was truncated under it.
 MAX_STATE_READS = 16
-#: The first pause after a failed read-back; it doubles with each further failure (cap 1 s).
-BACKOFF_SECONDS = 0.01
 
 
 class SharedStates:
@@ -180,10 +178,18 @@ class StateMachine:
     """The versioned state of the shard at ``location``, kept in ``consensus`` (entries) and
     ``blob`` (rollups). See the module docstring for what it guarantees."""
 
-    def __init__(self, location: str, blob: Blob, consensus: Consensus) -> None:
+    def __init__(
+        self,
+        location: str,
+        blob: Blob,
+        consensus: Consensus,
+        config: ShardConfig | None = None,
+    ) -> None:
         self.location = location
         self.blob = blob
         self.consensus = consensus
+        #: The shard's tunables and clock (`persistshard.core.config`).
+        self.config = config if config is not None else ShardConfig()
         self._state = ShardState()
         self._rollup: tuple[int, str | None] = (0, None)
         # The write id this machine's compaction merges put their outputs under, while young
@@ -202,9 +208,10 @@ class StateMachine:
         self._shard_time_ms = max(self._shard_time_ms, *(t or 0 for t in times_ms))
 
     def now_ms(self) -> int:
-        """This process's clock, raised to the shard's time as this machine last saw it (at
-        most `layout.MAX_ID_LEAD_MS` past the clock): the time write ids start their leases."""
-        clock = layout.now_ms()
+        """The shard's clock (``config.clock``), raised to the shard's time as this machine
+        last saw it (at most `layout.MAX_ID_LEAD_MS` past the clock): the time write ids
+        start their leases."""
+        clock = self.config.clock()
         return max(clock, min(self._shard_time_ms, clock + layout.MAX_ID_LEAD_MS))
 
     def new_write_id(self) -> str:
@@ -216,6 +223,10 @@ class StateMachine:
         the id's time only lengthens the write's lease as gc sees it (its parts are kept
         longer), never shortens it, so it cannot make gc delete anything it would have kept."""
         return layout.new_id(self.now_ms())
+
+    def new_id(self) -> str:
+        """A fresh id (of a commit, a reader, a rollup) whose time is the shard's clock's."""
+        return layout.new_id(self.config.clock())
 
     # --- reading ------------------------------------------------------------------------
 
@@ -400,7 +411,7 @@ class StateMachine:
         losses = 0
         started = time.monotonic()
         deadline = started + (
-            COMMIT_DEADLINE_SECONDS if deadline_seconds is None else deadline_seconds
+            self.config.commit_deadline_seconds if deadline_seconds is None else deadline_seconds
         )
         attempts = 0
         while attempts < max_attempts:
@@ -424,13 +435,13 @@ class StateMachine:
                 failures += 1
                 if failures >= MAX_STORAGE_FAILURES:
                     break
-                pause = min(1.0, BACKOFF_SECONDS * 2**failures)
+                pause = min(1.0, self.config.commit_backoff_seconds * 2**failures)
                 log.info(
                     "%s: reading the log back failed (%s); retry in %.2f s", self.location, e, pause
                 )
                 time.sleep(pause)
                 continue
-            now = layout.now_ms()
+            now = self.config.clock()
             stamped = replace(commit, at_ms=now)
             try:
                 leases.check_commit(current, stamped, self.location)
@@ -460,7 +471,7 @@ class StateMachine:
                 raise
             rollup = self._rollup
             if new.version % ROLLUP_EVERY == 0:
-                key = rollup_key(new.version)
+                key = rollup_key(new.version, now)
                 try:
                     self.blob.put(key, encoding.encode_rollup(new))
                 except StorageError as e:

@@ -82,7 +82,7 @@ def is_count(value: object) -> bool:
 
 #: Hard limit on one inline part's bytes (`PartRef.inline`): a state (and every consensus
 #: entry naming it) stays small whatever a writer asks for. Writers inline far less
-#: (`persistshard.core.storage.parts.DEFAULT_INLINE_BYTES`).
+#: (``inline_bytes`` of a shard's configuration, `persistshard.core.config`).
 MAX_INLINE_PART_BYTES = 64 << 10
 
 

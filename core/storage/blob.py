@@ -736,9 +736,7 @@ def foreign_keys(blob: Blob, limit: int = 5) -> builtins.list[str]:
 
 
 def open_blob(url: str, **storage_options: Any) -> Blob:
-    """The default blob store for ``url``: `FsspecBlob`. A ``consensus`` key (a shard's
-    consensus URL, which travels with its storage options) is not fsspec's and is left out, as
-    are a shard's ``inline_bytes`` and ``inline_cap`` (`persistshard.core.shard.Shard`)."""
-    for key in ("consensus", "inline_bytes", "inline_cap"):
-        storage_options.pop(key, None)
+    """The default blob store for ``url``: `FsspecBlob` with ``storage_options`` (fsspec's:
+    a shard's consensus and configuration travel apart from them,
+    `persistshard.core.shard.ShardAddress`)."""
     return FsspecBlob(url, **storage_options)

@@ -92,17 +92,18 @@ def canonical_location(location: str) -> str:
 
 
 def now_ms() -> int:
-    """The wall clock (ms since the epoch) of every id, commit time and lease: the one clock
-    a shard's code reads, so tests can set it in one place."""
+    """This process's wall clock (ms since the epoch): the default clock of a shard's
+    configuration (`persistshard.core.config.system_clock`), and the time of ids made
+    without a shard."""
     return int(time.time() * 1000)
 
 
-def new_id(not_before_ms: int = 0) -> str:
+def new_id(at_ms: int | None = None) -> str:
     """A fresh unique id (for writes, commits and batches): 32 hex digits, the first 12 the
-    wall-clock milliseconds (or ``not_before_ms`` when the clock is behind it: a write id's
-    time starts its lease, see `persistshard.core.statemachine.machine.StateMachine.
-    new_write_id`), so ids sort by creation time and gc can tell an id's age."""
-    return f"{max(now_ms(), not_before_ms):012x}{uuid.uuid4().hex[:20]}"
+    time ``at_ms`` (default: this process's clock; a shard's ids carry its clock's time, see
+    `persistshard.core.statemachine.machine.StateMachine.new_id` and ``new_write_id``), so
+    ids sort by creation time and gc can tell an id's age."""
+    return f"{now_ms() if at_ms is None else at_ms:012x}{uuid.uuid4().hex[:20]}"
 
 
 #: How far a write id's time may be raised past this process's clock to the shard's time
@@ -130,9 +131,9 @@ def part_write_time_ms(key: str) -> int | None:
     return id_time_ms(write_id) if key.startswith(PARTS_PREFIX) and sep and write_id else None
 
 
-def rollup_key(version: int) -> str:
-    """A fresh key for the rollup of state ``version``."""
-    return f"{ROLLUPS_PREFIX}v{version:020d}-{new_id()}.json"
+def rollup_key(version: int, at_ms: int | None = None) -> str:
+    """A fresh key for the rollup of state ``version``, written at ``at_ms`` (`new_id`)."""
+    return f"{ROLLUPS_PREFIX}v{version:020d}-{new_id(at_ms)}.json"
 
 
 def rollup_write_time_ms(key: str) -> int | None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import mmap
-import os
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -32,6 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from persistshard.core.config import ShardConfig
 from persistshard.core.rows import TIME, row_columns, sort_table
 from persistshard.core.statemachine.state import MAX_INLINE_PART_BYTES, PartRef, ShardState
 from persistshard.core.storage.blob import Blob
@@ -48,20 +48,6 @@ from persistshard.errors import (
 from persistshard.format import PartInfo, PartReader, encode_part
 
 log = logging.getLogger("persistshard.core.storage.parts")
-
-#: A part is cut into several once its uncompressed size passes this.
-PART_TARGET_BYTES = 256 << 20
-#: Uncompressed bytes per chunk inside a part.
-CHUNK_BYTES = 8 << 20
-#: An append whose encoded part is at most this many bytes is inline by default
-#: (``inline_bytes`` of `persistshard.core.shard.Shard`, Spark option ``inline_bytes``); the
-#: environment variable ``PERSISTSHARD_INLINE_BYTES`` changes this default for a process and
-#: the Spark workers it starts (the tests run at this default; a test about part files
-#: asks for them with ``inline_bytes=0``).
-DEFAULT_INLINE_BYTES = int(os.environ.get("PERSISTSHARD_INLINE_BYTES", 4 << 10))
-#: By default a state holds at most this many inline bytes (``inline_cap``, also a Spark
-#: option).
-DEFAULT_INLINE_CAP = 64 << 10
 
 
 class PutsBehind:
@@ -137,12 +123,14 @@ def write_part(
     write_id: str,
     table: pa.Table,
     *,
+    config: ShardConfig,
     metadata: dict[str, str] | None = None,
     inline_max: int = 0,
     puts: PutsBehind | None = None,
     hold: bool = False,
 ) -> PartRef:
-    """Write one part of ``table`` (already sorted by (row, time) and consolidated); when its
+    """Write one part of ``table`` (already sorted by (row, time) and consolidated), in
+    chunks of ``config.chunk_bytes``; when its
     bytes are at most ``inline_max``, return them as an inline part instead (nothing stored).
     With ``puts`` the part is put behind (`PutsBehind`): stored only once ``puts`` closes.
     With ``hold`` a small part's updates are kept decoded for this process's compaction
@@ -151,7 +139,7 @@ def write_part(
     data, info = encode_part(
         table,
         sort_column=columns[0] if columns else None,
-        chunk_bytes=CHUNK_BYTES,
+        chunk_bytes=config.chunk_bytes,
         metadata=metadata,
     )
     ref = written_ref(part_key(write_id), len(data), info)
@@ -195,22 +183,28 @@ def fit_inline(
 
 
 def write_parts(
-    blob: Blob, write_id: str, table: pa.Table, *, inline_max: int = 0, hold: bool = False
+    blob: Blob,
+    write_id: str,
+    table: pa.Table,
+    *,
+    config: ShardConfig,
+    inline_max: int = 0,
+    hold: bool = False,
 ) -> list[PartRef]:
-    """Write ``table`` (sorted, consolidated) as parts of at most about `PART_TARGET_BYTES`;
+    """Write ``table`` (sorted, consolidated) as parts of at most about ``config.part_bytes``;
     a table that encodes to at most ``inline_max`` bytes is one inline part (nothing stored).
     ``hold``: see `write_part` (only a table written as one part can be small enough)."""
     if table.num_rows == 0:
         return []
     if inline_max > 0 and table.nbytes <= 4 * inline_max:
-        return [write_part(blob, write_id, table, inline_max=inline_max, hold=hold)]
-    n_parts = max(1, -(-table.nbytes // PART_TARGET_BYTES))
+        return [write_part(blob, write_id, table, config=config, inline_max=inline_max, hold=hold)]
+    n_parts = max(1, -(-table.nbytes // config.part_bytes))
     step = -(-table.num_rows // n_parts)
     if n_parts == 1:
-        return [write_part(blob, write_id, table, hold=hold)]
+        return [write_part(blob, write_id, table, config=config, hold=hold)]
     with PutsBehind(blob) as puts:  # each part's sync overlaps the next one's encoding
         return [
-            write_part(blob, write_id, table.slice(start, step), puts=puts)
+            write_part(blob, write_id, table.slice(start, step), config=config, puts=puts)
             for start in range(0, table.num_rows, step)
         ]
 
@@ -219,16 +213,20 @@ class PartSink:
     """Turns a stream of consolidated batches into sorted parts of bounded size.
 
     Batches arrive consolidated as a whole and sorted by (time, row), as a Correction buffer
-    yields them; they are gathered up to ``part_bytes`` and each gathering is sorted by
+    yields them; they are gathered up to ``part_bytes`` (default the configuration's) and
+    each gathering is sorted by
     (row, time) (unless it holds a single time, when it already is) and written as one part.
     Memory: about two gatherings (one being sorted).
     Because the input is consolidated as a whole, so is every slice of it.
     """
 
-    def __init__(self, blob: Blob, write_id: str, *, part_bytes: int = PART_TARGET_BYTES) -> None:
+    def __init__(
+        self, blob: Blob, write_id: str, *, config: ShardConfig, part_bytes: int | None = None
+    ) -> None:
         self.blob = blob
         self.write_id = write_id
-        self.part_bytes = part_bytes
+        self.config = config
+        self.part_bytes = config.part_bytes if part_bytes is None else part_bytes
         self.parts: list[PartRef] = []
         self._pending: list[pa.RecordBatch] = []
         self._pending_bytes = 0
@@ -250,7 +248,7 @@ class PartSink:
         if pc.min(times).as_py() != pc.max(times).as_py():
             table = sort_table(table, row_columns(table.schema), "row_time")
         # else: one time, so the input's (time, row) order is already (row, time) order.
-        self.parts.append(write_part(self.blob, self.write_id, table))
+        self.parts.append(write_part(self.blob, self.write_id, table, config=self.config))
 
     def close(self) -> list[PartRef]:
         self.flush()

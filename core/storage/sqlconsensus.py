@@ -91,9 +91,6 @@ IDENTITY = "persistshard_identity"
 SQLITE_SCHEMES = ("sqlite",)
 POSTGRES_SCHEMES = ("postgresql", "postgres", "postgresql+psycopg")
 
-#: The option (Spark, SQL, CLI) and keyword (`persistshard.core.shard.Shard`) that name it.
-CONSENSUS_OPTION = "consensus"
-
 
 def is_consensus_url(url: str) -> bool:
     """Whether ``url`` names a database consensus this module can open."""

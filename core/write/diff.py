@@ -30,9 +30,10 @@ side whole:
   own process (`persistshard.datasource.overwrite`).
 
 Memory (checked by tests/test_diff.py with pyarrow's memory pool): at most ``fan_in`` decoded
-chunks (`CHUNK_BYTES` each) plus one slice per run in the merge buffer (twice while sorting)
-plus the output part being gathered (``part_bytes``). `fan_in_for` chooses the fan-in so
-that this stays within ``memory_budget``; it never depends on the table's size.
+chunks (the configuration's ``chunk_bytes`` each) plus one slice per run in the merge buffer
+(twice while sorting) plus the output part being gathered (``part_bytes``). `fan_in_for`
+chooses the fan-in so that this stays within ``memory_budget``; it never depends on the
+table's size.
 
 What it relies on: parts are sorted by (row, time) and their chunk key statistics bound the
 first row column of their rows (`persistshard.format.stats`); the current parts are those of
@@ -50,6 +51,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from persistshard.core.config import ShardConfig
 from persistshard.core.read.plan import KeyRange, in_range
 from persistshard.core.rows import (
     DIFF,
@@ -62,7 +64,7 @@ from persistshard.core.rows import (
 from persistshard.core.statemachine.state import PartRef, ShardState
 from persistshard.core.storage.blob import Blob
 from persistshard.core.storage.layout import new_id, release_unused_memory
-from persistshard.core.storage.parts import CHUNK_BYTES, PartSink, adapt_part_table, open_part
+from persistshard.core.storage.parts import PartSink, adapt_part_table, open_part
 from persistshard.core.write.validate import update_schema
 from persistshard.format import ChunkInfo, PartReader
 
@@ -80,8 +82,6 @@ __all__ = [
     "plan_key_ranges",
 ]
 
-#: Rows a run hands to the merge at a time.
-SLICE_ROWS = 65536
 
 #: Types of a first row column whose statistics can split a diff into key ranges.
 _RANGE_TYPES = (
@@ -120,14 +120,14 @@ class DiffStats:
         self.peak_buffered_bytes = max(self.peak_buffered_bytes, other.peak_buffered_bytes)
 
 
-def fan_in_for(memory_budget: int) -> int:
+def fan_in_for(memory_budget: int, chunk_bytes: int) -> int:
     """How many runs one merge may read at once within ``memory_budget`` bytes.
 
-    Each run holds one decoded chunk (up to `CHUNK_BYTES`, and half as much again while it
+    Each run holds one decoded chunk (up to ``chunk_bytes``, and half as much again while it
     is converted and filtered); a quarter of the budget is left for the merge buffer and the
     output part.
     """
-    return max(2, int(memory_budget * 3 // 4) // (3 * CHUNK_BYTES // 2))
+    return max(2, int(memory_budget * 3 // 4) // (3 * chunk_bytes // 2))
 
 
 def output_part_bytes(memory_budget: int) -> int:
@@ -207,9 +207,11 @@ class _RunReader:
         schema: pa.Schema,
         key_range: KeyRange | None,
         stats: DiffStats,
+        slice_rows: int,
     ) -> None:
         self.blob = blob
         self.run = run
+        self.slice_rows = slice_rows
         self.schema = schema  # rows + _time + _diff
         self.key_range = key_range
         self.stats = stats
@@ -260,7 +262,7 @@ class _RunReader:
             if self._table is None:
                 self.done = True
                 return None
-        piece = self._table.slice(self._offset, SLICE_ROWS)
+        piece = self._table.slice(self._offset, self.slice_rows)
         self._offset += piece.num_rows
         if self._offset >= self._table.num_rows:
             self._table = None  # release the chunk before the next is read
@@ -278,14 +280,16 @@ def merge_diff(
     *,
     key_range: KeyRange | None = None,
     stats: DiffStats | None = None,
+    slice_rows: int,
 ) -> Iterator[pa.Table]:
     """The signed sum of ``runs`` per row (rows + ``_diff``, zero sums dropped), in row
     order, in pieces; ``schema`` is the shard's user schema (the runs' parts are read as it
-    says: columns they lack are nulls). See the module docstring for the bound."""
+    says: columns they lack are nulls), each run read ``slice_rows`` rows at a time. See the
+    module docstring for the bound."""
     stats = stats if stats is not None else DiffStats()
     full = update_schema(schema)
     columns = row_columns(full)
-    readers = [_RunReader(blob, r, full, key_range, stats) for r in runs]
+    readers = [_RunReader(blob, r, full, key_range, stats, slice_rows) for r in runs]
     empty = pa.schema([*schema, pa.field(DIFF, pa.int64(), nullable=False)]).empty_table()
     pending = empty
     arriving = [t for t in (r.deliver() for r in readers) if t is not None]
@@ -336,12 +340,15 @@ def _write_merge(
     write_id: str,
     part_bytes: int,
     stats: DiffStats,
+    config: ShardConfig,
 ) -> list[PartRef]:
-    sink = PartSink(blob, write_id, part_bytes=part_bytes)
-    for piece in merge_diff(blob, runs, schema, key_range=key_range, stats=stats):
+    sink = PartSink(blob, write_id, config=config, part_bytes=part_bytes)
+    rows = config.slice_rows
+    merged = merge_diff(blob, runs, schema, key_range=key_range, stats=stats, slice_rows=rows)
+    for piece in merged:
         stats.rows_written += piece.num_rows
-        for start in range(0, piece.num_rows, SLICE_ROWS * 4):
-            sink.add(_with_time(piece.slice(start, SLICE_ROWS * 4), time))
+        for start in range(0, piece.num_rows, rows * 4):
+            sink.add(_with_time(piece.slice(start, rows * 4), time))
     return sink.close()
 
 
@@ -416,15 +423,16 @@ def diff_parts(
     time: int,
     write_id: str,
     memory_budget: int,
+    config: ShardConfig,
     key_range: KeyRange | None = None,
     stats: DiffStats | None = None,
 ) -> list[PartRef]:
     """Write the signed sum of ``runs`` (restricted to ``key_range``) as parts of
     ``write_id``: updates at ``time``, sorted, consolidated, one sorted run. Merges at most
     `fan_in_for` ``(memory_budget)`` runs at once, through intermediate runs (deleted before
-    returning, also on failure). Commits nothing."""
+    returning, also on failure); parts and slices as ``config`` says. Commits nothing."""
     stats = stats if stats is not None else DiffStats()
-    fan_in = fan_in_for(memory_budget)
+    fan_in = fan_in_for(memory_budget, config.chunk_bytes)
     part_bytes = output_part_bytes(memory_budget)
     pending = chain_runs(
         blob, [r for r in runs if any(p.num_rows for p in r.parts)], schema, key_range
@@ -436,14 +444,18 @@ def diff_parts(
             passes += 1
             group, pending = pending[:fan_in], pending[fan_in:]
             tmp_id = f"{write_id}-m{new_id()[:8]}"
-            parts = _write_merge(blob, group, schema, key_range, time, tmp_id, part_bytes, stats)
+            parts = _write_merge(
+                blob, group, schema, key_range, time, tmp_id, part_bytes, stats, config
+            )
             stats.rows_written -= sum(p.num_rows for p in parts)  # only the final pass counts
             temporary.extend(p.key for p in parts)
             if parts:
                 pending.append(DiffRun(tuple(parts), 1))
         stats.passes = max(stats.passes, passes + 1)
         log.debug("diff of %d runs for write %s: %d passes", len(runs), write_id, passes + 1)
-        return _write_merge(blob, pending, schema, key_range, time, write_id, part_bytes, stats)
+        return _write_merge(
+            blob, pending, schema, key_range, time, write_id, part_bytes, stats, config
+        )
     finally:
         for key in temporary:
             blob.delete(key)

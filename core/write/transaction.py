@@ -43,6 +43,7 @@ from typing import Any, TypedDict
 
 import pyarrow as pa
 
+from persistshard.core.config import MEMORY_BUDGET, ShardConfig
 from persistshard.core.maintenance.auto import AutoMaintenance, MaintenanceReport
 from persistshard.core.maintenance.compact import MergeResult, commit_merge
 from persistshard.core.maintenance.trace import MergePlan
@@ -55,7 +56,7 @@ from persistshard.core.statemachine.state import Batch, PartRef, ShardState
 from persistshard.core.storage import metrics
 from persistshard.core.storage import parts as part_store
 from persistshard.core.storage.blob import FsspecBlob, foreign_keys, unobserved
-from persistshard.core.storage.layout import PARTS_PREFIX, new_id
+from persistshard.core.storage.layout import PARTS_PREFIX
 from persistshard.core.storage.parts import PartsWithin, PutsBehind
 from persistshard.core.write.diff import (
     DiffRun,
@@ -149,6 +150,9 @@ class WriteTransaction:
         self.inline_cap = inline_cap
         self._maintenance = maintenance
         self.write_id = write_id if write_id is not None else machine.new_write_id()
+        #: The shard's tunables and clock (`persistshard.core.config`): its parts' sizes, its
+        #: chunks, the diff's slices; the same configuration as the machine's.
+        self.config: ShardConfig = machine.config
         #: The since this handle knew before the transaction's last commit (what the
         #: after-commit maintenance compares with, to tell whether since moved).
         self.since_before = machine.known().since
@@ -242,7 +246,12 @@ class WriteTransaction:
         inline when it encodes to at most the handle's ``inline_bytes``."""
         small = self.inline_bytes if inline else 0
         return part_store.write_part(
-            self._machine.blob, self.write_id, table, inline_max=small, puts=puts
+            self._machine.blob,
+            self.write_id,
+            table,
+            config=self.config,
+            inline_max=small,
+            puts=puts,
         )
 
     def write_parts(
@@ -253,7 +262,12 @@ class WriteTransaction:
         ``hold``: keep small parts decoded for this process's compaction."""
         small = self.inline_bytes if inline else 0
         return part_store.write_parts(
-            self._machine.blob, self.write_id, table, inline_max=small, hold=hold
+            self._machine.blob,
+            self.write_id,
+            table,
+            config=self.config,
+            inline_max=small,
+            hold=hold,
         )
 
     def write_updates(
@@ -319,6 +333,7 @@ class WriteTransaction:
             memory_budget=memory_budget,
             key_range=key_range,
             stats=stats,
+            config=self.config,
         )
 
     def self_correct(
@@ -330,7 +345,7 @@ class WriteTransaction:
         state: ShardState | None = None,
         schema: pa.Schema | None = None,
         runs: list[list[PartRef]] | None = None,
-        memory_budget: int = 256 << 20,
+        memory_budget: int = MEMORY_BUDGET,
     ) -> WrittenUpdates:
         """The updates that turn the shard's current contents into the staged rows.
 
@@ -385,6 +400,7 @@ class WriteTransaction:
             keys,
             schema,
             self.write_id,
+            config=self.config,
             location=self.location,
             stats=stats,
         )
@@ -426,7 +442,7 @@ class WriteTransaction:
         """
         if check:
             self.check(written, expected_upper=expected_upper, new_upper=new_upper)
-        commit_id = commit_id or new_id()
+        commit_id = commit_id or self._machine.new_id()
         base = self._machine.known()
         if base.version == 0:
             base = self._machine.state()
