@@ -489,36 +489,52 @@ def _cases(draw: st.DrawFn) -> tuple[pa.Table, int, list[str] | None, filters.Pr
     return table, chunk_bytes, columns, pred
 
 
-@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(cases=st.lists(_cases(), min_size=1, max_size=6))
-def test_random_parts_decode_in_the_jvm_as_python_reads_them(jar, tmp_path_factory, cases):
+def test_random_parts_decode_in_the_jvm_as_python_reads_them(jar, tmp_path):
     """Property: for random tables written by the Python writer, the JVM keeps exactly the
     chunks `filters.chunk_may_match` keeps (format versions 2 and later: every column's
-    statistics), and what it decodes from them equals the Python read of those chunks."""
-    work = tmp_path_factory.mktemp("random")
-    jobs, expected = [], []
-    for i, (table, chunk_bytes, columns, pred) in enumerate(cases):
-        data, _ = encode_part(table, chunk_bytes=chunk_bytes, sort_column="key")
-        path = work / f"{i}.part"
-        path.write_bytes(data)
-        reader = PartReader.from_bytes(str(path), data)
-        kept = [
-            c
-            for c in range(len(reader.chunks))
-            if pred is None or filters.chunk_may_match(pred, reader, c)
-        ]
-        parts = [reader.read_chunk(c, columns) for c in kept]
-        want = pa.Table.from_batches(parts, schema=reader.projected_schema(columns))
-        expected.append((kept, widened(want)))
-        jobs.append(
-            {
-                "part": str(path),
-                "out": str(work / f"{i}.arrow"),
-                "columns": columns,
-                "filter": None if pred is None else _pred_json(pred),
-            }
-        )
-    for report, job, (kept, want) in zip(decode(jar, jobs, work), jobs, expected, strict=True):
+    statistics), and what it decodes from them equals the Python read of those chunks.
+
+    Hypothesis draws every example first (each one's parts written and the Python read of
+    them kept), then one JVM decodes the parts of all examples: a JVM per example made this
+    the slowest test of the suite. A mismatch names its example's job (part, columns, filter);
+    Hypothesis does not shrink it, as the JVM runs after the draws."""
+    jobs: list[dict[str, Any]] = []
+    expected: list[tuple[list[int], pa.Table]] = []
+
+    @settings(
+        max_examples=examples(40),
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+        database=None,
+    )
+    @given(cases=st.lists(_cases(), min_size=1, max_size=6))
+    def draw_examples(cases: list[tuple[pa.Table, int, list[str] | None, Any]]) -> None:
+        for table, chunk_bytes, columns, pred in cases:
+            i = len(jobs)
+            data, _ = encode_part(table, chunk_bytes=chunk_bytes, sort_column="key")
+            path = tmp_path / f"{i}.part"
+            path.write_bytes(data)
+            reader = PartReader.from_bytes(str(path), data)
+            kept = [
+                c
+                for c in range(len(reader.chunks))
+                if pred is None or filters.chunk_may_match(pred, reader, c)
+            ]
+            parts = [reader.read_chunk(c, columns) for c in kept]
+            want = pa.Table.from_batches(parts, schema=reader.projected_schema(columns))
+            expected.append((kept, widened(want)))
+            jobs.append(
+                {
+                    "part": str(path),
+                    "out": str(tmp_path / f"{i}.arrow"),
+                    "columns": columns,
+                    "filter": None if pred is None else _pred_json(pred),
+                }
+            )
+
+    draw_examples()
+    assert len(jobs) >= examples(40)  # every example's cases reach the one JVM run
+    for report, job, (kept, want) in zip(decode(jar, jobs, tmp_path), jobs, expected, strict=True):
         assert report["chunks"] == kept, job
         assert_decoded(job, want)
 
