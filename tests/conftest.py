@@ -155,6 +155,9 @@ SLOW: frozenset[str] = frozenset(
         "test_crash.py::test_page_cache_cut_at_every_step[gc]",
         "test_crash.py::test_lost_response_at_every_store_call[append]",
         "test_crash.py::test_lost_response_at_every_store_call[append-inline]",
+        "test_crash.py::test_lost_response_at_every_store_call[consumer]",
+        "test_crash.py::test_lost_response_at_every_store_call[fork]",
+        "test_forks.py::test_lost_responses_in_fork_and_drop[fork-drop]",
         # Every interleaving of racing handles, checked for linearizability.
         "test_interleaving.py::test_every_interleaving_of_racing_writers_and_gc_is_linearizable",
         "test_interleaving.py::test_every_interleaving_of_stale_writer_gc_and_reader_is_linearizable",
