@@ -34,10 +34,14 @@ class PersistShardError(Exception):
 class UpperMismatch(PersistShardError):
     """`expected_upper` was not the shard's upper; nothing was written. Re-read and retry."""
 
-    def __init__(self, expected: int, actual: int, *, location: str | None = None) -> None:
+    def __init__(
+        self, expected: int, actual: int, *, location: str | None = None, message: str | None = None
+    ) -> None:
         self.expected = expected
         self.actual = actual
-        super().__init__(f"expected upper {expected}, shard upper is {actual}", location=location)
+        super().__init__(
+            message or f"expected upper {expected}, shard upper is {actual}", location=location
+        )
 
 
 class SinceViolation(PersistShardError):

@@ -45,6 +45,7 @@ from persistshard.datasource.writer import (
     BatchDescription,
     StreamTaskWritten,
     commit_write,
+    tasks_saw_other_uppers,
     write_task,
 )
 from persistshard.errors import InvalidOption, InvalidUpdates, NotSealed, UpperMismatch
@@ -253,14 +254,10 @@ def _commit(
     else:
         into = pinned.last_time if pinned.last_time is not None else -1
     lowers = {m.lower for m in present}
-    lower = lowers.pop() if lowers else d.lower
-    if lowers:  # more than one
-        raise InvalidUpdates(
-            "the write's tasks saw different uppers of the output; the shard changed under "
-            "the write (another writer?)",
-            location=shard.location,
-        )
     state = shard.state()
+    if len(lowers) > 1:  # a lost race: another writer committed while the tasks ran
+        raise tasks_saw_other_uppers(lowers, state.upper, shard.location)
+    lower = lowers.pop() if lowers else d.lower
     if state.upper != lower:
         raise UpperMismatch(lower, state.upper, location=shard.location)
     held = join(pinned.frontier_at(lower), reached)

@@ -37,6 +37,7 @@ from persistshard.datasource.writer import (
     commit_write,
     describe_write,
     sweep_write,
+    tasks_saw_other_uppers,
     write_task,
 )
 from persistshard.errors import InvalidOption, InvalidUpdates
@@ -264,16 +265,12 @@ class PersistShardStreamWriter(DataSourceStreamArrowWriter):
         if not judge_micro_batch(shard, writer, present):
             return
         state = shard.state()
-        if len(lowers) > 1:
-            raise InvalidUpdates(
-                f"micro-batch {batchId} was written at different uppers; the shard changed "
-                "under the stream (another writer?)",
-                location=shard.location,
-            )
-        lower = lowers.pop() if lowers else state.upper
+        lower = min(lowers) if lowers else state.upper
         d = describe_write(self.opts, self.schema, False, shard)
         d = replace(d, lower=lower, write_id=new_id())  # unique: batch ids must never repeat
         try:
+            if len(lowers) > 1:  # a lost race: another writer committed while the tasks ran
+                raise tasks_saw_other_uppers(lowers, state.upper, shard.location)
             # Each task renewed its own write's lease while it ran; from here the driver
             # keeps them all until the commit (which refuses one that ran out: LeaseExpired).
             with write_transaction(shard).holding([m.write_id for m in present]):

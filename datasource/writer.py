@@ -434,6 +434,23 @@ def _fault_point(name: str) -> None:
             raise RuntimeError(f"injected failure at {name} (first attempt of this task)")
 
 
+def tasks_saw_other_uppers(lowers: set[int], upper: int, location: str) -> UpperMismatch:
+    """The refusal of a write whose tasks started at different uppers of the shard (``lowers``;
+    ``upper``: the shard's now): another writer committed while they ran, a lost race like any
+    other (`UpperMismatch`, expected the oldest upper a task saw), never bad input. The caller
+    sweeps the write's parts: nothing of it is applied."""
+    expected = min(lowers)
+    actual = max(upper, *lowers)
+    return UpperMismatch(
+        expected,
+        actual,
+        location=location,
+        message=f"expected upper {expected}, shard upper is {actual}: the write's tasks saw "
+        f"the uppers {', '.join(map(str, sorted(lowers)))}, so another writer committed while "
+        "they ran; nothing of this write was applied, write it again",
+    )
+
+
 def sweep_write(shard: Shard, write_id: str, keep: set[str]) -> int:
     """Delete every part of ``write_id`` not in ``keep`` (failed attempts); return how many
     (`persistshard.core.write.transaction.WriteTransaction.sweep`)."""
