@@ -195,10 +195,10 @@ def _size(n: int) -> str:
 def cmd_inspect(shard: Shard, args: argparse.Namespace) -> int:
     """Show the shard: upper, since, columns, batches by level, sizes, unsealed updates,
     writers, column statistics, reader holds and durable consumers (with their age)."""
-    info = shard.describe()
+    info = shard.inspect.describe()
     from persistshard.core.read.plan import column_statistics
 
-    state = shard.state()
+    state = shard.inspect.state()
     info["leases"] = {w: {"expires_ms": e} for w, e in sorted(state.leases.items())}
     info["lease_fence_ms"] = state.lease_fence_ms
     info["problems"] = []
@@ -279,7 +279,7 @@ def cmd_holds(shard: Shard, args: argparse.Namespace) -> int:
     """List what holds since back: the leased reader holds and the durable consumers (who
     keeps history from being compacted, until when, and since when); --expire READER drops a
     hold and --drop CONSUMER a consumer, by hand."""
-    state = shard.state()
+    state = shard.inspect.state()
     if args.expire and args.expire not in state.holds:
         print(f"no hold named {args.expire!r} at {shard.location}", file=sys.stderr)
         return 1
@@ -287,10 +287,10 @@ def cmd_holds(shard: Shard, args: argparse.Namespace) -> int:
         print(f"no consumer named {args.drop!r} at {shard.location}", file=sys.stderr)
         return 1
     if args.expire:
-        shard.expire_reader(args.expire)
+        shard.maintenance.expire_reader(args.expire)
     if args.drop:
-        shard.drop_consumer(args.drop)
-    info = shard.describe()
+        shard.maintenance.drop_consumer(args.drop)
+    info = shard.inspect.describe()
     holds, consumers = info["holds"], info["consumers"]
     if args.json:
         print(json.dumps({"readers": holds, "consumers": consumers}, indent=2))
@@ -310,7 +310,7 @@ def cmd_retention(shard: Shard, args: argparse.Namespace) -> int:
         return 2
     if args.clear or args.seconds is not None or args.versions is not None:
         shard.set_retention(seconds=args.seconds, versions=args.versions)
-    state = shard.state()
+    state = shard.inspect.state()
     kept = state.retention
     if args.json:
         out = {
@@ -330,7 +330,7 @@ def cmd_retention(shard: Shard, args: argparse.Namespace) -> int:
 def cmd_history(shard: Shard, args: argparse.Namespace) -> int:
     """List the state versions still in the log: when, what kind of commit, what it did, and
     its metrics (rows, bytes and parts added/removed, duration, store requests, retries)."""
-    history = shard.history()
+    history = shard.inspect.history()
     if args.json:
         print(json.dumps(history, indent=2))
         return 0
@@ -377,7 +377,7 @@ def _with_progress(shard: Shard, desc: str, total: float | None, count: str = "b
 
 
 def _stored_bytes(shard: Shard) -> int:
-    info = shard.describe()
+    info = shard.inspect.describe()
     return int(sum(v["bytes"] for v in info["trace_levels"].values()) + info["unsealed_bytes"])
 
 
@@ -385,7 +385,7 @@ def cmd_verify(shard: Shard, args: argparse.Namespace) -> int:
     """Check every checksum and invariant of the current state (exit 1 if any fails)."""
     counted, progress = _with_progress(shard, "verify", _stored_bytes(shard))
     try:
-        report = counted.verify()
+        report = counted.inspect.verify()
     finally:
         progress.close()
     if args.json:
@@ -406,7 +406,7 @@ def cmd_compact(shard: Shard, args: argparse.Namespace) -> int:
     since (logical); needs write access."""
     counted, progress = _with_progress(shard, "compact (bytes read and written)", None)
     try:
-        report = counted.compact()
+        report = counted.maintenance.compact()
     finally:
         progress.close()
     plain = _plain(report)
@@ -424,14 +424,14 @@ def cmd_compact(shard: Shard, args: argparse.Namespace) -> int:
 def cmd_gc(shard: Shard, args: argparse.Namespace) -> int:
     """Show what garbage collection would delete (unreferenced parts, old log entries,
     temporary files); --apply deletes it."""
-    report = shard.gc(dry_run=True, retention_seconds=args.retention_seconds)
+    report = shard.maintenance.gc(dry_run=True, retention_seconds=args.retention_seconds)
     if args.apply:
         plain = _plain(report)
         total = len(plain["parts"]) + len(plain["rollups"]) + plain["consensus_versions"]
         total += len(plain.get("temporary", []))
         counted, progress = _with_progress(shard, "gc", total, count="deletes")
         try:
-            report = counted.gc(dry_run=False, retention_seconds=args.retention_seconds)
+            report = counted.maintenance.gc(dry_run=False, retention_seconds=args.retention_seconds)
         finally:
             progress.close()
     plain = _plain(report)
@@ -581,7 +581,7 @@ def cmd_repair(args: argparse.Namespace, options: dict[str, Any]) -> int:
             "mistyped path, or the wrong --storage-option?)"
         )
     if report.applied:
-        shard.state()  # reads again: the restored head must load
+        shard.inspect.state()  # reads again: the restored head must load
     if args.json:
         print(json.dumps(_plain(report) | {"needed": report.needed}, indent=2))
     else:
@@ -608,7 +608,7 @@ def cmd_fork(args: argparse.Namespace, options: dict[str, Any]) -> int:
     names the source's parts instead of copying them (`persistshard.core.fork`)."""
     source = open_existing(args.location, options, args.config)
     fork = source.fork(args.dst, as_of=args.as_of)
-    state = fork.state()
+    state = fork.inspect.state()
     named = sum(1 for p in state.parts() if p.source is not None)
     written = len(state.stored_part_keys()) - named
     out = {
@@ -676,7 +676,7 @@ def open_existing(
     the ``--set`` knobs), or `NoShard` when nothing was ever committed there."""
     shard = Shard(location, config=config, **options)
     try:
-        head = shard.consensus.head()
+        head = shard.inspect.head_version()
     except CorruptData as e:
         from persistshard.core.statemachine.machine import repair_hint
 

@@ -73,7 +73,7 @@ def _table(ids: np.ndarray, amounts: np.ndarray, time: int | np.ndarray) -> pa.T
 
 
 def _stored_bytes(shard: ps.Shard) -> int:
-    state = shard.state()
+    state = shard.inspect.state()
     return sum(p.size for b in (*state.trace, *state.unsealed) for p in b.parts)
 
 
@@ -120,7 +120,7 @@ def overwrites(root: Path, rows: int, seed: int = 1) -> dict[str, Any]:
         "anchor": anchor,
         "before_compaction": before,
         "appended": appended,
-        "batches_after": len(shard.state().trace),
+        "batches_after": len(shard.inspect.state().trace),
         "overwrite_seconds": overwrite_seconds,
         "compact_seconds": compact_seconds,
         "merges": report.committed,
@@ -146,11 +146,11 @@ def _build(path: Path, everything: pa.Table, n_appends: int) -> dict[str, Any]:
         if report is not None:
             compaction_written += report.bytes_written
             rows_rewritten += report.rows_written
-        state = many.state()
+        state = many.inspect.state()
         growth_batches.append(len(state.trace))
         growth_level.append(max(b.level for b in state.trace))
     append_seconds = time.perf_counter() - started
-    by_level = [(b.level, b.num_rows) for b in many.state().trace]
+    by_level = [(b.level, b.num_rows) for b in many.inspect.state().trace]
     writer_written = compaction_written
     began = time.perf_counter()
     final_report = many.compact()
@@ -165,7 +165,7 @@ def _build(path: Path, everything: pa.Table, n_appends: int) -> dict[str, Any]:
         "append_seconds": append_seconds,
         "by_level": by_level,
         "levels_after": final_report.levels_after,
-        "versions": many.state().version,
+        "versions": many.inspect.state().version,
         "growth_batches": growth_batches,
         "growth_level": growth_level,
     }

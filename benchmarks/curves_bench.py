@@ -56,7 +56,7 @@ def _table(
 
 def stored_bytes(shard: Any) -> int:
     """Bytes of every part the shard's current state references."""
-    state = shard.state()
+    state = shard.inspect.state()
     return sum(p.size for b in (*state.trace, *state.unsealed) for p in b.parts)
 
 
@@ -133,7 +133,7 @@ def read_against_commits(
                 "one commit",
                 t["before"],
                 t["one"],
-                extra={"batches": len(frozen.state().trace)},
+                extra={"batches": len(frozen.inspect.state().trace)},
             )
         )
         measurements.append(
@@ -144,7 +144,7 @@ def read_against_commits(
                 t["after"],
                 t["one"],
                 note=f"compact() took {float(np.median(compact_s)):.1f} s (median), leaving "
-                f"{len(many.state().trace)} batch(es)",
+                f"{len(many.inspect.state().trace)} batch(es)",
             )
         )
         if n > 1:

@@ -77,7 +77,7 @@ def ingest(spark: Any, log: str, out: str, chk: str, cap: int, remap: str | None
 def rows_in(location: str) -> int:
     import persistshard as ps
 
-    state = ps.open_shard(location).state()
+    state = ps.open_shard(location).inspect.state()
     return sum(b.num_rows for b in state.trace)
 
 

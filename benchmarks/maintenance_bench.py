@@ -126,7 +126,7 @@ def run(appends: int = 1000, rounds: int = 3) -> dict[str, Any]:
             if r:
                 shutil.rmtree(root / f"off{r - 1}", ignore_errors=True)
                 shutil.rmtree(root / f"on{r - 1}", ignore_errors=True)
-        state = kept.state()
+        state = kept.inspect.state()
         levels = [(b.level, b.num_rows) for b in state.trace]
         one = ps.open_shard(str(root / "one"), maintenance=False)
         one.append(everything)

@@ -55,7 +55,7 @@ def run(appends: int = 10_000, window: int = 200, rounds: int = 1) -> dict[str, 
             if i > appends - window:
                 late.append(elapsed)
             if i in (start_at, appends):
-                state = shard.state()
+                state = shard.inspect.state()
                 key = "at_100" if i == start_at else "at_end"
                 state_bytes[key] = len(encode_rollup(state))
                 writers[key] = len(state.writers)

@@ -231,7 +231,7 @@ class Acknowledged:
 
 def contents(shard: Any) -> tuple[int, int, list[tuple[Any, ...]]]:
     """(version, upper, sorted rows with diffs at ``upper - 1``) of a shard now."""
-    state = shard.state()
+    state = shard.inspect.state()
     if state.upper == 0:
         return state.version, 0, []
     table = shard.snapshot(state.upper - 1)
@@ -248,7 +248,7 @@ class CrashRun:
 
     def ack(self, shard: Any, step: int) -> None:
         version, upper, rows = contents(shard)
-        consumers = {n: c.position for n, c in shard.state().consumers.items()}
+        consumers = {n: c.position for n, c in shard.inspect.state().consumers.items()}
         self.acknowledged.append(Acknowledged(step, version, upper, rows, consumers))
 
 
@@ -461,7 +461,7 @@ def check_image(open_image: Callable[[], Any], run: CrashRun, step: int, label: 
             table = shard.snapshot(last.upper - 1)
             got = sorted(tuple(r.values()) for r in table.to_pylist())
             assert got == last.rows, f"{where}: contents at {last.upper - 1} differ"
-    consumers = {n: c.position for n, c in shard.state().consumers.items()}
+    consumers = {n: c.position for n, c in shard.inspect.state().consumers.items()}
     # Old or new, never a mix: the state (consumers included) is the one some operation
     # acknowledged at or after the last acknowledgement before the cut (a later one: the
     # operation cut after its commit landed), or, before any, one of the run's.
@@ -475,7 +475,7 @@ def check_image(open_image: Callable[[], Any], run: CrashRun, step: int, label: 
         "operation produced"
     )
     if version:  # an image from before the first commit holds no shard: nothing to verify
-        report = shard.verify()
+        report = shard.inspect.verify()
         assert report.ok, f"{where}: verify found {report.problems}"
     shard.seal(upper + 1)
     assert shard.upper == upper + 1, f"{where}: the shard does not take a new commit"
@@ -513,7 +513,7 @@ def _inline_appends(shard: Shard, n: int, start: int = 0) -> None:
 
 def _overwrite(shard: Shard, ids: list[int]) -> None:
     """What the Spark overwrite does on the driver and in its tasks, in one process."""
-    state = shard.state()
+    state = shard.inspect.state()
     write_id = layout.new_id()
     table = _rows(ids, "w").append_column("_time", pa.array([state.upper] * len(ids), pa.int64()))
     table = table.append_column("_diff", pa.array([1] * len(ids), pa.int64()))
@@ -561,7 +561,7 @@ def _stored(shard: Shard) -> Shard:
 def _appends_then_compact(n: int) -> Step:
     def setup(shard: Shard, remap: str) -> None:
         _appends(_stored(shard), n)
-        shard.compact()
+        shard.maintenance.compact()
 
     return setup
 
@@ -577,14 +577,14 @@ def _retained_appends(n: int) -> Step:
 def _maintained_append(shard: Shard, remap: str) -> None:
     """An append whose after-commit maintenance does everything it can: the commit moves
     since (retention), a Spine merge is due, and gc (floor 0) deletes what the merge replaced."""
-    shard.maintenance.gc_retention_seconds = 0
+    shard.maintenance.auto.gc_retention_seconds = 0
     shard.append(_rows([100]))
 
 
 def _gc_everything(shard: Shard, remap: str) -> None:
     """gc with retention 0: every superseded version and object goes (gc judges time by its
     clock, at most a small lead past the newest commit, so no later clock is needed)."""
-    shard.gc(dry_run=False, retention_seconds=0)
+    shard.maintenance.gc(dry_run=False, retention_seconds=0)
 
 
 def _consumer_setup(shard: Shard, remap: str) -> None:
@@ -628,7 +628,7 @@ SCENARIOS: dict[str, Scenario] = {
     # Compaction of inline batches: it moves their rows into a part file.
     "compaction-inline": (
         lambda s, r: _inline_appends(s, 6),
-        [lambda s, r: s.compact()],
+        [lambda s, r: s.maintenance.compact()],
     ),
     # an append with auto-maintenance: since moves, a level merge runs, gc deletes
     "append-maintained": (
@@ -637,7 +637,7 @@ SCENARIOS: dict[str, Scenario] = {
     ),
     "compaction": (
         lambda s, r: _appends(s, 14),
-        [lambda s, r: s.compact()],
+        [lambda s, r: s.maintenance.compact()],
     ),
     "overwrite": (
         lambda s, r: _appends(s, 6),
@@ -681,7 +681,7 @@ SCENARIOS: dict[str, Scenario] = {
         [
             _fork_beside,
             lambda s, r: _stored(s).append(_rows([100])),
-            lambda s, r: s.compact(),
+            lambda s, r: s.maintenance.compact(),
             _gc_everything,
         ],
     ),
@@ -695,10 +695,10 @@ def check_fork(open_fork: Callable[[], Any], label: str) -> None:
     the drivers that cut in place (process cuts, lost responses); a page-cache image is a copy
     elsewhere, while a fork names its source by location, so there only the source is checked."""
     fork = open_fork()
-    state = fork.state()
+    state = fork.inspect.state()
     if state.version == 0 or state.dropped:
         return
-    report = fork.verify()
+    report = fork.inspect.verify()
     assert report.ok, f"{label}: the fork lost parts it names: {report.problems}"
     fork.snapshot()
 

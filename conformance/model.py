@@ -204,7 +204,7 @@ def make_shard_machine(
 
         @invariant()
         def frontiers_agree(self) -> None:
-            state = self.shard.state()
+            state = self.shard.inspect.state()
             assert (state.upper, state.since) == (self.model.upper, self.model.since)
             state.check()
 

@@ -310,7 +310,7 @@ def _rows_of(table: Any) -> list[str]:
 def read_rows(shard: Any) -> tuple[int, list[str]]:
     """The upper and the rows at ``upper - 1`` (times below an upper never change, so the
     rows read after the state are those of that state)."""
-    upper = int(shard.state().upper)
+    upper = int(shard.inspect.state().upper)
     if upper == 0:
         return 0, []
     return upper, _rows_of(shard.snapshot(upper - 1))
@@ -422,7 +422,7 @@ def _gc_loop(target: Target, stop: str, events: str, skew_seconds: float, seed: 
         if clock is not None and rng.random() < 0.1:
             clock.jump()
         try:
-            shard.gc(dry_run=False, retention_seconds=0)
+            shard.maintenance.gc(dry_run=False, retention_seconds=0)
             runs += 1
         except errors.CorruptData as e:
             _emit(fd, {"e": "error", "t": time.monotonic(), "note": f"gc: {type(e).__name__}: {e}"})
@@ -704,7 +704,7 @@ def record(
         t0 = time.monotonic()
         upper, rows = read_rows(quiet)
         history.append(Op("final", "read", t0, time.monotonic(), upper=upper, rows=tuple(rows)))
-        verified = bool(quiet.verify().ok)
+        verified = bool(quiet.inspect.verify().ok)
     except Exception as e:  # the shard is unreadable: that is the finding
         errors.append(f"the final read without faults failed: {type(e).__name__}: {e}")
     return Recording(

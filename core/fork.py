@@ -90,19 +90,27 @@ class Shard(Protocol):
     _machine: StateMachine
 
     @property
-    def inline_bytes(self) -> int: ...
+    def _inline_bytes(self) -> int: ...
 
     @property
     def _blob(self) -> Blob: ...
 
     @property
-    def consensus(self) -> Consensus: ...
+    def _consensus(self) -> Consensus: ...
+
+    @property
+    def maintenance(self) -> _Maintenance: ...
 
     def _require_shard(self, state: ShardState | None = None) -> ShardState: ...
 
-    def related(self, location: str, *, maintenance: bool = False) -> Shard: ...
+    def _related(self, location: str, *, maintenance: bool = False) -> Shard: ...
 
-    def maintains(self) -> bool: ...
+
+class _Maintenance(Protocol):
+    """What this module needs of ``shard.maintenance`` (`persistshard.core.shard.Maintenance`)."""
+
+    @property
+    def enabled(self) -> bool: ...
 
 
 log = logging.getLogger("persistshard.core.fork")
@@ -120,7 +128,7 @@ def identity(shard: Shard) -> str:
     destination); a store without an atomic create has the location as its id."""
     home = read_log_home(shard._blob, shard.location)
     if home is None or home.shard_id is None:
-        home = mark_log_home(shard._blob, shard.consensus, shard.location)
+        home = mark_log_home(shard._blob, shard._consensus, shard.location)
     return home.shard_id or shard.location
 
 
@@ -192,7 +200,7 @@ def _write_cuts(source: Shard, target: Shard, plan: _Plan, as_of: int) -> list[s
     for trace, index, ref in plan.cuts:
         table = read_part(source._blob, ref, max_time=as_of)
         refs = write_parts(
-            target._blob, write_id, table, config=target.config, inline_max=target.inline_bytes
+            target._blob, write_id, table, config=target.config, inline_max=target._inline_bytes
         )
         written.extend(r.key for r in refs if r.inline is None)
         batches = plan.trace if trace else plan.unsealed
@@ -215,7 +223,7 @@ def _owner(source: Shard, source_id: str, owner_id: str, location: str) -> Shard
     source names parts of); `CorruptData` if another shard is there now."""
     if owner_id == source_id:
         return source
-    owner = source.related(location)
+    owner = source._related(location)
     found = identity(owner)
     if found != owner_id:
         raise CorruptData(
@@ -233,7 +241,7 @@ def fork(source: Shard, dst: str, as_of: int | None = None) -> Shard:
     location = canonical_location(dst)
     if location == source.location:
         raise InvalidOption(f"a fork needs a new location, not the source's ({dst})")
-    target = source.related(location)
+    target = source._related(location)
     for attempt in range(1, FORK_ATTEMPTS + 1):
         state = source._require_shard(source._machine.state())
         at = state.upper - 1 if as_of is None else as_of
@@ -297,7 +305,7 @@ def fork(source: Shard, dst: str, as_of: int | None = None) -> Shard:
             sum(len(keys) for _, keys in plan.pins.values()),
             len(plan.cuts),
         )
-        return source.related(location, maintenance=source.maintains())
+        return source._related(location, maintenance=source.maintenance.enabled)
     raise AssertionError("unreachable")  # pragma: no cover
 
 
@@ -316,7 +324,7 @@ def release_at(shard: Shard, source_id: str, location: str, fork_id: str) -> boo
     """Release the pin of ``fork_id`` at the shard ``source_id`` (at ``location``), if it has
     one; finish that shard's drop when it was dropped and this was its last pin. Whether a pin
     was released. A source that is gone (no shard, another identity) has nothing to release."""
-    owner = shard.related(location)
+    owner = shard._related(location)
     home = read_log_home(owner._blob, location)
     if home is None or (home.shard_id or location) != source_id:
         return False
@@ -371,7 +379,7 @@ def dangling(shard: Shard, state: ShardState, now_ms: int) -> list[str]:
     for fork_id, pin in sorted(state.forks.items()):
         if now_ms - pin.at_ms <= PIN_PENDING_MS:
             continue
-        if not _fork_names(shard.related(pin.location), fork_id, source_id):
+        if not _fork_names(shard._related(pin.location), fork_id, source_id):
             out.append(fork_id)
     return out
 
@@ -498,7 +506,7 @@ def _delete_everything(shard: Shard, report: DropReport) -> None:
     for key in sorted(k for k in _own_keys(blob) if k.startswith((PARTS_PREFIX, ROLLUPS_PREFIX))):
         blob.delete(key)
         report.deleted += 1
-    underlying(shard.consensus).destroy()
+    underlying(shard._consensus).destroy()
     rest = [k for k in _own_keys(blob) if k != DROPPING_KEY]
     for key in sorted(rest, key=lambda k: k == layout.IDENTITY_KEY):  # the identity last
         blob.delete(key)

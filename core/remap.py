@@ -290,7 +290,7 @@ class RemapShard:
 
     def pinned(self) -> Bindings:
         """The bindings of the newest state version (read once per version)."""
-        state = self.shard.state()
+        state = self.shard.inspect.state()
         if self._cache is not None and self._cache[0] == state.version:
             return self._cache[1]
         if state.schema is None or state.upper == 0:
@@ -336,7 +336,7 @@ class RemapShard:
         if not outputs:
             raise InvalidOption("follow_since needs every output shard the remap shard serves")
         states = [
-            (o if isinstance(o, Shard) else open_shard(o, **storage_options)).state()
+            (o if isinstance(o, Shard) else open_shard(o, **storage_options)).inspect.state()
             for o in outputs
         ]
         target = min(min(s.since, max(0, s.upper - 1)) for s in states)

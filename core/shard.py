@@ -16,7 +16,13 @@ What always holds (for every state version a reader can see):
 - A write holds a lease (`persistshard.core.statemachine.leases`) from its first part to its commit:
   gc never deletes its parts meanwhile, and a commit after the lease ran out is `LeaseExpired`.
 
-`Shard` is the user-facing facade: its public surface is what README.md documents. It validates
+`Shard` is the user-facing facade: its public surface is what README.md documents (pinned by
+tests/test_architecture.py): the frontiers, the writes, the reads, holds and consumers, forks,
+and two groups, ``shard.maintenance`` (`Maintenance`: compaction, gc, the operator's tools
+that release since, the after-commit maintenance ``auto``) and ``shard.inspect`` (`Inspect`:
+state, history, verify, describe, readers, consumers, retention). The flat ``compact``,
+``gc``, ``verify``, ``history``, ``readers`` and ``consumers`` are one-line aliases of the
+groups, kept because the user contract names them on the shard. It validates
 input and hands every data write to the write protocol
 (`persistshard.core.write.transaction.WriteTransaction`, made by `write_transaction`: lease,
 parts, one compare-and-append, sweep), and every state change to its
@@ -27,10 +33,10 @@ Spark paths reach them only through `write_transaction` and the read helpers bel
 (`plan_read_tasks`, `iter_read_task`, `run_read_task`). A wrapped blob store (faults, request
 counting) is handed over as ``Shard(location, blob=...)``. Compaction
 (`persistshard.core.maintenance.compact`) and gc (`persistshard.core.maintenance.gc`) work on
-the machine too; `Shard.compact` and `Shard.gc` only call them. After each of its own commits
-(appends, upserts, seals) a shard opened with ``maintenance=True`` (the default) runs the
-bounded after-commit maintenance of `persistshard.core.maintenance.auto`; it never fails the
-commit.
+the machine too; `Maintenance.compact` and `Maintenance.gc` only call them. After each of its
+own commits (appends, upserts, seals) a shard opened with ``maintenance=True`` (the default)
+runs the bounded after-commit maintenance of `persistshard.core.maintenance.auto`; it never
+fails the commit.
 """
 
 from __future__ import annotations
@@ -156,7 +162,7 @@ class ShardAddress:
 
 @dataclass(frozen=True)
 class VerifyReport:
-    """What `Shard.verify` checked and found; ``ok`` when ``problems`` is empty."""
+    """What `Inspect.verify` checked and found; ``ok`` when ``problems`` is empty."""
 
     version: int
     parts_checked: int
@@ -195,13 +201,16 @@ class Shard:
         self.config = ShardConfig.from_options(
             knobs, base=config, env=config is None, location=self.location
         )
-        #: The blob store's options (fsspec's): what reopens the storage elsewhere.
-        self.storage_options = {k: v for k, v in options.items() if k not in knobs}
-        #: The consensus URL when the consensus was given as one (what reopens it elsewhere).
-        self.consensus_url = consensus if isinstance(consensus, str) else None
-        #: The bounded compaction and gc after this handle's commits (off: ``enabled=False``).
-        self.maintenance = AutoMaintenance(enabled=maintenance)
-        blob = blob if blob is not None else open_blob(self.location, **self.storage_options)
+        # The blob store's options (fsspec's) and the consensus URL when the consensus was
+        # given as one: what reopens the shard elsewhere (`address`).
+        self._storage_options = {k: v for k, v in options.items() if k not in knobs}
+        self._consensus_url = consensus if isinstance(consensus, str) else None
+        #: Compaction, gc and the operator's tools (`Maintenance`); ``maintenance.auto`` is
+        #: the bounded compaction and gc after this handle's commits (off: ``enabled=False``).
+        self.maintenance = Maintenance(self, AutoMaintenance(enabled=maintenance))
+        #: Read-only looks at the shard's state, log and storage (`Inspect`).
+        self.inspect = Inspect(self)
+        blob = blob if blob is not None else open_blob(self.location, **self._storage_options)
         blob = metrics.counting_blob(blob)  # store requests counted per operation
         if isinstance(consensus, str):
             # Keyed by the shard id recorded next to the data (read on first use), so every
@@ -221,34 +230,25 @@ class Shard:
         )
 
     @property
-    def inline_bytes(self) -> int:
+    def _inline_bytes(self) -> int:
         """An append's part of at most this many bytes is committed inline (0: never)."""
         return min(self.config.inline_bytes, MAX_INLINE_PART_BYTES)
-
-    @property
-    def inline_cap(self) -> int:
-        """A commit never takes the state's inline bytes past this (`parts.fit_inline`)."""
-        return self.config.inline_cap
 
     @property
     def address(self) -> ShardAddress:
         """What opens this shard again elsewhere (a Spark task, another process): its
         location, storage options, consensus URL and configuration."""
-        return ShardAddress(self.location, self.storage_options, self.consensus_url, self.config)
+        return ShardAddress(self.location, self._storage_options, self._consensus_url, self.config)
 
     @property
     def _blob(self) -> Blob:
         return self._machine.blob
 
     @property
-    def consensus(self) -> Consensus:
+    def _consensus(self) -> Consensus:
         return self._machine.consensus
 
-    # --- state --------------------------------------------------------------------------
-
-    def state(self) -> ShardState:
-        """The newest state version (re-reads the consensus head)."""
-        return self._machine.state()
+    # --- frontiers and columns ------------------------------------------------------------
 
     @property
     def upper(self) -> int:
@@ -503,16 +503,12 @@ class Shard:
         retention = retention_of(seconds, versions, self.location)
         return self._machine.commit(SetRetention(retention, id=self._machine.new_id()))
 
-    def retention(self) -> Retention | None:
-        """The shard's history retention, or None (keeps everything until since is moved)."""
-        return self._machine.state().retention
-
     def _maintain(self, since_before: int, *, compact: bool = True) -> MaintenanceReport | None:
         """The bounded after-commit maintenance (`persistshard.core.maintenance.auto`) of a
         commit that found since at ``since_before``: due Spine merges (unless ``compact`` is
         false), then gc if since moved. None when this handle was opened with
         ``maintenance=False``. Never raises for a maintenance failure (it is logged)."""
-        return self.maintenance.after_commit(self._machine, since_before, compact=compact)
+        return self.maintenance.auto.after_commit(self._machine, since_before, compact=compact)
 
     # --- reader holds (core/statemachine/holds.py) and listen
     # -----------------------------------------
@@ -527,15 +523,9 @@ class Shard:
         """The handle of ``reader_id``'s live hold (renews it); `HoldExpired` if it has none."""
         return ReaderHold.attach(self._machine, reader_id)
 
-    def expire_reader(self, reader_id: str) -> None:
-        """Drop ``reader_id``'s hold by hand (an operator's tool; idempotent)."""
-        self._machine.commit(ExpireReader(reader_id, id=self._machine.new_id()))
-
     def readers(self) -> dict[str, tuple[int, int]]:
-        """``{reader_id: (since, lease expiry in ms since the epoch)}`` of the live holds."""
-        self._require_shard()
-        holds = self._machine.state().live_holds(self.config.clock())
-        return {r: (h.since, h.expires_ms) for r, h in sorted(holds.items())}
+        """`Inspect.readers` (API.md names it on the shard)."""
+        return self.inspect.readers()
 
     # --- durable consumers (core/statemachine/consumers.py) -------------------------------
 
@@ -546,15 +536,8 @@ class Shard:
         return Consumer.open(self._machine, name, self.updates)
 
     def consumers(self) -> dict[str, int]:
-        """``{name: position}`` of the durable consumers (`readers` lists the leased holds)."""
-        state = self._require_shard(self._machine.state())
-        return {n: c.position for n, c in sorted(state.consumers.items())}
-
-    def drop_consumer(self, name: str) -> None:
-        """Drop consumer ``name`` by hand (an operator's tool, CLI ``holds --drop``;
-        idempotent)."""
-        self._require_shard()
-        Consumer(self._machine, name, None).drop()
+        """`Inspect.consumers` (API.md names it on the shard)."""
+        return self.inspect.consumers()
 
     def listen(
         self,
@@ -667,15 +650,203 @@ class Shard:
             newest=self._machine.state,
         )
 
-    # --- inspection ---------------------------------------------------------------------
+    # --- forks and drop (core/fork.py) ----------------------------------------------------
+
+    def _related(self, location: str, *, maintenance: bool = False) -> Shard:
+        """A handle on the shard at ``location`` with this one's storage options,
+        configuration and kind of log (next to its data when this one's is, else the same
+        database URL), on a sibling of this one's store (`Blob.sibling`): a fork's source, a
+        source's fork. `InvalidOption` for a shard whose log is a consensus object (forks need
+        a log every process can name)."""
+        url = self._consensus_url
+        if url is None and not isinstance(underlying(self._consensus), BlobConsensus):
+            raise InvalidOption(
+                "forks need the shard's log next to its data or in a database given by URL "
+                "(consensus='sqlite:///...' or 'postgresql://...'), not a consensus object",
+                location=self.location,
+            )
+        blob = self._blob.sibling(location)
+        return Shard(
+            location,
+            consensus=url,
+            blob=blob,
+            config=self.config,
+            maintenance=maintenance,
+            **self._storage_options,
+        )
+
+    @metrics.operation_method("fork")
+    def fork(self, dst: str, as_of: int | None = None) -> Shard:
+        """A new shard at ``dst`` whose snapshot at ``as_of`` (default upper - 1; in
+        ``[since, upper)``) is this shard's, with since ``as_of`` and upper ``as_of + 1``. It
+        names this shard's parts instead of copying them (it writes its metadata only), with
+        the same storage options and kind of log; writes, compaction and gc on either side
+        never change the other. See `persistshard.core.fork`."""
+        from persistshard.core import fork as forks
+
+        forked = forks.fork(self, dst, as_of)
+        assert isinstance(forked, Shard)  # made by `_related`
+        return forked
+
+    @metrics.operation_method("drop")
+    def drop(self, *, dry_run: bool = False) -> Any:  # a core.fork.DropReport
+        """Delete this shard: its own parts and log, releasing what it referenced (its pins at
+        the shards it was forked from). Parts that live forks name are kept (with the log
+        recording them) until the forks release them. ``dry_run``: only report what would go.
+        Returns a `persistshard.core.fork.DropReport`; rerun after a crash to finish."""
+        from persistshard.core import fork as forks
+
+        return forks.drop(self, apply=not dry_run)
+
+    @metrics.operation_method("compact")
+    def _maybe_compact(self, max_merges: int = 1) -> CompactionReport | None:
+        """The small compaction a writer may run after its commit; None if nothing was due
+        (`persistshard.core.maintenance.compact.maybe_compact`)."""
+        self._require_shard()
+        return maybe_compact_shard(self._machine, max_merges=max_merges)
+
+    # --- the flat names API.md promises: thin aliases of the groups ----------------------
+
+    def compact(self, *, full: bool = True, max_merges: int | None = None) -> CompactionReport:
+        """`Maintenance.compact` (API.md names it on the shard)."""
+        return self.maintenance.compact(full=full, max_merges=max_merges)
+
+    def gc(
+        self,
+        dry_run: bool = True,
+        *,
+        retention_seconds: float = DEFAULT_RETENTION_SECONDS,
+        now_ms: int | None = None,
+    ) -> GcReport:
+        """`Maintenance.gc` (API.md names it on the shard)."""
+        return self.maintenance.gc(dry_run, retention_seconds=retention_seconds, now_ms=now_ms)
+
+    def verify(self) -> VerifyReport:
+        """`Inspect.verify` (API.md names it on the shard)."""
+        return self.inspect.verify()
+
+    def history(self) -> list[dict[str, Any]]:
+        """`Inspect.history` (API.md names it on the shard)."""
+        return self.inspect.history()
+
+
+class Maintenance:
+    """``shard.maintenance``: what tidies a shard or undoes what a reader left behind.
+
+    Compaction and gc never change what any read returns (`persistshard.core.maintenance`);
+    `expire_reader` and `drop_consumer` are an operator's tools that release since (the CLI's
+    ``holds --expire/--drop``). ``auto`` is the bounded compaction and gc this handle runs
+    after each of its own commits (`persistshard.core.maintenance.auto`; ``auto.enabled`` is
+    ``open_shard(..., maintenance=...)``). Every call but those on ``auto`` is `NoShard` on a
+    location that holds no shard."""
+
+    def __init__(self, shard: Shard, auto: AutoMaintenance) -> None:
+        self._shard = shard
+        #: The after-commit maintenance of this handle's commits.
+        self.auto = auto
+
+    @property
+    def location(self) -> str:
+        """The shard's location (what `metrics.operation_method` names a storage error by)."""
+        return self._shard.location
+
+    @property
+    def enabled(self) -> bool:
+        """Whether this handle runs the after-commit maintenance."""
+        return self.auto.enabled
+
+    @metrics.operation_method("compact")
+    def compact(self, *, full: bool = True, max_merges: int | None = None) -> CompactionReport:
+        """Merge trace batches (unsealed updates, same-level pairs, and with ``full`` every
+        batch below since) until the trace is tidy, at most ``max_merges`` merges. See
+        `persistshard.core.maintenance.compact`."""
+        self._shard._require_shard()
+        return compact_shard(self._shard._machine, full=full, max_merges=max_merges)
+
+    @metrics.operation_method("gc")
+    def gc(
+        self,
+        dry_run: bool = True,
+        *,
+        retention_seconds: float = DEFAULT_RETENTION_SECONDS,
+        now_ms: int | None = None,
+    ) -> GcReport:
+        """List (and with ``dry_run=False`` delete) parts, rollups and log entries no live
+        version needs, keeping what changed within ``retention_seconds``; with
+        ``dry_run=False`` it also releases this shard's pins that no fork needs any more. See
+        `persistshard.core.maintenance.gc`."""
+        shard = self._shard
+        state = shard._require_shard()
+        released: list[str] = []
+        if not dry_run and state.forks:
+            from persistshard.core import fork as forks
+
+            released += forks.release_dangling(shard, now_ms)  # creations that died
+        report = collect(
+            shard._machine, dry_run=dry_run, retention_seconds=retention_seconds, now_ms=now_ms
+        )
+        if not dry_run and report.unneeded_sources:
+            from persistshard.core import fork as forks
+
+            released += forks.release_sources(shard, report.unneeded_sources)
+        report.released_pins = released
+        return report
+
+    def expire_reader(self, reader_id: str) -> None:
+        """Drop ``reader_id``'s hold by hand (CLI ``holds --expire``; idempotent)."""
+        machine = self._shard._machine
+        machine.commit(ExpireReader(reader_id, id=machine.new_id()))
+
+    def drop_consumer(self, name: str) -> None:
+        """Drop durable consumer ``name`` by hand (CLI ``holds --drop``; idempotent)."""
+        self._shard._require_shard()
+        Consumer(self._shard._machine, name, None).drop()
+
+
+class Inspect:
+    """``shard.inspect``: read-only looks at a shard's state, log and storage.
+
+    Nothing here commits or deletes. Every call but `state` is `NoShard` on a location that
+    holds no shard; `state` returns the empty state there (version 0)."""
+
+    def __init__(self, shard: Shard) -> None:
+        self._shard = shard
+
+    def state(self) -> ShardState:
+        """The newest state version (re-reads the consensus head): the model of
+        `persistshard.core.statemachine.state`, for tools and tests."""
+        return self._shard._machine.state()
+
+    def head_version(self) -> int | None:
+        """The version of the newest entry of the shard's log, or None where nothing was
+        ever committed: one read of the log's head, none of the state (whether a shard is
+        there, for tools that refuse a location holding none)."""
+        head = self._shard._consensus.head()
+        return None if head is None else head.version
+
+    def retention(self) -> Retention | None:
+        """The shard's history retention, or None (keeps everything until since is moved)."""
+        return self._shard._machine.state().retention
+
+    def readers(self) -> dict[str, tuple[int, int]]:
+        """``{reader_id: (since, lease expiry in ms since the epoch)}`` of the live holds."""
+        shard = self._shard
+        shard._require_shard()
+        holds = shard._machine.state().live_holds(shard.config.clock())
+        return {r: (h.since, h.expires_ms) for r, h in sorted(holds.items())}
+
+    def consumers(self) -> dict[str, int]:
+        """``{name: position}`` of the durable consumers (`readers` lists the leased holds)."""
+        state = self._shard._require_shard(self._shard._machine.state())
+        return {n: c.position for n, c in sorted(state.consumers.items())}
 
     def history(self) -> list[dict[str, Any]]:
         """The commits still in the log, oldest first: version, what it did (``kind``: one of
         `HISTORY_KINDS`), the commit kind of the state machine (``commit``), id, time and a
         one-line summary."""
-        self._require_shard()
+        self._shard._require_shard()
         out = []
-        for version, entry in self._machine.entries(1):
+        for version, entry in self._shard._machine.entries(1):
             out.append(
                 {
                     "version": version,
@@ -694,23 +865,24 @@ class Shard:
         every retained consensus entry."""
         from persistshard.core.storage.parts import open_part, part_blob
 
+        shard = self._shard
         problems: list[str] = []
-        state = self._require_shard(self._machine.state())
+        state = shard._require_shard(shard._machine.state())
         try:
             state.check()
         except CorruptData as e:
             problems.append(str(e))
-        for logged in self.consensus.scan(1):  # every retained log entry's checksum
+        for logged in shard._consensus.scan(1):  # every retained log entry's checksum
             try:
-                name = self.consensus.entry_name(logged.version)
-                Entry.decode(logged.data, name, self.location)
+                name = shard._consensus.entry_name(logged.version)
+                Entry.decode(logged.data, name, shard.location)
             except CorruptData as err:
                 problems.append(str(err))
         checked = 0
         nbytes = 0
         for b in (*state.trace, *state.unsealed):
             for ref in b.parts:
-                stored = part_blob(self._blob, ref)  # a fork's source's part: the source's store
+                stored = part_blob(shard._blob, ref)  # a fork's source's part: the source's store
                 size = stored.size(ref.key) if ref.inline is None else len(ref.inline)
                 if size is None:
                     problems.append(f"part {ref.key} of batch {b.id} is missing")
@@ -719,7 +891,7 @@ class Shard:
                     problems.append(f"part {ref.key} has {size} bytes, the state says {ref.size}")
                     continue
                 try:
-                    reader = open_part(self._blob, ref)
+                    reader = open_part(shard._blob, ref)
                     reader.verify()
                     if reader.num_rows != ref.num_rows:
                         problems.append(
@@ -730,13 +902,14 @@ class Shard:
                 checked += 1
                 nbytes += size
         for problem in problems:
-            log.warning("%s: verify: %s", self.location, problem)
+            log.warning("%s: verify: %s", shard.location, problem)
         return VerifyReport(state.version, checked, nbytes, problems)
 
     def describe(self) -> dict[str, Any]:
         """Upper, since, batches by level, sizes, unsealed updates (for `persistshard inspect`)."""
-        state = self._require_shard(self._machine.state())
-        now = self.config.clock()
+        shard = self._shard
+        state = shard._require_shard(shard._machine.state())
+        now = shard.config.clock()
         levels: dict[int, dict[str, int]] = {}
         for b in state.trace:
             lvl = levels.setdefault(b.level, {"batches": 0, "parts": 0, "rows": 0, "bytes": 0})
@@ -745,7 +918,7 @@ class Shard:
             lvl["rows"] += b.num_rows
             lvl["bytes"] += b.size_bytes
         return {
-            "location": self.location,
+            "location": shard.location,
             "version": state.version,
             "upper": state.upper,
             "since": state.since,
@@ -772,107 +945,12 @@ class Shard:
             },
         }
 
-    # --- maintenance: compaction and garbage collection (core/maintenance/trace.py,
-    # core/maintenance/gc.py) ---------
-
-    @metrics.operation_method("compact")
-    def compact(self, *, full: bool = True, max_merges: int | None = None) -> CompactionReport:
-        """Merge trace batches (unsealed updates, same-level pairs, and with ``full`` every
-        batch below since) until the trace is tidy. See `persistshard.core.maintenance.trace`."""
-        self._require_shard()
-        return compact_shard(self._machine, full=full, max_merges=max_merges)
-
-    @metrics.operation_method("compact")
-    def _maybe_compact(self, max_merges: int = 1) -> CompactionReport | None:
-        """The small compaction a writer may run after its commit; None if nothing was due
-        (`persistshard.core.maintenance.compact.maybe_compact`)."""
-        self._require_shard()
-        return maybe_compact_shard(self._machine, max_merges=max_merges)
-
-    # --- forks and drop (core/fork.py) ----------------------------------------------------
-
-    def related(self, location: str, *, maintenance: bool = False) -> Shard:
-        """A handle on the shard at ``location`` with this one's storage options,
-        configuration and kind of log (next to its data when this one's is, else the same
-        database URL), on a sibling of this one's store (`Blob.sibling`): a fork's source, a
-        source's fork. `InvalidOption` for a shard whose log is a consensus object (forks need
-        a log every process can name)."""
-        url = self.consensus_url
-        if url is None and not isinstance(underlying(self.consensus), BlobConsensus):
-            raise InvalidOption(
-                "forks need the shard's log next to its data or in a database given by URL "
-                "(consensus='sqlite:///...' or 'postgresql://...'), not a consensus object",
-                location=self.location,
-            )
-        blob = self._blob.sibling(location)
-        return Shard(
-            location,
-            consensus=url,
-            blob=blob,
-            config=self.config,
-            maintenance=maintenance,
-            **self.storage_options,
-        )
-
-    def maintains(self) -> bool:
-        """Whether this handle runs the after-commit maintenance (`maintenance`)."""
-        return self.maintenance.enabled
-
-    @metrics.operation_method("fork")
-    def fork(self, dst: str, as_of: int | None = None) -> Shard:
-        """A new shard at ``dst`` whose snapshot at ``as_of`` (default upper - 1; in
-        ``[since, upper)``) is this shard's, with since ``as_of`` and upper ``as_of + 1``. It
-        names this shard's parts instead of copying them (it writes its metadata only), with
-        the same storage options and kind of log; writes, compaction and gc on either side
-        never change the other. See `persistshard.core.fork`."""
-        from persistshard.core import fork as forks
-
-        forked = forks.fork(self, dst, as_of)
-        assert isinstance(forked, Shard)  # made by `related`
-        return forked
-
-    @metrics.operation_method("drop")
-    def drop(self, *, dry_run: bool = False) -> Any:  # a core.fork.DropReport
-        """Delete this shard: its own parts and log, releasing what it referenced (its pins at
-        the shards it was forked from). Parts that live forks name are kept (with the log
-        recording them) until the forks release them. ``dry_run``: only report what would go.
-        Returns a `persistshard.core.fork.DropReport`; rerun after a crash to finish."""
-        from persistshard.core import fork as forks
-
-        return forks.drop(self, apply=not dry_run)
-
-    @metrics.operation_method("gc")
-    def gc(
-        self,
-        dry_run: bool = True,
-        *,
-        retention_seconds: float = DEFAULT_RETENTION_SECONDS,
-        now_ms: int | None = None,
-    ) -> GcReport:
-        """List (and with ``dry_run=False`` delete) parts, rollups and log entries no live
-        version needs. See `persistshard.core.maintenance.gc`."""
-        state = self._require_shard()
-        released: list[str] = []
-        if not dry_run and state.forks:
-            from persistshard.core import fork as forks
-
-            released += forks.release_dangling(self, now_ms)  # creations that died
-        report = collect(
-            self._machine, dry_run=dry_run, retention_seconds=retention_seconds, now_ms=now_ms
-        )
-        if not dry_run and report.unneeded_sources:
-            from persistshard.core import fork as forks
-
-            released += forks.release_sources(self, report.unneeded_sources)
-        report.released_pins = released
-        return report
-
 
 def _snapshot_schema(user: pa.Schema) -> pa.Schema:
     return pa.schema([*user, pa.field(DIFF, pa.int64(), nullable=False)])
 
 
-#: What `Shard.history` calls each commit, by what it did.
+#: What `Inspect.history` calls each commit, by what it did.
 HISTORY_KINDS = (
     "append",  # rows added at the upper (also a plain append that landed after a lost race)
     "overwrite",  # a self-correcting overwrite: the difference from the previous contents
@@ -972,9 +1050,9 @@ def write_transaction(shard: Shard, write_id: str | None = None) -> WriteTransac
     upserts, every Spark write) goes through one."""
     return WriteTransaction(
         shard._machine,
-        inline_bytes=shard.inline_bytes,
-        inline_cap=shard.inline_cap,
-        maintenance=shard.maintenance,
+        inline_bytes=shard._inline_bytes,
+        inline_cap=shard.config.inline_cap,
+        maintenance=shard.maintenance.auto,
         write_id=write_id,
     )
 

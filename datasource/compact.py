@@ -85,7 +85,7 @@ def compact(
     """Compact the shard at ``location`` with merges spread over Spark tasks; returns what was
     done (the same report as `Shard.compact`). ``full`` as in `Shard.compact`."""
     shard = Shard(location, **storage_options)
-    state = shard.state()
+    state = shard.inspect.state()
     if state.version == 0:  # a mistyped path must not look like a compacted empty table
         raise errors.NoShard(
             f"no shard at {shard.location}: no state was ever committed there (a mistyped "
@@ -104,7 +104,7 @@ def compact(
             json.dumps(
                 {
                     "location": shard.location,
-                    "storage_options": shard.storage_options,
+                    "storage_options": shard.address.storage_options,
                     "config": shard.config.options(),
                     "plan": plan.to_json(),
                     "schema": schema_to_b64(state.schema),
@@ -149,7 +149,7 @@ def compact(
                     report.conflicts += 1
         if failures:
             raise failures[0]
-        state = shard.state()
+        state = shard.inspect.state()
         if not progress:
             break
     report.levels_after = trace.levels(state)

@@ -221,7 +221,7 @@ def overwrite(
     opts = WriteOptions.parse(options, df.schema)
     shard = opts.address.open()
     check_location(shard)
-    state = shard.state()
+    state = shard.inspect.state()
     d = describe_write(opts, df.schema, True, shard, evolve=merge_schema)
     d = replace(d, lower=state.upper, upper=state.upper + 1)
     txn = write_transaction(shard, d.write_id)
@@ -255,7 +255,7 @@ def overwrite(
                 tasks.append(
                     DiffTask(
                         shard.location,
-                        dict(shard.storage_options),
+                        dict(shard.address.storage_options),
                         (*chains, *current),
                         schema,
                         kr,

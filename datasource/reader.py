@@ -243,7 +243,7 @@ def read_partition(
     (`persistshard.core.read.race`)."""
 
     def newest() -> ShardState:
-        return p.address.open().state()
+        return p.address.open().inspect.state()
 
     with pinned_read(p.version, newest, p.location):
         if blob is not None:
@@ -520,7 +520,7 @@ class PersistShardReader(DataSourceReader):
 
     def partitions(self) -> list[ShardPartition]:
         shard = self.opts.address.open()
-        state = shard.state()
+        state = shard.inspect.state()
         if state.schema is None:
             if not declared_table(self.schema):
                 if state.version == 0:  # a mistyped path must not read as an empty table
@@ -563,7 +563,7 @@ class PersistShardReader(DataSourceReader):
         multiset = DIFF not in target.names
         # The driver pinned the version in partitions(): a part gc collected since is
         # VersionCollected (the text Spark shows starts with it: run the query again).
-        with pinned_read(partition.version, shard.state, partition.location):
+        with pinned_read(partition.version, shard.inspect.state, partition.location):
             for table in iter_read_task(shard, partition.task, as_multiset=multiset):
                 if result_filter is not None:
                     table = filter_table(with_snapshot_time(table, q), result_filter)
@@ -604,7 +604,7 @@ class ScopedPushdownReader(PersistShardReader):
         self.pushed: tuple[Pred, ...] = ()
 
     def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
-        state = self.opts.address.open().state()
+        state = self.opts.address.open().inspect.state()
         if state.schema is None:
             return filters  # partitions() reports the missing shard
         visible = output_schema(state.schema, self.schema)

@@ -254,7 +254,7 @@ def _commit(
     else:
         into = pinned.last_time if pinned.last_time is not None else -1
     lowers = {m.lower for m in present}
-    state = shard.state()
+    state = shard.inspect.state()
     if len(lowers) > 1:  # a lost race: another writer committed while the tasks ran
         raise tasks_saw_other_uppers(lowers, state.upper, shard.location)
     lower = lowers.pop() if lowers else d.lower

@@ -57,7 +57,7 @@ class PersistShardWriter(DataSourceArrowWriter):
         # were added by ALTER TABLE ... ADD COLUMNS, which the shard follows.
         from_table = find_location(options) is None
         if from_table:
-            stored = shard.state().schema
+            stored = shard.inspect.state().schema
             if stored is not None:
                 from persistshard.datasource.reader import check_table_columns
 
@@ -145,7 +145,7 @@ def judge_micro_batch(shard: Shard, writer: WriterBatch, present: list[Any]) -> 
     staged ``present`` parts are deleted, and it is logged); a batch that is neither is
     refused (`InvalidUpdates` naming the checkpoint, `judge_writer_batch`) after its parts
     are deleted: nothing is written."""
-    state = shard.state()
+    state = shard.inspect.state()
     try:
         verdict = judge_writer_batch(state, writer[0], writer[1], writer.identity, shard.location)
     except InvalidUpdates:
@@ -264,7 +264,7 @@ class PersistShardStreamWriter(DataSourceStreamArrowWriter):
         writer = WriterBatch(self.opts.writer_id or "", batchId, identity_of(present))
         if not judge_micro_batch(shard, writer, present):
             return
-        state = shard.state()
+        state = shard.inspect.state()
         lower = min(lowers) if lowers else state.upper
         d = describe_write(self.opts, self.schema, False, shard)
         d = replace(d, lower=lower, write_id=new_id())  # unique: batch ids must never repeat
@@ -283,11 +283,11 @@ class PersistShardStreamWriter(DataSourceStreamArrowWriter):
                 )
         finally:
             for m in present:
-                sweep_write(shard, m.write_id, shard.state().part_keys())
+                sweep_write(shard, m.write_id, shard.inspect.state().part_keys())
 
     def abort(self, messages: list[Any], batchId: int) -> None:
         shard = self.opts.address.open()
-        keep = shard.state().part_keys()
+        keep = shard.inspect.state().part_keys()
         for m in messages:
             if m is not None:
                 sweep_write(shard, m.write_id, keep)
@@ -305,7 +305,7 @@ def restarted_without_checkpoint(
     which only a replay of already written updates produces once the checkpoint that said
     where the stream was is gone (Spark then numbers micro-batches from 0 again and the source
     starts over). Nothing was written."""
-    state = shard.state()
+    state = shard.inspect.state()
     last = state.writers.get(writer_id)
     before = (
         f"writer {writer_id!r} already committed micro-batches up to {last}"

@@ -151,7 +151,7 @@ class PersistShardStreamReader(DataSourceStreamReader):
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[ShardPartition]:
         lo, hi = int(start["upper"]), int(end["upper"])
         shard = self.opts.address.open()
-        state = shard.state()
+        state = shard.inspect.state()
         if hi <= 0 or state.schema is None:
             return []
         if lo == INITIAL:

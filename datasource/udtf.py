@@ -60,12 +60,12 @@ class PersistShardHistory:
         check_shared(location)
         with storage_errors(location, "read the shard's log"):
             shard = Shard(location)
-            if shard.consensus.head() is None:
+            if shard.inspect.head_version() is None:
                 raise NoShard(
                     f"no shard at {shard.location}: no state was ever committed there (a "
                     f"mistyped path? {HISTORY_FUNCTION} takes a location, not a table name)"
                 )
-            history = shard.history()
+            history = shard.inspect.history()
         log.debug("%s: %d history entries", shard.location, len(history))
         for h in history:
             at = h.get("at_ms")

@@ -76,7 +76,7 @@ def commit_complete(
             txn.check_parts([(m.sealed, None, None) for m in present])
             last: UpperMismatch | None = None
             for _ in range(MAX_ATTEMPTS):
-                state = shard.state()
+                state = shard.inspect.state()
                 verdict = judge_writer_batch(
                     state, writer[0], batch_id, writer.identity, shard.location
                 )

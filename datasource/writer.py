@@ -130,7 +130,7 @@ def describe_write(
     ``evolve`` (a SQL table whose catalog gained columns by ``ALTER TABLE ... ADD COLUMNS``, or
     option ``merge_schema``) lets the write add nullable columns to the shard.
     """
-    state = shard.state()
+    state = shard.inspect.state()
     txn = write_transaction(shard)  # mints the write id every task writes under
     if state.version == 0:
         txn.refuse_foreign_files()
@@ -490,7 +490,7 @@ def apply_retention(shard: Shard, wanted: tuple[int | None, int | None] | None) 
         return
     from persistshard.core.shard import retention_of
 
-    if retention_of(wanted[0], wanted[1], shard.location) != shard.retention():
+    if retention_of(wanted[0], wanted[1], shard.location) != shard.inspect.retention():
         shard.set_retention(seconds=wanted[0], versions=wanted[1])
 
 

@@ -62,4 +62,4 @@ def tick(shard, clock: Clock, ms: int) -> None:  # type: ignore[no-untyped-def]
     `persistshard.core.storage.layout.CLOCK_LEAD_MS` past the newest commit, so an idle
     shard's clock only moves for gc when something commits."""
     clock.advance(ms)
-    shard.expire_reader("nobody")
+    shard.maintenance.expire_reader("nobody")

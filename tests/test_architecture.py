@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 
 import pytest
 
@@ -221,3 +222,121 @@ def _private_uses(path: str, root: str) -> list[str]:
 def test_no_module_uses_another_modules_private_names(repo_root):
     found = [use for path in _python_files(repo_root) for use in _private_uses(path, repo_root)]
     assert not found, found
+
+
+#: `persistshard.core.shard.Shard`'s public names: what README.md documents ("Python API,
+#: without Spark"). Maintenance and inspection are grouped (`SHARD_GROUPS`); the flat
+#: ``compact``, ``gc``, ``verify``, ``history``, ``readers`` and ``consumers`` stay because
+#: the user contract names them on the shard. Plumbing (the state machine, the blob store,
+#: the consensus, inline settings, handles on related shards) is private.
+SHARD_SURFACE = {
+    # what the handle is and how to open it again
+    "location",
+    "config",
+    "address",
+    # frontiers and columns
+    "upper",
+    "since",
+    "schema",
+    # writes
+    "compare_and_append",
+    "append",
+    "upsert",
+    "seal",
+    "commit_checked",
+    # history kept readable
+    "advance_since",
+    "set_retention",
+    # reads
+    "snapshot",
+    "updates",
+    "scan",
+    "scan_updates",
+    "listen",
+    # reader holds and durable consumers
+    "register_reader",
+    "reader",
+    "readers",
+    "consumer",
+    "consumers",
+    # forks
+    "fork",
+    "drop",
+    # the groups, and the flat names the contract promises
+    "maintenance",
+    "inspect",
+    "compact",
+    "gc",
+    "verify",
+    "history",
+}
+
+#: The public names of the groups: ``shard.maintenance`` and ``shard.inspect``.
+SHARD_GROUPS = {
+    "Maintenance": {
+        "auto",
+        "enabled",
+        "location",
+        "compact",
+        "gc",
+        "expire_reader",
+        "drop_consumer",
+    },
+    "Inspect": {
+        "state",
+        "head_version",
+        "retention",
+        "readers",
+        "consumers",
+        "history",
+        "verify",
+        "describe",
+    },
+}
+
+
+def _public_members(tree: ast.Module, name: str) -> set[str]:
+    """The public names of class ``name``: its methods and properties, and the attributes
+    its ``__init__`` sets on ``self``."""
+    (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name]
+    names: set[str] = set()
+    for node in cls.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            names.add(node.name)
+            if node.name == "__init__":
+                for sub in ast.walk(node):
+                    targets = sub.targets if isinstance(sub, ast.Assign) else []
+                    if isinstance(sub, ast.AnnAssign):
+                        targets = [sub.target]
+                    for t in targets:
+                        if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name):
+                            if t.value.id == "self":
+                                names.add(t.attr)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+    return {n for n in names if not n.startswith("_")}
+
+
+def test_shards_public_surface_is_the_documented_one(repo_root):
+    """A new public member of `Shard` (or of its groups) fails here until it is documented in
+    README.md and added above; plumbing belongs behind an underscore or in a module function."""
+    tree = ast.parse(open(os.path.join(repo_root, "core", "shard.py")).read())
+    assert _public_members(tree, "Shard") == SHARD_SURFACE
+    for group, names in SHARD_GROUPS.items():
+        assert _public_members(tree, group) == names, group
+
+
+def test_every_public_shard_name_is_in_the_readme(repo_root):
+    """Each public name of `Shard` and of its groups is documented in README.md, as
+    ``shard.NAME`` or ``shard.GROUP.NAME``."""
+    readme = open(os.path.join(repo_root, "README.md")).read()
+    grouped = {f"{g.lower()}.{n}" for g, names in SHARD_GROUPS.items() for n in names}
+    grouped.discard("maintenance.location")  # the shard's, for error messages
+    missing = [
+        n
+        for n in sorted(SHARD_SURFACE | grouped)
+        if not re.search(rf"shard\.{re.escape(n)}\b", readme)
+    ]
+    assert not missing, missing

@@ -8,6 +8,7 @@ import pyarrow as pa
 
 import persistshard as ps
 from persistshard.cli import main
+from persistshard.core.shard import Inspect
 
 
 def make(tmp_path, **options) -> str:
@@ -36,7 +37,7 @@ def test_inspect_history_verify(tmp_path, capsys):
 def test_verify_fails_on_a_missing_part(tmp_path, capsys):
     location = make(tmp_path, inline_bytes=0)
     shard = ps.open_shard(location)
-    shard._blob.delete(shard.state().trace[0].parts[0].key)
+    shard._blob.delete(shard.inspect.state().trace[0].parts[0].key)
     assert main(["verify", location]) == 1
     assert "is missing" in capsys.readouterr().out
 
@@ -62,7 +63,7 @@ def test_errors_exit_2_with_the_class_name(tmp_path, capsys, monkeypatch):
     def boom(self):
         raise ps.CorruptData("bad footer", file="x.part")
 
-    monkeypatch.setattr(ps.Shard, "describe", boom)
+    monkeypatch.setattr(Inspect, "describe", boom)
     assert main(["inspect", location]) == 2
     assert capsys.readouterr().err.startswith("CorruptData: bad footer")
 
@@ -92,7 +93,7 @@ def test_holds_lists_consumers_and_drops_one_inspect_shows_their_age(tmp_path, c
         shard.append(pa.table({"id": [t], "_time": [t], "_diff": [1]}))
     shard.register_reader("dash", lease_seconds=600)
     shard.consumer("nightly-etl").advance(2, expected=0)
-    moved = shard.state().consumers["nightly-etl"].moved_ms
+    moved = shard.inspect.state().consumers["nightly-etl"].moved_ms
     monkeypatch.setattr(layout, "now_ms", lambda: moved + 3 * 3600 * 1000)  # 3 hours on
     assert main(["holds", location]) == 0
     out = capsys.readouterr().out

@@ -38,7 +38,7 @@ def shard(tmp_path) -> ps.Shard:
 
 def all_reads(shard: ps.Shard) -> dict:
     """Every answer a reader can get: snapshots at every valid as_of, and the updates."""
-    state = shard.state()
+    state = shard.inspect.state()
     out: dict = {}
     if state.schema is None:
         return out
@@ -90,7 +90,7 @@ class CompactionMachine(Base):  # type: ignore[valid-type, misc]
     def stale_compaction(self, step: int, rival: bool) -> None:
         """Plan and run a merge, let the state move (a seal, or a rival compaction), then
         commit: it lands only if its inputs are still there; if not, its parts are gone."""
-        state = self.shard.state()
+        state = self.shard.inspect.state()
         plan = trace.next_plan(state) if state.schema is not None else None
         if plan is None:
             return
@@ -147,7 +147,7 @@ def _levels_after_appends(name: str, appends: int) -> Iterator[tuple[int, list[i
     for n in range(1, appends + 1):
         _append_batches(shard, 1, 3)
         shard.compact(full=False)
-        state = shard.state()
+        state = shard.inspect.state()
         state.check()
         yield n, trace.levels(state), [b.num_rows for b in state.trace]
 
@@ -203,7 +203,7 @@ def test_merge_work_is_amortized_log_n(budget):
     written = sum(r.rows_written for r in reports if r is not None)
     assert written <= n * rows * math.log2(n)
     assert written >= n * rows  # it did merge
-    state = shard.state()
+    state = shard.inspect.state()
     assert len(state.trace) <= 2 * math.log2(n) + 2
     # No single call rewrote more than twice the rows appended so far (a full carry chain).
     assert all(r is None or r.rows_written <= 2 * n * rows for r in reports)
@@ -214,12 +214,12 @@ def test_a_row_updated_many_times_before_since_costs_one_update(shard):
     for t in range(1, 121):
         shard.append(updates([(1, f"v{(t - 1) % 2}", t, -1), (1, f"v{t % 2}", t, 1)]))
         shard._maybe_compact()
-    assert sum(b.num_rows for b in shard.state().trace) > 120
+    assert sum(b.num_rows for b in shard.inspect.state().trace) > 120
     shard.advance_since(shard.upper - 1)
     before = all_reads(shard)
     report = shard.compact()
     assert all_reads(shard) == before
-    state = shard.state()
+    state = shard.inspect.state()
     assert sum(b.num_rows for b in state.trace) == 1
     assert report.levels_after == trace.levels(state)
     assert rows_of(shard.snapshot()) == {(1, "v0"): 1}
@@ -280,7 +280,7 @@ def test_full_compaction_leaves_one_run_and_then_has_nothing_to_do(shard):
     )
     schema = user_schema(updates([]).schema)
     write_transaction(shard).commit(written, expected_upper=0, new_upper=1, schema=schema)
-    state = shard.state()
+    state = shard.inspect.state()
     assert len(state.trace[0].parts) == 2 and not trace.is_one_run(state.trace[0])
     assert shard.compact(full=False).merges == []
     for t in range(1, 6):
@@ -288,13 +288,13 @@ def test_full_compaction_leaves_one_run_and_then_has_nothing_to_do(shard):
     before = all_reads(shard)
     shard.compact()
     assert all_reads(shard) == before
-    (only,) = shard.state().trace
+    (only,) = shard.inspect.state().trace
     assert trace.is_one_run(only) and len(only.parts) == 1
     assert shard.compact().merges == []
     shard.seal(9)
     report = shard.compact()  # an empty batch joins for free and the run stays one run
     assert [m.free for m in report.merges] == [True]
-    assert trace.is_one_run(shard.state().trace[0])
+    assert trace.is_one_run(shard.inspect.state().trace[0])
     assert shard.compact().merges == []
 
 
@@ -311,13 +311,13 @@ def test_seals_merge_for_free(shard):
     assert all_reads(shard) == before
     assert report.bytes_read == 0 and report.bytes_written == 0
     assert all(m.free for m in report.merges)
-    assert len(shard.state().trace) == 1
+    assert len(shard.inspect.state().trace) == 1
 
 
 def test_lost_race_deletes_outputs(shard):
     for t in range(trace.FAN_IN):
         shard.append(updates([(t, "a", t, 1)]))
-    state = shard.state()
+    state = shard.inspect.state()
     plan = trace.next_plan(state)
     assert plan is not None and plan.reason == "level"
     result = cm.run_merge(shard._blob, plan, state.schema, write_id=new_id(), config=shard.config)
@@ -335,7 +335,7 @@ def test_independent_merges_committed_in_any_order_keep_levels_ordered(shard):
     for t in range(f * f + 2 * f):
         shard.append(updates([(t, "a", t, 1)]))
     shard.compact(max_merges=f)
-    state = shard.state()
+    state = shard.inspect.state()
     assert trace.levels(state) == [1] * f + [0] * (2 * f)
     plans = trace.independent_plans(state)
     assert [p.input_ids for p in plans] == [
@@ -347,21 +347,21 @@ def test_independent_merges_committed_in_any_order_keep_levels_ordered(shard):
     ]
     for plan, result in reversed(list(zip(plans, results, strict=True))):  # newest first
         assert cm.commit_merge(shard._machine, plan, result)[0]
-        shard.state().check()
-    assert trace.levels(shard.state()) == [2, 1, 0]
+        shard.inspect.state().check()
+    assert trace.levels(shard.inspect.state()) == [2, 1, 0]
 
 
 def test_a_merge_that_would_break_level_order_is_refused(shard, monkeypatch):
     for t in range(3):
         shard.append(updates([(t, "a", t, 1)]))
-    state = shard.state()
+    state = shard.inspect.state()
     plan = trace.MergePlan("level", state.trace[1:], since=0, upper_at_plan=state.upper)
     result = cm.run_merge(shard._blob, plan, state.schema, write_id=new_id(), config=shard.config)
     monkeypatch.setattr(trace, "commit_level", lambda *a: 1)  # above its predecessor's 0
     committed, _, _ = cm.commit_merge(shard._machine, plan, result)
     assert not committed
     assert not set(result.written_keys) & stored_keys(shard)
-    assert trace.levels(shard.state()) == [0, 0, 0]
+    assert trace.levels(shard.inspect.state()) == [0, 0, 0]
 
 
 def test_commit_level_is_clamped_to_the_predecessor():
@@ -400,7 +400,7 @@ def test_unsealed_updates_join_the_trace(shard):
     report = shard.compact()
     assert all_reads(shard) == before
     assert any(m.reason == "unsealed" for m in report.merges)
-    state = shard.state()
+    state = shard.inspect.state()
     assert len(state.unsealed) == 1
     (u,) = state.unsealed
     assert (u.lower, u.upper, u.num_rows) == (5, 21, 2)  # trimmed: 5 and 20 remain
@@ -414,7 +414,7 @@ def test_unsealed_updates_join_the_trace(shard):
         (9, "far"): 1,
     }
     shard.compact()
-    assert shard.state().unsealed == ()
+    assert shard.inspect.state().unsealed == ()
     assert rows_of(shard.snapshot()) == {
         (1, "now"): 1,
         (3, "soon"): 1,
@@ -427,12 +427,12 @@ def test_fully_passed_unsealed_batches_are_dropped_and_far_parts_reused(shard):
     shard.compare_and_append(updates([(1, "a", 2, 1)]), 0, 1)
     shard.compare_and_append(updates([(2, "b", 1, 1)]), 1, 2)
     shard.compare_and_append(updates([(3, "c", 50, 1)]), 2, 3)
-    far_parts = shard.state().unsealed[1].parts
+    far_parts = shard.inspect.state().unsealed[1].parts
     shard.seal(4)
     before = all_reads(shard)
     shard._maybe_compact(5)
     assert all_reads(shard) == before
-    state = shard.state()
+    state = shard.inspect.state()
     assert len(state.unsealed) == 1
     assert state.unsealed[0].parts == far_parts  # not rewritten
 
@@ -448,7 +448,7 @@ def test_merge_memory_is_bounded_by_chunks_not_batches(shard):
     for t in range(k):
         rows = [(rng.randrange(10**6), f"item-{rng.randrange(1000)}", t, 1) for _ in range(20000)]
         shard.append(updates(rows))
-    state = shard.state()
+    state = shard.inspect.state()
     total = sum(b.num_rows for b in state.trace)
     plan = trace.MergePlan("level", state.trace, since=0, upper_at_plan=state.upper)
     result = cm.run_merge(shard._blob, plan, state.schema, write_id=new_id(), config=shard.config)
@@ -471,7 +471,7 @@ def test_multi_chunk_merge_equals_sort_and_consolidate(shard, seed):
         rows = [(rng.randrange(40), rng.choice("ab"), t, rng.choice([1, -1, 2])) for _ in range(n)]
         shard.append(updates(rows))
     shard.advance_since(3)
-    state = shard.state()
+    state = shard.inspect.state()
     plan = trace.MergePlan("full", state.trace, since=3, upper_at_plan=state.upper)
     result = cm.run_merge(
         shard._blob, plan, state.schema, write_id=new_id(), config=shard.config, part_bytes=2048
@@ -486,7 +486,7 @@ def test_multi_chunk_merge_equals_sort_and_consolidate(shard, seed):
 def test_outputs_are_cut_where_the_row_changes(shard):
     shard.append(updates([(i, "x", 0, 1) for i in range(1500)]))
     shard.append(updates([(i, "x", 1, 1) for i in range(1500)]))
-    state = shard.state()
+    state = shard.inspect.state()
     plan = trace.next_plan(state)
     result = cm.run_merge(
         shard._blob, plan, state.schema, write_id=new_id(), config=shard.config, part_bytes=4096
@@ -536,7 +536,7 @@ def test_snapshot_counts_match_after_random_history(tmp_path):
         shard._maybe_compact(2)
         if step % 10 == 9:
             shard.compact()
-        shard.state().check()
+        shard.inspect.state().check()
         want = {k: v for k, v in truth.items() if v}
         assert rows_of(shard.snapshot()) == want
 
@@ -568,7 +568,7 @@ def test_distributed_compaction(spark, tmp_path):
     report = ps.compact(spark, location)
     assert report.committed >= 4 and report.conflicts == 0
     assert all_reads(ps.open_shard(location, maintenance=False)) == before
-    state = shard.state()
+    state = shard.inspect.state()
     state.check()
     assert state.unsealed == ()
     assert trace.next_plan(state) is None
@@ -598,7 +598,7 @@ def test_maybe_compact_after_a_commit_reads_nothing_unless_work_is_due(tmp_path)
         else:
             merged.append(report)
     assert len(merged) == 1 and merged[0].merges and merged[0].merges[0].committed
-    assert len(shard.state().trace) == 1
+    assert len(shard.inspect.state().trace) == 1
     # A writer that has seen no state yet reads the head to decide.
     other = ps.open_shard(str(tmp_path / "s"), maintenance=False)
     assert other._machine.known().version == 0
@@ -636,7 +636,7 @@ def test_writer_compaction_on_a_stale_state_lands_on_the_newest(tmp_path):
     other.append(updates([(1000, "late", other.upper, 1)]))
     report = mine._maybe_compact()
     assert report is not None and report.committed == 1
-    state = mine.state()
+    state = mine.inspect.state()
     assert state.upper == 9 and len(state.trace) == 2
     assert mine.snapshot().equals(other.snapshot())
     assert 1000 in mine.snapshot().column("id").to_pylist()
@@ -657,7 +657,7 @@ def test_a_writers_merges_share_a_young_write_id(tmp_path, clock, monkeypatch):
             shard.append(updates([(shard.upper * 100 + r, "x", shard.upper, 1) for r in range(3)]))
         report = shard._maybe_compact()
         assert report is not None and report.committed == 1
-        newest = max(shard.state().trace, key=lambda b: b.upper)
+        newest = max(shard.inspect.state().trace, key=lambda b: b.upper)
         return [part_write_id(p.key) for p in newest.parts]
 
     first, second = merge_ids(), merge_ids()

@@ -92,12 +92,12 @@ def test_storage_options_carry_storage_options_only(tmp_path):
     shard = ps.open_shard(
         str(tmp_path / "s"), consensus=url, inline_bytes=0, chunk_bytes=4096, auto_mkdir=True
     )
-    assert shard.storage_options == {"auto_mkdir": True}
+    assert shard.address.storage_options == {"auto_mkdir": True}
     assert (shard.address.consensus, shard.config.chunk_bytes) == (url, 4096)
     shard.append(pa.table({"id": list(range(3000))}))
     again = pickle.loads(pickle.dumps(shard.address)).open()  # as a Spark task gets it
     assert again.config == shard.config and again.snapshot().num_rows == 3000
-    (ref,) = again.state().parts()
+    (ref,) = again.inspect.state().parts()
     assert ref.inline is None and len(open_part(again._blob, ref).chunks) > 1
 
 
@@ -154,7 +154,7 @@ def test_cli_set_reaches_the_configuration(tmp_path, capsys):
         writer.append(pa.table({"id": list(range(t * 2000, (t + 1) * 2000))}))
     assert cli(["compact", location, "--set", "chunk_bytes=4096"]) == 0
     shard = ps.open_shard(location)
-    (ref,) = shard.state().parts()
+    (ref,) = shard.inspect.state().parts()
     assert len(open_part(shard._blob, ref).chunks) > 3
     capsys.readouterr()
     assert cli(["inspect", location, "--set", "no_such_knob=1"]) == 2

@@ -122,7 +122,7 @@ def test_commits_under_injected_faults(tmp_path, seed):
     clean = Shard(location)
     assert clean.upper == 25
     assert rows_of(clean.snapshot()) == {(i,): 1 for i in range(25)}
-    clean.state().check()
+    clean.inspect.state().check()
 
 
 @pytest.mark.parametrize("seed", range(2))
@@ -141,9 +141,9 @@ def test_commits_under_injected_faults_and_stalls(tmp_path, seed):
         for _ in range(ROLLUP_EVERY + 1):
             others.append(-len(others) - 1)
             other.append(pa.table({"id": [others[-1]], "_time": [other.upper], "_diff": [1]}))
-        head = other.consensus.head()
+        head = other._consensus.head()
         assert head is not None
-        other.consensus.truncate(Entry.decode(head.data).rollup_version)
+        other._consensus.truncate(Entry.decode(head.data).rollup_version)
 
     blob = FaultyBlob(
         Blob(location), fail_before=0.1, fail_after=0.1, seed=seed, stall=0.02, on_stall=meanwhile
@@ -166,5 +166,5 @@ def test_commits_under_injected_faults_and_stalls(tmp_path, seed):
     blob.enabled = False
     clean = Shard(location)
     assert rows_of(clean.snapshot()) == {(i,): 1 for i in [*range(10), *others]}
-    clean.state().check()
+    clean.inspect.state().check()
     assert clean.verify().ok

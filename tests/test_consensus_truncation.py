@@ -72,7 +72,7 @@ def test_a_state_read_gets_each_log_entry_once(tmp_path):
         return real(key)
 
     blob.get = counting
-    assert reader.state().version == writer.state().version
+    assert reader.inspect.state().version == writer.inspect.state().version
     entries = [k for k in gets if k.startswith("consensus/v")]
     assert entries and len(entries) == len(set(entries)), entries
     assert rows_of(reader.snapshot()) == rows_of(writer.snapshot())
@@ -98,7 +98,7 @@ def test_handles_share_the_state_at_an_unchanged_head(tmp_path, monkeypatch):
     with monkeypatch.context() as m:
         _no_state_rebuilt(m)
         reader = ps.open_shard(location)
-        assert reader.state() is writer.state()
+        assert reader.inspect.state() is writer.inspect.state()
         assert rows_of(reader.snapshot()) == expected
         writer.append(updates([(99, "y", writer.upper, 1)]))
         assert rows_of(ps.open_shard(location).snapshot())[(99, "y")] == 1
@@ -106,8 +106,8 @@ def test_handles_share_the_state_at_an_unchanged_head(tmp_path, monkeypatch):
     with monkeypatch.context() as m:
         _no_state_rebuilt(m)
         with pytest.raises(pytest.fail.Exception, match="rebuilt"):
-            ps.open_shard(location).state()
-    assert ps.open_shard(location).state() == writer.state()
+            ps.open_shard(location).inspect.state()
+    assert ps.open_shard(location).inspect.state() == writer.inspect.state()
 
 
 def test_a_log_written_anew_at_the_same_location_is_read_anew(tmp_path):
@@ -120,7 +120,9 @@ def test_a_log_written_anew_at_the_same_location_is_read_anew(tmp_path):
         for t in range(3):
             shard.append(updates([(t, name, t, 1)]))
     assert {r for r, _ in rows_of(ps.open_shard(here).snapshot())} == {0, 1, 2}
-    assert ps.open_shard(here).state().version == ps.open_shard(there).state().version
+    assert (
+        ps.open_shard(here).inspect.state().version == ps.open_shard(there).inspect.state().version
+    )
     shutil.rmtree(here)
     shutil.copytree(there, here)
     assert rows_of(ps.open_shard(here).snapshot()) == rows_of(ps.open_shard(there).snapshot())
@@ -142,7 +144,7 @@ def test_shared_states_keep_the_newest_of_the_most_recent_logs():
 
     shared = SharedStates(capacity=2)
     a, b, c, none = Named("a"), Named("b"), Named("c"), Named(None)
-    s1 = ps.open_shard("memory://shared-states-1").state()
+    s1 = ps.open_shard("memory://shared-states-1").inspect.state()
     v5, v6 = VersionedData(5, b"five"), VersionedData(6, b"six")
     shared.put(a, v5, s1, (0, None))
     assert shared.get(a, v5) == (s1, (0, None))

@@ -45,11 +45,11 @@ def changes(table: pa.Table) -> Counter[tuple[int, int, int]]:
 
 def test_a_consumer_is_created_at_the_since_once_and_listed_apart_from_readers(shard):
     shard.advance_since(2)
-    before = shard.state().version
+    before = shard.inspect.state().version
     c = shard.consumer("nightly-etl")
-    assert c.position == 2 and shard.state().version == before + 1
+    assert c.position == 2 and shard.inspect.state().version == before + 1
     again = ps.open_shard(shard.location).consumer("nightly-etl")  # exists: no commit
-    assert again.position == 2 and shard.state().version == before + 1
+    assert again.position == 2 and shard.inspect.state().version == before + 1
     assert shard.consumers() == {"nightly-etl": 2}
     assert shard.readers() == {}
     shard.register_reader("dash")
@@ -105,12 +105,12 @@ def test_racing_advances_one_wins_the_other_gets_state_conflict(shard):
     first = shard.consumer("etl")
     second = ps.open_shard(shard.location).consumer("etl")
     assert first.advance(4, expected=first.position) == 4
-    version = shard.state().version
+    version = shard.inspect.state().version
     with pytest.raises(StateConflict, match=r"^StateConflict: consumer 'etl' is at 4") as e:
         second.advance(6, expected=second.position)
     assert (e.value.expected, e.value.actual) == (0, 4)
     assert e.value.location == shard.location
-    assert shard.state().version == version and shard.consumers() == {"etl": 4}
+    assert shard.inspect.state().version == version and shard.consumers() == {"etl": 4}
     assert second.position == 4  # the loser's handle now knows where it is
     assert second.advance(6, expected=second.position) == 6
 
@@ -146,7 +146,7 @@ def test_racing_advances_from_threads_exactly_one_lands(shard):
 def test_advance_moves_forward_only_never_past_the_upper(shard):
     c = shard.consumer("etl")
     c.advance(3, expected=0)
-    version = shard.state().version
+    version = shard.inspect.state().version
     with pytest.raises(InvalidOption, match="moves forward only"):
         c.advance(2, expected=3)
     with pytest.raises(InvalidOption, match="past the shard's upper 6"):
@@ -155,7 +155,7 @@ def test_advance_moves_forward_only_never_past_the_upper(shard):
         with pytest.raises(InvalidOption, match="not a shard time"):
             c.advance(bad, expected=3)  # type: ignore[arg-type]
     assert c.advance(3, expected=3) == 3  # no move: nothing committed
-    assert shard.state().version == version and shard.consumers() == {"etl": 3}
+    assert shard.inspect.state().version == version and shard.consumers() == {"etl": 3}
     with pytest.raises(StateConflict) as e:  # no move, but the compare still compares
         c.advance(3, expected=2)
     assert e.value.actual == 3
@@ -241,12 +241,12 @@ def test_consumers_survive_rollups_and_replay(shard):
     c.advance(10, expected=0)
     fresh = Shard(shard.location)
     machine.SHARED_STATES.clear()
-    state = fresh.state()
+    state = fresh.inspect.state()
     assert state.consumers["etl"].position == 10
     assert ShardState.from_json(state.to_json()) == state
     replayed = fold(ShardState(), [e.commit for _, e in fresh._machine.entries(1)])
     assert replayed.consumers == state.consumers
-    described = fresh.describe()["consumers"]["etl"]
+    described = fresh.inspect.describe()["consumers"]["etl"]
     assert described["position"] == 10 and described["age_ms"] >= 0
     assert described["moved_ms"] == state.consumers["etl"].moved_ms
 
@@ -257,7 +257,7 @@ def test_a_state_with_a_consumer_outside_since_and_upper_is_refused(shard):
     from persistshard.core.statemachine.state import ConsumerPosition
     from persistshard.errors import CorruptData
 
-    state = shard.state()
+    state = shard.inspect.state()
     for bad in (ConsumerPosition(state.upper + 1, 0), ConsumerPosition(-1, 0)):
         with pytest.raises(CorruptData, match="consumer etl"):
             replace(state, consumers={"etl": bad}).check()

@@ -52,7 +52,7 @@ def _stage(shard: ps.Shard, desired: pa.Table, time: int, pieces: int) -> list[l
 
 
 def _apply_overwrite(shard: ps.Shard, chains: list[list], budget: int, ranges: int = 1) -> int:
-    state = shard.state()
+    state = shard.inspect.state()
     time = state.upper
     runs = [DiffRun(tuple(c), 1) for c in chains] + current_runs(state)
     refs = [p for r in runs for p in r.parts]
@@ -123,7 +123,7 @@ def test_key_ranges_partition_the_key_space(tmp_path):
     ids = list(range(0, 3000))
     shard.append(_updates(ids, ["x"] * 3000, 0, [1] * 3000))
     shard.append(_updates([None], ["null"], 1, [1]))  # type: ignore[list-item]
-    state = shard.state()
+    state = shard.inspect.state()
     refs = [p for b in state.trace for p in b.parts]
     assert state.schema is not None
     monkey = diff_mod.plan_key_ranges(shard._blob, refs, state.schema, 4)
@@ -154,7 +154,7 @@ def test_schema_evolution_reads_old_parts_with_nulls(tmp_path):
         schema=pa.schema([*wide, pa.field(TIME, pa.int64()), pa.field(DIFF, pa.int64())]),
     )
     staged = write_parts(shard._blob, "staged", consolidate(desired), config=shard.config)
-    state = shard.state()
+    state = shard.inspect.state()
     runs = [DiffRun(tuple(staged), 1), *current_runs(state)]
     stats = diff_mod.DiffStats()
     parts = diff_parts(
@@ -187,7 +187,7 @@ from persistshard.core.statemachine.state import PartRef
 loc, budget = sys.argv[1], int(sys.argv[2])
 staged = [PartRef(**r) for r in json.loads(sys.argv[3])]
 shard = ps.open_shard(loc)
-state = shard.state()
+state = shard.inspect.state()
 pool = pa.default_memory_pool()
 before = pool.max_memory()
 stats = DiffStats()
@@ -300,7 +300,7 @@ def test_runs_of_disjoint_keys_chain_and_merge_in_one_pass(tmp_path, monkeypatch
             )
         )
         desired = pa.concat_tables([desired, desired.slice(0, 40)])
-    state = shard.state()
+    state = shard.inspect.state()
     runs = [DiffRun(tuple(c), 1) for c in chains] + current_runs(state)
     joined = diff_mod.chain_runs(shard._blob, runs, state.schema)
     # Fewest chains = the most runs sharing one key (closed key intervals).

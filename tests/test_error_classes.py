@@ -123,7 +123,7 @@ def read_updates_past_upper(shard: Shard, tmp_path: Any) -> None:
     from persistshard.datasource.reader import check_query
 
     opts = ReadOptions.parse({"path": shard.location, "updates_from": "9"})
-    check_query(shard, shard.state(), opts)
+    check_query(shard, shard.inspect.state(), opts)
 
 
 def time_column_unknown(shard: Shard, tmp_path: Any) -> None:
@@ -260,7 +260,7 @@ OPTIONS: dict[str, tuple[Callable[[Shard, Any], None], str, bool]] = {
 @pytest.mark.parametrize("name", sorted(OPTIONS))
 def test_bad_options_and_arguments_are_invalid_option(shard, tmp_path, name):
     trigger, fragment, names_shard = OPTIONS[name]
-    before = ps.open_shard(shard.location).state()
+    before = ps.open_shard(shard.location).inspect.state()
     with pytest.raises(errors.InvalidOption) as info:
         trigger(shard, tmp_path)
     err = info.value
@@ -270,4 +270,4 @@ def test_bad_options_and_arguments_are_invalid_option(shard, tmp_path, name):
     assert fragment in str(err), str(err)
     if names_shard:
         assert shard.location in str(err) or "(shard " in str(err), str(err)
-    assert ps.open_shard(shard.location).state() == before, f"{name} changed the shard"
+    assert ps.open_shard(shard.location).inspect.state() == before, f"{name} changed the shard"

@@ -59,7 +59,7 @@ def invalid_updates(shard: ps.Shard, tmp_path) -> None:
 
 
 def corrupt_data(shard: ps.Shard, tmp_path) -> None:
-    key = shard.state().trace[0].parts[0].key
+    key = shard.inspect.state().trace[0].parts[0].key
     data = bytearray(shard._blob.get(key) or b"")
     data[len(data) // 3] ^= 0xFF
     shard._blob.put(key, bytes(data))
@@ -74,7 +74,7 @@ def indeterminate(shard: ps.Shard, tmp_path) -> None:
     """Every storage call after the first attempt fails: whether the commit landed is unknown."""
     blob = FaultyBlob(Blob(shard.location), fail_before=0.0, fail_after=0.0, seed=1)
     faulty = ps.Shard(shard.location, blob=blob)
-    faulty.state()
+    faulty.inspect.state()
     real_put_if_absent = blob.put_if_absent
 
     def fail_after_create(key: str, data: bytes) -> bool:
@@ -127,7 +127,7 @@ def lease_expired(shard: ps.Shard, tmp_path) -> None:
 
 def commit_deadline(shard: ps.Shard, tmp_path) -> None:
     """Every compare-and-set loses (another writer always got there first)."""
-    shard.consensus.compare_and_set = lambda expected, data: False  # type: ignore[method-assign]
+    shard._consensus.compare_and_set = lambda expected, data: False  # type: ignore[method-assign]
     shard._machine.commit(AdvanceSince(1, id=new_id()), deadline_seconds=0.01)
 
 
@@ -226,7 +226,7 @@ def test_raised_where_documented(name, tmp_path, request):
     kwargs = {}
     if name == "NegativeDiff":
         kwargs["spark"] = request.getfixturevalue("spark")
-    before = shard.state()
+    before = shard.inspect.state()
     with pytest.raises(Exception) as info:
         TRIGGERS[name](shard, tmp_path, **kwargs)
     err = info.value
@@ -235,7 +235,7 @@ def test_raised_where_documented(name, tmp_path, request):
         return
     assert type(err).__name__ == name, repr(err)
     assert str(err).startswith(f"{name}: "), str(err)
-    after = ps.open_shard(shard.location).state()
+    after = ps.open_shard(shard.location).inspect.state()
     if name == "Indeterminate":
         assert after.version == before.version + 1  # it did land: only the answer was lost
     elif name not in CHANGES_FIRST and name != "CorruptData":

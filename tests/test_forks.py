@@ -60,7 +60,7 @@ def opener(request, tmp_path) -> Callable[[str], Shard]:
 
 
 def source_with_history(shard: Shard, n: int = 6) -> Shard:
-    shard.maintenance.enabled = False
+    shard.maintenance.auto.enabled = False
     for i in range(n):
         shard.append(rows([i, 100 + i]))
     shard.append(pa.table({"id": pa.array([1], pa.int64()), "v": ["v1"], "_diff": [-1]}))
@@ -73,11 +73,11 @@ def test_a_fork_reads_the_source_snapshot_and_writes_its_metadata_only(tmp_path,
     src.register_reader("reader-1")
     before = files_under(str(tmp_path / "src"))
     dev = src.fork(str(tmp_path / "dev"))
-    assert not dev.consumers() and not dev.readers() and not dev.state().consumers
+    assert not dev.consumers() and not dev.readers() and not dev.inspect.state().consumers
     assert (dev.since, dev.upper) == (src.upper - 1, src.upper)
     assert contents(dev) == contents(src)
     assert dev.verify().ok
-    state = dev.state()
+    state = dev.inspect.state()
     assert (
         not state.holds
         and not state.writers
@@ -95,7 +95,7 @@ def test_a_fork_reads_the_source_snapshot_and_writes_its_metadata_only(tmp_path,
     assert {
         f for f in files_under(str(tmp_path / "src")) - before if f.startswith("parts")
     } == set()
-    pin = src.state().forks[identity(dev)]
+    pin = src.inspect.state().forks[identity(dev)]
     assert set(pin.keys) == {p.key for p in state.parts()} and pin.location == dev.location
     assert [h["kind"] for h in dev.history()] == ["fork"]
     assert src.history()[-1]["kind"] == "add_fork"
@@ -107,7 +107,7 @@ def test_a_fork_at_an_earlier_time_sees_exactly_that_snapshot(tmp_path, opener):
     show in the fork, whatever it appends."""
     src = source_with_history(opener("src"), 8)
     src.compact()
-    assert len(src.state().trace) == 1
+    assert len(src.inspect.state().trace) == 1
     dev = src.fork(str(tmp_path / "dev"), as_of=3)
     assert (dev.since, dev.upper) == (3, 4)
     assert contents(dev) == contents(src, 3)
@@ -134,7 +134,7 @@ def test_as_of_and_destination_are_checked(tmp_path, opener):
         src.fork(str(tmp_path / "other"))
     with pytest.raises(ps.NoShard):
         opener("nothing").fork(str(tmp_path / "c"))
-    assert not src.state().forks
+    assert not src.inspect.state().forks
 
 
 def test_writes_on_either_side_never_change_the_other(tmp_path, opener):
@@ -157,7 +157,7 @@ def test_a_fork_survives_gc_at_retention_0_on_both_sides(tmp_path, opener):
     src = source_with_history(opener("src"))
     dev = src.fork(str(tmp_path / "dev"))
     expected = contents(dev)
-    pinned = set(src.state().forks[identity(dev)].keys)
+    pinned = set(src.inspect.state().forks[identity(dev)].keys)
     src.compact()
     report = src.gc(dry_run=False, retention_seconds=0)
     assert not pinned & set(report.parts)
@@ -169,10 +169,10 @@ def test_a_fork_survives_gc_at_retention_0_on_both_sides(tmp_path, opener):
     dev.compact()
     fork_report = dev.gc(dry_run=False, retention_seconds=0)
     assert fork_report.released_pins == [identity(src)]
-    assert not src.state().forks
+    assert not src.inspect.state().forks
     assert src.verify().ok and contents(src, dev.since) == expected
     assert pinned <= {f for f in files_under(str(tmp_path / "src")) if f.startswith("parts")}
-    assert all(p.source is None for p in dev.state().parts())
+    assert all(p.source is None for p in dev.inspect.state().parts())
 
     later = src.gc(dry_run=False, retention_seconds=0)
     assert pinned <= set(later.parts)
@@ -189,7 +189,7 @@ def test_the_fork_keeps_its_pin_while_a_retained_version_names_the_source(tmp_pa
     dev.compact()
     report = dev.gc(dry_run=False, retention_seconds=3600)
     assert report.unneeded_sources == [] and report.released_pins == []
-    assert identity(dev) in src.state().forks
+    assert identity(dev) in src.inspect.state().forks
 
 
 def test_a_fork_of_a_fork(tmp_path, opener):
@@ -198,19 +198,21 @@ def test_a_fork_of_a_fork(tmp_path, opener):
     dev.append(rows([500]))
     dev2 = dev.fork(str(tmp_path / "dev2"))
     assert contents(dev2) == contents(dev)
-    owners = {p.source.shard_id for p in dev2.state().parts() if p.source is not None}
+    owners = {p.source.shard_id for p in dev2.inspect.state().parts() if p.source is not None}
     assert owners == {identity(src), identity(dev)}
-    assert identity(dev2) in src.state().forks and identity(dev2) in dev.state().forks
+    assert (
+        identity(dev2) in src.inspect.state().forks and identity(dev2) in dev.inspect.state().forks
+    )
     expected = contents(dev2)
     for shard in (src, dev):  # both compact and gc at retention 0
         shard.compact()
         shard.gc(dry_run=False, retention_seconds=0)
         shard.gc(dry_run=False, retention_seconds=0)
-    assert identity(dev) not in src.state().forks  # dev released its own pin
-    assert identity(dev2) in src.state().forks
+    assert identity(dev) not in src.inspect.state().forks  # dev released its own pin
+    assert identity(dev2) in src.inspect.state().forks
     assert contents(dev2) == expected and dev2.verify().ok
     dev2.drop()
-    assert not src.state().forks and not dev.state().forks
+    assert not src.inspect.state().forks and not dev.inspect.state().forks
     assert src.verify().ok and dev.verify().ok
 
 
@@ -225,7 +227,7 @@ def test_drop_deletes_parts_and_log_and_releases_its_pins(tmp_path, opener):
     done = dev.drop()
     assert not done.dry_run and done.deleted > 0
     assert files_under(str(tmp_path / "dev")) == set()
-    assert not src.state().forks
+    assert not src.inspect.state().forks
     with pytest.raises(ps.NoShard):
         ps.open_shard(str(tmp_path / "dev"), inline_bytes=0).snapshot()
     with pytest.raises(ps.NoShard):
@@ -263,7 +265,7 @@ def test_gc_releases_a_dangling_pin_once_its_creation_is_over(tmp_path, clock):
     src = source_with_history(
         ps.open_shard(str(tmp_path / "src"), inline_bytes=0, clock=clock.now), 3
     )
-    keys = tuple(sorted(src.state().stored_part_keys()))
+    keys = tuple(sorted(src.inspect.state().stored_part_keys()))
     location = ps.open_shard(str(tmp_path / "ghost"), inline_bytes=0).location
     src._machine.commit(AddFork("ghost-id", location, keys, id=new_id()))
     src.compact()
@@ -299,7 +301,7 @@ def test_a_fork_that_lost_the_race_with_a_compaction_forks_again(tmp_path, monke
     dev = src.fork(str(tmp_path / "dev"))
     assert len(calls) == 2 and calls[1] > calls[0]
     assert contents(dev) == contents(src) and dev.verify().ok
-    assert len(src.state().forks) == 1
+    assert len(src.inspect.state().forks) == 1
 
 
 def test_cli_fork_and_drop(tmp_path, capsys):
@@ -349,7 +351,7 @@ def _recover_and_check(
     assert contents(src) == expected, label
     assert src.verify().ok, label
     fork = ps.open_shard(dst, consensus=consensus, inline_bytes=0)
-    exists = fork.state().version > 0 and not fork.state().dropped
+    exists = fork.inspect.state().version > 0 and not fork.inspect.state().dropped
     if exists:
         assert contents(fork) == expected, label
     src.compact()
@@ -372,7 +374,7 @@ def _recover_and_check(
         src.gc(dry_run=False, retention_seconds=0)
     finally:
         layout.now_ms = saved  # type: ignore[assignment]
-    assert not src.state().forks, label
+    assert not src.inspect.state().forks, label
     assert src.verify().ok, label
 
 
@@ -424,8 +426,8 @@ def test_a_drop_cut_before_every_store_call_finishes_when_run_again(log_url):
         url, dst, _ = _run_cut(_fork_then_drop, cut_at, log_url)
         fork = ps.open_shard(dst, consensus=log_url, inline_bytes=0)
         expected = contents(ps.open_shard(url, consensus=log_url, inline_bytes=0))
-        if open_blob(dst).get(DROPPING_KEY) is None and fork.state().version > 0:
-            state = fork.state()
+        if open_blob(dst).get(DROPPING_KEY) is None and fork.inspect.state().version > 0:
+            state = fork.inspect.state()
             if not state.dropped:
                 assert contents(fork) == expected
         _recover_and_check(url, dst, expected, f"drop cut before call {cut_at}", log_url)
@@ -476,7 +478,7 @@ def test_fork_gc_and_drop_on_s3(s3_direct):
     assert src.verify().ok
     dev.drop()
     assert open_blob(f"{base}/dev", **s3_direct).list("") == []
-    assert not src.state().forks
+    assert not src.inspect.state().forks
 
 
 def test_spark_reads_a_fork(tmp_path, spark):
@@ -494,19 +496,19 @@ def test_a_fork_of_a_shard_with_inline_parts(tmp_path, opener_inline):
     to the source's part files; gc at retention 0 on both sides and a drop of the fork keep
     the source exact."""
     src = opener_inline("src")
-    src.maintenance.enabled = False
+    src.maintenance.auto.enabled = False
     big = pa.table({"id": pa.array(range(5000), pa.int64()), "v": [f"r{i}" for i in range(5000)]})
     src.append(big)  # a part file
     for i in range(3):
         src.append(rows([10_000 + i]))  # inline parts
-    parts = src.state().parts()
+    parts = src.inspect.state().parts()
     assert any(p.inline is not None for p in parts) and any(p.inline is None for p in parts)
     dev = src.fork(str(tmp_path / "dev"))
     expected = contents(src)
     assert contents(dev) == expected and dev.verify().ok
-    inline = [p for p in dev.state().parts() if p.inline is not None]
+    inline = [p for p in dev.inspect.state().parts() if p.inline is not None]
     assert inline and all(p.source is None for p in inline)
-    files = [p for p in dev.state().parts() if p.inline is None]
+    files = [p for p in dev.inspect.state().parts() if p.inline is None]
     assert files and all(p.source is not None for p in files)
     src.append(rows([20_000]))
     src.compact()

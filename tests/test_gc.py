@@ -27,7 +27,7 @@ def keys(shard: ps.Shard, prefix: str = "") -> dict[str, int]:
 
 
 def all_reads(shard: ps.Shard) -> dict:
-    state = shard.state()
+    state = shard.inspect.state()
     return {t: rows_of(shard.snapshot(t)) for t in range(state.since, state.upper)}
 
 
@@ -86,10 +86,10 @@ def test_gc_after_the_retention_window(tmp_path, clock):
     tick(shard, clock, 2 * HOUR_MS)
     reads = all_reads(shard)
     history = len(shard.history())
-    orphan = [k for k in keys(shard, "parts/") if k not in shard.state().part_keys()]
+    orphan = [k for k in keys(shard, "parts/") if k not in shard.inspect.state().part_keys()]
     report = shard.gc(dry_run=False)
     assert report.deleted == len(report.parts) + report.consensus_versions + len(report.rollups)
-    assert set(keys(shard, "parts/")) == shard.state().part_keys()
+    assert set(keys(shard, "parts/")) == shard.inspect.state().part_keys()
     assert set(orphan) == set(report.parts)
     assert len(report.orphaned_parts) == 1  # the write that never committed
     assert report.fence_version == report.head_version + 1  # the lease fence before deleting
@@ -108,12 +108,12 @@ def test_retention_floor_keeps_versions_a_reader_may_hold(tmp_path, clock):
     the version is live and its parts stay; once its successor is older than the window,
     they go."""
     shard = build(str(tmp_path / "s"), clock, appends=6, step_ms=1000)
-    pinned = shard.state()
+    pinned = shard.inspect.state()
     pinned_rows = read_state(shard, pinned).sort_by("id")
     clock.advance(10 * 60 * 1000)
     shard.advance_since(shard.upper - 1)
     shard.compact()
-    assert not pinned.part_keys() <= shard.state().part_keys()
+    assert not pinned.part_keys() <= shard.inspect.state().part_keys()
 
     clock.advance(30 * 60 * 1000)  # the successor of `pinned` is 30 minutes old
     report = shard.gc(dry_run=False, now_ms=clock.ms)
@@ -125,7 +125,7 @@ def test_retention_floor_keeps_versions_a_reader_may_hold(tmp_path, clock):
     report = shard.gc(dry_run=False, now_ms=clock.ms)
     # Only the version the tick replaced is live besides the head (the tick is a commit).
     assert report.earliest_live_version == report.head_version - 1
-    assert not (pinned.part_keys() - shard.state().part_keys()) & set(keys(shard, "parts/"))
+    assert not (pinned.part_keys() - shard.inspect.state().part_keys()) & set(keys(shard, "parts/"))
     assert shard.verify().ok
 
 
@@ -163,7 +163,7 @@ def test_memory_consensus(tmp_path, clock):
     assert report.consensus_versions > 0 and report.parts
     assert all_reads(shard) == reads
     assert (
-        all_reads(ps.open_shard(shard.location, consensus=shard.consensus, clock=clock.now))
+        all_reads(ps.open_shard(shard.location, consensus=shard._consensus, clock=clock.now))
         == reads
     )
 
@@ -194,7 +194,7 @@ def test_gc_resumes_after_a_crash_between_any_two_deletions(tmp_path, clock):
     template = tmp_path / "template"
     shard = build(str(template), clock, appends=2 * ROLLUP_EVERY)
     tick(shard, clock, 2 * HOUR_MS)
-    pinned = shard.state()
+    pinned = shard.inspect.state()
     reads = all_reads(shard)
     now = clock.ms
     # The outcome without a crash.
@@ -213,7 +213,7 @@ def test_gc_resumes_after_a_crash_between_any_two_deletions(tmp_path, clock):
             crashing.gc(dry_run=False, now_ms=now)
         # Whatever was deleted, the head and every read are intact...
         survivor = ps.open_shard(str(where), clock=clock.now)
-        assert survivor.state().part_keys() == pinned.part_keys()
+        assert survivor.inspect.state().part_keys() == pinned.part_keys()
         assert pinned.part_keys() <= set(keys(survivor, "parts/"))
         assert rows_of(survivor.snapshot()) == reads[survivor.upper - 1]
         # ...and running gc again finishes the job.
@@ -242,7 +242,7 @@ def test_random_history_never_loses_a_live_version(tmp_path, clock, seed):
     history: list[tuple[ShardState, int | None]] = []  # (version, when it stopped being head)
 
     def record() -> None:
-        state = shard.state()
+        state = shard.inspect.state()
         if history and history[-1][0].version == state.version:
             return
         if history:

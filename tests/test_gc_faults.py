@@ -50,7 +50,7 @@ def test_gc_never_deletes_the_rollup_of_a_commit_in_flight(tmp_path, clock):
     assert ran, "gc did not run while the writer was stalled"
     assert not ran[0].rollups
     fresh = ps.open_shard(location, clock=clock.now)
-    assert fresh.state().version == ROLLUP_EVERY
+    assert fresh.inspect.state().version == ROLLUP_EVERY
     assert len(rows_of(fresh.snapshot())) == ROLLUP_EVERY
     assert fresh.verify().ok
     fresh.gc(dry_run=False, retention_seconds=0)  # and gc itself still reads the shard
@@ -96,7 +96,7 @@ def test_a_part_missing_from_the_newest_version_is_still_corrupt(tmp_path, clock
     shard = ps.open_shard(str(location), maintenance=False, inline_bytes=0, clock=clock.now)
     for t in range(3):
         shard.append(table(t))
-    key = shard.state().trace[0].parts[0].key
+    key = shard.inspect.state().trace[0].parts[0].key
     (location / key).unlink()
     with pytest.raises(CorruptData):
         shard.snapshot()
@@ -182,7 +182,7 @@ def test_a_gc_whose_clock_is_ahead_blocks_no_write(tmp_path, clock, inline):
     writer.append(table(1))
     writer.append(table(2))
     assert len(rows_of(ps.open_shard(location, clock=clock.now).snapshot())) == 3
-    assert shard.state().lease_fence_ms <= real + 1000 + layout.CLOCK_LEAD_MS
+    assert shard.inspect.state().lease_fence_ms <= real + 1000 + layout.CLOCK_LEAD_MS
 
 
 @pytest.mark.parametrize("inline", [False, True])
@@ -258,7 +258,7 @@ def test_gc_reads_only_the_entries_since_its_last_run(tmp_path, clock):
     counting.reads = 0
     report = ps.Shard(location, blob=counting, maintenance=False, clock=clock.now).gc(dry_run=False)
     assert counting.reads <= 2 * ROLLUP_EVERY + 5, counting.reads
-    assert report.head_version == shard.state().version
+    assert report.head_version == shard.inspect.state().version
     assert len(rows_of(ps.open_shard(location, clock=clock.now).snapshot())) == 1
 
 
@@ -304,7 +304,7 @@ def test_a_compaction_whose_inputs_gc_collected_is_a_state_conflict(tmp_path, cl
 
     blob = GcBeforeFirstPartRead(open_blob(location), meanwhile)
     late = ps.Shard(location, blob=blob, maintenance=False, clock=clock.now)
-    late.state()
+    late.inspect.state()
     with pytest.raises(StateConflict, match="VersionCollected"):
         late.compact()
     fresh = ps.open_shard(location, clock=clock.now)
@@ -337,7 +337,7 @@ def test_an_upsert_whose_current_rows_gc_collected_retries_on_the_newest_state(t
         inline_bytes=0,
         clock=clock.now,
     )
-    late.state()
+    late.inspect.state()
     late.upsert(pa.table({"k": [1, 9], "v": ["b1", "b9"]}), key_columns=["k"])
     got = {
         (r["k"], r["v"]) for r in ps.open_shard(location, clock=clock.now).snapshot().to_pylist()

@@ -22,7 +22,7 @@ def test_leftover_temporary_files_are_collected_after_the_floor(tmp_path, capsys
     shard = ps.open_shard(str(location), clock=clock.now)
     for t in range(3):
         shard.append(pa.table({"id": [t], "_time": [t], "_diff": [1]}))
-    part_dir = location / shard.state().trace[0].parts[0].key.rsplit("/", 1)[0]
+    part_dir = location / shard.inspect.state().trace[0].parts[0].key.rsplit("/", 1)[0]
     old_in_parts = part_dir / temporary_name()
     old_in_log = location / "consensus" / temporary_name()
     young = location / "rollups" / temporary_name()

@@ -84,9 +84,9 @@ def test_leases_run_out_by_the_committing_clock(shard, clock):
     assert shard.advance_since(3) == 0  # still live
     clock.advance(5)
     assert "r" not in shard.readers()  # ran out, not yet removed from the state
-    assert "r" in shard.state().holds
+    assert "r" in shard.inspect.state().holds
     assert shard.advance_since(3) == 3  # no longer counts, and the commit drops it
-    assert "r" not in shard.state().holds
+    assert "r" not in shard.inspect.state().holds
     with pytest.raises(HoldExpired, match=r"^HoldExpired: reader 'r' holds no since"):
         hold.heartbeat()
     with pytest.raises(HoldExpired):
@@ -98,7 +98,7 @@ def test_an_expired_hold_is_dropped_by_any_commit(shard, clock):
     shard.register_reader("r", lease_seconds=1)
     clock.advance(2)
     shard.append(updates([(9, "x", 4, 1)]))
-    assert shard.state().holds == {}
+    assert shard.inspect.state().holds == {}
 
 
 def test_a_reader_handle_survives_a_restart(shard):
@@ -253,7 +253,7 @@ def test_random_holds_never_lose_a_readers_history(tmp_path, clock, seed):
             shard.compact()
         elif op == "gc":
             shard.gc(dry_run=False, retention_seconds=0)
-        state = shard.state()
+        state = shard.inspect.state()
         live = shard.readers()
         for name, (since, _) in live.items():
             assert state.since <= since, (name, since, state.since)
@@ -270,8 +270,8 @@ def test_holds_are_a_map_not_a_log(shard):
     hold = shard.register_reader("r")
     for _ in range(50):
         hold.heartbeat()
-    assert len(shard.state().holds) == 1
-    assert len(shard.state().to_json()["holds"]) == 1
+    assert len(shard.inspect.state().holds) == 1
+    assert len(shard.inspect.state().to_json()["holds"]) == 1
 
 
 def test_history_names_hold_commits_and_says_advance_since_may_stop_short(shard):

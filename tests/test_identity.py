@@ -139,7 +139,7 @@ def test_another_sqlite_database_is_refused_and_writes_nothing(tmp_path, sqlite_
     other_path = f"{tmp_path}/other.db"
     other = ps.open_shard(home, consensus=f"sqlite:///{other_path}")
     with pytest.raises(InvalidOption, match="another database"):
-        other.state()
+        other.inspect.state()
     with pytest.raises(InvalidOption):
         other.append(_row(2))
     with pytest.raises(InvalidOption):
@@ -177,7 +177,7 @@ def test_a_database_for_a_blob_logged_shard_writes_nothing(tmp_path, sqlite_url)
     ps.open_shard(home).append(_row(1))
     before = _everything(ps.open_shard(home))
     wrong = ps.open_shard(home, consensus=sqlite_url)
-    for call in (wrong.state, lambda: wrong.append(_row(2))):
+    for call in (wrong.inspect.state, lambda: wrong.append(_row(2))):
         with pytest.raises(InvalidOption, match="next to its data"):
             call()
     assert _db_rows(f"{tmp_path}/log.db") == []
@@ -202,8 +202,8 @@ def test_the_first_write_records_one_id_and_a_crash_before_the_entry_is_complete
     between leaves the id, and the next writer uses it: never two ids."""
     home = str(tmp_path / "d")
     crashed = ps.open_shard(home, consensus=sqlite_url)
-    crashed.state()
-    mark_log_home(crashed._blob, crashed.consensus, crashed.location)  # then "crashed"
+    crashed.inspect.state()
+    mark_log_home(crashed._blob, crashed._consensus, crashed.location)  # then "crashed"
     marker = json.loads(crashed._blob.get(LOG_HOME_KEY) or b"")
     assert marker["log"] == "database" and marker["shard_id"] and marker["database_id"]
     assert _db_rows(f"{tmp_path}/log.db") == []
@@ -318,7 +318,7 @@ def test_costs_one_get_per_open_of_a_database_shard_and_nothing_per_blob_commit(
     ps.open_shard(home, consensus=sqlite_url).append(_row(0))
     blob = _Recording(open_blob(canonical_location(home)))
     shard = Shard(home, consensus=sqlite_url, blob=blob)
-    shard.state()
+    shard.inspect.state()
     shard.append(_row(1))
     shard.append(_row(2))
     assert _ids(shard) == [0, 1, 2]
@@ -345,7 +345,7 @@ def test_first_writers_with_different_consensuses_race_on_one_marker(tmp_path, s
     ps.open_shard(home).append(_row(1))  # the blob consensus's first write lands
     marker = ps.open_shard(home)._blob.get(LOG_HOME_KEY)
     with pytest.raises(InvalidOption, match="next to its data"):
-        mark_log_home(late_db._blob, late_db.consensus, late_db.location)
+        mark_log_home(late_db._blob, late_db._consensus, late_db.location)
     assert ps.open_shard(home)._blob.get(LOG_HOME_KEY) == marker
     assert _db_rows(f"{tmp_path}/log.db") == []
 
@@ -354,7 +354,7 @@ def test_first_writers_with_different_consensuses_race_on_one_marker(tmp_path, s
     assert late_blob.upper == 0
     ps.open_shard(other, consensus=sqlite_url).append(_row(1))
     with pytest.raises(InvalidOption, match="keeps its log in a database"):
-        mark_log_home(late_blob._blob, late_blob.consensus, late_blob.location)
+        mark_log_home(late_blob._blob, late_blob._consensus, late_blob.location)
     assert not [m.key for m in late_blob._blob.list("consensus/") if m.key.endswith(".json")]
     assert _ids(ps.open_shard(other, consensus=sqlite_url)) == [1]
 
@@ -371,7 +371,7 @@ def test_a_database_consensus_travels_with_its_key(tmp_path, sqlite_url):
     assert consensus.head() is not None
     copy = pickle.loads(pickle.dumps(consensus))
     head = copy.head()
-    assert head is not None and head.version == shard.state().version
+    assert head is not None and head.version == shard.inspect.state().version
 
 
 def test_spark_writes_through_aliases_reach_one_log(spark, tmp_path, sqlite_url):

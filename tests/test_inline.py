@@ -45,7 +45,7 @@ def test_a_one_row_append_writes_no_part_file_and_reads_back(shard):
     for i in range(3):
         shard.append(one_row(i))
     assert part_files(shard) == []
-    state = shard.state()
+    state = shard.inspect.state()
     assert all(p.inline is not None for p in state.parts()) and len(state.parts()) == 3
     assert 0 < state.inline_bytes() <= ShardConfig().inline_cap
     want = {(i, f"x{i}"): 1 for i in range(3)}
@@ -73,7 +73,7 @@ def test_a_one_row_append_writes_no_part_file_and_reads_back(shard):
 def test_timed_and_unsealed_updates_inline_too(shard):
     shard.compare_and_append(updates([(1, "a", 0, 1), (2, "b", 5, 1)]), 0, 2)
     assert part_files(shard) == []
-    assert len(shard.state().unsealed) == 1
+    assert len(shard.inspect.state().unsealed) == 1
     assert rows_of(shard.snapshot()) == {(1, "a"): 1}
     shard.seal(6)
     assert rows_of(shard.snapshot()) == {(1, "a"): 1, (2, "b"): 1}
@@ -95,12 +95,12 @@ def test_over_the_threshold_or_the_cap_the_append_writes_part_files(tmp_path):
     big = ps.open_shard(str(tmp_path / "big"))
     rows = 2000
     big.append(pa.table({"id": pa.array(range(rows), pa.int64()), "item": ["y" * 8] * rows}))
-    assert len(part_files(big)) == 1 and big.state().inline_bytes() == 0
+    assert len(part_files(big)) == 1 and big.inspect.state().inline_bytes() == 0
 
     capped = ps.open_shard(str(tmp_path / "capped"), inline_cap=2000)
     for i in range(6):
         capped.append(one_row(i))
-    state = capped.state()
+    state = capped.inspect.state()
     inline = [p for p in state.parts() if p.inline is not None]
     assert 1 <= len(inline) < 6 and state.inline_bytes() <= 2000
     assert len(part_files(capped)) == 6 - len(inline)
@@ -119,7 +119,7 @@ def test_compaction_moves_inline_data_into_parts_and_gc_keeps_it(shard):
     shard.append(pa.table({"id": pa.array([0], pa.int64()), "item": ["x0"], "_diff": [-1]}))
     assert part_files(shard) == []
     shard.compact()
-    state = shard.state()
+    state = shard.inspect.state()
     assert state.inline_bytes() == 0 and set(part_files(shard)) == state.part_keys()
     want = {(i, f"x{i}"): 1 for i in range(1, 5)}
     assert rows_of(shard.snapshot()) == want
@@ -138,10 +138,10 @@ def test_spark_appends_inline_and_reads_back(spark, tmp_path):
     frame = spark.createDataFrame([(0, "s0")], "id BIGINT, item STRING").coalesce(1)
     frame.write.format("persistshard").mode("append").option("inline_bytes", "4096").save(location)
     shard = ps.open_shard(location)
-    assert part_files(shard) == [] and len(shard.state().parts()) == 1
+    assert part_files(shard) == [] and len(shard.inspect.state().parts()) == 1
     writer = frame.write.format("persistshard").mode("append").option("inline_bytes", "0")
     writer.save(location)
-    assert len(part_files(shard)) == 1 and len(shard.state().parts()) == 2
+    assert len(part_files(shard)) == 1 and len(shard.inspect.state().parts()) == 2
     df = spark.read.format("persistshard").load(location)
     assert sorted(tuple(r) for r in df.collect()) == [(0, "s0"), (0, "s0")]
 
@@ -201,7 +201,7 @@ def test_repair_drops_a_torn_inline_entry(shard, capsys):
 
     for i in range(3):
         shard.append(one_row(i))
-    name = shard.consensus.entry_name(3)
+    name = shard._consensus.entry_name(3)
     path = shard.location[len("file://") :] + "/" + name
     with open(path, "r+b") as f:
         f.truncate(40)

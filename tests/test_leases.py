@@ -67,18 +67,18 @@ def test_write_outliving_retention_with_gc_in_between_is_refused(tmp_path, clock
     fresh = ps.open_shard(shard.location, clock=clock.now)
     assert rows_of(fresh.snapshot()) == {(1, "a"): 1}
     assert fresh.verify().ok
-    assert part_files(fresh) == fresh.state().part_keys()
+    assert part_files(fresh) == fresh.inspect.state().part_keys()
 
 
 def test_commit_after_the_lease_ran_out_is_refused_even_without_gc(tmp_path, clock):
     shard = ps.open_shard(str(tmp_path / "s"), inline_bytes=0, clock=clock.now)
     shard.append(updates([(1, "a", 0, 1)]))
-    before = shard.state()
+    before = shard.inspect.state()
     _, written = pending_write(shard)
     clock.advance(HOUR_MS + 1)
     with pytest.raises(LeaseExpired):
         commit(shard, written, before.upper)
-    assert ps.open_shard(shard.location, clock=clock.now).state() == before
+    assert ps.open_shard(shard.location, clock=clock.now).inspect.state() == before
     assert not (set(written.keys()) & part_files(shard))  # a refused commit deletes its parts
 
 
@@ -94,10 +94,10 @@ def test_gc_keeps_parts_of_a_live_write_and_a_renewed_write_commits(tmp_path, cl
         report = shard.gc(dry_run=False, now_ms=clock.ms)
         assert not set(written.keys()) & set(report.parts)
         assert report.leased_parts == len(written.keys())
-    assert shard.state().leases == {write_id: lease.expires_ms}
+    assert shard.inspect.state().leases == {write_id: lease.expires_ms}
     commit(shard, written, expected)
     assert rows_of(shard.snapshot()) == {(1, "a"): 1, (7, "slow"): 1}
-    assert shard.state().leases == {}  # the commit released the lease
+    assert shard.inspect.state().leases == {}  # the commit released the lease
     assert shard.verify().ok
 
 
@@ -150,7 +150,7 @@ def test_gc_fence_refuses_a_commit_that_stalled_before_its_compare_and_set(clock
         report = other.gc(dry_run=False, now_ms=clock.ms)
         assert report.fence_version and set(written.keys()) <= set(report.parts)
 
-    shard.consensus.before_cas.append(stall_then_gc)
+    shard._consensus.before_cas.append(stall_then_gc)
     with pytest.raises(LeaseExpired):
         commit(shard, written, expected)
     fresh = ps.open_shard(location, consensus=inner, clock=clock.now)
@@ -207,10 +207,10 @@ def test_a_dry_run_commits_no_fence(tmp_path, clock):
     shard.append(updates([(1, "a", 0, 1)]))
     _, written = pending_write(shard)
     tick(shard, clock, 2 * HOUR_MS)
-    version = shard.state().version
+    version = shard.inspect.state().version
     report = shard.gc(now_ms=clock.ms)
     assert set(report.orphaned_parts) == set(written.keys()) and report.fence_version == 0
-    assert shard.state().version == version
+    assert shard.inspect.state().version == version
 
 
 def test_a_write_that_started_after_the_fence_commits(tmp_path, clock):
@@ -227,7 +227,7 @@ def test_a_compaction_that_outlived_its_lease_is_refused_and_cleans_up(tmp_path,
     shard = ps.open_shard(str(tmp_path / "s"), inline_bytes=0, clock=clock.now)
     for t in range(4):
         shard.append(updates([(t, "x", t, 1)]))
-    before = shard.state()
+    before = shard.inspect.state()
     real_merge = ps.core.maintenance.compact.run_merge
 
     def slow_merge(*args, **kwargs):
@@ -241,7 +241,7 @@ def test_a_compaction_that_outlived_its_lease_is_refused_and_cleans_up(tmp_path,
     finally:
         ps.core.maintenance.compact.run_merge = real_merge
     assert report.merges and not any(m.committed for m in report.merges)
-    assert shard.state().trace == before.trace
+    assert shard.inspect.state().trace == before.trace
     assert part_files(shard) == before.part_keys()
 
 
@@ -252,10 +252,10 @@ def test_explicit_leases_are_bounded(tmp_path, clock):
     shard.append(updates([(1, "a", 0, 1)]))
     for _ in range(5):
         leases.renew(shard._machine, new_id(), 60)
-    assert len(shard.state().leases) == 5
+    assert len(shard.inspect.state().leases) == 5
     clock.advance(2 * HOUR_MS)
     shard.append(updates([(2, "b", shard.upper, 1)]))
-    assert shard.state().leases == {}
+    assert shard.inspect.state().leases == {}
 
 
 def test_lease_of_an_overwrite_covers_its_delta_writes(tmp_path, clock):
@@ -263,7 +263,7 @@ def test_lease_of_an_overwrite_covers_its_delta_writes(tmp_path, clock):
     shard.append(updates([(1, "a", 0, 1)]))
     base = new_id()
     leases.renew(shard._machine, base, 3 * 3600)
-    state = shard.state()
+    state = shard.inspect.state()
     clock.advance(2 * HOUR_MS)
     assert leases.live(state, f"{base}-d3", clock.ms)
     assert not leases.live(state, f"{base}x", clock.ms)  # a different write, same prefix
@@ -277,7 +277,7 @@ def test_write_lease_thread_renews_a_long_write(tmp_path):
     with leases.WriteLease(shard._machine, new_id(), lease_seconds=0.3) as lease:
         while lease.renewals < 2:
             time.sleep(0.05)
-    assert shard.state().leases[lease.write_id] == lease.expires_ms
+    assert shard.inspect.state().leases[lease.write_id] == lease.expires_ms
 
 
 def test_a_lease_that_runs_out_while_renewals_fail_is_lost_and_left_alone(tmp_path, clock):
@@ -322,9 +322,9 @@ def test_a_commit_planned_on_a_stale_state_sees_renewals_made_elsewhere(tmp_path
 def test_a_short_write_commits_nothing_extra(tmp_path):
     shard = ps.open_shard(str(tmp_path / "s"), inline_bytes=0)
     shard.append(updates([(1, "a", 0, 1)]))
-    version = shard.state().version
+    version = shard.inspect.state().version
     shard.append(updates([(2, "b", shard.upper, 1)]))
-    assert shard.state().version == version + 1
+    assert shard.inspect.state().version == version + 1
     assert [h["kind"] for h in shard.history()][-1] != "renew_lease"
     kinds = {e.commit.kind for _, e in shard._machine.entries(1)}
     assert "renew_lease" not in kinds and "sweep_leases" not in kinds

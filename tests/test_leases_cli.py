@@ -43,7 +43,7 @@ def test_inspect_shows_the_metadata_when_a_part_is_damaged(tmp_path, capsys):
     shard = ps.open_shard(location, inline_bytes=0)  # a part file to damage
     shard.append(updates([(1, "a", 0, 1), (2, "b", 0, 1)]))
     shard.append(updates([(3, "c", 1, 1)]))
-    key = shard.state().trace[0].parts[0].key
+    key = shard.inspect.state().trace[0].parts[0].key
     path = os.path.join(location, key)
     data = bytearray(open(path, "rb").read())
     del data[-20:]  # a truncated part: its footer is gone

@@ -29,17 +29,17 @@ def test_writer_records_expire_after_the_record_period(tmp_path, clock):
     stream_append(shard, "old", 0)
     clock.ms += st.WRITER_RECORD_MS // 2
     stream_append(shard, "recent", 0)
-    assert set(shard.state().writers) == {"old", "recent"}
+    assert set(shard.inspect.state().writers) == {"old", "recent"}
     clock.ms += st.WRITER_RECORD_MS // 2 + 1
     for _ in range(st.PRUNE_EVERY):  # a prune is due at least every PRUNE_EVERY versions
         shard.append(updates([(9, "plain", shard.upper, 1)]))
-    assert shard.state().writers == {"recent": 0}
-    assert set(shard.state().writers_seen_ms) == {"recent"}
+    assert shard.inspect.state().writers == {"recent": 0}
+    assert set(shard.inspect.state().writers_seen_ms) == {"recent"}
     # A live record still makes a replay a no-op.
-    version = shard.state().version
+    version = shard.inspect.state().version
     with pytest.raises(WriterAlreadyCommitted):
         apply(
-            shard.state(),
+            shard.inspect.state(),
             Append(
                 shard.upper,
                 shard.upper,
@@ -48,7 +48,7 @@ def test_writer_records_expire_after_the_record_period(tmp_path, clock):
                 id=new_id(),
             ),
         )
-    assert shard.state().version == version
+    assert shard.inspect.state().version == version
 
 
 def test_writer_records_are_capped_least_recent_first(tmp_path, clock, monkeypatch):
@@ -57,11 +57,14 @@ def test_writer_records_are_capped_least_recent_first(tmp_path, clock, monkeypat
     for i in range(8):
         clock.ms += 1
         stream_append(shard, f"w{i}", 0)
-    writers = set(shard.state().writers)
+    writers = set(shard.inspect.state().writers)
     assert {f"w{i}" for i in range(3, 8)} <= writers and len(writers) <= 5 + 5 // 4
     assert not {"w0", "w1"} & writers  # the least recent went first
     # Folding the log from scratch prunes the same records.
-    assert ps.open_shard(shard.location, clock=clock.now).state().writers == shard.state().writers
+    assert (
+        ps.open_shard(shard.location, clock=clock.now).inspect.state().writers
+        == shard.inspect.state().writers
+    )
 
 
 def test_records_written_before_commit_times_were_kept_expire_too(clock):
@@ -117,12 +120,12 @@ def test_lost_races_back_off_with_jitter_then_land(tmp_path, monkeypatch):
 def test_a_commit_that_keeps_losing_gives_up_at_its_deadline(tmp_path, monkeypatch):
     shard = ps.open_shard(str(tmp_path / "s"))
     shard.append(updates([(1, "a", 0, 1)]))
-    before = shard.state()
+    before = shard.inspect.state()
     shard._machine.consensus = LosingConsensus(shard._machine.consensus, 10**9)  # type: ignore[assignment]
     with pytest.raises(CommitDeadline) as info:
         shard._machine.commit(AdvanceSince(1, id=new_id()), deadline_seconds=0.05)
     assert str(info.value).startswith("CommitDeadline: ") and "nothing landed" in str(info.value)
-    assert ps.open_shard(shard.location).state() == before
+    assert ps.open_shard(shard.location).inspect.state() == before
 
 
 def test_a_write_that_gives_up_deletes_its_parts(tmp_path, monkeypatch):
@@ -157,7 +160,7 @@ def test_remap_since_follows_its_outputs_since(tmp_path):
     # Records bound after since keep their times; older ones reclock to since.
     got = fresh.reclock(pa.array(["p:0", "p:0", "p:0"]), pa.array([5, 45, 75])).to_pylist()
     assert got == [4, 4, 7]
-    assert len(fresh.shard.state().trace) < 8  # the bindings below since were compacted
+    assert len(fresh.shard.inspect.state().trace) < 8  # the bindings below since were compacted
     # An output at its upper cannot drag the since to it.
     c = ps.open_shard(str(tmp_path / "c"))
     c.compare_and_append(updates([(1, "x", 0, 1)]), 0, 8)

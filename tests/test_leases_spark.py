@@ -113,9 +113,9 @@ def test_distributed_compaction_longer_than_the_lease_commits(tmp_path, clock):
     assert report.merges and all(m.committed for m in report.merges), report
     assert report.conflicts == 0 and meanwhile.gc_runs >= 12
     fresh = ps.open_shard(location)
-    assert len(fresh.state().trace) < 4
+    assert len(fresh.inspect.state().trace) < 4
     assert rows_of(fresh.snapshot()) == before
-    assert not meanwhile.deleted & fresh.state().part_keys()
+    assert not meanwhile.deleted & fresh.inspect.state().part_keys()
     assert fresh.verify().ok
 
 
@@ -175,8 +175,8 @@ def test_complete_mode_diff_longer_than_the_lease_commits(tmp_path, clock, monke
     view.commit_complete(opts, SCHEMA, [task], 0)
     fresh = ps.open_shard(location)
     assert rows_of(fresh.snapshot()) == {(1, "a"): 1, (5, "e"): 1}
-    assert fresh.state().writers == {"w": 0}
-    assert not meanwhile.deleted & fresh.state().part_keys()
+    assert fresh.inspect.state().writers == {"w": 0}
+    assert not meanwhile.deleted & fresh.inspect.state().part_keys()
     assert fresh.verify().ok
 
 
@@ -188,7 +188,7 @@ def test_a_staged_task_whose_lease_ran_out_is_refused_not_corrupt(tmp_path, cloc
     shard = ps.open_shard(location)
     shard.append(updates([(1, "a", 0, 1)]))
     opts, task = _staged_view_task(location)
-    before = shard.state()
+    before = shard.inspect.state()
     Meanwhile(location, clock).hours(2)
     with pytest.raises(LeaseExpired, match=task.write_id):
         view.commit_complete(opts, SCHEMA, [task], 0)
@@ -219,7 +219,7 @@ def test_spark_overwrite_longer_than_the_lease_commits_while_gc_runs(spark, tmp_
             while not done.is_set():
                 report = gc_shard.gc(dry_run=False)
                 deleted.update(report.parts)
-                referenced = gc_shard.state().part_keys()
+                referenced = gc_shard.inspect.state().part_keys()
                 pending = [m for m in gc_shard._blob.list("parts/") if m.key not in referenced]
                 if first_seen is None and pending:
                     first_seen = time.monotonic()
@@ -256,5 +256,5 @@ def test_spark_overwrite_longer_than_the_lease_commits_while_gc_runs(spark, tmp_
     assert os.path.exists(gate)
     fresh = ps.open_shard(location)
     assert rows_of(fresh.snapshot()) == {(1, "a"): 1, (2, "b"): 1, (3, "c"): 1, (4, "d"): 1}
-    assert not deleted & fresh.state().part_keys()
+    assert not deleted & fresh.inspect.state().part_keys()
     assert fresh.verify().ok

@@ -191,8 +191,8 @@ def test_state_machine_never_refuses_or_doubles_a_landed_commit(tmp_path, plain)
     location = str(tmp_path / "shard")
     shard = Shard(location, consensus=LostAckConsensus(times=0), inline_bytes=0)
     shard.compare_and_append(pa.table({"id": [0], "_time": [0], "_diff": [1]}), 0, 1)
-    assert isinstance(shard.consensus, LostAckConsensus)
-    shard.consensus.times = 1
+    assert isinstance(shard._consensus, LostAckConsensus)
+    shard._consensus.times = 1
     if plain:
         shard.append(pa.table({"id": [1]}))
     else:

@@ -60,7 +60,7 @@ def test_versions_retention_moves_since_on_every_commit(tmp_path):
     assert shard.since == 0  # only the newest version is known to the retention yet
     for i in range(4, 9):
         uppers.append(shard.append(_rows([i])).upper)
-        state = shard.state()
+        state = shard.inspect.state()
         if i == 4:  # versions are counted from the one current when the retention was set
             assert state.since == 0
             continue
@@ -89,7 +89,7 @@ def test_window_retention_follows_the_clock(tmp_path, clock: Clock):
         assert shard.since == (older[-1] - 1 if older else 0)
     assert shard.since > 0
     shard.set_retention(seconds=None, versions=None)  # cleared: since stays, marks go
-    state = shard.state()
+    state = shard.inspect.state()
     assert state.retention is None and state.retention_marks == ()
     clock.ms += 3_600_000
     since = shard.since
@@ -118,7 +118,7 @@ def test_retention_never_passes_a_live_hold(tmp_path):
     for i in range(2, 6):
         shard.append(_rows([i]))
         assert shard.since == held
-    shard.expire_reader("r1")
+    shard.maintenance.expire_reader("r1")
     shard.append(_rows([6]))
     assert shard.since == shard.upper - 1
 
@@ -129,15 +129,15 @@ def test_retention_survives_reopen_and_rollups(tmp_path):
     shard.set_retention(seconds=7 * 86400, versions=5)
     for i in range(ROLLUP_EVERY + 3):
         shard.append(_rows([i]))
-    state = shard.state()
+    state = shard.inspect.state()
     assert state.since == 0  # the week's window still wants every version
     assert len(state.retention_marks) == ROLLUP_EVERY + 3
     again = ps.open_shard(location)  # a new handle: folds from the rollup plus the log
-    reopened = again.state()
+    reopened = again.inspect.state()
     assert reopened.retention == ret.Retention(ms=7 * 86400 * 1000, versions=5)
     assert reopened.retention_marks == state.retention_marks
     assert ShardState.from_json(json.loads(json.dumps(state.to_json()))) == state
-    assert again.retention() == reopened.retention
+    assert again.inspect.retention() == reopened.retention
     assert again.history()[0]["kind"] == "set_retention"
     assert "retention 7d and 5 versions" in again.history()[0]["summary"]
 
@@ -147,7 +147,7 @@ def test_bad_retention_values_are_refused(tmp_path):
     for kwargs in ({"seconds": 0}, {"seconds": -1}, {"versions": 0}, {"versions": 10**6}):
         with pytest.raises(ps.InvalidOption, match=r"^InvalidOption: retention"):
             shard.set_retention(**kwargs)
-    assert shard.state().version == 0
+    assert shard.inspect.state().version == 0
 
 
 def test_window_marks_stay_bounded_and_never_move_since_too_far():
@@ -179,7 +179,7 @@ def test_forty_appends_leave_a_logarithmic_trace(tmp_path):
     shard = ps.open_shard(str(tmp_path / "s"))
     for i in range(40):
         shard.append(_rows([i]))
-    state = shard.state()
+    state = shard.inspect.state()
     assert len(state.trace) <= 8  # 40 = 5 * 8: five level-1 batches, no manual call
     assert shard.snapshot().num_rows == 40
     assert shard.verify().ok
@@ -189,7 +189,7 @@ def test_maintenance_false_leaves_every_batch(tmp_path):
     shard = ps.open_shard(str(tmp_path / "s"), maintenance=False)
     for i in range(40):
         shard.append(_rows([i]))
-    assert len(shard.state().trace) == 40
+    assert len(shard.inspect.state().trace) == 40
     assert shard._maintain(0) is None
 
 
@@ -225,12 +225,12 @@ def test_retention_and_maintenance_bound_storage_by_distinct_rows(tmp_path, cloc
     shard.set_retention(versions=1)
     for r in range(24):
         shard.upsert(_rows([0, 1, 2, 3], f"r{r}-"), "id")
-    state = shard.state()
+    state = shard.inspect.state()
     stored_rows = sum(b.num_rows for b in state.trace)
     assert stored_rows < 24 * 4 // 2
     clock.ms += 2 * 3600_000  # past gc's retention floor
     shard.upsert(_rows([0], "last"), "id")
-    assert _parts_on_disk(shard) == len(shard.state().parts())
+    assert _parts_on_disk(shard) == len(shard.inspect.state().parts())
     assert shard.snapshot().num_rows == 4
     assert shard.verify().ok
 
@@ -254,7 +254,7 @@ def test_cli_retention_shows_and_sets(tmp_path, capsys):
     assert main(["retention", location, "--versions", "0"]) == 2
     assert "InvalidOption" in capsys.readouterr().err
     assert main(["retention", location, "--clear"]) == 0
-    assert ps.open_shard(location).retention() is None
+    assert ps.open_shard(location).inspect.retention() is None
 
 
 def test_retention_option_syntax():

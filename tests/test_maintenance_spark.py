@@ -15,7 +15,7 @@ pytestmark = pytest.mark.spark
 
 
 def _trace_rows(loc: str) -> int:
-    return sum(b.num_rows for b in ps.open_shard(loc).state().trace)
+    return sum(b.num_rows for b in ps.open_shard(loc).inspect.state().trace)
 
 
 def test_sql_table_with_retention_overwritten_five_times_holds_distinct_rows(spark, tmp_path):
@@ -29,14 +29,14 @@ def test_sql_table_with_retention_overwritten_five_times_holds_distinct_rows(spa
         "OPTIONS (columns 'id BIGINT, item STRING', retention '1 version')"
     )
     try:
-        assert ps.open_shard(loc).retention() == Retention(versions=1)
+        assert ps.open_shard(loc).inspect.retention() == Retention(versions=1)
         for r in range(5):
             spark.sql(f"INSERT OVERWRITE {name} VALUES (1, 'a{r}'), (2, 'b{r}'), (3, 'c{r}')")
         shard = ps.open_shard(loc)
         assert shard.since == shard.upper - 1
         assert _trace_rows(loc) == 3 + 4 * 6  # 3 inserts, then 3 retractions + 3 inserts each
         ps.open_shard(loc).compact()  # (`ps.compact(spark, loc)` does the same in tasks)
-        state = ps.open_shard(loc).state()
+        state = ps.open_shard(loc).inspect.state()
         assert _trace_rows(loc) == 3  # bounded by the distinct rows
         assert len(state.parts()) == 1
         assert sorted(r["item"] for r in spark.table(name).collect()) == ["a4", "b4", "c4"]
@@ -57,11 +57,11 @@ def test_write_options_retention_and_maintenance(spark, tmp_path):
         .mode("append")
         .save(loc)
     )
-    state = ps.open_shard(loc).state()
+    state = ps.open_shard(loc).inspect.state()
     assert state.retention == Retention(versions=2)
     assert len(state.trace) == 8  # a due merge, but maintenance was off
     df.write.format("persistshard").mode("append").save(loc)
-    state = ps.open_shard(loc).state()
+    state = ps.open_shard(loc).inspect.state()
     assert len(state.trace) <= 2  # the driver ran the due merge after its commit
     assert state.since == state.retention_marks[-2][1] - 1
     with pytest.raises(Exception, match="InvalidOption: option retention"):
@@ -79,6 +79,8 @@ def test_upsert_writes_honour_the_maintenance_option(spark, tmp_path):
     df = spark.createDataFrame([(100, "x")], "id BIGINT, v STRING")
     upsert = df.write.format("persistshard").option("key_columns", "id").mode("append")
     upsert.option("maintenance", "false").save(loc)
-    assert len(ps.open_shard(loc).state().trace) == 8  # a due merge, but maintenance was off
+    assert (
+        len(ps.open_shard(loc).inspect.state().trace) == 8
+    )  # a due merge, but maintenance was off
     upsert.option("maintenance", "true").save(loc)
-    assert len(ps.open_shard(loc).state().trace) <= 2  # the driver ran the due merge
+    assert len(ps.open_shard(loc).inspect.state().trace) <= 2  # the driver ran the due merge

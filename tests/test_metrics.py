@@ -216,20 +216,20 @@ def test_history_records_what_each_commit_did(tmp_path):
         shard.append(_rows([10 * t, 10 * t + 1, 10 * t + 2], t), new_upper=t + 1)
         made = blob.calls + consensus.calls - before
         m = shard.history()[-1]["metrics"]
-        part = shard.state().trace[-1].parts[0]
+        part = shard.inspect.state().trace[-1].parts[0]
         assert (m["rows_added"], m["rows_removed"]) == (3, 0)
         assert (m["parts_added"], m["parts_removed"]) == (1, 0)
         assert (m["bytes_added"], m["bytes_removed"]) == (part.size, 0)
         assert m["store_requests"] == made, (m, made)
         assert m["retries"] == 0 and m["duration_ms"] >= 0 and m["operation"] == "append"
-    inputs = shard.state().trace
+    inputs = shard.inspect.state().trace
     shard.compact()
     m = shard.history()[-1]["metrics"]
     assert shard.history()[-1]["kind"] == "compact"
     assert m["parts_removed"] == sum(len(b.parts) for b in inputs) == 3
     assert m["rows_removed"] == 9 and m["rows_added"] == 9
     assert m["bytes_removed"] == sum(b.size_bytes for b in inputs)
-    assert m["bytes_added"] == shard.state().trace[0].size_bytes
+    assert m["bytes_added"] == shard.inspect.state().trace[0].size_bytes
     assert m["store_requests"] > 0
 
 
@@ -273,7 +273,7 @@ def test_a_lost_race_is_a_retry_in_the_entry(tmp_path):
 def _strip_metrics(shard: ps.Shard) -> ps.Shard:
     """The same shard with every log entry rewritten as before metrics existed."""
     old = MemoryConsensus()
-    for logged in shard.consensus.scan(1):
+    for logged in shard._consensus.scan(1):
         entry = Entry.decode(logged.data)
         commit = replace(entry.commit, metrics=None)
         again = Entry(commit, entry.rollup_version, entry.rollup_key, entry.at_ms)

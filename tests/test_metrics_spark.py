@@ -19,7 +19,7 @@ def test_spark_write_commit_records_metrics_and_sql_shows_them(spark, tmp_path):
     shard = ps.open_shard(location)
     [entry] = [h for h in shard.history() if h["commit"] == "append"]
     m = entry["metrics"]
-    parts = [p for b in shard.state().trace for p in b.parts]
+    parts = [p for b in shard.inspect.state().trace for p in b.parts]
     assert m["operation"] == "spark write"
     assert m["rows_in"] == 50 and m["rows_added"] == 50 and m["rows_removed"] == 0
     assert m["parts_added"] == len(parts) >= 2  # one per task at least

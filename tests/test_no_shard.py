@@ -25,7 +25,7 @@ CALLS: dict[str, Callable[[ps.Shard], Any]] = {
     "listen": lambda s: s.listen(0, timeout=0),
     "history": lambda s: s.history(),
     "verify": lambda s: s.verify(),
-    "describe": lambda s: s.describe(),
+    "describe": lambda s: s.inspect.describe(),
     "readers": lambda s: s.readers(),
     "gc": lambda s: s.gc(),
     "gc applied": lambda s: s.gc(dry_run=False),
@@ -61,7 +61,7 @@ def test_an_empty_directory_is_no_shard_too(tmp_path):
 def test_frontiers_and_schema_read_as_the_empty_shard(tmp_path):
     shard = ps.open_shard(str(tmp_path / "new"))
     assert (shard.upper, shard.since, shard.schema) == (0, 0, None)
-    assert shard.state().version == 0
+    assert shard.inspect.state().version == 0
 
 
 def test_a_first_compare_and_append_starts_at_zero_and_creates_the_shard(tmp_path):
@@ -83,7 +83,7 @@ def test_a_seal_creates_a_shard_without_columns_that_reads_empty(tmp_path):
     assert shard.snapshot().num_rows == 0
     assert shard.updates(0, 3).num_rows == 0
     assert shard.verify().ok
-    assert shard.describe()["upper"] == 3
+    assert shard.inspect.describe()["upper"] == 3
 
 
 def test_a_handle_made_before_the_first_write_sees_the_shard_after_it(tmp_path):

@@ -34,7 +34,7 @@ def df_counts(df) -> Counter:
 def stray_parts(location: str) -> set[str]:
     """Parts on storage that the newest state does not reference."""
     shard = ps.open_shard(location)
-    referenced = shard.state().part_keys()
+    referenced = shard.inspect.state().part_keys()
     return {m.key for m in shard._blob.list(PARTS_PREFIX)} - set(referenced)
 
 
@@ -106,13 +106,13 @@ def test_failed_tasks_leave_the_shard_unchanged_or_are_retried_cleanly(spark, lo
     spark.createDataFrame([(1, "a")], "id BIGINT, v STRING").write.format("persistshard").mode(
         "append"
     ).option("compact", "false").save(location)
-    before = ps.open_shard(location).state().version
+    before = ps.open_shard(location).inspect.state().version
     bad = spark.createDataFrame(
         [(1, "a", 1), (2, "b", 0)], "id BIGINT, v STRING, _diff BIGINT"
     ).repartition(2)
     with pytest.raises(Exception, match="InvalidUpdates"):
         ps.overwrite(spark, bad, location, compact=False)
-    assert ps.open_shard(location).state().version == before
+    assert ps.open_shard(location).inspect.state().version == before
     assert not stray_parts(location)
 
     good = spark.createDataFrame([(1, "a"), (2, "b"), (3, "c")], "id BIGINT, v STRING")

@@ -58,13 +58,13 @@ def shard(tmp_path):
 def test_a_missing_part_is_refused_naming_it_and_nothing_changes(shard):
     parts = _written(shard, [2, 3], 1)
     os.remove(_path(shard, parts[0]))
-    before = shard.state()
+    before = shard.inspect.state()
     with pytest.raises(CorruptData, match=rf"part {parts[0].key} .*missing") as e:
         shard.commit_checked(
             WrittenUpdates(sealed=parts), expected_upper=1, new_upper=2, schema=SCHEMA
         )
     assert e.value.file == parts[0].key and "refused" in str(e.value)
-    assert shard.state().version == before.version and shard.upper == 1
+    assert shard.inspect.state().version == before.version and shard.upper == 1
 
 
 def test_a_part_of_another_size_is_refused(shard):
@@ -98,10 +98,10 @@ def test_parts_whose_times_lie_outside_their_batch_are_refused(shard, case):
         written.unsealed = _written(shard, [2], 4)
     else:  # the bytes hold time 3 but the record claims time 9: the record is checked
         written.sealed = [replace(_written(shard, [2], 3)[0], min_time=3, max_time=9)]
-    before = shard.state().version
+    before = shard.inspect.state().version
     with pytest.raises(InvalidUpdates, match=r"part parts/.* times .* outside"):
         shard.commit_checked(written, expected_upper=3, new_upper=5, schema=SCHEMA)
-    assert shard.state().version == before
+    assert shard.inspect.state().version == before
 
 
 def test_good_parts_commit_and_read(shard):
@@ -224,10 +224,10 @@ def test_a_spark_commit_of_damaged_task_parts_is_refused(tmp_path, damage):
         ps.open_shard(loc).append(pa.table({"id": pa.array([0], pa.int64())}))
         d = replace(d, lower=d.lower + 1)
         expected = InvalidUpdates
-    before = shard.state()
+    before = shard.inspect.state()
     with pytest.raises(expected, match=victim.key if damage != "stale lower" else "outside"):
         commit_write(d, messages, maintenance=False)
-    after = ps.open_shard(loc).state()
+    after = ps.open_shard(loc).inspect.state()
     assert after.version == before.version and after.upper == before.upper
     table = ps.open_shard(loc).snapshot()
     assert table["id"].to_pylist() == [0] and table["_diff"].to_pylist() == [before.upper]

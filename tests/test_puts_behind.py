@@ -98,6 +98,6 @@ def test_a_large_python_append_reads_back(tmp_path: Any, monkeypatch: pytest.Mon
     shard = ps.open_shard(str(tmp_path / "s"), config=SMALL_PARTS)
     table = _table(20_000).drop_columns(["_time", "_diff"])
     shard.append(table)
-    assert len(shard.state().parts()) > 2
+    assert len(shard.inspect.state().parts()) > 2
     got = shard.snapshot()
     assert got.drop_columns(["_diff"]).equals(table)

@@ -225,7 +225,7 @@ def test_chunks_outside_the_filter_are_never_fetched(tmp_path: Any) -> None:
     shard = ps.open_shard(str(tmp_path / "s"), **SMALL_CHUNKS)
     shard.append(orders(0, 3000, 0), new_upper=1)
     shard.append(orders(3000, 6000, 1), new_upper=2)
-    state = shard.state()
+    state = shard.inspect.state()
     keys = [p.key for b in state.trace for p in b.parts]
     total_chunks = sum(
         len(parts.open_part(shard._blob, p).chunks) for b in state.trace for p in b.parts
@@ -261,7 +261,7 @@ def test_filters_on_non_key_columns_skip_by_their_own_statistics(tmp_path: Any) 
     notes = [None] * 1000 + [f"late-{i}" for i in range(1000)]  # nulls first, then values
     table = table.set_column(2, "note", pa.array(notes))
     shard.append(table, new_upper=1)
-    state = shard.state()
+    state = shard.inspect.state()
     q = snapshot_query(state, 0, shard.location)
     counting = CountingBlob(shard._blob)
     pred = conjunction(
@@ -294,7 +294,7 @@ def test_filtered_reads_equal_filtering_the_answer(tmp_path: Any, split: bool) -
     )
     shard.append(retract, new_upper=2)
     shard.append(orders(700, 2200, 2), new_upper=3)
-    state = shard.state()
+    state = shard.inspect.state()
     schema = state.schema
     filters = [
         bind("ge", "id", 600, schema),
@@ -373,7 +373,7 @@ def test_key_range_tasks_partition_the_rows(tmp_path: Any) -> None:
             ),
             new_upper=t + 1,
         )
-    state = shard.state()
+    state = shard.inspect.state()
     q = snapshot_query(state, 2, shard.location, with_diff=True)
     whole = read_task(shard._blob, plan_read(shard._blob, state, q, max_partitions=1)[0])
     tasks = plan_read(shard._blob, state, q, partition_bytes=2000)
@@ -392,7 +392,7 @@ def test_streamed_pieces_equal_the_whole_answer(tmp_path: Any, monkeypatch: Any)
     n = 3000
     base = {"id": pa.array(range(n), pa.int64()), "v": pa.array([str(i % 13) for i in range(n)])}
     shard.append(pa.table({**base, "_time": [0] * n, "_diff": [1] * n}), new_upper=1)
-    state = shard.state()
+    state = shard.inspect.state()
     q = snapshot_query(state, 0, shard.location)
     for multiset in (False, True):
         for task in plan_read(shard._blob, state, q, partition_bytes=4000):
@@ -407,7 +407,7 @@ def test_streamed_pieces_equal_the_whole_answer(tmp_path: Any, monkeypatch: Any)
         new_upper=3,
     )
     for as_of, streams in ((1, True), (2, False)):
-        state = shard.state()
+        state = shard.inspect.state()
         q = snapshot_query(state, as_of, shard.location)
         (task,) = plan_read(shard._blob, state, q, max_partitions=1)
         pieces = list(iter_task(shard._blob, task, as_multiset=True))
@@ -438,7 +438,7 @@ def test_a_read_spreads_over_min_partitions_when_each_gets_a_mebibyte(
         }
     )
     shard.append(table, new_upper=1)
-    state = shard.state()
+    state = shard.inspect.state()
     size = sum(r.size for r in relevant_parts(state, snapshot_query(state, 0, None)))
     assert 3 * 20_000 < size < 24 << 20
     q = snapshot_query(state, 0, shard.location)
@@ -486,7 +486,7 @@ def test_multiset_snapshot_of_overlapping_parts_reads_each_chunk_once(
     task, where a key-range split over parts of shuffled keys decodes every chunk in every
     task. The tasks' answers still add up to the snapshot."""
     shard = _overlapping_appends(tmp_path, retract=False)
-    state = shard.state()
+    state = shard.inspect.state()
     q = snapshot_query(state, state.upper - 1, shard.location)
     by_range = plan_read(shard._blob, state, q, partition_bytes=20_000)
     by_chunk = plan_read(shard._blob, state, q, partition_bytes=20_000, multiset=True)
@@ -512,7 +512,7 @@ def test_snapshot_with_a_retraction_keeps_the_key_range_split(
     """A negative diff must meet its row's other updates in one task: no chunk split then,
     and the streamed scan drops the retracted row."""
     shard = _overlapping_appends(tmp_path, retract=True)
-    state = shard.state()
+    state = shard.inspect.state()
     q = snapshot_query(state, state.upper - 1, shard.location)
     tasks = plan_read(shard._blob, state, q, partition_bytes=20_000, multiset=True)
     assert len(tasks) > 1 and all(t.key_range is not None for t in tasks)
@@ -580,7 +580,7 @@ def test_snapshot_reads_leave_times_undecoded(tmp_path: Any, monkeypatch: Any) -
         return original(self, index, col, data)
 
     monkeypatch.setattr(PartReader, "_decode_segment", spy)
-    state = shard.state()
+    state = shard.inspect.state()
     counting = CountingBlob(shard._blob)
     q = snapshot_query(state, 1, shard.location)
     tasks = plan_read(counting, state, q)  # type: ignore[arg-type]

@@ -174,7 +174,7 @@ def test_a_part_missing_from_the_newest_version_stays_corrupt_on_every_path(tmp_
     reader = PersistShardReader({"path": str(location)}, schema)
     partitions = reader.partitions()
     scan = shard.scan()
-    (location / shard.state().trace[0].parts[0].key).unlink()
+    (location / shard.inspect.state().trace[0].parts[0].key).unlink()
     shard.append(table(3))  # a newer version, which still names the missing part
     for read in (
         shard.snapshot,
@@ -196,7 +196,7 @@ def test_a_missing_part_of_the_newest_version_is_corrupt_even_when_pinned_earlie
     scan = shard.scan()
     clock.advance(2000)
     shard.append(table(1))
-    (location / shard.state().trace[0].parts[0].key).unlink()
+    (location / shard.inspect.state().trace[0].parts[0].key).unlink()
     with pytest.raises(CorruptData):
         scan.to_arrow()
 
@@ -246,11 +246,11 @@ def test_a_state_read_whose_rollup_gc_removed_while_the_head_moved_reads_the_new
         maintenance=False,
         clock=clock.now,
     )
-    state = reader.state()
+    state = reader.inspect.state()
     assert removed, "gc removed no rollup under the reader"
     assert (
         state.version
         == 2 * ROLLUP_EVERY + 2
-        == ps.open_shard(location, clock=clock.now).state().version
+        == ps.open_shard(location, clock=clock.now).inspect.state().version
     )
     assert reader.snapshot().num_rows == 2 * ROLLUP_EVERY + 2

@@ -46,19 +46,21 @@ def test_merge_takes_the_inputs_this_process_wrote_from_memory(tmp_path):
     shard = ps.open_shard(str(tmp_path / "s"), maintenance=False, inline_bytes=0)
     _appends(shard, 8)
     expected = shard.snapshot()
-    inputs = [p.key for b in shard.state().trace for p in b.parts]
+    inputs = [p.key for b in shard.inspect.state().trace for p in b.parts]
     assert all(
-        _kept().held(shard._blob.url, p, 1 << 20) for b in shard.state().trace for p in b.parts
+        _kept().held(shard._blob.url, p, 1 << 20)
+        for b in shard.inspect.state().trace
+        for p in b.parts
     )
     for path in _part_files(tmp_path / "s"):  # storage no longer has the inputs
         os.remove(path)
     report = shard._maybe_compact()
     assert report is not None and report.committed == 1
     assert shard.snapshot().equals(expected)  # the output part is read from storage
-    assert len(shard.state().trace) == 1
+    assert len(shard.inspect.state().trace) == 1
     # Replaced inputs are forgotten; the output is kept for the next level's merge.
     assert not any(_kept()._memo.get((shard._blob.url, k)) for k in inputs)
-    (out,) = shard.state().trace[0].parts
+    (out,) = shard.inspect.state().trace[0].parts
     assert _kept().held(shard._blob.url, out, 1 << 20) is not None
 
 
@@ -80,7 +82,7 @@ def test_output_is_byte_for_byte_the_output_of_a_merge_that_read_storage(tmp_pat
         if not keep:
             _kept().clear()
         shard._maybe_compact()
-        (part,) = shard.state().trace[0].parts
+        (part,) = shard.inspect.state().trace[0].parts
         outputs.append(shard._blob.get(part.key))
     assert outputs[0] == outputs[1]
 
@@ -96,11 +98,11 @@ def test_a_rebased_append_is_read_at_its_new_time_from_memory(tmp_path):
     other = ps.open_shard(location, maintenance=False, inline_bytes=0)
     other.append(pa.table({"id": [2], "name": ["b"]}))
     mine.append(pa.table({"id": [3], "name": ["c"]}))  # planned on a stale upper: rebased
-    rebased = [p for b in mine.state().trace for p in b.parts if p.rewrite_time is not None]
+    rebased = [p for b in mine.inspect.state().trace for p in b.parts if p.rewrite_time is not None]
     assert rebased and _kept().held(mine._blob.url, rebased[0], 1 << 20) is not None
     before = mine.updates(0, mine.upper).to_pylist()
     mine.compact()
-    assert len(mine.state().trace) == 1
+    assert len(mine.inspect.state().trace) == 1
     assert mine.updates(0, mine.upper).to_pylist() == before
 
 
@@ -123,7 +125,7 @@ def test_a_large_part_is_not_kept_and_the_total_is_bounded(tmp_path, monkeypatch
 def test_a_held_part_is_read_in_chunks_of_the_merges_chunk_size(tmp_path):
     shard = ps.open_shard(str(tmp_path / "s"), maintenance=False, inline_bytes=0)
     shard.append(updates([(r, "n", 0, 1) for r in range(1000)]))
-    (ref,) = shard.state().trace[0].parts
+    (ref,) = shard.inspect.state().trace[0].parts
     held = _kept().held(shard._blob.url, ref, 4 << 10)
     assert held is not None and len(held.chunks) > 4
     assert sum(c.num_rows for c in held.chunks) == 1000

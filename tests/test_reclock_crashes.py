@@ -172,7 +172,9 @@ def test_random_crashes_converge_to_exactly_once(tmp_path, seed):
             f"output {index} (seed {seed}, {crashes} crashes, {restarts} without checkpoint)"
         )
         assert shard.upper == bindings[-1][0] + 1
-        assert {m.key for m in shard._blob.list("parts/")} == shard.state().stored_part_keys()
+        assert {
+            m.key for m in shard._blob.list("parts/")
+        } == shard.inspect.state().stored_part_keys()
         for t, frontier in bindings:
             prefix = Counter(f"{p}/{o}" for p, o in source.records({}, frontier) if o % 2 == index)
             assert Counter({r["v"]: r["_diff"] for r in shard.snapshot(t).to_pylist()}) == prefix
@@ -207,7 +209,7 @@ def test_reclocked_writes_honour_the_maintenance_option(tmp_path):
     quiet = {"compact": "true", "maintenance": "false"}
     for n in range(8):
         write_output(out, remap, [("t:0", n)], {"t:0": n + 1}, None, rng, quiet)
-    assert len(ps.open_shard(out).state().trace) == 8
+    assert len(ps.open_shard(out).inspect.state().trace) == 8
     write_output(out, remap, [("t:0", 8)], {"t:0": 9}, None, rng, {"compact": "true"})
-    state = ps.open_shard(out).state()
+    state = ps.open_shard(out).inspect.state()
     assert len(state.trace) <= 2 and state.upper == 9

@@ -165,13 +165,13 @@ def test_two_outputs_from_foreach_batch_share_into_times(log_source, tmp_path):
             want = Counter(f"{p}-{i}" for p, i in prefix if i % 2 == parity)
             assert values_of(shards[name], t) == want, (name, t)
     # A restart without the checkpoint from the resumption frontier changes nothing.
-    before = {name: s.state().version for name, s in shards.items()}
+    before = {name: s.inspect.state().version for name, s in shards.items()}
     shutil.rmtree(tmp_path / "chk")
     run(ps.resume_offsets(outs["odd"], remap=remap))
     assert {name: s.upper for name, s in shards.items()} == {
         name: bindings[-1][0] + 1 for name in shards
     }
-    assert before == {name: s.state().version for name, s in shards.items()}
+    assert before == {name: s.inspect.state().version for name, s in shards.items()}
 
 
 def test_reclocking_options_are_checked(log_source, tmp_path):

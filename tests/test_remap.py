@@ -39,10 +39,10 @@ def test_mint_binds_consecutive_into_times(remap):
 
 def test_mint_same_frontier_again_returns_existing_time(remap):
     assert remap.mint({"a": 5}) == 0
-    version = remap.shard.state().version
+    version = remap.shard.inspect.state().version
     assert remap.mint({"a": 5}) == 0
     assert remap.mint({}) == 0
-    assert remap.shard.state().version == version
+    assert remap.shard.inspect.state().version == version
     assert remap.mint({"a": 6, "b": 0}) == 1
     assert remap.mint({"b": 0}) == 1
 
@@ -55,10 +55,10 @@ def test_empty_frontier_on_empty_remap_is_refused(remap):
 
 def test_regression_is_refused_and_names_the_partition(remap):
     remap.mint({"orders:0": 10, "orders:1": 3})
-    version = remap.shard.state().version
+    version = remap.shard.inspect.state().version
     with pytest.raises(ps.InvalidUpdates, match=r"^InvalidUpdates: partition 'orders:1' would go"):
         remap.mint({"orders:0": 11, "orders:1": 2})
-    assert remap.shard.state().version == version
+    assert remap.shard.inspect.state().version == version
     assert remap.bindings() == [(0, {"orders:0": 10, "orders:1": 3})]
 
 
@@ -78,7 +78,7 @@ def test_regression_is_refused_and_names_the_partition(remap):
 def test_bad_frontiers_mint_nothing(remap, frontier, message):
     with pytest.raises(ps.InvalidUpdates, match=message):
         remap.mint(frontier)
-    assert remap.upper == 0 and remap.shard.state().version == 0
+    assert remap.upper == 0 and remap.shard.inspect.state().version == 0
 
 
 def test_reclock_gives_the_first_covering_binding(remap):

@@ -71,11 +71,11 @@ def test_damaged_newest_entry_is_named_then_dropped(tmp_path, capsys, how):
     assert report["applied"] and [d["version"] for d in report["dropped"]] == [3]
     assert report["valid_version"] == 2
     fresh = ps.open_shard(location)
-    assert fresh.state().version == 2 and fresh.upper == 2
+    assert fresh.inspect.state().version == 2 and fresh.upper == 2
     assert fresh.snapshot(1).equals(before)
     assert fresh.verify().ok
     fresh.append(pa.table({"id": [7]}))
-    assert fresh.state().version == 3 and fresh.upper == 3
+    assert fresh.inspect.state().version == 3 and fresh.upper == 3
     assert main(["repair", location]) == 0
     assert "nothing to repair" in capsys.readouterr().out
 
@@ -87,7 +87,7 @@ def test_several_unreadable_newest_entries_go_newest_first(tmp_path):
     report = repair(ps.open_shard(location)._machine, apply=True)
     assert [d.version for d in report.dropped] == [5, 4]
     assert all("header" in d.problem or "bytes" in d.problem for d in report.dropped)
-    assert ps.open_shard(location).state().version == 3
+    assert ps.open_shard(location).inspect.state().version == 3
 
 
 def test_damage_below_a_readable_entry_is_refused_and_changes_nothing(tmp_path, capsys):

@@ -243,7 +243,7 @@ def test_spark_end_to_end_on_s3(spark, s3_location, s3_options, tmp_path):
     assert q.exception() is None
     streamed = ps.open_shard(target, **s3_options)
     assert rows_of(streamed.snapshot()) == {(7, "x"): 1, (8, "y"): 1}
-    assert streamed.state().writers == {"s3-stream": 0}
+    assert streamed.inspect.state().writers == {"s3-stream": 0}
 
     # Distributed compaction on the executors, then gc: the answers do not change.
     write(spark.createDataFrame([(5, "e")], "id BIGINT, item STRING"))

@@ -722,7 +722,7 @@ def test_a_streamed_scan_gives_back_mapped_pages_as_it_goes(
     ).scan()
     tasks = s.tasks()
     batches = list(s.to_batches())  # every batch stays alive past the releases
-    stored = sum(p.size for b in shard.state().trace for p in b.parts)
+    stored = sum(p.size for b in shard.inspect.state().trace for p in b.parts)
     per_task = stored / len(tasks)
     assert len(tasks) > 8 and len(released) >= 2
     assert stored // ((256 << 10) + per_task) <= len(released) <= stored // (256 << 10)

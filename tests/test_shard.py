@@ -79,7 +79,7 @@ def test_updates_between_times(shard):
 def test_unsealed_updates_appear_when_upper_passes(shard):
     shard.compare_and_append(updates([(1, "now", 0, 1), (2, "later", 5, 1)]), 0, 1)
     assert rows_of(shard.snapshot()) == {(1, "now"): 1}
-    assert shard.describe()["unsealed_rows"] == 1
+    assert shard.inspect.describe()["unsealed_rows"] == 1
     shard.seal(5)
     assert rows_of(shard.snapshot()) == {(1, "now"): 1}
     shard.seal(6)
@@ -167,11 +167,11 @@ def _bad(**overrides) -> pa.Table:
 )
 def test_invalid_updates_write_nothing(shard, table, message):
     shard.append(updates([(1, "a", 0, 1)]), new_upper=3)
-    before = shard.state()
+    before = shard.inspect.state()
     files = part_files(shard)
     with pytest.raises(ps.InvalidUpdates, match=r"^InvalidUpdates: .*" + message):
         shard.compare_and_append(table, 3, 4)
-    after = shard.state()
+    after = shard.inspect.state()
     assert (after.version, after.upper) == (before.version, before.upper)
     assert part_files(shard) == files
 
@@ -241,7 +241,7 @@ def test_rollups_bound_load_cost(tmp_path):
     rollups = [m.key for m in shard._blob.list("rollups/")]
     assert len(rollups) == 2
     fresh = ps.open_shard(location)
-    assert fresh.state() == shard.state()
+    assert fresh.inspect.state() == shard.inspect.state()
     assert rows_of(fresh.snapshot()) == {(t, "x"): 1 for t in range(ROLLUP_EVERY * 2 + 3)}
     history = fresh.history()
     assert [h["version"] for h in history] == list(range(1, ROLLUP_EVERY * 2 + 4))
@@ -260,7 +260,7 @@ def test_racing_appends_one_winner(tmp_path, inline_bytes):
 
     def writer(i: int) -> None:
         s = ps.open_shard(location, inline_bytes=inline_bytes)
-        s.state()
+        s.inspect.state()
         barrier.wait()
         try:
             s.compare_and_append(updates([(i, f"w{i}", 1, 1)]), 1, 2)
@@ -278,7 +278,7 @@ def test_racing_appends_one_winner(tmp_path, inline_bytes):
     i = int(winners[0].split()[1])
     shard = ps.open_shard(location)
     assert rows_of(shard.snapshot()) == {(0, "seed"): 1, (i, f"w{i}"): 1}
-    assert set(part_files(shard)) == shard.state().stored_part_keys()
+    assert set(part_files(shard)) == shard.inspect.state().stored_part_keys()
     assert bool(part_files(shard)) == (inline_bytes == 0)
 
 

@@ -169,9 +169,9 @@ class Simulation:
 
     def truncate(self, shard: Shard) -> None:
         """What gc does to the log: keep the versions from the head's rollup on."""
-        head = shard.consensus.head()
+        head = shard._consensus.head()
         if head is not None:
-            shard.consensus.truncate(Entry.decode(head.data).rollup_version)
+            shard._consensus.truncate(Entry.decode(head.data).rollup_version)
 
     def gc(self, shard: Shard) -> None:
         shard.gc(dry_run=False)  # default retention: nothing in flight is that old

@@ -266,7 +266,7 @@ def test_racing_writers_one_wins(spark, location):
     with pytest.raises(Exception, match=r"UpperMismatch: expected upper 1, shard upper is 2"):
         write(2)
     assert counts(read(spark, location)) == Counter({(0,): 1, (1,): 1})
-    assert part_keys(location) == ps.open_shard(location).state().part_keys()
+    assert part_keys(location) == ps.open_shard(location).inspect.state().part_keys()
 
 
 def test_retried_task_leaves_no_orphan_parts(spark, location):
@@ -283,7 +283,7 @@ def test_retried_task_leaves_no_orphan_parts(spark, location):
         sc.setLocalProperty(FAULT_PROPERTY, None)
     shard = ps.open_shard(location)
     assert read(spark, location).count() == 1000
-    assert part_keys(location) == shard.state().part_keys()
+    assert part_keys(location) == shard.inspect.state().part_keys()
 
 
 @pytest.mark.parametrize(
@@ -300,14 +300,14 @@ def test_failed_write_leaves_shard_unchanged(spark, location, rows, schema, opti
     spark.createDataFrame([(1,)], "id BIGINT").write.format("persistshard").mode("append").save(
         location
     )
-    before = ps.open_shard(location).state()
+    before = ps.open_shard(location).inspect.state()
     files = part_keys(location)
     writer = spark.createDataFrame(rows, schema).write.format("persistshard").mode("append")
     for k, v in options.items():
         writer = writer.option(k, v)
     with pytest.raises(Exception, match=message):
         writer.save(location)
-    after = ps.open_shard(location).state()
+    after = ps.open_shard(location).inspect.state()
     assert (after.version, after.upper) == (before.version, before.upper)
     assert part_keys(location) == files
 
@@ -447,13 +447,13 @@ def test_streaming_write_exactly_once(spark, location, tmp_path):
         while time.monotonic() < deadline:
             if q.exception() is not None:
                 raise q.exception()
-            if shard.state().writers.get("rate-1", -1) >= 2:
+            if shard.inspect.state().writers.get("rate-1", -1) >= 2:
                 break
             time.sleep(0.5)
     finally:
         q.stop()
     ids = [r["id"] for r in shard.snapshot().to_pylist() for _ in range(r["_diff"])]
-    assert shard.state().writers["rate-1"] >= 2, "fewer than three micro-batches committed"
+    assert shard.inspect.state().writers["rate-1"] >= 2, "fewer than three micro-batches committed"
     assert ids and len(ids) == len(set(ids)), "a micro-batch was committed twice"
     assert sorted(ids) == list(range(len(ids)))
 
@@ -481,11 +481,11 @@ def test_streaming_commit_replay_is_a_no_op(location):
 
     attempt(0)
     attempt(1)
-    version = shard.state().version
+    version = shard.inspect.state().version
     attempt(1)  # replay
-    assert shard.state().version == version
+    assert shard.inspect.state().version == version
     assert {r["id"] for r in shard.snapshot().to_pylist()} == {0, 1}
-    assert {m.key for m in shard._blob.list("parts/")} == shard.state().stored_part_keys()
+    assert {m.key for m in shard._blob.list("parts/")} == shard.inspect.state().stored_part_keys()
 
 
 def test_hive_catalog_keeps_the_location(tmp_path):
@@ -578,6 +578,6 @@ def test_two_streams_batch_ids_do_not_collide(location):
             out.sealed, out.unsealed, out.max_time, out.rows_in, d.lower, d.write_id
         )
         PersistShardStreamWriter(opts, schema, False).commit([msg], 0)
-    ids = [b.id for b in shard.state().trace]
+    ids = [b.id for b in shard.inspect.state().trace]
     assert len(ids) == 2 and len(set(ids)) == 2
-    assert shard.state().writers == {"a": 0, "b": 0}
+    assert shard.inspect.state().writers == {"a": 0, "b": 0}

@@ -65,9 +65,9 @@ def test_a_stream_without_reader_id_holds_until_its_lease_runs_out(spark, tmp_pa
     seen: list[tuple] = []
     _run_once(spark, location, str(tmp_path / "ck"), seen, reader_lease_seconds=2)
     assert sorted(seen) == [(1, 1, 1), (2, 1, 1)]
-    ((reader, hold),) = shard.state().holds.items()  # live or run out, not yet dropped
+    ((reader, hold),) = shard.inspect.state().holds.items()  # live or run out, not yet dropped
     assert reader.startswith("stream-") and hold.lease_ms == 2000 and hold.since == 0
     time.sleep(max(0.0, hold.expires_ms / 1000 - time.time()) + 0.1)
     assert shard.readers() == {}
     assert shard.advance_since(1) == 1  # no longer held back, and the hold is dropped
-    assert shard.state().holds == {}
+    assert shard.inspect.state().holds == {}

@@ -124,19 +124,19 @@ def test_shard_on_database_consensus(db_url, tmp_path):
     for i in range(20):  # past the first rollup (version 16), below which gc truncates
         shard.compare_and_append(pa.table({"id": [i], "_time": [i], "_diff": [1]}), i, i + 1)
     assert [m.key for m in shard._blob.list("consensus/")] == [LOG_HOME_KEY]
-    assert shard.storage_options == {}  # storage options only: the consensus travels apart
+    assert shard.address.storage_options == {}  # storage options only: the consensus travels apart
     assert shard.address.consensus == db_url
     again = shard.address.open()
     assert again.upper == 20
     assert rows_of(again.snapshot()) == {(i,): 1 for i in range(20)}
     shard.advance_since(19)
-    before = len(shard.consensus.scan(1))
+    before = len(shard._consensus.scan(1))
     shard.gc(dry_run=False, retention_seconds=0)
-    after = shard.consensus.scan(1)
-    assert len(after) < before and after[-1].version == shard.state().version
+    after = shard._consensus.scan(1)
+    assert len(after) < before and after[-1].version == shard.inspect.state().version
     assert rows_of(Shard(location, consensus=db_url).snapshot()) == {(i,): 1 for i in range(20)}
     # The same location without the URL is another log: empty (the data files stay put).
-    assert Shard(location).consensus.head() is None
+    assert Shard(location)._consensus.head() is None
 
 
 def test_model_on_database_consensus(db_url, tmp_path):
@@ -205,7 +205,7 @@ def test_killed_connection_before_cas_is_indeterminate_then_resolved_by_the_shar
     location = f"{tmp_path}/dropped"
     shard = open_shard(location, consensus=postgres_url)
     shard.compare_and_append(pa.table({"id": [1], "_time": [0], "_diff": [1]}), 0, 1)
-    consensus = shard.consensus
+    consensus = shard._consensus
     assert isinstance(consensus, PostgresConsensus)
     with _admin(postgres_url) as admin:
         admin.execute("SELECT pg_terminate_backend(%s)", (consensus.backend_pid(),))
@@ -321,7 +321,7 @@ def test_a_shard_opened_with_the_wrong_consensus_is_refused_not_forked(tmp_path)
     ps.open_shard(in_db, consensus=url).append(pa.table({"id": [1]}))
     wrong = ps.open_shard(in_db)
     with pytest.raises(InvalidOption, match=r"keeps its log in a database \(sqlite:///"):
-        wrong.state()
+        wrong.inspect.state()
     with pytest.raises(InvalidOption, match="open it with that consensus"):
         wrong.append(pa.table({"id": [2]}))
     assert not any(m.key.endswith(".json") for m in wrong._blob.list("consensus/"))
@@ -368,7 +368,7 @@ def _refused_after_a_lost_race(
     winner = open_shard(location, consensus=db_url)
     winner.compare_and_append(rows, 0, 1)
     loser = open_shard(location, consensus=db_url)
-    stale = loser.state()
+    stale = loser.inspect.state()
     winner.compare_and_append(rows.set_column(1, "_time", pa.array([1])), 1, 2)
     consensus = loser._machine.consensus
     if not trust:

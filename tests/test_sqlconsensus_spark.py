@@ -56,7 +56,7 @@ def test_sql_table_remembers_its_consensus(spark, tmp_path):
             (3, "fig"),
         ]
         assert rows_of(loc, url) == Counter({(1, "apple"): 1, (2, "pear"): 1, (3, "fig"): 1})
-        assert ps.open_shard(loc).consensus.head() is None
+        assert ps.open_shard(loc)._consensus.head() is None
     finally:
         spark.sql(f"DROP TABLE IF EXISTS {t}")
 

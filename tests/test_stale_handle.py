@@ -36,7 +36,7 @@ def stale_handle(tmp_path) -> tuple[Shard, str, int]:
     for t in range(1, ROLLUP_EVERY + 3):
         other.compare_and_append(row(t, t), t, t + 1)
     other.gc(dry_run=False, retention_seconds=0)
-    assert other.consensus.oldest_stored() > mine_version + 1  # truncated past v + 1
+    assert other._consensus.oldest_stored() > mine_version + 1  # truncated past v + 1
     SHARED_STATES.clear()  # the handle's own view only
     time.sleep(getattr(consensus_module, "TRUST_OWN_ENTRY_SECONDS", 0.5) + 0.05)
     return mine, location, mine_version
@@ -44,8 +44,8 @@ def stale_handle(tmp_path) -> tuple[Shard, str, int]:
 
 def test_stale_compare_and_set_is_a_determinate_refusal(tmp_path):
     mine, _, version = stale_handle(tmp_path)
-    assert mine.consensus.compare_and_set(version, b"stale") is False
-    assert mine.consensus.blob.get(f"consensus/v{version + 1:020d}.json") is None
+    assert mine._consensus.compare_and_set(version, b"stale") is False
+    assert mine._consensus.blob.get(f"consensus/v{version + 1:020d}.json") is None
 
 
 def test_stale_compare_and_append_is_upper_mismatch(tmp_path):

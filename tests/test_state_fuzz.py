@@ -69,18 +69,18 @@ def forged_append(shard: ps.Shard, part: PartRef, unsealed: Batch | None = None)
 
 
 def a_live_part(shard: ps.Shard) -> PartRef:
-    return shard.state().parts()[0]
+    return shard.inspect.state().parts()[0]
 
 
 @pytest.mark.parametrize("bad", BAD_KEYS)
 def test_a_commit_with_a_bad_part_key_is_refused_and_changes_nothing(tmp_path, bad):
     shard = small_shard(str(tmp_path / "s"))
-    before, state = files(shard), shard.state()
+    before, state = files(shard), shard.inspect.state()
     part = replace(a_live_part(shard), key=bad, min_time=state.upper, max_time=state.upper)
     with pytest.raises(InvalidUpdates, match="refused before it is written"):
         shard._machine.commit(forged_append(shard, part))
     assert files(shard) == before
-    assert ps.open_shard(shard.location).state() == state
+    assert ps.open_shard(shard.location).inspect.state() == state
 
 
 @pytest.mark.parametrize(
@@ -125,7 +125,7 @@ def test_an_unsealed_batch_below_the_new_upper_is_refused(tmp_path):
 def forge_entry(shard: ps.Shard, commit: Commit | dict[str, Any]) -> None:
     """Append ``commit`` (or a commit's stored JSON, which may be no commit at all) to the log
     without any check (an old or hostile writer)."""
-    head = shard.consensus.head()
+    head = shard._consensus.head()
     assert head is not None
     entry = Entry.decode(head.data)
     d = commit.to_json() if isinstance(commit, Commit) else commit
@@ -135,7 +135,7 @@ def forge_entry(shard: ps.Shard, commit: Commit | dict[str, Any]) -> None:
         "at_ms": None,
     }
     forged = encoding.seal(encoding.ENTRY_MAGIC, json.dumps(body, separators=(",", ":")).encode())
-    assert shard.consensus.compare_and_set(head.version, forged)
+    assert shard._consensus.compare_and_set(head.version, forged)
 
 
 def test_an_aliased_key_in_a_stored_state_is_corrupt_and_gc_deletes_nothing(tmp_path):
@@ -239,7 +239,7 @@ def real_state(tmp_path_factory) -> dict[str, Any]:
         shard.append(updates([(t, "x", t, 1), (t + 1, "y", t, 1)]))
     shard.advance_since(2)
     shard._maybe_compact(2)
-    return shard.state().to_json()
+    return shard.inspect.state().to_json()
 
 
 def mutate(d: dict[str, Any], where: int, name: str, value: Any) -> dict[str, Any]:
@@ -292,7 +292,7 @@ def test_hand_corrupted_commits_are_refused_or_land_valid(tmp_path_factory, name
     """A commit with one field corrupted: refused with a typed error leaving every file as
     it was, or landed with a state the oracle accepts and that reads back the same."""
     shard = small_shard(str(tmp_path_factory.mktemp("commit") / "s"))
-    before, state = files(shard), shard.state()
+    before, state = files(shard), shard.inspect.state()
     upper = state.upper
     live = a_live_part(shard)
     part = replace(live, key=f"parts/{new_id()}/a.part", min_time=upper, max_time=upper)
@@ -308,7 +308,7 @@ def test_hand_corrupted_commits_are_refused_or_land_valid(tmp_path_factory, name
         assert files(shard) == before
         return
     assert oracle_ok(new.to_json()), (name, value, new)
-    assert ps.open_shard(shard.location).state().to_json() == new.to_json()
+    assert ps.open_shard(shard.location).inspect.state().to_json() == new.to_json()
 
 
 def _attr(name: str) -> str:
@@ -351,7 +351,7 @@ def test_a_commit_with_a_damaged_inline_part_is_refused(tmp_path, damage, why):
     """check_transition checks an inline part's size, crc32c, rows and times before the
     compare-and-set: `InvalidUpdates`, nothing written."""
     shard = small_shard(str(tmp_path / "s"), inline=True)
-    before, state = files(shard), shard.state()
+    before, state = files(shard), shard.inspect.state()
     part = damage(_inline_part(shard))
     if why == "times":  # the times checked are the footer's, beyond the batch's interval
         part = replace(part, min_time=state.upper, max_time=state.upper)
@@ -361,7 +361,7 @@ def test_a_commit_with_a_damaged_inline_part_is_refused(tmp_path, damage, why):
     with pytest.raises(InvalidUpdates, match=why):
         shard._machine.commit(forged_append(shard, part))
     assert files(shard) == before
-    assert ps.open_shard(shard.location).state() == state
+    assert ps.open_shard(shard.location).inspect.state() == state
 
 
 @pytest.mark.parametrize("damage", ["flip", "base64", "type"])
@@ -390,7 +390,7 @@ def inline_state(tmp_path_factory) -> dict[str, Any]:
     shard = ps.open_shard(str(tmp_path_factory.mktemp("inline") / "s"), inline_bytes=4096)
     for t in range(3):
         shard.append(updates([(t, "x", t, 1)]))
-    state = shard.state()
+    state = shard.inspect.state()
     assert all(p.inline is not None for p in state.parts())
     return state.to_json()
 
@@ -426,7 +426,7 @@ def test_a_rollup_decodes_once_per_process_and_damage_is_never_remembered(
         shard.append(
             updates([(j, f"r{j}", i, 1) for j in range(i * 5, i * 5 + 5)]), new_upper=i + 1
         )
-    raw = encoding.encode_rollup(shard.state())
+    raw = encoding.encode_rollup(shard.inspect.state())
     calls: list[int] = []
     original = encoding._decode_rollup
 
@@ -437,7 +437,7 @@ def test_a_rollup_decodes_once_per_process_and_damage_is_never_remembered(
     monkeypatch.setattr(encoding, "_decode_rollup", counting)
     first = encoding.decode_rollup(raw, "rollups/a.json")
     again = encoding.decode_rollup(bytes(raw), "rollups/b.json")
-    assert again is first and first == shard.state() and len(calls) == 1
+    assert again is first and first == shard.inspect.state() and len(calls) == 1
     damaged = bytearray(raw)
     damaged[len(raw) // 2] ^= 0x20
     for _ in range(2):
@@ -445,7 +445,9 @@ def test_a_rollup_decodes_once_per_process_and_damage_is_never_remembered(
             encoding.decode_rollup(bytes(damaged), "rollups/c.json")
     assert len(calls) == 3
     monkeypatch.setattr(encoding._ROLLUPS, "entries", 1)
-    other = encoding.encode_rollup(replace(shard.state(), version=shard.state().version + 1))
+    other = encoding.encode_rollup(
+        replace(shard.inspect.state(), version=shard.inspect.state().version + 1)
+    )
     encoding.decode_rollup(other, "rollups/d.json")  # remembered alone now
     encoding.decode_rollup(raw, "rollups/a.json")
     assert len(calls) == 5

@@ -45,7 +45,7 @@ def answers(location: str) -> tuple:
     memory is not read)."""
     SHARED_STATES.clear()
     shard = ps.open_shard(location)
-    state = shard.state()
+    state = shard.inspect.state()
     snaps = tuple(
         tuple(sorted(rows_of(shard.snapshot(t)).items())) for t in (state.since, state.upper - 1)
     )
@@ -136,7 +136,7 @@ def test_an_inconsistent_log_is_corrupt_not_upper_mismatch(tmp_path):
     shard = ps.open_shard(location)
     for t in range(3):
         shard.append(updates([(t, "a", t, 1)]))
-    entries = [Entry.decode(e.data) for e in shard.consensus.scan(1)]
+    entries = [Entry.decode(e.data) for e in shard._consensus.scan(1)]
     with pytest.raises(ps.CorruptData, match=r"^CorruptData: replaying the log.*version 3"):
         fold(
             ps.core.statemachine.state.ShardState(),
@@ -158,7 +158,7 @@ def test_a_missing_part_is_corrupt_data_naming_it(tmp_path):
     location = str(tmp_path / "shard")
     shard = ps.open_shard(location, inline_bytes=0)  # a part file to remove
     shard.append(pa.table({"id": [1, 2], "_time": [0, 0], "_diff": [1, 1]}))
-    key = shard.state().trace[0].parts[0].key
+    key = shard.inspect.state().trace[0].parts[0].key
     os.remove(tmp_path / "shard" / key)
     with pytest.raises(ps.CorruptData, match=r"^CorruptData: part .* missing") as e:
         ps.open_shard(location).snapshot()

@@ -205,12 +205,12 @@ def test_a_storage_error_in_the_stores_compare_and_set_stays_determinate(existin
     """`StorageError` is an `OSError`; the consensus reads a failed create back ("it may have
     been applied") and the commit loop takes an `OSError` from the compare-and-set for an
     ambiguous attempt. A certain refusal must pass both as it is: never `Indeterminate`."""
-    before = Shard(existing).state()
+    before = Shard(existing).inspect.state()
     shard = Shard(existing, blob=RefusingEntries(Blob(existing)), inline_bytes=0)
     with pytest.raises(StorageError, match="injected") as info:
         shard.append(pa.table({"id": [9]}))
     assert not isinstance(info.value, Indeterminate)
-    assert Shard(existing).state() == before
+    assert Shard(existing).inspect.state() == before
 
 
 def test_a_storage_error_from_a_consensus_compare_and_set_is_not_indeterminate(existing):
@@ -223,13 +223,13 @@ def test_a_storage_error_from_a_consensus_compare_and_set_is_not_indeterminate(e
         calls.append(expected)
         raise StorageError("injected: commit refused, nothing was applied", cause=None)
 
-    shard.consensus.compare_and_set = refuse  # type: ignore[method-assign]
-    before = Shard(existing).state()
+    shard._consensus.compare_and_set = refuse  # type: ignore[method-assign]
+    before = Shard(existing).inspect.state()
     with pytest.raises(StorageError, match="injected") as info:
         shard.advance_since(1)
     assert not isinstance(info.value, Indeterminate)
     assert len(calls) == 1  # said at once: not retried as an unknown outcome
-    assert Shard(existing).state() == before
+    assert Shard(existing).inspect.state() == before
 
 
 def test_a_storage_error_after_an_ambiguous_attempt_is_indeterminate(existing):
@@ -238,7 +238,7 @@ def test_a_storage_error_after_an_ambiguous_attempt_is_indeterminate(existing):
     read, not about the commit, which may have landed: `Indeterminate`, never `StorageError`
     (whose "nothing was applied" would let a caller delete parts the shard now names)."""
     shard = Shard(existing)
-    consensus = shard.consensus
+    consensus = shard._consensus
     applied = consensus.compare_and_set
     refused_reads = []
 

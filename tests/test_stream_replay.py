@@ -166,27 +166,27 @@ def test_lower_batch_id_after_the_checkpoint_was_lost_is_refused(location):
     commit(location, 0, [1, 2])
     commit(location, 1, [3])
     shard = ps.open_shard(location)
-    version = shard.state().version
+    version = shard.inspect.state().version
     with pytest.raises(InvalidUpdates, match="checkpoint") as e:
         commit(location, 0, [4, 5])
     assert "writer_id" in str(e.value)  # says how to start over on purpose
-    assert shard.state().version == version
+    assert shard.inspect.state().version == version
     assert ids_of(shard) == Counter({1: 1, 2: 1, 3: 1})
-    assert {m.key for m in shard._blob.list("parts/")} == shard.state().stored_part_keys()
+    assert {m.key for m in shard._blob.list("parts/")} == shard.inspect.state().stored_part_keys()
 
 
 def test_recorded_batch_id_is_a_replay_only_with_the_same_rows(location):
     commit(location, 0, [1])
     commit(location, 1, [2, 3])
     shard = ps.open_shard(location)
-    version = shard.state().version
+    version = shard.inspect.state().version
     commit(location, 1, [3, 2])  # a genuine replay (rows in another order): a no-op
-    assert shard.state().version == version
+    assert shard.inspect.state().version == version
     with pytest.raises(InvalidUpdates, match="checkpoint"):
         commit(location, 1, [2, 4])  # same id, other rows: a lost checkpoint
-    assert shard.state().version == version
+    assert shard.inspect.state().version == version
     assert ids_of(shard) == Counter({1: 1, 2: 1, 3: 1})
-    assert {m.key for m in shard._blob.list("parts/")} == shard.state().stored_part_keys()
+    assert {m.key for m in shard._blob.list("parts/")} == shard.inspect.state().stored_part_keys()
     commit(location, 2, [4])
     assert ids_of(shard) == Counter({1: 1, 2: 1, 3: 1, 4: 1})
 
@@ -195,9 +195,9 @@ def test_same_query_replay_is_a_no_op_even_with_other_rows(location):
     """Spark re-runs batch N of the same query (same checkpoint: same query id) over the same
     offsets; a nondeterministic query may give other rows, still the batch Spark committed."""
     commit(location, 0, [1], query="q-1")
-    version = ps.open_shard(location).state().version
+    version = ps.open_shard(location).inspect.state().version
     commit(location, 0, [9], query="q-1")
-    assert ps.open_shard(location).state().version == version
+    assert ps.open_shard(location).inspect.state().version == version
     with pytest.raises(InvalidUpdates, match="checkpoint"):
         commit(location, 0, [9], query="q-2")  # another checkpoint, other rows
 
@@ -228,9 +228,9 @@ def test_state_without_a_digest_keeps_equal_ids_as_replays(location):
 
     old_commit(0, [1])
     old_commit(1, [2])
-    version = shard.state().version
+    version = shard.inspect.state().version
     commit(location, 1, [7])  # equal id, nothing to compare with: a replay
-    assert shard.state().version == version
+    assert shard.inspect.state().version == version
     with pytest.raises(InvalidUpdates, match="checkpoint"):
         commit(location, 0, [8])
 
@@ -239,14 +239,14 @@ def test_complete_mode_follows_the_same_rule(location):
     commit(location, 0, [1, 2], complete=True)
     commit(location, 1, [1, 2, 3], complete=True)
     shard = ps.open_shard(location)
-    version = shard.state().version
+    version = shard.inspect.state().version
     commit(location, 1, [3, 1, 2], complete=True)
-    assert shard.state().version == version
+    assert shard.inspect.state().version == version
     with pytest.raises(InvalidUpdates, match="checkpoint"):
         commit(location, 0, [5], complete=True)
     with pytest.raises(InvalidUpdates, match="checkpoint"):
         commit(location, 1, [5], complete=True)
-    assert shard.state().version == version
+    assert shard.inspect.state().version == version
     assert ids_of(shard) == Counter({1: 1, 2: 1, 3: 1})
 
 
@@ -262,13 +262,13 @@ def test_streaming_upserts_follow_the_same_rule(location):
     up(0, [1, 2])
     up(1, [3])
     shard = ps.open_shard(location)
-    version = shard.state().version
+    version = shard.inspect.state().version
     up(1, [3])
-    assert shard.state().version == version
+    assert shard.inspect.state().version == version
     for batch_id, ids in ((0, [4]), (1, [4])):
         with pytest.raises(InvalidUpdates, match="checkpoint"):
             up(batch_id, ids)
-    assert shard.state().version == version
+    assert shard.inspect.state().version == version
     assert ids_of(shard) == Counter({1: 1, 2: 1, 3: 1})
 
 
@@ -309,8 +309,10 @@ def test_stream_restarted_without_checkpoint_never_drops_rows(spark, tmp_path):
 
     assert run("earliest", "ingest") is None
     shard = ps.open_shard(out)
-    assert shard.state().writers["ingest"] == 1
-    assert shard.state().writer_batches["ingest"].query_id  # Spark's query id reached the sink
+    assert shard.inspect.state().writers["ingest"] == 1
+    assert (
+        shard.inspect.state().writer_batches["ingest"].query_id
+    )  # Spark's query id reached the sink
     shutil.rmtree(chk)
     append_records(str(src), "t", 0, ["r4", "r5"])
     error = run('{"t:0": 4}', "ingest")
@@ -344,14 +346,14 @@ def test_state_records_the_identity_and_judges_at_the_compare_and_set(location, 
         shard.compare_and_append(updates([(t, "x", t, 1)]), t, t + 1, writer=writer)
 
     def attempt(writer):
-        state = shard.state()
+        state = shard.inspect.state()
         batch = st.Batch("b", state.upper, state.upper + 1, ())
         return apply(state, Append(state.upper, state.upper + 1, batch, writer=writer, id="c"))
 
     append(("plain", 0))
-    assert "writer_batches" not in shard.state().to_json()  # encoded as before identities
+    assert "writer_batches" not in shard.inspect.state().to_json()  # encoded as before identities
     append(st.WriterBatch("w", 0, first))
-    state = shard.state()
+    state = shard.inspect.state()
     assert state.writer_batches == {"w": first}
     assert st.ShardState.from_json(state.to_json()).writer_batches == {"w": first}
     old = state.to_json()
@@ -369,12 +371,12 @@ def test_state_records_the_identity_and_judges_at_the_compare_and_set(location, 
     other = st.BatchIdentity(digest="v1:1:00000000000000bb", query_id="q-2")
     with pytest.raises(InvalidUpdates, match="restarted without its checkpoint"):
         attempt(st.WriterBatch("w", 0, other))
-    version = shard.state().version
+    version = shard.inspect.state().version
     with pytest.raises(InvalidUpdates, match="checkpoint"):
         append(st.WriterBatch("w", 0, other))  # through the shard: refused, nothing applied
-    assert shard.state().version == version
+    assert shard.inspect.state().version == version
     append(("w", 1))  # a batch of unknown identity: the old identity goes with the old batch
-    assert "w" not in shard.state().writer_batches
+    assert "w" not in shard.inspect.state().writer_batches
     with pytest.raises(InvalidUpdates, match="below the last one it committed"):
         attempt(("w", 0))
     # Records expire with their identities (the state check refuses an orphaned identity).
@@ -382,4 +384,4 @@ def test_state_records_the_identity_and_judges_at_the_compare_and_set(location, 
     clock.ms += st.WRITER_RECORD_MS + 1
     for _ in range(st.PRUNE_EVERY):
         shard.append(updates([(9, "plain", shard.upper, 1)]))
-    assert shard.state().writers == {} and shard.state().writer_batches == {}
+    assert shard.inspect.state().writers == {} and shard.inspect.state().writer_batches == {}

@@ -58,14 +58,14 @@ def shard(tmp_path) -> Shard:
 
 
 def test_a_refused_commit_deletes_its_parts_and_changes_nothing(shard):
-    before = shard.state()
+    before = shard.inspect.state()
     with write_transaction(shard) as txn:
         written = txn.write_updates(rows([3], 0), lower=0, new_upper=1, schema=before.schema)
         assert stored(shard, txn.write_id) == set(written.stored_keys()) != set()
         with pytest.raises(UpperMismatch):  # the upper is 1, not 0
             txn.commit(written, expected_upper=0, new_upper=1, schema=before.schema)
     assert stored(shard, txn.write_id) == set()
-    assert shard.state().version == before.version
+    assert shard.inspect.state().version == before.version
 
 
 def test_an_unknown_outcome_keeps_every_part(tmp_path):
@@ -90,17 +90,17 @@ def test_parts_written_elsewhere_are_checked_and_nothing_is_deleted(shard):
     written.extend(elsewhere.write_updates(rows([5], 1), lower=1, new_upper=2, schema=None))
     lost = written.sealed[0].key
     shard._blob.delete(lost)
-    before = shard.state()
+    before = shard.inspect.state()
     with pytest.raises(CorruptData, match="missing"):
         write_transaction(shard).commit(
             written, expected_upper=1, new_upper=2, schema=before.schema, check=True
         )
-    assert shard.state().version == before.version
+    assert shard.inspect.state().version == before.version
     assert stored(shard, elsewhere.write_id) == set(written.stored_keys()) - {lost}
     shard._blob.put(lost, b"")  # present again, but not with its recorded size
     with pytest.raises(CorruptData):
         shard.commit_checked(written, expected_upper=1, new_upper=2, schema=before.schema)
-    assert shard.state().version == before.version
+    assert shard.inspect.state().version == before.version
 
 
 def test_a_sweep_deletes_only_what_nothing_will_name(shard):
@@ -125,7 +125,7 @@ def test_the_python_api_commits_through_one_write(shard):
 
 
 def test_self_correct_writes_only_the_difference_and_deletes_the_staged_rows(shard):
-    state = shard.state()
+    state = shard.inspect.state()
     staged_txn = write_transaction(shard)
     staged = staged_txn.write_updates(rows([2, 3], 1), lower=1, new_upper=2, schema=state.schema)
     txn = write_transaction(shard)

@@ -83,12 +83,20 @@ def test_upsert_retracts_every_row_of_a_key_written_by_appends(tmp_path: Any) ->
 def test_duplicate_keys_refused_nothing_written(tmp_path: Any) -> None:
     shard = ps.open_shard(str(tmp_path / "s"))
     shard.upsert(pa.table({"id": [1], "v": ["a"]}), "id")
-    before = (shard.upper, shard.state().part_keys(), sorted(m.key for m in shard._blob.list("")))
+    before = (
+        shard.upper,
+        shard.inspect.state().part_keys(),
+        sorted(m.key for m in shard._blob.list("")),
+    )
     with pytest.raises(InvalidUpdates, match=r"^InvalidUpdates: duplicate key .*\(id=7\)"):
         shard.upsert(pa.table({"id": [7, 3, 7], "v": ["x", "y", "z"]}), "id")
     with pytest.raises(InvalidUpdates, match=r"duplicate key .*\(id=3\)"):  # delete + upsert
         shard.upsert(pa.table({"id": [3, 3], "v": ["x", "y"], "_diff": [1, -1]}), "id")
-    after = (shard.upper, shard.state().part_keys(), sorted(m.key for m in shard._blob.list("")))
+    after = (
+        shard.upper,
+        shard.inspect.state().part_keys(),
+        sorted(m.key for m in shard._blob.list("")),
+    )
     assert after == before
 
 
@@ -169,7 +177,7 @@ def test_a_concurrent_commit_makes_the_upsert_recompute(tmp_path: Any, monkeypat
     ]
     # the refused attempt's parts were deleted: only referenced parts remain
     assert {m.key for m in shard._blob.list("parts/")} - parts_before == {
-        k for k in shard.state().part_keys() if k not in parts_before
+        k for k in shard.inspect.state().part_keys() if k not in parts_before
     }
     calls.clear()
 

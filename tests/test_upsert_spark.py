@@ -68,7 +68,7 @@ def test_batch_upsert_writes(spark: Any, location: str) -> None:
     read = spark.read.format("persistshard").load(location)
     assert sorted(tuple(r) for r in read.collect()) == [(1, "a"), (2, "B")]
     shard.gc(dry_run=False, retention_seconds=0)  # compaction's inputs; no staged part left
-    assert {m.key for m in shard._blob.list("parts/")} == shard.state().stored_part_keys()
+    assert {m.key for m in shard._blob.list("parts/")} == shard.inspect.state().stored_part_keys()
 
 
 def test_duplicate_keys_across_tasks_are_refused(spark: Any, location: str) -> None:
@@ -117,7 +117,7 @@ def test_foreach_batch_upserts_once_per_batch_id(spark: Any, location: str) -> N
 
     write([(1, "a")], 0)
     write([(1, "b")], 1)
-    version = shard.state().version
+    version = shard.inspect.state().version
     write([(1, "b")], 1)  # replayed by Spark after a crash: a no-op
     # An older batch id: the stream's checkpoint was lost (Spark numbers batches from 0
     # again); refused naming it, never dropped as a replay (issue 36, item 5).
@@ -125,10 +125,10 @@ def test_foreach_batch_upserts_once_per_batch_id(spark: Any, location: str) -> N
         write([(1, "zzz")], 0)
     with pytest.raises(Exception, match="restarted without its checkpoint"):
         write([(1, "zzz")], 1)  # the recorded id with other rows, outside a stream
-    assert shard.state().version == version
+    assert shard.inspect.state().version == version
     assert table_of(shard) == {1: "b"}
-    assert shard.state().writers["agg"] == 1
-    assert {m.key for m in shard._blob.list("parts/")} == shard.state().stored_part_keys()
+    assert shard.inspect.state().writers["agg"] == 1
+    assert {m.key for m in shard._blob.list("parts/")} == shard.inspect.state().stored_part_keys()
 
 
 def test_upsert_stream(spark: Any, location: str, tmp_path: Any) -> None:
@@ -160,7 +160,7 @@ def test_upsert_stream(spark: Any, location: str, tmp_path: Any) -> None:
     )
     shard = ps.open_shard(location)
     assert table_of(shard) == {0: "a", 1: "b", 3: "a", 4: "a"}
-    assert shard.state().writers["cdc"] == 1
+    assert shard.inspect.state().writers["cdc"] == 1
     got = {(r["id"], r["v"], r["_diff"]) for r in shard.updates(1, 2).to_pylist()}
     assert got == {(1, "a", -1), (1, "b", 1), (2, "a", -1)}
 
@@ -257,10 +257,10 @@ def test_crashes_and_replays_commit_each_micro_batch_once(
             UpsertStreamWriter(options, schema, False).commit(messages, batch_id)
             if crashes and crashes[0] == "after_commit":
                 crashes.pop(0)
-                version = shard.state().version
+                version = shard.inspect.state().version
                 again = _micro_batch(location, batch_id, ops, 2)
                 UpsertStreamWriter(options, schema, False).commit(again, batch_id)
-                assert shard.state().version == version
+                assert shard.inspect.state().version == version
             break
         for k, v in ops:
             if v is None:
@@ -268,7 +268,7 @@ def test_crashes_and_replays_commit_each_micro_batch_once(
             else:
                 model[k] = v
         assert table_of(shard) == model
-        assert shard.state().writers["w"] == batch_id
+        assert shard.inspect.state().writers["w"] == batch_id
         assert shard.upper == batch_id + 1
     # The crashed writes' parts are kept while their write leases live; once those ran out
     # (gc's clock past them, and a commit recording that time: gc judges time by at most a
@@ -278,9 +278,9 @@ def test_crashes_and_replays_commit_each_micro_batch_once(
 
     later = layout.now_ms() + int(DEFAULT_WRITE_LEASE_SECONDS * 1000) + 60_000
     monkeypatch.setattr(layout, "now_ms", lambda: later)
-    shard.expire_reader("nobody")
+    shard.maintenance.expire_reader("nobody")
     shard.gc(dry_run=False, retention_seconds=0)
-    assert {m.key for m in shard._blob.list("parts/")} == shard.state().stored_part_keys()
+    assert {m.key for m in shard._blob.list("parts/")} == shard.inspect.state().stored_part_keys()
 
 
 def test_commit_checks_keys_staged_by_two_tasks(location: str) -> None:

@@ -100,7 +100,7 @@ def test_maintenance_on_a_read_only_shard_is_a_storage_error(tmp_path, capsys, c
     location = make(tmp_path, inline_bytes=0)  # part files, for gc to be refused deleting
     if command == "gc":
         ps.open_shard(location).compact()  # so that gc has parts to delete
-    before = ps.open_shard(location).state()
+    before = ps.open_shard(location).inspect.state()
     args = [command, location] + (
         ["--apply", "--retention-seconds", "0"] if command == "gc" else []
     )
@@ -115,7 +115,7 @@ def test_maintenance_on_a_read_only_shard_is_a_storage_error(tmp_path, capsys, c
     assert err.startswith(f"StorageError: cannot {doing}"), err
     assert "PermissionError: Permission denied" in err and "grant write access" in err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
-    assert ps.open_shard(location).state() == before
+    assert ps.open_shard(location).inspect.state() == before
 
 
 def test_missing_credentials_are_a_storage_error(tmp_path, capsys):
@@ -146,7 +146,7 @@ def test_compact_on_a_really_read_only_directory(tmp_path, capsys):
 
     location = make(tmp_path)
     probe_read_only(location)
-    before = ps.open_shard(location).state()
+    before = ps.open_shard(location).inspect.state()
     with read_only(location):
         assert main(["inspect", location]) == 0  # reading needs read access only
         capsys.readouterr()
@@ -154,7 +154,7 @@ def test_compact_on_a_really_read_only_directory(tmp_path, capsys):
     _, err = capsys.readouterr()
     assert err.startswith("StorageError: cannot compact the shard at"), err
     assert "grant write access" in err and "Traceback" not in err
-    assert ps.open_shard(location).state() == before
+    assert ps.open_shard(location).inspect.state() == before
 
 
 def test_a_commit_refused_by_a_read_only_directory_is_not_indeterminate(tmp_path, capsys):
@@ -165,10 +165,10 @@ def test_a_commit_refused_by_a_read_only_directory_is_not_indeterminate(tmp_path
     location = make(tmp_path)
     ps.open_shard(location).register_reader("dash")
     probe_read_only(location)
-    before = ps.open_shard(location).state()
+    before = ps.open_shard(location).inspect.state()
     with read_only(location):
         assert main(["holds", location, "--expire", "dash"]) == 2
     _, err = capsys.readouterr()
     assert err.startswith("StorageError: cannot change the shard's holds at"), err
     assert "Indeterminate" not in err and "grant write access" in err
-    assert ps.open_shard(location).state() == before
+    assert ps.open_shard(location).inspect.state() == before

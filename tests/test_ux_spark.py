@@ -84,7 +84,7 @@ def test_a_stream_restarted_without_its_checkpoint_says_what_happened(spark, tmp
     two_commits(source)
     _copy_stream(spark, source, target, ck)
     out = ps.open_shard(target)
-    before = out.state()
+    before = out.inspect.state()
     assert before.upper == 2 and before.writers == {"copy": 0}
     shutil.rmtree(ck)  # the checkpoint is lost: Spark starts from batch 0 and the snapshot
     with pytest.raises(Exception) as e:
@@ -94,7 +94,7 @@ def test_a_stream_restarted_without_its_checkpoint_says_what_happened(spark, tmp
     assert "restarted without its checkpoint" in text
     assert "writer 'copy' already committed micro-batches up to 0" in text
     assert ".option('updates_from', 2)" in text and "Nothing was written" in text
-    assert ps.open_shard(target).state() == before
+    assert ps.open_shard(target).inspect.state() == before
 
 
 # --- streams over a read-only location -------------------------------------------------------
@@ -127,7 +127,7 @@ def test_a_streaming_read_of_a_read_only_location(spark, tmp_path):
     location = str(tmp_path / "ro")
     two_commits(location)
     probe_read_only(location)
-    before = ps.open_shard(location).state()
+    before = ps.open_shard(location).inspect.state()
     with read_only(location):
         with pytest.raises(Exception) as e:
             _stream_rows(spark, location, str(tmp_path / "ck1"))
@@ -137,7 +137,7 @@ def test_a_streaming_read_of_a_read_only_location(spark, tmp_path):
         assert "Indeterminate" not in text and "HoldExpired" not in text
         rows = _stream_rows(spark, location, str(tmp_path / "ck2"), hold="false")
     assert rows == Counter({(2, 1, 1): 1})  # the snapshot at upper - 1 = 1
-    assert ps.open_shard(location).state() == before
+    assert ps.open_shard(location).inspect.state() == before
 
 
 def test_hold_false_with_a_reader_id_is_refused(spark, tmp_path):
@@ -160,10 +160,10 @@ def test_partition_by_is_refused_by_spark_before_the_source_is_asked(spark, tmp_
         location = str(tmp_path / name)
         if name == "old":
             df.write.format("persistshard").mode("append").save(location)
-        before = ps.open_shard(location).state()
+        before = ps.open_shard(location).inspect.state()
         with pytest.raises(Exception, match="partitioning or clustering columns do not match"):
             df.write.format("persistshard").mode("append").partitionBy("v").save(location)
-        assert ps.open_shard(location).state() == before
+        assert ps.open_shard(location).inspect.state() == before
 
 
 def test_what_the_catalog_shows_of_a_table(spark, tmp_path):
@@ -199,7 +199,7 @@ def test_a_batch_write_to_a_read_only_location(spark, tmp_path, inline_bytes):
     location = str(tmp_path / "ro")
     two_commits(location)
     probe_read_only(location)
-    before = ps.open_shard(location).state()
+    before = ps.open_shard(location).inspect.state()
     df = spark.createDataFrame([(7,)], "id BIGINT")
     with read_only(location), pytest.raises(Exception) as e:
         df.write.format("persistshard").mode("append").option("inline_bytes", inline_bytes).save(
@@ -212,4 +212,4 @@ def test_a_batch_write_to_a_read_only_location(spark, tmp_path, inline_bytes):
     else:
         assert "StorageError: " in text, text[-2000:]
     assert "Indeterminate" not in text
-    assert ps.open_shard(location).state() == before
+    assert ps.open_shard(location).inspect.state() == before

@@ -73,11 +73,11 @@ def test_complete_mode_keeps_the_aggregation_and_writes_only_changed_groups(log_
     os.remove(commits / str(last))
     if (commits / f".{last}.crc").exists():
         os.remove(commits / f".{last}.crc")
-    version, upper = shard.state().version, shard.upper
+    version, upper = shard.inspect.state().version, shard.upper
     run_counts(spark, src, out, chk)  # Spark replays batch `last` with the same id
     assert shard.upper == upper and view(shard) == {"a": 2, "b": 2, "c": 1, "d": 1}
     assert [h for h in shard.history() if h["version"] > version and h["kind"] == "overwrite"] == []
-    assert shard.state().writers["counts"] == last
+    assert shard.inspect.state().writers["counts"] == last
     kinds = [h["kind"] for h in shard.history()]
     assert "overwrite" in kinds
 

@@ -146,7 +146,7 @@ def test_where_skips_chunks_it_rules_out_and_filters_exactly(tmp_path: Any) -> N
     partitions = reader.partitions()
     chunks = [c for p in partitions for s in p.task.slices for c in (s.chunks or ())]
     shard = ps.open_shard(location)
-    (ref,) = shard.state().trace[0].parts
+    (ref,) = shard.inspect.state().trace[0].parts
     assert len(open_part(shard._blob, ref).chunks) > 20  # the whole part
     assert 0 < len(chunks) <= 2  # the ones that can hold id < 150
     assert _rows(reader) == [{"id": 7, "name": "n7"}, {"id": 107, "name": "n7"}]

@@ -52,12 +52,12 @@ def test_stream_tasks_at_different_uppers_are_an_upper_mismatch(tmp_path):
     shard.append(pa.table({"id": [9], "v": ["racer"]}))  # another writer: upper 2
     second = stream_task(opts, SCHEMA, False, [batch], 0, "q")  # sees upper 2
     assert {first.lower, second.lower} == {1, 2}
-    before = shard.state()
+    before = shard.inspect.state()
     with pytest.raises(UpperMismatch) as caught:
         PersistShardStreamWriter(options, SCHEMA, False).commit([first, second], 0)
     assert (caught.value.expected, caught.value.actual) == (1, 2)
     assert str(caught.value).startswith("UpperMismatch") and location in str(caught.value)
-    after = shard.state()
+    after = shard.inspect.state()
     assert (after.version, after.upper) == (before.version, before.upper)
     assert sorted(r["id"] for r in shard.snapshot().to_pylist()) == [0, 9]
     assert files_of(location, first.write_id) == []  # the losing write's parts are swept
@@ -88,13 +88,13 @@ def test_reclocked_tasks_at_different_uppers_are_an_upper_mismatch(tmp_path):
     shard.append(pa.table({"partition": ["x"], "offset": [0], "v": ["racer"]}))  # upper 2
     second = task([2, 3])  # sees upper 2
     assert {first.lower, second.lower} == {1, 2}
-    before = shard.state()
+    before = shard.inspect.state()
     d = replace(describe_write(opts, RECLOCKED, False, shard), write_id="driver")
     with pytest.raises(UpperMismatch) as caught:
         reclock.commit_reclocked(d, spec, [first, second], compact=False, maintenance=False)
     assert (caught.value.expected, caught.value.actual) == (1, 2)
     assert str(caught.value).startswith("UpperMismatch") and location in str(caught.value)
-    after = shard.state()
+    after = shard.inspect.state()
     assert (after.version, after.upper) == (before.version, before.upper)
     assert sorted(r["v"] for r in shard.snapshot().to_pylist()) == ["racer", "seed"]
     assert files_of(location, first.write_id) == files_of(location, second.write_id) == []
