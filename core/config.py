@@ -97,6 +97,13 @@ class ShardConfig:
         "rows an overwrite's difference (and a complete-mode view's) merges per slice of each run",
         minimum=1,
     )
+    # --- compaction ---------------------------------------------------------------------
+    compact_wide_rows: int = _knob(
+        4_096,
+        "batches of at least this many updates merge four at a time, smaller ones eight (a "
+        "merge's work per row against its fixed cost)",
+        minimum=1,
+    )
     # --- commits ------------------------------------------------------------------------
     commit_deadline_seconds: float = _knob(
         120.0, "a commit that has not landed after this long is refused (CommitDeadline)"

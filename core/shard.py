@@ -737,8 +737,8 @@ class Maintenance:
     `expire_reader` and `drop_consumer` are an operator's tools that release since (the CLI's
     ``holds --expire/--drop``). ``auto`` is the bounded compaction and gc this handle runs
     after each of its own commits (`persistshard.core.maintenance.auto`; ``auto.enabled`` is
-    ``open_shard(..., maintenance=...)``). Every call but those on ``auto`` is `NoShard` on a
-    location that holds no shard."""
+    ``open_shard(..., maintenance=...)``). `compact`, `gc` and `drop_consumer` are `NoShard` on
+    a location that holds no shard."""
 
     def __init__(self, shard: Shard, auto: AutoMaintenance) -> None:
         self._shard = shard

@@ -95,7 +95,7 @@ def compact(
     txn = write_transaction(shard)  # the protocol's commits and sweeps; each merge has its id
     rounds = 0
     while state.schema is not None and (max_rounds is None or rounds < max_rounds):
-        plans = trace.independent_plans(state, full=full)
+        plans = trace.independent_plans(state, full=full, wide_rows=shard.config.compact_wide_rows)
         if not plans:
             break
         rounds += 1

@@ -340,12 +340,18 @@ def spark_version() -> tuple[int, int, int]:
     return numbers[0], numbers[1], numbers[2]
 
 
-def spark_scopes_read_info(version: tuple[int, int, int] | None = None) -> bool:
-    """Whether this Spark keeps the read planned by ``pushFilters`` per scan, so a reader may
-    prune by what was pushed to it (`ScopedPushdownReader`). False on every release so far."""
-    if SCAN_SCOPED_READ_INFO_SINCE is None:
+def spark_scopes_read_info(
+    version: tuple[int, int, int] | None = None,
+    since: tuple[int, int, int] | None = SCAN_SCOPED_READ_INFO_SINCE,
+) -> bool:
+    """Whether Spark ``version`` (default the installed one) keeps the read planned by
+    ``pushFilters`` per scan, so a reader may prune by what was pushed to it
+    (`ScopedPushdownReader`): from release ``since`` on (default
+    `SCAN_SCOPED_READ_INFO_SINCE`, a fixed fact about Spark; None: no release). False on every
+    release so far."""
+    if since is None:
         return False
-    return (version or spark_version()) >= SCAN_SCOPED_READ_INFO_SINCE
+    return (version or spark_version()) >= since
 
 
 def planning_with_pushdown() -> bool:

@@ -140,10 +140,13 @@ def _digits(n: int, base: int) -> list[int]:
     return out
 
 
-def _levels_after_appends(name: str, appends: int) -> Iterator[tuple[int, list[int], list[int]]]:
-    """After each of ``appends`` appends of 3 distinct rows to a fresh shard, each followed by
-    a level compaction: (appends so far, the trace's levels, its batches' row counts)."""
-    shard = ps.open_shard(f"memory://{name}-{uuid.uuid4().hex}", maintenance=False)
+def _levels_after_appends(
+    name: str, appends: int, **knobs: int
+) -> Iterator[tuple[int, list[int], list[int]]]:
+    """After each of ``appends`` appends of 3 distinct rows to a fresh shard (configured with
+    ``knobs``), each followed by a level compaction: (appends so far, the trace's levels, its
+    batches' row counts)."""
+    shard = ps.open_shard(f"memory://{name}-{uuid.uuid4().hex}", maintenance=False, **knobs)
     for n in range(1, appends + 1):
         _append_batches(shard, 1, 3)
         shard.compact(full=False)
@@ -163,14 +166,16 @@ def test_levels_form_a_counter_in_base_fan_in(tmp_path):
         assert rows == [3 * f**lvl for lvl in levels]
 
 
-def test_wide_batches_merge_in_fours(monkeypatch):
-    """Batches of at least WIDE_FAN_IN_ROWS updates merge WIDE_FAN_IN at a time, smaller ones
-    FAN_IN at a time: with 3-row appends and a threshold of 24 rows, the levels count n in the
-    mixed radix (FAN_IN, WIDE_FAN_IN, WIDE_FAN_IN, ...)."""
+def test_wide_batches_merge_in_fours():
+    """Batches of at least ``compact_wide_rows`` updates merge WIDE_FAN_IN at a time, smaller
+    ones FAN_IN at a time: with 3-row appends and a threshold of 24 rows, the levels count n in
+    the mixed radix (FAN_IN, WIDE_FAN_IN, WIDE_FAN_IN, ...)."""
     f, w = trace.FAN_IN, trace.WIDE_FAN_IN
     assert 1 < w < f
-    monkeypatch.setattr(trace, "WIDE_FAN_IN_ROWS", 3 * f)
-    for n, levels, rows in _levels_after_appends("wide", 3 * f * w + 1):
+    wide_rows = 3 * f
+    for n, levels, rows in _levels_after_appends(
+        "wide", 3 * f * w + 1, compact_wide_rows=wide_rows
+    ):
         digits = [n % f, *_digits(n // f, w)]
         assert [levels.count(d) for d in range(len(digits))] == digits
         assert rows == [3 * (f * w ** (lvl - 1) if lvl else 1) for lvl in levels]
@@ -182,10 +187,11 @@ def test_wide_batches_merge_in_fours(monkeypatch):
 
     small = [batch(3 * f - 1)]
     wide = [batch(3 * f) for _ in range(w)]
-    assert trace.fan_in(wide) == w
-    assert trace.fan_in(small + wide) == f
-    assert trace.fan_in(small + wide, 1) == w
-    assert trace.fan_in(wide[:-1]) == f
+    assert trace.fan_in(wide, wide_rows=wide_rows) == w
+    assert trace.fan_in(small + wide, wide_rows=wide_rows) == f
+    assert trace.fan_in(small + wide, 1, wide_rows=wide_rows) == w
+    assert trace.fan_in(wide[:-1], wide_rows=wide_rows) == f
+    assert trace.fan_in(wide) == f  # at the default threshold (4,096 updates) they are small
 
 
 @pytest.mark.parametrize("budget", [1, None])

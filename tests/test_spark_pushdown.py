@@ -381,13 +381,14 @@ def test_the_scoped_pushdown_reader_is_off_on_this_spark() -> None:
     assert not reader.spark_scopes_read_info()
 
 
-def test_the_gate_opens_from_its_release_on(monkeypatch: Any) -> None:
+def test_the_gate_opens_from_its_release_on() -> None:
     from persistshard.datasource import reader
 
-    monkeypatch.setattr(reader, "SCAN_SCOPED_READ_INFO_SINCE", (4, 5, 0))
-    assert reader.spark_scopes_read_info((4, 5, 0))
-    assert reader.spark_scopes_read_info((5, 0, 1))
-    assert not reader.spark_scopes_read_info((4, 4, 9))
+    release = (4, 5, 0)
+    assert reader.spark_scopes_read_info((4, 5, 0), since=release)
+    assert reader.spark_scopes_read_info((5, 0, 1), since=release)
+    assert not reader.spark_scopes_read_info((4, 4, 9), since=release)
+    assert not reader.spark_scopes_read_info((9, 9, 9), since=None)
 
 
 def test_scoped_reader_carries_accepted_filters_in_its_partitions(tmp_path: Any) -> None:

@@ -727,7 +727,7 @@ def _compact_from(
     while max_merges is None or len(report.merges) < max_merges:
         if state.schema is None:
             break
-        plan = trace.next_plan(state, full=full)
+        plan = trace.next_plan(state, full=full, wide_rows=machine.config.compact_wide_rows)
         if plan is None:
             break
         write_id = merge_write_id(machine)
@@ -773,10 +773,11 @@ def _describe(report: CompactionReport) -> str:
     )
 
 
-def needs_compaction(state: ShardState) -> bool:
+def needs_compaction(state: ShardState, wide_rows: int | None = None) -> bool:
     """Whether a writer-triggered compaction has work: a same-level group (`trace.fan_in`
-    batches) or unsealed updates the upper has passed (cheap: looks at the state only)."""
-    return bool(trace.level_plans(state) or trace.unsealed_plans(state))
+    batches, ``wide_rows`` as there) or unsealed updates the upper has passed (cheap: looks at
+    the state only)."""
+    return bool(trace.level_plans(state, wide_rows=wide_rows) or trace.unsealed_plans(state))
 
 
 def maybe_compact(machine: StateMachine, *, max_merges: int = 1) -> CompactionReport | None:
@@ -790,9 +791,10 @@ def maybe_compact(machine: StateMachine, *, max_merges: int = 1) -> CompactionRe
     newest state (refused, and the merge's parts deleted, when its inputs are gone). Only a
     writer that has seen no state reads the head."""
     known = machine.known()
-    if max_merges <= 0 or (known.version > 0 and not needs_compaction(known)):
+    wide = machine.config.compact_wide_rows
+    if max_merges <= 0 or (known.version > 0 and not needs_compaction(known, wide)):
         return None
     state = known if known.version > 0 else machine.state()
-    if not needs_compaction(state):
+    if not needs_compaction(state, wide):
         return None
     return _compact_from(machine, state, False, max_merges, None, 10)

@@ -20,7 +20,8 @@ compaction level. Three kinds of merge, in the order a full compaction tries the
     A tiered Spine rule: appended batches enter at level 0; consecutive batches at the same
     level L merge into one at L + 1 if the result holds more updates than each input, else at
     L. How many merge at once depends on their size: ``FAN_IN`` small ones, or
-    ``WIDE_FAN_IN`` when each holds at least ``WIDE_FAN_IN_ROWS`` updates. The oldest such
+    ``WIDE_FAN_IN`` when each holds at least ``wide_rows`` updates (the knob
+    ``compact_wide_rows``). The oldest such
     group goes first; a level with fewer batches waits. Every update is rewritten at most once
     per level, and a level only fills up by a factor of its fan-in, so with uniformly sized
     appends each update is rewritten O(log N) times over N appends, and the trace holds at
@@ -69,17 +70,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from persistshard.core.config import DEFAULTS
 from persistshard.core.statemachine.state import Batch, PartRef, ShardState
 
 Reason = Literal["unsealed", "level", "full"]
 
 #: How many consecutive batches of one level a ``level`` merge takes (see the module docstring).
+#: Fixed, with ``WIDE_FAN_IN``: they are the shape of the levels (a counter in base 8, then 4)
+#: that the amortized bound and README's numbers follow; what decides which applies is the
+#: knob ``compact_wide_rows`` (`persistshard.core.config.ShardConfig`).
 FAN_IN = 8
-#: How many it takes when each holds at least ``WIDE_FAN_IN_ROWS`` updates.
+#: How many it takes when each holds at least ``compact_wide_rows`` updates (default 4,096: a
+#: 4-way merge of them writes at least 16,384 updates, enough for its work per row to
+#: outweigh its fixed cost).
 WIDE_FAN_IN = 4
-#: Batches of this many updates and more merge ``WIDE_FAN_IN`` at a time: a 4-way merge of
-#: them writes at least 16,384 updates, enough for its work per row to outweigh its fixed cost.
-WIDE_FAN_IN_ROWS = 4_096
 
 #: Ids of batches whose parts form one sorted run (compaction outputs) end with this.
 RUN_SUFFIX = "-run"
@@ -207,22 +211,23 @@ def unsealed_plans(state: ShardState) -> list[MergePlan]:
     return [_plan(state, "unsealed", list(state.trace[lo : hi + 1]), g) for lo, hi, g in ranges]
 
 
-def fan_in(batches: Sequence[Batch], start: int = 0) -> int:
+def fan_in(batches: Sequence[Batch], start: int = 0, *, wide_rows: int | None = None) -> int:
     """How many consecutive same-level batches from ``batches[start]`` on merge at once:
-    ``WIDE_FAN_IN`` when the first that many each hold at least ``WIDE_FAN_IN_ROWS`` updates,
-    else ``FAN_IN``."""
+    ``WIDE_FAN_IN`` when the first that many each hold at least ``wide_rows`` updates (None:
+    the default of the knob ``compact_wide_rows``), else ``FAN_IN``."""
+    floor = DEFAULTS.compact_wide_rows if wide_rows is None else wide_rows
     head = batches[start : start + WIDE_FAN_IN]
-    wide = len(head) == WIDE_FAN_IN and all(b.num_rows >= WIDE_FAN_IN_ROWS for b in head)
+    wide = len(head) == WIDE_FAN_IN and all(b.num_rows >= floor for b in head)
     return WIDE_FAN_IN if wide else FAN_IN
 
 
-def level_plans(state: ShardState) -> list[MergePlan]:
+def level_plans(state: ShardState, *, wide_rows: int | None = None) -> list[MergePlan]:
     """Groups of `fan_in` consecutive same-level batches, oldest first, disjoint."""
     out = []
     i = 0
     trace = state.trace
     while i < len(trace):
-        f = fan_in(trace, i)
+        f = fan_in(trace, i, wide_rows=wide_rows)
         group = trace[i : i + f]
         if len(group) == f and all(b.level == group[0].level for b in group):
             out.append(_plan(state, "level", list(group), []))
@@ -245,22 +250,27 @@ def full_plan(state: ShardState) -> MergePlan | None:
     return None
 
 
-def next_plan(state: ShardState, *, full: bool = True) -> MergePlan | None:
+def next_plan(
+    state: ShardState, *, full: bool = True, wide_rows: int | None = None
+) -> MergePlan | None:
     """The next merge a sequential compactor should run, or None when the trace is tidy.
 
     Order: unsealed absorption, then the oldest same-level group, then (``full`` only) the
     merge of the whole trace into one run.
     """
-    for plans in (unsealed_plans(state), level_plans(state)):
+    for plans in (unsealed_plans(state), level_plans(state, wide_rows=wide_rows)):
         if plans:
             return plans[0]
     return full_plan(state) if full else None
 
 
-def independent_plans(state: ShardState, *, full: bool = True) -> list[MergePlan]:
+def independent_plans(
+    state: ShardState, *, full: bool = True, wide_rows: int | None = None
+) -> list[MergePlan]:
     """Merges that touch disjoint batches and may run in parallel: all unsealed groups if there
-    are any, else every disjoint same-level group, else (``full``) the whole-trace merge."""
-    for plans in (unsealed_plans(state), level_plans(state)):
+    are any, else every disjoint same-level group, else (``full``) the whole-trace merge.
+    ``wide_rows``: as in `fan_in`."""
+    for plans in (unsealed_plans(state), level_plans(state, wide_rows=wide_rows)):
         if plans:
             return plans
     plan = full_plan(state) if full else None
