@@ -1,9 +1,9 @@
 """CI: the wheel holds exactly the package's modules, the Spark entry module, py.typed and the
-JVM companion's Java sources (``jvm/src``).
+JVM companion's sources (``jvm/src``: Java files and the jar's resources).
 
 Builds the wheel from the working tree and compares its file list with what the tree says
 should ship: every ``.py`` file of the packages listed in pyproject.toml, ``py.typed``, every
-``.java`` file under ``jvm/src``, the one top-level module ``pyspark_persistshard`` and the
+file under ``jvm/src`` (``.java`` sources and the service registration), the one top-level module ``pyspark_persistshard`` and the
 dist-info. Anything more (tests, benchmarks, the unshipped ``jvm/prototype``, a second copy of
 the entry module) or less fails, naming the files.
 """
@@ -34,10 +34,10 @@ def expected_files() -> set[str]:
         for name in os.listdir(directory):
             if name.endswith(".py"):
                 out.add("/".join([*package.split("."), name]))
-    sources = os.path.join(ROOT, "jvm", "src")  # the JVM companion's Java sources
+    sources = os.path.join(ROOT, "jvm", "src")  # the JVM companion's sources and resources
     for folder, _, files in os.walk(sources):
         for name in files:
-            if name.endswith(".java"):
+            if name.endswith(".java") or "META-INF" in folder:
                 rel = os.path.relpath(os.path.join(folder, name), ROOT).replace(os.sep, "/")
                 out.add(f"persistshard/{rel}")
     return out

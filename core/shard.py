@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Unpack
 
@@ -59,10 +59,12 @@ from persistshard.core.maintenance.gc import GcReport, collect
 from persistshard.core.read.filters import Pred
 from persistshard.core.read.listen import Listen
 from persistshard.core.read.plan import (
+    DirectSlice,
     Query,
     ReadTask,
     check_as_of,
     check_updates_range,
+    direct_slices,
     iter_task,
     plan_read,
     read_query,
@@ -1071,6 +1073,14 @@ def iter_read_task(
     """The rows of one read task, chunk by chunk when it can
     (`persistshard.core.read.plan.iter_task`), from ``shard``'s storage."""
     return iter_task(shard._blob, task, as_multiset=as_multiset)
+
+
+def direct_read_slices(
+    shard: Shard, task: ReadTask, accepts: Callable[[pa.Schema], bool]
+) -> list[DirectSlice] | None:
+    """The slices of a read task a reader may hand over as stored
+    (`persistshard.core.read.plan.direct_slices`), on ``shard``'s storage; None if none."""
+    return direct_slices(shard._blob, task, accepts)
 
 
 def run_read_task(shard: Shard, task: ReadTask, *, as_multiset: bool = False) -> pa.Table:

@@ -1,11 +1,14 @@
 """The JVM companion: a jar built from the package's own Java sources, and the Spark settings
 that put it on a session's classpath.
 
-What the jar holds today (docs/design.md, "JVM companion"): the part decoder in the JVM
+What the jar holds (docs/design.md, "JVM companion"): the part decoder in the JVM
 (`persistshard.companion.format`: footer, crc32c, zstd and plain segments of every format
-version into Arrow vectors, column pruning, chunk skipping by statistics) and its command-line
-entry `persistshard.companion.format.DecodePart`. It registers no data source: with or
-without the jar, the format ``persistshard`` is the Python source.
+version into Arrow vectors, column pruning, chunk skipping by statistics) with its
+command-line entry `persistshard.companion.format.DecodePart`, and a table provider registered
+under the short name ``persistshard`` (`persistshard.companion.CompanionProvider`): with the
+jar on a session's classpath the format resolves to it. Its batch snapshot scans are
+columnar, planned by Python (`persistshard.datasource.bridge`) and decoded in the JVM; every
+other path (writes, streams, change reads, SQL tables) is the Python source's, delegated.
 
 Invariants:
 - The jar is built on first use with the ``javac`` of ``JAVA_HOME`` (or, without
@@ -43,7 +46,8 @@ from typing import Any
 
 log = logging.getLogger("persistshard.datasource.companion")
 
-#: The package's Java sources (shipped in the wheel as package data).
+#: The package's Java sources and the jar's resources (``META-INF``), shipped in the wheel as
+#: package data.
 JAVA_SOURCES = Path(__file__).resolve().parent.parent / "jvm" / "src"
 #: Overrides where built jars are cached (default: ``$XDG_CACHE_HOME/persistshard/companion``,
 #: else ``~/.cache/persistshard/companion``).
@@ -103,10 +107,18 @@ def pyspark_version() -> str:
 
 
 def source_files() -> list[Path]:
-    """Every Java source of the companion, sorted by path (the build's input)."""
+    """Every file of the companion, sorted by path (the build's input): the Java sources and
+    the resources under ``META-INF`` (the data source registration), which go into the jar
+    as they are."""
     return sorted(
-        JAVA_SOURCES.rglob("*.java"), key=lambda p: p.relative_to(JAVA_SOURCES).as_posix()
+        (p for p in JAVA_SOURCES.rglob("*") if p.is_file() and _is_source(p)),
+        key=lambda p: p.relative_to(JAVA_SOURCES).as_posix(),
     )
+
+
+def _is_source(path: Path) -> bool:
+    rel = path.relative_to(JAVA_SOURCES)
+    return path.suffix == ".java" or rel.parts[0] == "META-INF"
 
 
 def source_digest() -> str:
@@ -168,7 +180,8 @@ def build_jar(javac: str, jars: Path, out: Path) -> None:
         classes = work / "classes"
         classes.mkdir()
         listing = work / "sources.txt"
-        listing.write_text("".join(f'"{p.as_posix()}"\n' for p in source_files()))
+        java = [p for p in source_files() if p.suffix == ".java"]
+        listing.write_text("".join(f'"{p.as_posix()}"\n' for p in java))
         command = [
             javac,
             "--release",
@@ -185,6 +198,11 @@ def build_jar(javac: str, jars: Path, out: Path) -> None:
             f"@{listing}",
         ]
         subprocess.run(command, check=True, capture_output=True, text=True, timeout=600)
+        for resource in source_files():
+            if resource.suffix != ".java":
+                target = classes / resource.relative_to(JAVA_SOURCES)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(resource, target)
         staged = work / out.name
         write_jar(classes, staged)
         os.replace(staged, out)
@@ -250,8 +268,9 @@ def configure_spark(builder: Any) -> Any:
     It sets:
     - ``spark.jars``: the companion jar (`companion_jar`) appended to what the builder already
       names; without a JDK nothing (one `CompanionUnavailable` warning) and the session uses
-      the Python source as always. The jar registers no data source today: the format
-      ``persistshard`` stays the Python source with or without it.
+      the Python source as always. With the jar, the format ``persistshard`` resolves to the
+      companion's table provider (module docstring), which reads snapshots in the JVM and
+      hands every other path to the Python source.
     - ``spark.pyspark.python`` and the environment variable ``PYSPARK_PYTHON`` (which the
       session's JVM inherits): this interpreter, for Spark's Python workers, unless the
       builder or ``PYSPARK_PYTHON`` already names one (without either, workers run

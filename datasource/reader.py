@@ -506,10 +506,16 @@ class PersistShardReader(DataSourceReader):
     in `partitions` (its columns and types, against the pinned state's schema).
     """
 
-    def __init__(self, options: dict[str, str], schema: StructType) -> None:
+    def __init__(
+        self, options: dict[str, str], schema: StructType, table_schema: StructType | None = None
+    ) -> None:
         self.opts = ReadOptions.parse(options, schema)
-        check_read_schema(self.opts, schema)
+        check_read_schema(self.opts, table_schema or schema)
         self.schema = schema
+        #: The relation's whole schema when ``schema`` is a pruned part of it (the JVM
+        #: companion's scans, `persistshard.datasource.bridge`): its columns are checked as
+        #: a read of all of them would be, so pruning changes no error.
+        self.table_schema = table_schema
         self.where: Pred | None = None  # unbound (`parse_where`)
         if self.opts.where is not None:
             try:
@@ -543,6 +549,8 @@ class PersistShardReader(DataSourceReader):
             if self.opts.as_of is not None or self.opts.reads_updates:
                 check_query(shard, state, self.opts)
             return []
+        if self.table_schema is not None:
+            check_columns(self.table_schema, state.schema, shard.location)
         columns = check_columns(self.schema, state.schema, shard.location)
         q = check_query(shard, state, self.opts)
         row_filter, result_filter = self.filters(state.schema, columns)

@@ -807,6 +807,59 @@ def run_ahead(jobs: Sequence[Job[_T]], ahead: int = READ_AHEAD) -> Iterator[_T]:
         wait(window)
 
 
+@dataclass(frozen=True)
+class DirectSlice:
+    """A part slice whose stored rows *are* its share of a snapshot read's answer: what a
+    reader without consolidation (the JVM companion) may decode and hand over as is.
+    ``path`` is the part's file on this machine (None for an inline part: ``inline`` holds
+    its bytes); ``chunks`` the chunks to read, in file order."""
+
+    key: str
+    path: str | None
+    inline: bytes | None
+    chunks: tuple[int, ...]
+
+
+def direct_slices(
+    blob: Blob, task: ReadTask, accepts: Callable[[pa.Schema], bool]
+) -> list[DirectSlice] | None:
+    """The slices of ``task`` as `DirectSlice`s when its answer, rows repeated by their
+    counts, is exactly the rows its chunks store (restricted to its output columns); None
+    when it needs anything more. That holds for a snapshot without ``with_diff``, key range,
+    filter or expression, whose every part is at or before the snapshot's time (no time
+    filter), a local file or inline (a part of another shard: None), and whose chunks'
+    statistics prove every diff is exactly 1 (no repetition, no consolidation). ``accepts``
+    decides, from a part's stored schema, whether its columns can be handed over as stored
+    (the task's output columns must all be in the part: a column added later reads as
+    nulls, which only the Python reader does). Opens the task's footers (in ``blob``)."""
+    q = task.query
+    if (
+        q.mode != "snapshot"
+        or q.with_diff
+        or task.key_range is not None
+        or task.row_filter is not None
+        or task.row_expression is not None
+    ):
+        return None
+    local = getattr(blob, "local_file", None)
+    out: list[DirectSlice] = []
+    for s in task.slices:
+        ref = s.ref
+        if ref.max_time > q.as_of or ref.source is not None:
+            return None
+        path = None
+        if ref.inline is None:
+            path = local(ref.key) if local is not None else None
+            if path is None:
+                return None
+        reader = _open(blob, ref, None)
+        chunks = _wanted_chunks(reader, ref, s.chunks, q, None)
+        if not _unit_diffs(reader, chunks) or not accepts(reader.schema):
+            return None
+        out.append(DirectSlice(ref.key, path, ref.inline, tuple(chunks)))
+    return out
+
+
 def read_query(blob: Blob, state: ShardState, q: Query) -> pa.Table:
     """The whole answer of ``q`` in this process (one task)."""
     return read_task(blob, plan_read(blob, state, q, max_partitions=1)[0])

@@ -1,0 +1,158 @@
+"""The JVM companion's way into the Python source: ``python -m persistshard.datasource.bridge
+plan|read``, a JSON request on stdin (docs/design.md, "JVM companion").
+
+The companion's columnar scans (``jvm/src/persistshard/companion``) keep one implementation
+of the state machine and of read planning, this one:
+
+- ``plan``: the request holds the read's options, the relation's schema and the columns the
+  scan needs (``required``, Spark's JSON schemas). The answer (JSON on stdout) is what
+  `PersistShardReader.partitions` plans for those columns, one entry per Spark partition:
+  ``{"native": [slice, ...], "columns": [...]}`` when every slice of it may be decoded by the
+  JVM as stored (`persistshard.core.read.plan.direct_slices`: a local part file or inline
+  bytes, diffs proven 1, no time filter, every column stored with the Arrow type Spark reads;
+  a slice is ``{"key", "path" | "inline" (base64), "chunks"}``), else ``{"python": ...}``, the
+  Python source's own partition, pickled (base64). Also ``size_bytes`` and ``num_rows``, the
+  relevant parts' sizes and update counts, for Spark's optimizer.
+- ``read``: the request holds the options, ``required`` and one ``python`` partition; the
+  answer is an Arrow IPC stream on stdout of exactly what the Python source's read of that
+  partition yields (`PersistShardReader.read`: consolidation, time rewriting, repetition).
+
+Invariants: an error ends the process with status 1 after one line ``PERSISTSHARD-ERROR
+<json string>`` on stderr, the error's text (which starts with its class name), so the JVM
+raises it with the same class name as the Python source would show; nothing else is written
+to stdout on failure than what a consumer of a partial answer must discard anyway. Option
+checks and errors are the Python source's, for the relation's whole schema (pruning changes
+no error). Logging goes to stderr.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import pickle
+import sys
+from typing import Any, BinaryIO
+
+import pyarrow as pa
+from pyspark.sql.types import StructType
+
+from persistshard.core.shard import direct_read_slices
+from persistshard.datasource.options import find_location, storage_errors
+from persistshard.datasource.reader import PersistShardReader, ShardPartition
+from persistshard.datasource.types import arrow_schema_of
+
+log = logging.getLogger("persistshard.datasource.bridge")
+
+#: The prefix of the error line the JVM looks for on stderr.
+ERROR_PREFIX = "PERSISTSHARD-ERROR "
+
+
+def _schema(value: Any) -> StructType:
+    parsed = StructType.fromJson(value)
+    assert isinstance(parsed, StructType)
+    return parsed
+
+
+def handed_over(stored: pa.DataType, wanted: pa.DataType) -> bool:
+    """Whether a column stored as ``stored`` decodes in the JVM to what Spark reads as
+    ``wanted`` (the Arrow type of its Spark type): the same type, a large string for a
+    string (Spark's vectors read both), or a decimal of the same precision and scale (the
+    JVM decoder widens every decimal to 128 bits, Spark's width)."""
+    if stored == wanted:
+        return True
+    if pa.types.is_large_string(stored) and pa.types.is_string(wanted):
+        return True
+    return (
+        pa.types.is_decimal(stored)
+        and pa.types.is_decimal(wanted)
+        and (stored.precision, stored.scale) == (wanted.precision, wanted.scale)  # type: ignore[attr-defined]
+    )
+
+
+def plan(request: dict[str, Any]) -> dict[str, Any]:
+    """The answer of ``plan`` (module docstring)."""
+    options: dict[str, str] = dict(request["options"])
+    schema, required = _schema(request["schema"]), _schema(request["required"])
+    with storage_errors(find_location(options, schema), "read the shard"):
+        reader = PersistShardReader(options, required, table_schema=schema)
+        partitions = reader.partitions()
+        shard = reader.opts.address.open() if partitions else None
+    target = arrow_schema_of(required)
+
+    def accepts(stored: pa.Schema) -> bool:
+        return all(
+            f.name in stored.names and handed_over(stored.field(f.name).type, f.type)
+            for f in target
+        )
+
+    out: list[dict[str, Any]] = []
+    size = rows = 0
+    for p in partitions:
+        size += sum(s.ref.size for s in p.task.slices)
+        rows += sum(s.ref.num_rows for s in p.task.slices)
+        direct = None
+        if p.result_filter is None and shard is not None:
+            direct = direct_read_slices(shard, p.task, accepts)
+        if direct is None:
+            payload = base64.b64encode(pickle.dumps(p)).decode("ascii")
+            out.append({"python": payload})
+            continue
+        slices = [
+            {
+                "key": d.key,
+                "path": d.path,
+                "inline": None if d.inline is None else base64.b64encode(d.inline).decode(),
+                "chunks": list(d.chunks),
+            }
+            for d in direct
+        ]
+        out.append({"native": slices, "columns": target.names})
+    native = sum("native" in p for p in out)
+    log.debug("plan: %d partitions, %d read in the JVM", len(out), native)
+    return {"partitions": out, "size_bytes": size, "num_rows": rows}
+
+
+def read(request: dict[str, Any], sink: BinaryIO) -> None:
+    """``read``: the Python source's rows of one partition as an Arrow IPC stream on
+    ``sink``, in the Arrow schema of ``required`` (module docstring)."""
+    options: dict[str, str] = dict(request["options"])
+    required = _schema(request["required"])
+    partition = pickle.loads(base64.b64decode(request["partition"]))
+    assert isinstance(partition, ShardPartition)
+    target = arrow_schema_of(required)
+    with storage_errors(partition.location, "read the shard"):
+        reader = PersistShardReader(options, required)
+        with pa.ipc.new_stream(sink, target) as stream:
+            for batch in reader.read(partition):
+                stream.write_batch(batch)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs one command (module docstring); the status: 0, or 1 after an error line."""
+    args = sys.argv[1:] if argv is None else argv
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    try:
+        if args not in (["plan"], ["read"]):
+            raise ValueError(f"usage: python -m {__name__} plan|read (a JSON request on stdin)")
+        request = json.loads(sys.stdin.buffer.read())
+        if args == ["plan"]:
+            sys.stdout.write(json.dumps(plan(request)))
+            sys.stdout.flush()
+        else:
+            read(request, sys.stdout.buffer)
+            sys.stdout.buffer.flush()
+    except Exception as e:
+        text = str(e)
+        name = type(e).__name__
+        if not text.startswith(name):
+            text = f"{name}: {text}"
+        log.debug("bridge %s failed", args, exc_info=True)
+        sys.stderr.write(ERROR_PREFIX + json.dumps(text) + "\n")
+        sys.stderr.flush()
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

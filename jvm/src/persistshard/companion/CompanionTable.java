@@ -1,0 +1,123 @@
+package persistshard.companion;
+
+import java.util.HashMap;
+import java.util.Locale;
+import java.util.Map;
+import java.util.Optional;
+import java.util.Set;
+import org.apache.spark.sql.connector.catalog.SupportsRead;
+import org.apache.spark.sql.connector.catalog.SupportsWrite;
+import org.apache.spark.sql.connector.catalog.TableCapability;
+import org.apache.spark.sql.connector.read.ScanBuilder;
+import org.apache.spark.sql.connector.write.LogicalWriteInfo;
+import org.apache.spark.sql.connector.write.WriteBuilder;
+import org.apache.spark.sql.execution.datasources.v2.python.PythonScanBuilder;
+import org.apache.spark.sql.execution.datasources.v2.python.PythonTable;
+import org.apache.spark.sql.execution.datasources.v2.python.PythonWriteBuilder;
+import org.apache.spark.sql.types.StructType;
+import org.apache.spark.sql.util.CaseInsensitiveStringMap;
+
+/**
+ * A persistshard table as Spark resolved it, with the properties Spark gave the provider.
+ *
+ * <p>Invariants: {@link #properties} never changes after construction; every scan builder
+ * and write builder is new, and so is the Python source behind a delegated one, so nothing
+ * one scan or write leaves behind is seen by another. Options are merged as {@code
+ * properties, then statement options} (the statement's value wins), keys lower-cased as
+ * Spark hands them to Python, plus {@link CompanionProvider#MARKER_KEY}.
+ */
+@SuppressWarnings("deprecation") // Table.schema(): PythonTable implements it too
+final class CompanionTable implements SupportsRead, SupportsWrite {
+
+  private final StructType schema;
+  private final Map<String, String> properties;
+
+  CompanionTable(StructType schema, Map<String, String> properties) {
+    this.schema = schema;
+    this.properties = Map.copyOf(properties);
+  }
+
+  @Override
+  public String name() {
+    return CompanionProvider.PYTHON_NAME;
+  }
+
+  @Override
+  public StructType schema() {
+    return schema;
+  }
+
+  @Override
+  public Set<TableCapability> capabilities() {
+    // The Python table's own list: the companion adds no capability.
+    return new PythonTable(CompanionProvider.fresh(), CompanionProvider.PYTHON_NAME, schema)
+        .capabilities();
+  }
+
+  /** The table's properties under the statement's options, plus the companion's marker. */
+  CaseInsensitiveStringMap merged(Map<String, String> statement) {
+    Map<String, String> out = new HashMap<>();
+    properties.forEach((k, v) -> out.put(k.toLowerCase(Locale.ROOT), v));
+    statement.forEach((k, v) -> out.put(k.toLowerCase(Locale.ROOT), v));
+    out.put(CompanionProvider.MARKER_KEY, CompanionProvider.MARKER_VALUE);
+    return new CaseInsensitiveStringMap(out);
+  }
+
+  /** The Python source's scan builder for these options, on a Python source of its own. */
+  static ScanBuilder pythonScan(StructType schema, CaseInsensitiveStringMap options) {
+    return new PythonScanBuilder(
+        CompanionProvider.fresh(), CompanionProvider.PYTHON_NAME, schema, options);
+  }
+
+  @Override
+  public ScanBuilder newScanBuilder(CaseInsensitiveStringMap statement) {
+    CaseInsensitiveStringMap options = merged(statement);
+    if (ColumnarScanBuilder.accelerates(schema, options)) {
+      return new ColumnarScanBuilder(schema, options);
+    }
+    return pythonScan(schema, options);
+  }
+
+  @Override
+  public WriteBuilder newWriteBuilder(LogicalWriteInfo info) {
+    LogicalWriteInfo withProperties = new MergedWriteInfo(info, merged(info.options()));
+    return new PythonWriteBuilder(
+        CompanionProvider.fresh(), CompanionProvider.PYTHON_NAME, withProperties);
+  }
+
+  /** Spark's write info with the merged options; everything else is Spark's. */
+  private static final class MergedWriteInfo implements LogicalWriteInfo {
+    private final LogicalWriteInfo spark;
+    private final CaseInsensitiveStringMap options;
+
+    MergedWriteInfo(LogicalWriteInfo spark, CaseInsensitiveStringMap options) {
+      this.spark = spark;
+      this.options = options;
+    }
+
+    @Override
+    public CaseInsensitiveStringMap options() {
+      return options;
+    }
+
+    @Override
+    public String queryId() {
+      return spark.queryId();
+    }
+
+    @Override
+    public StructType schema() {
+      return spark.schema();
+    }
+
+    @Override
+    public Optional<StructType> rowIdSchema() {
+      return spark.rowIdSchema();
+    }
+
+    @Override
+    public Optional<StructType> metadataSchema() {
+      return spark.metadataSchema();
+    }
+  }
+}

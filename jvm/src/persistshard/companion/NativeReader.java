@@ -1,0 +1,152 @@
+package persistshard.companion;
+
+import com.fasterxml.jackson.databind.ObjectMapper;
+import java.io.EOFException;
+import java.io.IOException;
+import java.io.UncheckedIOException;
+import java.nio.file.NoSuchFileException;
+import java.nio.file.Path;
+import java.util.Arrays;
+import org.apache.arrow.memory.BufferAllocator;
+import org.apache.arrow.memory.RootAllocator;
+import org.apache.arrow.vector.FieldVector;
+import org.apache.arrow.vector.VectorSchemaRoot;
+import org.apache.spark.sql.connector.read.PartitionReader;
+import org.apache.spark.sql.types.StructType;
+import org.apache.spark.sql.vectorized.ArrowColumnVector;
+import org.apache.spark.sql.vectorized.ColumnVector;
+import org.apache.spark.sql.vectorized.ColumnarBatch;
+import persistshard.companion.format.ChunkFilter;
+import persistshard.companion.format.PartFile;
+import persistshard.companion.format.RangeSource;
+
+/**
+ * Reads a {@link NativePartition}: one {@link ColumnarBatch} per chunk, its columns the
+ * decoded Arrow vectors of the part ({@link PartFile#readChunk}: every byte checksummed).
+ *
+ * <p>Invariants: a batch is valid until the next call of {@link #next} (its vectors are
+ * reloaded for the next chunk); {@link #close} frees every buffer. A part file that is gone
+ * is {@code CorruptData} (the state names it: something deleted it), as in Python.
+ */
+final class NativeReader implements PartitionReader<ColumnarBatch> {
+  private static final ObjectMapper JSON = new ObjectMapper();
+
+  private final NativePartition partition;
+  private final StructType schema;
+  private final ChunkFilter filter;
+  private final BufferAllocator allocator = new RootAllocator(Long.MAX_VALUE);
+  private int slice = -1;
+  private RangeSource source;
+  private PartFile part;
+  private int[] cols;
+  private int[] chunks = new int[0];
+  private int next;
+  private VectorSchemaRoot root;
+  private ColumnarBatch batch;
+
+  NativeReader(NativePartition partition, StructType schema) {
+    this.partition = partition;
+    this.schema = schema;
+    try {
+      this.filter = partition.filter == null ? null : ChunkFilter.fromJson(JSON.readTree(partition.filter));
+    } catch (IOException e) {
+      throw new UncheckedIOException(e);
+    }
+  }
+
+  @Override
+  public boolean next() throws IOException {
+    while (next >= chunks.length) {
+      if (!openNextSlice()) {
+        return false;
+      }
+    }
+    int chunk = chunks[next++];
+    part.readChunk(chunk, cols, root, allocator);
+    return true;
+  }
+
+  private boolean openNextSlice() throws IOException {
+    closeSlice();
+    slice++;
+    if (slice >= partition.slices.size()) {
+      return false;
+    }
+    NativePartition.Slice s = partition.slices.get(slice);
+    source = s.inline != null ? bytes(s.inline) : file(s);
+    part = PartFile.open(s.key, source);
+    cols = part.columns(partition.columns);
+    int[] wanted = s.chunks;
+    if (wanted == null) {
+      wanted = new int[part.chunks.size()];
+      Arrays.setAll(wanted, i -> i);
+    }
+    if (filter != null) {
+      int[] mayMatch = filter.chunks(part);
+      wanted = Arrays.stream(wanted).filter(c -> Arrays.binarySearch(mayMatch, c) >= 0).toArray();
+    }
+    chunks = wanted;
+    next = 0;
+    root = VectorSchemaRoot.create(part.projectedSchema(cols), allocator);
+    ColumnVector[] vectors = new ColumnVector[cols.length];
+    for (int i = 0; i < cols.length; i++) {
+      FieldVector v = root.getVector(i);
+      vectors[i] = new ArrowColumnVector(v);
+    }
+    batch = new ColumnarBatch(vectors);
+    return true;
+  }
+
+  private static RangeSource file(NativePartition.Slice s) throws IOException {
+    try {
+      return RangeSource.file(Path.of(s.path));
+    } catch (NoSuchFileException e) {
+      throw new PythonFailure("CorruptData: part " + s.key + " is referenced by the shard's "
+          + "state but missing from storage (" + s.path + ")", e);
+    }
+  }
+
+  private static RangeSource bytes(byte[] data) {
+    return new RangeSource() {
+      @Override
+      public long size() {
+        return data.length;
+      }
+
+      @Override
+      public byte[] read(long offset, int length) throws IOException {
+        if (offset < 0 || offset + length > data.length) {
+          throw new EOFException("inline part ends at " + data.length + ", wanted "
+              + (offset + length));
+        }
+        return Arrays.copyOfRange(data, (int) offset, (int) offset + length);
+      }
+
+      @Override
+      public void close() {}
+    };
+  }
+
+  @Override
+  public ColumnarBatch get() {
+    batch.setNumRows(root.getRowCount());
+    return batch;
+  }
+
+  private void closeSlice() throws IOException {
+    if (root != null) {
+      root.close();
+      root = null;
+    }
+    if (source != null) {
+      source.close();
+      source = null;
+    }
+  }
+
+  @Override
+  public void close() throws IOException {
+    closeSlice();
+    allocator.close();
+  }
+}

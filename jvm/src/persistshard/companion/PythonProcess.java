@@ -1,0 +1,144 @@
+package persistshard.companion;
+
+import com.fasterxml.jackson.databind.ObjectMapper;
+import java.io.ByteArrayOutputStream;
+import java.io.IOException;
+import java.io.InputStream;
+import java.io.OutputStream;
+import java.nio.charset.StandardCharsets;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.concurrent.TimeUnit;
+import org.apache.spark.SparkEnv;
+
+/**
+ * One run of persistshard's JVM bridge in Python ({@code python -m
+ * persistshard.datasource.bridge COMMAND}): the request written to its stdin, its answer
+ * read from its stdout, its stderr kept for the error.
+ *
+ * <p>Invariants: stdin is written and stderr drained by threads of their own, so neither
+ * pipe can fill up and stall the other; {@link #finish} waits for the process and turns a
+ * failure into {@link PythonFailure} carrying the error line the bridge wrote ({@code
+ * PERSISTSHARD-ERROR <json string>}: the Python error's text, its class name first), or the
+ * end of stderr when the bridge wrote none; {@link #close} kills a process still running.
+ */
+final class PythonProcess implements AutoCloseable {
+  static final String MODULE = "persistshard.datasource.bridge";
+  static final String ERROR_PREFIX = "PERSISTSHARD-ERROR ";
+  private static final ObjectMapper JSON = new ObjectMapper();
+
+  private final Process process;
+  private final Thread writer;
+  private final Thread drainer;
+  private final ByteArrayOutputStream stderr = new ByteArrayOutputStream();
+  private volatile IOException writeError;
+
+  PythonProcess(String python, String command, byte[] request) {
+    List<String> argv = new ArrayList<>(List.of(python, "-m", MODULE, command));
+    try {
+      process = new ProcessBuilder(argv).start();
+    } catch (IOException e) {
+      throw new PythonFailure("CompanionUnavailable: cannot start " + python + " for the "
+          + "persistshard companion's " + command + " (set spark.pyspark.python or "
+          + "PYSPARK_PYTHON to a Python with persistshard): " + e.getMessage(), e);
+    }
+    writer = new Thread(() -> {
+      try (OutputStream in = process.getOutputStream()) {
+        in.write(request);
+      } catch (IOException e) {
+        writeError = e; // the process ended early: its stderr says why
+      }
+    }, "persistshard-bridge-stdin");
+    drainer = new Thread(() -> {
+      try (InputStream err = process.getErrorStream()) {
+        err.transferTo(stderr);
+      } catch (IOException e) {
+        // the process is gone; what was read is what it said
+      }
+    }, "persistshard-bridge-stderr");
+    writer.setDaemon(true);
+    drainer.setDaemon(true);
+    writer.start();
+    drainer.start();
+  }
+
+  /** The bridge's answer, as it comes. */
+  InputStream stdout() {
+    return process.getInputStream();
+  }
+
+  /** Waits for the process; {@link PythonFailure} unless it ended well. */
+  void finish() {
+    int code;
+    try {
+      code = process.waitFor();
+      writer.join();
+      drainer.join();
+    } catch (InterruptedException e) {
+      Thread.currentThread().interrupt();
+      process.destroyForcibly();
+      throw new PythonFailure("the persistshard companion was interrupted waiting for Python", e);
+    }
+    if (code != 0) {
+      throw new PythonFailure(errorText(code));
+    }
+    if (writeError != null) {
+      throw new PythonFailure("the persistshard companion could not send its request to Python: "
+          + writeError.getMessage(), writeError);
+    }
+  }
+
+  private String errorText(int code) {
+    String text = stderr.toString(StandardCharsets.UTF_8);
+    for (String line : text.split("\n")) {
+      if (line.startsWith(ERROR_PREFIX)) {
+        try {
+          return JSON.readTree(line.substring(ERROR_PREFIX.length())).textValue();
+        } catch (IOException e) {
+          return line.substring(ERROR_PREFIX.length());
+        }
+      }
+    }
+    String[] lines = text.split("\n");
+    int from = Math.max(0, lines.length - 20);
+    return "the persistshard companion's Python bridge failed (exit " + code + "): "
+        + String.join("\n", java.util.Arrays.copyOfRange(lines, from, lines.length));
+  }
+
+  @Override
+  public void close() {
+    if (process.isAlive()) {
+      process.destroyForcibly();
+      try {
+        process.waitFor(10, TimeUnit.SECONDS);
+      } catch (InterruptedException e) {
+        Thread.currentThread().interrupt();
+      }
+    }
+  }
+
+  /** Runs {@code command} to its end: its whole stdout. */
+  static byte[] call(String python, String command, byte[] request) {
+    try (PythonProcess p = new PythonProcess(python, command, request)) {
+      byte[] out;
+      try {
+        out = p.stdout().readAllBytes();
+      } catch (IOException e) {
+        p.finish(); // a failed process explains itself first
+        throw new PythonFailure("reading the persistshard bridge's answer: " + e.getMessage(), e);
+      }
+      p.finish();
+      return out;
+    }
+  }
+
+  /** The Python that runs the bridge: Spark's workers' interpreter. */
+  static String python() {
+    SparkEnv env = SparkEnv.get();
+    String chosen = env == null ? null : env.conf().get("spark.pyspark.python", null);
+    if (chosen == null || chosen.isEmpty()) {
+      chosen = System.getenv("PYSPARK_PYTHON");
+    }
+    return chosen == null || chosen.isEmpty() ? "python3" : chosen;
+  }
+}
