@@ -28,6 +28,19 @@ REGISTRY: tuple[Benchmark, ...] = (
         uses_spark=True,
     ),
     Benchmark(
+        name="companion",
+        module="benchmarks.companion_bench",
+        summary="Spark snapshot reads through the JVM companion vs native parquet and the "
+        "Python source (read + sum; one column of five)",
+        sizes={
+            "quick": {"rows_sum": 1_000_000, "rows_five": 200_000},
+            "full": {"rows_sum": 16_000_000, "rows_five": 2_000_000},
+        },
+        headings=("jvm companion",),
+        uses_spark=True,
+        rounds={"full": 3},
+    ),
+    Benchmark(
         name="s3",
         module="benchmarks.s3_bench",
         summary="Spark append and snapshot read on a local S3 server (moto) vs local files",

@@ -15,7 +15,8 @@ of the state machine and of read planning, this one:
   relevant parts' sizes and update counts, for Spark's optimizer.
 - ``read``: the request holds the options, ``required`` and one ``python`` partition; the
   answer is an Arrow IPC stream on stdout of exactly what the Python source's read of that
-  partition yields (`PersistShardReader.read`: consolidation, time rewriting, repetition).
+  partition yields (`PersistShardReader.read`: consolidation, time rewriting, repetition);
+  a read of no columns (``count(*)``) streams one column of nulls, `ROWS`, for the counts.
 
 Invariants: an error ends the process with status 1 after one line ``PERSISTSHARD-ERROR
 <json string>`` on stderr, the error's text (which starts with its class name), so the JVM
@@ -39,11 +40,13 @@ from pyspark.sql.types import StructType
 
 from persistshard.core.shard import direct_read_slices
 from persistshard.datasource.options import find_location, storage_errors
-from persistshard.datasource.reader import PersistShardReader, ShardPartition
+from persistshard.datasource.reader import BATCH_ROWS, PersistShardReader, ShardPartition
 from persistshard.datasource.types import arrow_schema_of
 
 log = logging.getLogger("persistshard.datasource.bridge")
 
+#: The one column (of nulls) of a read that needs no column: its batches carry row counts.
+ROWS = "_rows"
 #: The prefix of the error line the JVM looks for on stderr.
 ERROR_PREFIX = "PERSISTSHARD-ERROR "
 
@@ -66,7 +69,7 @@ def handed_over(stored: pa.DataType, wanted: pa.DataType) -> bool:
     return (
         pa.types.is_decimal(stored)
         and pa.types.is_decimal(wanted)
-        and (stored.precision, stored.scale) == (wanted.precision, wanted.scale)  # type: ignore[attr-defined]
+        and (stored.precision, stored.scale) == (wanted.precision, wanted.scale)
     )
 
 
@@ -121,11 +124,16 @@ def read(request: dict[str, Any], sink: BinaryIO) -> None:
     partition = pickle.loads(base64.b64decode(request["partition"]))
     assert isinstance(partition, ShardPartition)
     target = arrow_schema_of(required)
+    counting = len(target) == 0  # e.g. count(*): only the row counts matter
+    streamed = pa.schema([pa.field(ROWS, pa.null())]) if counting else target
     with storage_errors(partition.location, "read the shard"):
         reader = PersistShardReader(options, required)
-        with pa.ipc.new_stream(sink, target) as stream:
-            for batch in reader.read(partition):
-                stream.write_batch(batch)
+        with pa.ipc.new_stream(sink, streamed) as stream:
+            for table in reader.read_tables(partition):
+                if counting:
+                    table = pa.table({ROWS: pa.nulls(table.num_rows)})
+                for batch in table.to_batches(max_chunksize=BATCH_ROWS):
+                    stream.write_batch(batch)
 
 
 def main(argv: list[str] | None = None) -> int:

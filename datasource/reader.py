@@ -568,6 +568,12 @@ class PersistShardReader(DataSourceReader):
         return parts
 
     def read(self, partition: ShardPartition) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
+        for table in self.read_tables(partition):
+            yield from table.to_batches(max_chunksize=BATCH_ROWS)
+
+    def read_tables(self, partition: ShardPartition) -> Iterator[pa.Table]:
+        """`read`'s answer as tables in Spark's read schema (a table of no columns keeps
+        its row count, which its batches would not)."""
         if not isinstance(partition, ShardPartition):
             return  # Spark's one empty partition when partitions() planned none
         q = partition.query
@@ -586,8 +592,7 @@ class PersistShardReader(DataSourceReader):
                 if TIME in target.names:
                     table = with_snapshot_time(table, q)
                 check_not_null(table, target, partition.location)
-                table = conform(table, target)
-                yield from table.to_batches(max_chunksize=BATCH_ROWS)
+                yield conform(table, target)
 
 
 def check_not_null(table: pa.Table, target: pa.Schema, location: str) -> None:

@@ -106,6 +106,7 @@ EXPLICIT_MARKERS: dict[str, tuple[str, ...]] = {
     "test_local_cluster.py::*": ("spark", "subprocess"),
     "test_spark.py::test_hive_catalog_keeps_the_location": ("spark", "subprocess"),
     "test_jvm_companion.py::test_a_session_*": ("spark", "subprocess"),
+    "test_jvm_scan.py::*": ("spark", "subprocess"),
     # Racing workers of the storage contracts (processes when the store is shared).
     "*::test_put_if_absent_race": ("subprocess",),
     "*::test_cas_race": ("subprocess",),
@@ -244,6 +245,24 @@ def _memory_store_left_as_found():
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+#: Set (to anything but "", "0"), the run's SparkSession has the JVM companion on its
+#: classpath (built here, or the run fails): every Spark test then runs against the
+#: companion's table provider (CI runs the Spark read and write tests both ways, .ci/run).
+COMPANION_ENV = "PERSISTSHARD_TEST_COMPANION"
+
+
+def _with_the_companion() -> None:
+    from persistshard.datasource.companion import companion_jar
+
+    jar = companion_jar()
+    if jar is None:
+        raise RuntimeError(f"{COMPANION_ENV} is set, but the companion jar could not be built")
+    os.environ["PYSPARK_SUBMIT_ARGS"] = f"--jars {jar} pyspark-shell"
+
+
+if os.environ.get(COMPANION_ENV, "") not in ("", "0"):
+    _with_the_companion()
 
 
 @pytest.fixture(scope="session")

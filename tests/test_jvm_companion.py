@@ -314,11 +314,11 @@ def test_a_session_works_with_a_warning_when_no_jdk_is_found(no_jdk, tmp_path):
     assert result["companion_loaded"] is False
 
 
-def test_a_session_with_the_companion_loads_it_and_keeps_the_python_source(jar_cache, tmp_path):
+def test_a_session_with_the_companion_resolves_the_format_to_it(jar_cache, tmp_path):
     result = _run_session(tmp_path, {**os.environ, companion.CACHE_ENV: str(jar_cache)})
     assert result["warnings"] == []
     assert result["companion_loaded"] is True
-    assert result["provider"] == PYTHON_PROVIDER  # the jar registers nothing (yet)
+    assert result["provider"] == "persistshard.companion.CompanionProvider"
     assert result["rows"] == [1, 2, 3]
 
 

@@ -35,6 +35,6 @@ final class ColumnarReaderFactory implements PartitionReaderFactory {
     if (partition instanceof NativePartition) {
       return new NativeReader((NativePartition) partition, schema);
     }
-    return new PythonReader(python, (PythonPartition) partition);
+    return new PythonReader(python, (PythonPartition) partition, schema.size());
   }
 }

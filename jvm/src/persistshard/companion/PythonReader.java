@@ -25,8 +25,11 @@ final class PythonReader implements PartitionReader<ColumnarBatch> {
   private final BufferAllocator allocator = new RootAllocator(Long.MAX_VALUE);
   private ArrowStreamReader reader;
   private ColumnarBatch batch;
+  /** Spark's columns: a read of none gets Python's one column of nulls, for the counts. */
+  private final int columns;
 
-  PythonReader(String python, PythonPartition partition) {
+  PythonReader(String python, PythonPartition partition, int columns) {
+    this.columns = columns;
     this.process = new PythonProcess(python, "read",
         partition.request.getBytes(StandardCharsets.UTF_8));
   }
@@ -37,7 +40,7 @@ final class PythonReader implements PartitionReader<ColumnarBatch> {
       if (reader == null) {
         reader = new ArrowStreamReader(process.stdout(), allocator);
         VectorSchemaRoot root = reader.getVectorSchemaRoot();
-        ColumnVector[] vectors = new ColumnVector[root.getFieldVectors().size()];
+        ColumnVector[] vectors = new ColumnVector[columns];
         for (int i = 0; i < vectors.length; i++) {
           vectors[i] = new ArrowColumnVector(root.getVector(i));
         }

@@ -1,0 +1,244 @@
+"""One Spark session with the JVM companion, reading the same shards through the companion
+(``format("persistshard")``) and through the Python source (registered again under
+``persistshard_python``): tests/test_jvm_scan.py runs it once and checks what it prints.
+
+Usage: ``python tests/jvm_scan_session.py WORKDIR`` with the companion jar's cache in
+``PERSISTSHARD_COMPANION_CACHE``. Prints one line ``RESULT <json>``: per case, both sides'
+rows as sorted ``[repr(row), count]`` pairs (or the error text), and the companion's
+physical plan. Not a test module: it needs a JVM of its own (``spark.jars`` applies only
+when a session starts).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from collections import Counter
+from datetime import date, datetime, timezone
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+GOLDEN = Path(__file__).resolve().parent / "golden"
+
+
+def rows_of(df: Any) -> list[list[Any]]:
+    counts = Counter(repr(tuple(r)) for r in df.collect())
+    return [[k, v] for k, v in sorted(counts.items())]
+
+
+def outcome(make: Any) -> dict[str, Any]:
+    try:
+        return {"rows": rows_of(make())}
+    except Exception as e:
+        text = str(e)
+        for line in text.splitlines():  # the first line naming a persistshard error class
+            for name in ("NotSealed", "SinceViolation", "NoShard", "InvalidOption", "NegativeDiff"):
+                if f"{name}: " in line:
+                    return {"error": line[line.index(f"{name}: ") :]}
+        return {"error": text.splitlines()[0] if text else type(e).__name__}
+
+
+def golden_shard(ps: Any, path: str, version: int) -> None:
+    """A shard whose one part file holds the golden updates part of ``version`` (the same
+    rows the writer stored at the current version, so the state's counts and times agree)."""
+    from persistshard.format import PartReader
+
+    data = (GOLDEN / f"part-v{version}-updates.pspart").read_bytes()
+    table = PartReader.from_bytes("golden", data).read()
+    shard = ps.open_shard(path, inline_bytes=0)
+    upper = max(table.column("_time").to_pylist()) + 1
+    shard.append(table, new_upper=upper)
+    (part,) = [p for p in Path(path).rglob("*.part")]
+    part.write_bytes(data)
+
+
+def main() -> None:
+    work = Path(sys.argv[1])
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    import persistshard as ps
+    from persistshard.datasource.source import PersistShardDataSource
+
+    class PythonOnly(PersistShardDataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "persistshard_python"
+
+    builder = ps.configure_spark(
+        SparkSession.builder.master("local[2]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+    )
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    spark.dataSource.register(PythonOnly)
+    conf = spark._jsparkSession.sessionState().conf()
+    lookup = spark._jvm.org.apache.spark.sql.execution.datasources.DataSource
+    provider = lookup.lookupDataSource("persistshard", conf).getName()
+
+    shards: dict[str, str] = {}
+
+    # Appends through Spark: inline parts and part files, many types, chunks of few rows.
+    appends = str(work / "appends")
+    for i, inline in enumerate(("4096", "0", "4096", "0")):
+        lo = i * 500
+        spark.range(lo, lo + 500).selectExpr(
+            "id",
+            "CAST(id % 37 AS STRING) AS s",
+            "id / 4.0 AS d",
+            "CAST(id % 3 AS INT) AS small",
+            "DATE_ADD(DATE'2024-01-01', CAST(id % 400 AS INT)) AS day",
+            "CAST(id AS DECIMAL(12, 2)) AS dec",
+            "id % 2 = 0 AS flag",
+            "TIMESTAMP'2024-01-01 00:00:00' + MAKE_INTERVAL(0, 0, 0, 0, 0, 0, id) AS ts",
+            "CASE WHEN id % 5 = 0 THEN NULL ELSE CAST(id AS STRING) END AS maybe",
+        ).write.format("persistshard").option("inline_bytes", inline).option(
+            "chunk_bytes", "4096"
+        ).mode("append").save(appends)
+    shards["appends"] = appends
+
+    # Retractions and multiplicities (diffs of -1 and 2), written by the Python API.
+    retractions = str(work / "retractions")
+    shard = ps.open_shard(retractions, inline_bytes=0)
+    ids = list(range(300))
+    shard.append(
+        pa.table({"id": ids, "v": [f"v{i}" for i in ids], "_time": [0] * 300, "_diff": [2] * 300}),
+        new_upper=1,
+    )
+    gone = ids[::3]
+    shard.append(
+        pa.table(
+            {"id": gone, "v": [f"v{i}" for i in gone], "_time": [1] * 100, "_diff": [-1] * 100}
+        ),
+        new_upper=2,
+    )
+    shard.append(pa.table({"id": [1000], "v": ["late"], "_time": [2], "_diff": [1]}), new_upper=3)
+    shards["retractions"] = retractions
+
+    # A column added later (merge_schema): older parts lack it and read it as nulls.
+    evolved = str(work / "evolved")
+    spark.range(100).selectExpr("id").write.format("persistshard").option("inline_bytes", "0").mode(
+        "append"
+    ).save(evolved)
+    spark.range(100, 150).selectExpr("id", "CAST(id AS STRING) AS extra").write.format(
+        "persistshard"
+    ).option("merge_schema", "true").mode("append").save(evolved)
+    shards["evolved"] = evolved
+
+    for version in (1, 2, 3):
+        path = str(work / f"golden-v{version}")
+        golden_shard(ps, path, version)
+        shards[f"golden-v{version}"] = path
+
+    common: dict[str, tuple[dict[str, str], Any]] = {
+        "snapshot": ({}, None),
+        "count": ({}, lambda df: df.groupBy().count()),
+        "with_diff": ({"with_diff": "true"}, None),
+    }
+    more: dict[str, dict[str, tuple[dict[str, str], Any]]] = {
+        "appends": {
+            "as_of 0": ({"as_of": "0"}, None),
+            "sum of one column": ({}, lambda df: df.selectExpr("sum(id)")),
+            "filtered": ({}, lambda df: df.filter("id < 120 OR id >= 1490")),
+            "filtered strings": ({}, lambda df: df.filter("s = '5' AND maybe IS NULL")),
+            "filtered dates": ({}, lambda df: df.filter("day < DATE'2024-01-10'")),
+            "user schema": ({"__schema": "s STRING, id BIGINT"}, None),
+            "unknown column": ({"__schema": "id BIGINT, nope STRING"}, None),
+            "where": ({"where": "id < 50"}, None),
+            "unsealed as_of": ({"as_of": "9"}, None),
+        },
+        "retractions": {
+            "as_of 0": ({"as_of": "0"}, None),
+            "as_of 1": ({"as_of": "1"}, None),
+            "one column": ({}, lambda df: df.select("v")),
+            "updates": ({"updates_from": "0"}, None),
+        },
+        "evolved": {
+            "as_of 0": ({"as_of": "0"}, None),
+            "one column": ({}, lambda df: df.select("extra")),
+        },
+    }
+
+    def reads(name: str) -> dict[str, tuple[dict[str, str], Any]]:
+        return {**common, **more.get(name, {"as_of 4": ({"as_of": "4"}, None)})}
+
+    result: dict[str, Any] = {"provider": provider, "cases": {}}
+    for name, path in shards.items():
+        for label, (options, shape) in reads(name).items():
+            opts = dict(options)
+            user_schema = opts.pop("__schema", None)
+
+            def frame(
+                fmt: str,
+                opts: dict[str, str] = opts,
+                user_schema: Any = user_schema,
+                shape: Any = shape,
+            ) -> Any:
+                reader = spark.read.format(fmt).options(**opts)
+                if user_schema is not None:
+                    reader = reader.schema(user_schema)
+                df = reader.load(path)  # noqa: B023 (called within this iteration)
+                return df if shape is None else shape(df)
+
+            case: dict[str, Any] = {"plan": ""}
+
+            def companion(case: dict[str, Any] = case, frame: Any = frame) -> Any:
+                df = frame("persistshard")
+                # Planned once: the collect that follows runs this plan.
+                case["plan"] = df._jdf.queryExecution().executedPlan().toString()
+                return df
+
+            case["companion"] = outcome(companion)
+            case["python"] = outcome(lambda frame=frame: frame("persistshard_python"))
+            result["cases"][f"{name}: {label}"] = case
+
+    missing = str(work / "missing")
+    result["cases"]["missing: snapshot"] = {
+        "companion": outcome(lambda: spark.read.format("persistshard").load(missing)),
+        "python": outcome(lambda: spark.read.format("persistshard_python").load(missing)),
+        "plan": "",
+    }
+
+    # Writes, overwrites and streams through the companion's name land as the Python source's.
+    written = str(work / "written")
+    spark.range(10).write.format("persistshard").mode("append").save(written)
+    spark.range(5, 12).write.format("persistshard").mode("overwrite").save(written)
+    result["overwrite"] = sorted(
+        r.id for r in spark.read.format("persistshard").load(written).collect()
+    )
+    stream_out = str(work / "stream-out")
+    query = (
+        spark.readStream.format("persistshard")
+        .option("changes", "true")
+        .load(written)
+        .writeStream.format("persistshard")
+        .option("writer_id", "w1")
+        .option("checkpointLocation", str(work / "checkpoint"))
+        .trigger(availableNow=True)
+        .start(stream_out)
+    )
+    query.awaitTermination(300)
+    result["stream"] = sorted(
+        (r.id, r._diff)
+        for r in spark.read.format("persistshard")
+        .option("with_diff", "true")
+        .load(stream_out)
+        .collect()
+    )
+    spark.stop()
+    shutil.rmtree(work / "checkpoint", ignore_errors=True)
+    print("RESULT " + json.dumps(result))
+
+
+_ = (date, datetime, timezone, Decimal)  # the row reprs name these types
+
+if __name__ == "__main__":
+    main()

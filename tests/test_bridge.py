@@ -1,0 +1,135 @@
+"""The JVM companion's planner in Python (`persistshard.datasource.bridge`): which partitions
+the JVM may decode as stored, which Python must read, what an error looks like to the JVM,
+and that a Python-read partition streams exactly the Python source's rows. No Spark session:
+the bridge is plain Python (the JVM runs it as ``python -m``).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import pickle
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import pytest
+from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+import persistshard as ps
+from persistshard.datasource import bridge
+from persistshard.format import PartReader
+
+ID = StructField("id", LongType())
+V = StructField("v", StringType())
+
+
+def request(path: str, schema: StructType, required: StructType | None = None, **options: str):
+    return {
+        "options": {"path": path, **options},
+        "schema": json.loads(schema.json()),
+        "required": json.loads((required or schema).json()),
+    }
+
+
+def rows(n: int, time: int = 0, diff: int = 1, start: int = 0) -> pa.Table:
+    ids = list(range(start, start + n))
+    return pa.table(
+        {"id": ids, "v": [f"v{i}" for i in ids], "_time": [time] * n, "_diff": [diff] * n}
+    )
+
+
+def test_unit_diffs_at_or_before_the_snapshot_are_decoded_by_the_jvm(tmp_path):
+    files, inline = str(tmp_path / "files"), str(tmp_path / "inline")
+    ps.open_shard(files, inline_bytes=0).append(rows(50), new_upper=1)
+    ps.open_shard(inline, inline_bytes=1 << 20).append(rows(50), new_upper=1)
+    schema = StructType([ID, V])
+    for path in (files, inline):
+        plan = bridge.plan(request(path, schema, StructType([V])))
+        (partition,) = plan["partitions"]
+        (piece,) = partition["native"]
+        assert partition["columns"] == ["v"]
+        assert plan["num_rows"] == 50 and plan["size_bytes"] > 0
+        if path == files:
+            assert piece["inline"] is None
+            data = open(piece["path"], "rb").read()
+        else:
+            assert piece["path"] is None
+            data = base64.b64decode(piece["inline"])
+        part = PartReader.from_bytes(piece["key"], data)
+        assert piece["chunks"] == list(range(len(part.chunks)))
+        assert part.read(["v"]).column("v").to_pylist() == [f"v{i}" for i in range(50)]
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["retraction", "multiplicity", "time after the snapshot"],
+)
+def test_what_needs_more_than_the_stored_rows_is_read_by_python(tmp_path, case):
+    path = str(tmp_path / "shard")
+    shard = ps.open_shard(path, inline_bytes=0)
+    shard.append(rows(20, diff=2 if case == "multiplicity" else 1), new_upper=1)
+    schema = StructType([ID, V])
+    options: dict[str, str] = {}
+    if case == "retraction":
+        shard.append(rows(5, time=1, diff=-1), new_upper=2)
+    elif case == "time after the snapshot":  # one part holding times 1 and 2
+        shard.append(pa.concat_tables([rows(5, time=1), rows(5, time=2, start=100)]))
+        options = {"as_of": "1"}
+    plan = bridge.plan(request(path, schema, **options))
+    assert plan["partitions"] and all("python" in p for p in plan["partitions"])
+
+
+def stream_of(request_: dict[str, Any]) -> pa.Table:
+    sink = io.BytesIO()
+    bridge.read(request_, sink)
+    return ipc.open_stream(sink.getvalue()).read_all()
+
+
+def test_a_python_partition_streams_the_python_sources_rows(tmp_path):
+    path = str(tmp_path / "shard")
+    shard = ps.open_shard(path, inline_bytes=0)
+    shard.append(rows(20, diff=2), new_upper=1)
+    shard.append(rows(5, time=1, diff=-1), new_upper=2)
+    schema = StructType([ID, V])
+    got = []
+    for p in bridge.plan(request(path, schema, StructType([V])))["partitions"]:
+        table = stream_of({**request(path, schema, StructType([V])), "partition": p["python"]})
+        assert table.schema == pa.schema([pa.field("v", pa.string())])
+        got += table.column("v").to_pylist()
+    want = sorted([f"v{i}" for i in range(5)] + [f"v{i}" for i in range(5, 20)] * 2)
+    assert sorted(got) == want
+
+
+def test_errors_reach_the_jvm_as_one_line_naming_the_class(tmp_path, monkeypatch, capsys):
+    path = str(tmp_path / "shard")
+    ps.open_shard(path).append(rows(3), new_upper=1)
+    schema = StructType([ID, V])
+    monkeypatch.setattr(
+        "sys.stdin",
+        io.TextIOWrapper(io.BytesIO(json.dumps(request(path, schema, as_of="5")).encode())),
+    )
+    assert bridge.main(["plan"]) == 1
+    err = capsys.readouterr().err
+    (line,) = [x for x in err.splitlines() if x.startswith(bridge.ERROR_PREFIX)]
+    assert json.loads(line[len(bridge.ERROR_PREFIX) :]).startswith("NotSealed: as_of 5")
+
+
+def test_pruning_changes_no_error_of_the_relations_schema(tmp_path):
+    path = str(tmp_path / "shard")
+    ps.open_shard(path).append(rows(3), new_upper=1)
+    schema = StructType([ID, StructField("nope", StringType())])
+    from persistshard.errors import InvalidOption
+
+    with pytest.raises(InvalidOption, match="names column nope"):
+        bridge.plan(request(path, schema, StructType([ID])))
+
+
+def test_a_pickled_partition_is_the_python_sources_own(tmp_path):
+    path = str(tmp_path / "shard")
+    shard = ps.open_shard(path, inline_bytes=0)
+    shard.append(rows(4, diff=3), new_upper=1)
+    (p,) = bridge.plan(request(path, StructType([ID, V])))["partitions"]
+    partition = pickle.loads(base64.b64decode(p["python"]))
+    assert type(partition).__name__ == "ShardPartition" and partition.location.endswith("shard")
