@@ -13,6 +13,9 @@ of the state machine and of read planning, this one:
   a slice is ``{"key", "path" | "inline" (base64), "chunks"}``), else ``{"python": ...}``, the
   Python source's own partition, pickled (base64). Also ``size_bytes`` and ``num_rows``, the
   relevant parts' sizes and update counts, for Spark's optimizer.
+- ``serve``: ``plan`` requests one per line on stdin, answers one per line on stdout
+  (``{"error": text}`` for a failed one), until stdin ends: the JVM keeps one such process
+  per interpreter, so planning a scan starts no interpreter.
 - ``read``: the request holds the options, ``required`` and one ``python`` partition; the
   answer is an Arrow IPC stream on stdout of exactly what the Python source's read of that
   partition yields (`PersistShardReader.read`: consolidation, time rewriting, repetition);
@@ -33,7 +36,7 @@ import json
 import logging
 import pickle
 import sys
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TextIO
 
 import pyarrow as pa
 from pyspark.sql.types import StructType
@@ -136,13 +139,40 @@ def read(request: dict[str, Any], sink: BinaryIO) -> None:
                     stream.write_batch(batch)
 
 
+def error_text(e: Exception) -> str:
+    """What the JVM raises for ``e``: its text, which starts with its class name."""
+    text, name = str(e), type(e).__name__
+    return text if text.startswith(name) else f"{name}: {text}"
+
+
+def serve(source: TextIO, sink: TextIO) -> None:
+    """``serve``: one ``plan`` request per line of ``source``, one answer per line of
+    ``sink`` (the plan, or ``{"error": text}``), until ``source`` ends. The JVM keeps one
+    such process per interpreter, so a scan's plan costs no interpreter start."""
+    for line in source:
+        if not line.strip():
+            continue
+        try:
+            answer = plan(json.loads(line))
+        except Exception as e:
+            log.debug("bridge plan failed", exc_info=True)
+            answer = {"error": error_text(e)}
+        sink.write(json.dumps(answer) + "\n")
+        sink.flush()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Runs one command (module docstring); the status: 0, or 1 after an error line."""
     args = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    if args == ["serve"]:
+        serve(sys.stdin, sys.stdout)
+        return 0
     try:
         if args not in (["plan"], ["read"]):
-            raise ValueError(f"usage: python -m {__name__} plan|read (a JSON request on stdin)")
+            raise ValueError(
+                f"usage: python -m {__name__} plan|read|serve (JSON requests on stdin)"
+            )
         request = json.loads(sys.stdin.buffer.read())
         if args == ["plan"]:
             sys.stdout.write(json.dumps(plan(request)))
@@ -151,12 +181,8 @@ def main(argv: list[str] | None = None) -> int:
             read(request, sys.stdout.buffer)
             sys.stdout.buffer.flush()
     except Exception as e:
-        text = str(e)
-        name = type(e).__name__
-        if not text.startswith(name):
-            text = f"{name}: {text}"
         log.debug("bridge %s failed", args, exc_info=True)
-        sys.stderr.write(ERROR_PREFIX + json.dumps(text) + "\n")
+        sys.stderr.write(ERROR_PREFIX + json.dumps(error_text(e)) + "\n")
         sys.stderr.flush()
         return 1
     return 0

@@ -133,3 +133,16 @@ def test_a_pickled_partition_is_the_python_sources_own(tmp_path):
     (p,) = bridge.plan(request(path, StructType([ID, V])))["partitions"]
     partition = pickle.loads(base64.b64decode(p["python"]))
     assert type(partition).__name__ == "ShardPartition" and partition.location.endswith("shard")
+
+
+def test_serve_answers_each_plan_on_its_line_and_goes_on_after_an_error(tmp_path):
+    path = str(tmp_path / "shard")
+    ps.open_shard(path, inline_bytes=0).append(rows(10), new_upper=1)
+    schema = StructType([ID, V])
+    lines = [request(path, schema, as_of="3"), request(path, schema)]
+    source = io.StringIO("".join(json.dumps(x) + "\n" for x in lines))
+    sink = io.StringIO()
+    bridge.serve(source, sink)
+    failed, planned = (json.loads(x) for x in sink.getvalue().splitlines())
+    assert failed["error"].startswith("NotSealed: as_of 3")
+    assert [p.keys() for p in planned["partitions"]] == [{"native", "columns"}]

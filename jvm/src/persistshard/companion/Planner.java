@@ -4,7 +4,6 @@ import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 import java.io.IOException;
-import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
 import java.util.Base64;
 import java.util.List;
@@ -16,7 +15,7 @@ import org.apache.spark.sql.util.CaseInsensitiveStringMap;
  * The plan of a snapshot read, asked of Python: the one implementation of the state machine
  * and of read planning is the Python source's ({@code persistshard.datasource.bridge plan}).
  *
- * <p>The answer names, per Spark partition, either the part slices to decode here (local
+ * <p>Asked of the driver's {@link PlanServer}. The answer names, per Spark partition, either the part slices to decode here (local
  * part files and inline parts, every chunk's diffs proven to be 1 by its statistics, every
  * time at or before the snapshot, every column stored with the type Spark reads) or the
  * Python source's own partition (pickled), which {@link PythonReader} has Python read and
@@ -62,14 +61,7 @@ final class Planner {
   static Plan plan(CaseInsensitiveStringMap options, StructType schema, StructType required,
       String filter) {
     ObjectNode req = request(options, schema, required);
-    byte[] answer = PythonProcess.call(python(), "plan",
-        req.toString().getBytes(StandardCharsets.UTF_8));
-    JsonNode plan;
-    try {
-      plan = JSON.readTree(answer);
-    } catch (IOException e) {
-      throw new PythonFailure("the persistshard bridge's plan is not JSON: " + e.getMessage(), e);
-    }
+    JsonNode plan = PlanServer.plan(python(), req.toString());
     List<InputPartition> out = new ArrayList<>();
     for (JsonNode p : plan.get("partitions")) {
       if (p.has("native")) {

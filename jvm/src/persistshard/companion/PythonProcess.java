@@ -117,21 +117,6 @@ final class PythonProcess implements AutoCloseable {
     }
   }
 
-  /** Runs {@code command} to its end: its whole stdout. */
-  static byte[] call(String python, String command, byte[] request) {
-    try (PythonProcess p = new PythonProcess(python, command, request)) {
-      byte[] out;
-      try {
-        out = p.stdout().readAllBytes();
-      } catch (IOException e) {
-        p.finish(); // a failed process explains itself first
-        throw new PythonFailure("reading the persistshard bridge's answer: " + e.getMessage(), e);
-      }
-      p.finish();
-      return out;
-    }
-  }
-
   /** The Python that runs the bridge: Spark's workers' interpreter. */
   static String python() {
     SparkEnv env = SparkEnv.get();

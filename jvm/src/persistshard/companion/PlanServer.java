@@ -1,0 +1,99 @@
+package persistshard.companion;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.ObjectMapper;
+import java.io.BufferedReader;
+import java.io.IOException;
+import java.io.InputStream;
+import java.io.InputStreamReader;
+import java.io.OutputStream;
+import java.nio.charset.StandardCharsets;
+import java.util.ArrayDeque;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+
+/**
+ * A long-lived {@code python -m persistshard.datasource.bridge serve} per interpreter, in the
+ * driver: a scan's plan is one request line and one answer line, so planning starts no
+ * interpreter (that would cost more than reading a mid-size table).
+ *
+ * <p>Invariants: requests are serialized ({@link #plan} is synchronized on the class); an
+ * answer {@code {"error": text}} is {@link PythonFailure} with that text (the server goes on);
+ * a server that died or broke the protocol is discarded (its stderr's end in the error) and
+ * the next plan starts a new one. The server ends when the JVM does (its stdin closes).
+ */
+final class PlanServer {
+  private static final ObjectMapper JSON = new ObjectMapper();
+  private static final Map<String, PlanServer> SERVERS = new HashMap<>();
+  private static final int STDERR_LINES = 40;
+
+  private final Process process;
+  private final OutputStream requests;
+  private final BufferedReader answers;
+  private final ArrayDeque<String> stderr = new ArrayDeque<>();
+
+  private PlanServer(String python) {
+    try {
+      process = new ProcessBuilder(List.of(python, "-m", PythonProcess.MODULE, "serve")).start();
+    } catch (IOException e) {
+      throw new PythonFailure("CompanionUnavailable: cannot start " + python + " for the "
+          + "persistshard companion's planner (set spark.pyspark.python or PYSPARK_PYTHON to "
+          + "a Python with persistshard): " + e.getMessage(), e);
+    }
+    requests = process.getOutputStream();
+    answers = new BufferedReader(
+        new InputStreamReader(process.getInputStream(), StandardCharsets.UTF_8));
+    Thread drainer = new Thread(() -> {
+      try (InputStream err = process.getErrorStream();
+          BufferedReader lines = new BufferedReader(
+              new InputStreamReader(err, StandardCharsets.UTF_8))) {
+        String line;
+        while ((line = lines.readLine()) != null) {
+          synchronized (stderr) {
+            stderr.addLast(line);
+            if (stderr.size() > STDERR_LINES) {
+              stderr.removeFirst();
+            }
+          }
+        }
+      } catch (IOException e) {
+        // the process is gone: what it said is kept
+      }
+    }, "persistshard-planner-stderr");
+    drainer.setDaemon(true);
+    drainer.start();
+  }
+
+  /** The bridge's answer to one plan request (JSON text). */
+  static synchronized JsonNode plan(String python, String request) {
+    PlanServer server = SERVERS.get(python);
+    if (server == null || !server.process.isAlive()) {
+      server = new PlanServer(python);
+      SERVERS.put(python, server);
+    }
+    JsonNode answer;
+    try {
+      server.requests.write((request.replace('\n', ' ') + "\n").getBytes(StandardCharsets.UTF_8));
+      server.requests.flush();
+      String line = server.answers.readLine();
+      if (line == null) {
+        throw new IOException("the planner ended");
+      }
+      answer = JSON.readTree(line);
+    } catch (IOException e) {
+      SERVERS.remove(python);
+      server.process.destroyForcibly();
+      String said;
+      synchronized (server.stderr) {
+        said = String.join("\n", server.stderr);
+      }
+      throw new PythonFailure("the persistshard companion's planner failed (" + e.getMessage()
+          + "): " + said, e);
+    }
+    if (answer.has("error")) {
+      throw new PythonFailure(answer.get("error").textValue());
+    }
+    return answer;
+  }
+}
