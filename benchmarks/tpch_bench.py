@@ -25,7 +25,7 @@ Targets (issue 16): the sum of the 22 query times at most 2.0x parquet's at SF 1
 scans q6, q14 and q19 each at most 1.5x.
 
 ``PERSISTSHARD_TPCH_COMPANION=<jar>`` runs the same benchmark with the JVM companion
-(the prototype wrapper, which ``jvm/prototype/build.sh`` builds; docs/design.md, "JVM
+(``persistshard jar`` builds it; docs/design.md, "JVM
 companion") on the session's classpath; the run fails unless the format then resolves to the
 companion, and the title and params say it ran with it.
 """
@@ -68,7 +68,7 @@ def with_companion() -> str:
     if jar:
         if not Path(jar).is_file():
             raise FileNotFoundError(
-                f"{COMPANION_ENV}={jar}: no such jar (jvm/prototype/build.sh builds it)"
+                f"{COMPANION_ENV}={jar}: no such jar (`persistshard jar` builds it)"
             )
         os.environ["PYSPARK_SUBMIT_ARGS"] = f"--conf spark.jars={jar} pyspark-shell"
     return jar

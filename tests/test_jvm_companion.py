@@ -12,7 +12,7 @@ machinery and the part decoder in the JVM.
 
 Tests that run javac or a JVM use the ``jdk`` fixture (marked ``subprocess`` by
 tests/conftest.py); with ``CI=true`` a missing javac fails them instead of skipping.
-The prototype wrapper in ``jvm/prototype`` (not built, not shipped) keeps its name checks.
+The table provider's names: the Python source's short name, the marker option, the service file.
 """
 
 from __future__ import annotations
@@ -41,9 +41,8 @@ from persistshard.datasource import companion
 from persistshard.format import PartReader, encode_part
 from persistshard.format.testing import assert_exact
 
-PROTOTYPE = Path(__file__).resolve().parent.parent / "jvm" / "prototype"
-PROVIDER = PROTOTYPE / "src/persistshard/companion/CompanionProvider.java"
-SERVICE = PROTOTYPE / "resources/META-INF/services/org.apache.spark.sql.sources.DataSourceRegister"
+PROVIDER = companion.JAVA_SOURCES / "persistshard/companion/CompanionProvider.java"
+SERVICE = companion.JAVA_SOURCES / "META-INF/services/org.apache.spark.sql.sources.DataSourceRegister"
 PYTHON_PROVIDER = "org.apache.spark.sql.execution.datasources.v2.python.PythonDataSourceV2"
 
 
@@ -563,7 +562,7 @@ def test_version_1_parts_skip_by_the_sort_column_only(jar, tmp_path):
     assert len(reports[1]["chunks"]) == len(reader.chunks)
 
 
-# --- the prototype wrapper (jvm/prototype: not built, not shipped) ---------------------------
+# --- the table provider's names ------------------------------------------------------------
 
 
 def java_constant(name: str) -> str:
@@ -572,13 +571,13 @@ def java_constant(name: str) -> str:
     return match.group(1)
 
 
-def test_prototype_wraps_the_python_source_by_its_registered_name():
+def test_the_provider_takes_the_python_sources_registered_name():
     from pyspark_persistshard import DefaultSource
 
     assert java_constant("PYTHON_NAME") == DefaultSource.name()
 
 
-def test_prototype_marker_option_passes_the_unknown_option_check():
+def test_the_marker_option_passes_the_unknown_option_check():
     from persistshard.datasource.options import check_known
     from persistshard.errors import InvalidOption
 
@@ -588,9 +587,9 @@ def test_prototype_marker_option_passes_the_unknown_option_check():
         check_known({marker.lstrip("_"): "1"}, frozenset(), "read")
 
 
-def test_prototype_service_file_names_a_provider_class_that_exists():
+def test_the_service_file_names_a_provider_class_that_exists():
     (name,) = SERVICE.read_text().split()
-    assert (PROTOTYPE / "src" / (name.replace(".", "/") + ".java")).is_file()
+    assert (companion.JAVA_SOURCES / (name.replace(".", "/") + ".java")).is_file()
 
 
 @pytest.mark.spark
