@@ -42,7 +42,9 @@ from persistshard.format import PartReader, encode_part
 from persistshard.format.testing import assert_exact
 
 PROVIDER = companion.JAVA_SOURCES / "persistshard/companion/CompanionProvider.java"
-SERVICE = companion.JAVA_SOURCES / "META-INF/services/org.apache.spark.sql.sources.DataSourceRegister"
+SERVICE = (
+    companion.JAVA_SOURCES / "META-INF/services/org.apache.spark.sql.sources.DataSourceRegister"
+)
 PYTHON_PROVIDER = "org.apache.spark.sql.execution.datasources.v2.python.PythonDataSourceV2"
 
 

@@ -895,7 +895,10 @@ def expand_rows(table: pa.Table, location: str | None, as_of: int) -> pa.Table:
             f"{first}; read with option('with_diff', True) to see the diffs",
             location=location,
         )
-    return rows.take(pa.array(np.repeat(np.arange(len(diffs), dtype=np.int64), diffs)))
+    repeat = pa.array(np.repeat(np.arange(len(diffs), dtype=np.int64), diffs))
+    if rows.num_columns == 0:  # a read of no columns (a count): rows without columns keep
+        return table.take(repeat).drop_columns([DIFF])  # their number only this way
+    return rows.take(repeat)
 
 
 def with_snapshot_time(table: pa.Table, q: Query) -> pa.Table:
