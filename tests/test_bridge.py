@@ -29,7 +29,7 @@ def request(path: str, schema: StructType, required: StructType | None = None, *
     return {
         "options": {"path": path, **options},
         "schema": json.loads(schema.json()),
-        "required": json.loads((required or schema).json()),
+        "required": json.loads((schema if required is None else required).json()),
     }
 
 
