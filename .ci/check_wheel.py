@@ -3,8 +3,8 @@ JVM companion's sources (``jvm/src``: Java files and the jar's resources).
 
 Builds the wheel from the working tree and compares its file list with what the tree says
 should ship: every ``.py`` file of the packages listed in pyproject.toml, ``py.typed``, every
-file under ``jvm/src`` (``.java`` sources and the service registration), the one top-level module ``pyspark_persistshard`` and the
-dist-info. Anything more (tests, benchmarks, the unshipped ``jvm/prototype``, a second copy of
+``.java`` file and ``META-INF`` resource under ``jvm/src``, the one top-level module
+``pyspark_persistshard`` and the dist-info. Anything more (tests, benchmarks, a second copy of
 the entry module) or less fails, naming the files.
 """
 

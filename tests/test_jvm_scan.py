@@ -86,4 +86,4 @@ def test_filters_skip_chunks_within_their_own_scan(session):
 
 def test_writes_overwrites_and_streams_through_the_companion(session):
     assert session["overwrite"] == list(range(5, 12))
-    assert session["stream"] == [(i, 1) for i in range(5, 12)]
+    assert session["stream"] == [[i, 1] for i in range(5, 12)]  # JSON pairs
