@@ -208,8 +208,11 @@ def test_a_second_call_finds_the_cached_jar(jar_cache, jar, monkeypatch):
         names = z.namelist()
     assert names[0] == "META-INF/MANIFEST.MF" and names[1:] == sorted(names[1:])
     assert "persistshard/companion/format/PartFile.class" in names
-    # Nothing in it registers a data source: the format stays the Python source.
-    assert not [n for n in names if n.startswith("META-INF/services/")]
+    # It registers one data source, the companion's table provider, from jvm/src's resource.
+    service = "META-INF/services/org.apache.spark.sql.sources.DataSourceRegister"
+    assert [n for n in names if n.startswith("META-INF/services/")] == [service]
+    with zipfile.ZipFile(jar) as z:
+        assert z.read(service).split() == [b"persistshard.companion.CompanionProvider"]
 
 
 def test_concurrent_builds_end_with_one_jar_of_the_same_bytes(jar, tmp_path):
