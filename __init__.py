@@ -12,6 +12,7 @@ from typing import Any
 
 from persistshard.core.remap import RemapShard, open_remap, resume_frontier, resume_offsets
 from persistshard.core.shard import Shard, VerifyReport, advance_consumer, open_shard
+from persistshard.core.txns import Txn, TxnsShard, open_txns
 from persistshard.errors import (
     CommitDeadline,
     CorruptData,
@@ -52,6 +53,8 @@ __all__ = [
     "StateConflict",
     "StorageError",
     "StorageUnsupported",
+    "Txn",
+    "TxnsShard",
     "UpperMismatch",
     "VerifyReport",
     "VersionCollected",
@@ -61,6 +64,7 @@ __all__ = [
     "metrics_collector",
     "open_remap",
     "open_shard",
+    "open_txns",
     "resume_frontier",
     "resume_offsets",
 ]
@@ -87,6 +91,10 @@ def __getattr__(name: str) -> Any:
         from persistshard.datasource.compact import compact
 
         return compact
+    if name == "write_together":  # transactions over many shards in Spark
+        from persistshard.datasource.together import write_together
+
+        return write_together
     if name == "overwrite":
         from persistshard.datasource.overwrite import overwrite
 

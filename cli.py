@@ -232,6 +232,12 @@ def cmd_inspect(shard: Shard, args: argparse.Namespace) -> int:
     )
     for writer, batch in info["writers"].items():
         print(f"writer    {writer}: last committed batch {batch}")
+    if info["txns"] is not None:  # core/txns.py: reads see the txns shard's upper
+        print(
+            f"txns      registered with {info['txns']['location']} at {info['txns']['at']} "
+            f"(logical upper {shard.upper}; pending transactions: "
+            f"{len(info['pending_transactions'])})"
+        )
     if info["column_statistics"]:
         print("columns   (statistics over every chunk; bounds from chunks that keep them)")
     for name, c in info["column_statistics"].items():

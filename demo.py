@@ -195,6 +195,7 @@ def _run(root: str, given: SparkSession | None = None) -> int:
     spark.sql("DROP TABLE orders")
     spark.sql("DROP TABLE orders_changes")
     upserts(spark, root)
+    together(spark, root)
     ingest(spark, root)
     if given is None:
         spark.stop()
@@ -228,6 +229,32 @@ def upserts(spark: SparkSession, root: str) -> None:
     read = spark.read.format("persistshard")
     _show("stock now", read.load(stock))
     _show("what the second upsert changed", read.option("updates_from", 1).load(stock))
+
+
+def together(spark: SparkSession, root: str) -> None:
+    """A transaction over two shards: both DataFrames land at one time, or neither."""
+    import persistshard as ps
+
+    invoices, payments = os.path.join(root, "invoices"), os.path.join(root, "payments")
+    txns = ps.open_txns(os.path.join(root, "_txns"))
+    txns.register(invoices, payments)
+    t = ps.write_together(
+        spark,
+        {
+            invoices: spark.createDataFrame([(1, 30), (2, 12)], "invoice BIGINT, amount BIGINT"),
+            payments: spark.createDataFrame([(1, 30)], "invoice BIGINT, paid BIGINT"),
+        },
+        txns=os.path.join(root, "_txns"),
+    )
+    upper = ps.open_shard(invoices).upper
+    same = "the same" if ps.open_shard(payments).upper == upper else "NOT the same"
+    _say(
+        f"\none transaction over invoices and payments -> both written at time {t}; their "
+        f"upper is {same} ({upper})"
+    )
+    read = spark.read.format("persistshard")
+    _show("invoices", read.load(invoices))
+    _show("payments", read.load(payments))
 
 
 def ingest(spark: SparkSession, root: str) -> None:

@@ -199,6 +199,15 @@ REGISTRY: tuple[Benchmark, ...] = (
         rounds={"quick": 3, "full": 3},
     ),
     Benchmark(
+        name="txns",
+        module="benchmarks.txns_bench",
+        summary="a transaction over 2 shards vs 2 plain appends; reading a registered shard "
+        "vs a plain one",
+        sizes={"quick": {"rows": 200_000}, "full": {"rows": 1_000_000}},
+        headings=("transactions over many shards",),
+        rounds={"quick": 3, "full": 5},
+    ),
+    Benchmark(
         name="writers",
         module="benchmarks.writers_bench",
         summary="state bytes and commit time after 10,000 appends from 10,000 writer ids",

@@ -124,6 +124,7 @@ __all__ = [
     "advance_consumer",
     "new_id",
     "open_shard",
+    "read_state",
     "split_at",
     "write_transaction",
 ]
@@ -254,7 +255,20 @@ class Shard:
 
     @property
     def upper(self) -> int:
-        return self._machine.state().upper
+        """The upper reads see: for a shard registered with a txns shard, its logical upper
+        (the txns shard's: `persistshard.core.txns`)."""
+        return self._read_state().upper
+
+    def _read_state(self) -> ShardState:
+        """The newest state as reads see it: for a shard registered with a txns shard, with
+        the committed writes not applied yet and the logical upper
+        (`persistshard.core.txns.logical_state`); else the newest state."""
+        state = self._machine.state()
+        if state.txns is None:
+            return state
+        from persistshard.core import txnlog
+
+        return txnlog.logical_state(self)
 
     @property
     def since(self) -> int:
@@ -262,8 +276,9 @@ class Shard:
 
     @property
     def schema(self) -> pa.Schema | None:
-        """The user columns (without ``_time``/``_diff``), or None before the first write."""
-        return self._machine.state().schema
+        """The user columns (without ``_time``/``_diff``), or None before the first write
+        (for a registered shard, a committed write counts, applied or not)."""
+        return self._read_state().schema
 
     def _require_shard(self, state: ShardState | None = None) -> ShardState:
         """``state`` (default: the newest, unless this handle already knows a committed one),
@@ -568,7 +583,7 @@ class Shard:
     def snapshot(self, as_of: int | None = None) -> pa.Table:
         """Rows + ``_diff`` at ``as_of`` (default upper - 1): one row per distinct row, diffs
         summed over all times ``<= as_of``, zero sums dropped, sorted by row."""
-        state = self._require_shard(self._machine.state())
+        state = self._require_shard(self._read_state())
         if state.schema is None:
             if as_of is not None:
                 check_as_of(state, as_of, self.location)
@@ -587,7 +602,7 @@ class Shard:
         Exact only when ``from_time`` is 0 or later than since (otherwise updates from before
         ``from_time`` may have been forwarded into the range): else `SinceViolation`.
         """
-        state = self._require_shard(self._machine.state())
+        state = self._require_shard(self._read_state())
         check_updates_range(state, from_time, to_time, self.location)
         if state.schema is None:
             return pa.schema(
@@ -611,7 +626,7 @@ class Shard:
         compute expression or a `Pred`), each row repeated by its count unless ``with_diff``
         (then rows + ``_diff``). Checks the time now (`SinceViolation`, `NotSealed`); reads
         nothing until consumed. See `persistshard.core.read.scan`."""
-        state = self._require_shard(self._machine.state())
+        state = self._require_shard(self._read_state())
         if as_of is not None or (state.upper > 0 and state.schema is not None):
             at = state.upper - 1 if as_of is None else as_of
             query = snapshot_query(state, at, self.location, with_diff=with_diff)
@@ -638,7 +653,7 @@ class Shard:
         """A lazy, streamed change read: the `updates` in ``[from_time, to_time)`` (rows +
         ``_time`` + ``_diff``), only ``columns`` and rows passing ``filter`` (which may also
         read ``_time`` and ``_diff``). Checks the range now; reads nothing until consumed."""
-        state = self._require_shard(self._machine.state())
+        state = self._require_shard(self._read_state())
         check_updates_range(state, from_time, to_time, self.location)
         q = updates_query(state, from_time, to_time, self.location)
         return Scan(
@@ -784,6 +799,10 @@ class Maintenance:
             from persistshard.core import fork as forks
 
             released += forks.release_dangling(shard, now_ms)  # creations that died
+        if not dry_run and state.txn_pins:
+            from persistshard.core import txnlog
+
+            released += txnlog.release_dangling(shard, now_ms)  # transactions that died
         report = collect(
             shard._machine, dry_run=dry_run, retention_seconds=retention_seconds, now_ms=now_ms
         )
@@ -933,6 +952,8 @@ class Inspect:
             "writers": dict(state.writers),
             "forks": {f: pin.location for f, pin in sorted(state.forks.items())},
             "sources": dict(sorted(state.sources.items())),
+            "txns": state.txns.to_json() if state.txns is not None else None,
+            "pending_transactions": sorted(state.txn_pins),
             "holds": {
                 r: {
                     "since": h.since,
@@ -975,6 +996,11 @@ HISTORY_KINDS = (
     "add_fork",  # a fork pinned the parts of this shard it names
     "release_fork",  # a fork released its pin (its compaction replaced them, or it was dropped)
     "drop",  # the shard was dropped
+    "register_txns",  # the shard was registered with a txns shard (core/txns.py)
+    "unregister_txns",  # the shard left its txns shard, sealed at the logical upper
+    "stage_txn",  # a transaction pinned the parts it wrote here, before its commit
+    "release_txn",  # a transaction that lost its race or died released its pin
+    "apply_txn",  # a committed transaction's write was applied here
 )
 
 
@@ -1081,6 +1107,13 @@ def direct_read_slices(
     """The slices of a read task a reader may hand over as stored
     (`persistshard.core.read.plan.direct_slices`), on ``shard``'s storage; None if none."""
     return direct_slices(shard._blob, task, accepts)
+
+
+def read_state(shard: Shard) -> ShardState:
+    """The newest state of ``shard`` as its reads see it (`Shard._read_state`: for a shard
+    registered with a txns shard, its committed writes not applied yet and its logical
+    upper): what a Spark read plans on."""
+    return shard._read_state()
 
 
 def run_read_task(shard: Shard, task: ReadTask, *, as_multiset: bool = False) -> pa.Table:

@@ -93,6 +93,7 @@ from persistshard.core.shard import (
     ShardAddress,
     iter_read_task,
     plan_read_tasks,
+    read_state,
     run_read_task,
 )
 from persistshard.core.statemachine.consumers import read_from
@@ -532,7 +533,7 @@ class PersistShardReader(DataSourceReader):
 
     def partitions(self) -> list[ShardPartition]:
         shard = self.opts.address.open()
-        state = shard.inspect.state()
+        state = read_state(shard)  # a registered shard's: its pending writes too
         if state.schema is None:
             if not declared_table(self.schema):
                 if state.version == 0:  # a mistyped path must not read as an empty table
@@ -623,7 +624,7 @@ class ScopedPushdownReader(PersistShardReader):
         self.pushed: tuple[Pred, ...] = ()
 
     def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
-        state = self.opts.address.open().inspect.state()
+        state = read_state(self.opts.address.open())
         if state.schema is None:
             return filters  # partitions() reports the missing shard
         visible = output_schema(state.schema, self.schema)

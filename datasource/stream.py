@@ -35,7 +35,7 @@ from pyspark.sql.types import StructType
 
 from persistshard.core.read.plan import check_as_of, check_updates_range
 from persistshard.core.rows import DIFF, TIME
-from persistshard.core.shard import Shard
+from persistshard.core.shard import Shard, read_state
 from persistshard.core.statemachine.holds import DEFAULT_LEASE_SECONDS, ReaderHold
 from persistshard.core.storage.layout import new_id
 from persistshard.datasource.options import ReadOptions
@@ -151,7 +151,7 @@ class PersistShardStreamReader(DataSourceStreamReader):
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[ShardPartition]:
         lo, hi = int(start["upper"]), int(end["upper"])
         shard = self.opts.address.open()
-        state = shard.inspect.state()
+        state = read_state(shard)  # a registered shard's: its pending writes too
         if hi <= 0 or state.schema is None:
             return []
         if lo == INITIAL:

@@ -6,8 +6,9 @@ arguments), with the history kind and summary that code gave each. Every entry m
 encode back to exactly the same bytes, and be described the same way in `Shard.history`; the
 same commits built with the typed kinds must encode to the same bytes; every kind round-trips
 through its stored form; and a kind is registered by declaring its class alone. Kinds added
-since (``fork``, ``add_fork``, ``release_fork``, ``drop``) have entries written by their first
-typed code, held to the same bytes from then on.
+since (``fork``, ``add_fork``, ``release_fork``, ``drop``, and the transactions' kinds
+``register_txns``, ``unregister_txns``, ``stage_txn``, ``release_txn``, ``apply_txn``) have
+entries written by their first typed code, held to the same bytes from then on.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from persistshard.core.statemachine.commits.add_fork import AddFork
 from persistshard.core.statemachine.commits.advance_consumer import AdvanceConsumer
 from persistshard.core.statemachine.commits.advance_since import AdvanceSince
 from persistshard.core.statemachine.commits.append import Append
+from persistshard.core.statemachine.commits.apply_txn import ApplyTxn
 from persistshard.core.statemachine.commits.compact import Compact
 from persistshard.core.statemachine.commits.create_consumer import CreateConsumer
 from persistshard.core.statemachine.commits.downgrade_since import DowngradeSince
@@ -35,10 +37,14 @@ from persistshard.core.statemachine.commits.expire_reader import ExpireReader
 from persistshard.core.statemachine.commits.fork import Fork
 from persistshard.core.statemachine.commits.heartbeat import Heartbeat
 from persistshard.core.statemachine.commits.register_reader import RegisterReader
+from persistshard.core.statemachine.commits.register_txns import RegisterTxns
 from persistshard.core.statemachine.commits.release_fork import ReleaseFork
+from persistshard.core.statemachine.commits.release_txn import ReleaseTxn
 from persistshard.core.statemachine.commits.renew_lease import RenewLease
 from persistshard.core.statemachine.commits.set_retention import SetRetention
+from persistshard.core.statemachine.commits.stage_txn import StageTxn
 from persistshard.core.statemachine.commits.sweep_leases import SweepLeases
+from persistshard.core.statemachine.commits.unregister_txns import UnregisterTxns
 from persistshard.core.statemachine.encoding import Entry, fold
 from persistshard.core.statemachine.retention import Retention
 from persistshard.core.statemachine.state import (
@@ -135,6 +141,14 @@ def typed_commits() -> dict[str, tuple[Commit, tuple[int, str | None]]]:
         ),
         "release_fork": (ReleaseFork("0190a1b2c3d4eeee", id="c23"), none),
         "drop": (Drop(id="c24"), none),
+        "register_txns": (RegisterTxns("0190a1b2c3d4dddd", "s3://bucket/_txns", 7, id="c25"), none),
+        "stage_txn": (StageTxn("0190a1b2c3d4aaaa", (p1.key, p2.key), id="c26"), none),
+        "apply_txn": (
+            ApplyTxn(5, 8, Batch("t1-t", 5, 8, (p1,)), schema=schema, txn="t1", id="c27"),
+            none,
+        ),
+        "release_txn": (ReleaseTxn("t1", id="c28"), none),
+        "unregister_txns": (UnregisterTxns("0190a1b2c3d4dddd", 9, id="c29"), none),
     }
 
 
@@ -186,6 +200,11 @@ def test_every_commit_kind_has_a_golden_entry():
             "add_fork",
             "release_fork",
             "drop",
+            "register_txns",
+            "unregister_txns",
+            "stage_txn",
+            "release_txn",
+            "apply_txn",
         }
     )
     assert {type(c).kind for c, _ in typed_commits().values()} == set(KINDS)

@@ -35,5 +35,7 @@ def test_demo_explains_its_terms_once_and_cleans_up(spark, tmp_path, monkeypatch
         assert abs(explained - at) <= 2, f"{term} explained at line {explained}, used at {at}"
         first = min(at, explained)
         assert not any(term in line for line in lines[:first]), f"{term} used before {first}"
+    assert "one transaction over invoices and payments" in out  # issue 39: a transaction
+    assert "their upper is the same" in out
     assert "removed the demo's temporary directory" in out
     assert not [n for n in os.listdir(tmp_path) if n.startswith("persistshard-demo-")]

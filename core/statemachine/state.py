@@ -295,6 +295,52 @@ class ForkPin:
         return ForkPin(location, tuple(keys), at_ms)
 
 
+@dataclass(frozen=True)
+class TxnsRef:
+    """A data shard's registration with a txns shard (`ShardState.txns`,
+    `persistshard.core.txns`): the txns shard's identity (its shard id) and canonical
+    location, and ``at``, the time it was registered at. While it is set, the shard's logical
+    upper is the txns shard's, and only ``apply_txn`` commits add data to it."""
+
+    shard_id: str
+    location: str
+    at: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.shard_id, "location": self.location, "at": self.at}
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> TxnsRef:
+        shard_id, location, at = d["id"], d["location"], d["at"]
+        if not isinstance(shard_id, str) or not isinstance(location, str) or not is_count(at):
+            raise TypeError(f"txns registration {d!r} is not an id, a location and a time")
+        return TxnsRef(shard_id, location, at)
+
+
+@dataclass(frozen=True)
+class TxnPin:
+    """The parts a transaction wrote to a registered data shard, pinned before the txns
+    shard's commit names them (`ShardState.txn_pins`, keyed by the transaction's id): gc keeps
+    ``keys`` (`ShardState.kept_keys`) from the pin until ``apply_txn`` adopts them (which
+    removes the pin) or ``release_txn`` drops it (a transaction that lost its race, or one that
+    died: no commit of it more than `PIN_PENDING_MS` after ``at_ms``)."""
+
+    keys: tuple[str, ...]
+    at_ms: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"keys": list(self.keys), "at_ms": self.at_ms}
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> TxnPin:
+        keys, at_ms = d["keys"], d["at_ms"]
+        if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+            raise TypeError(f"txn pin keys {keys!r} are not strings")
+        if not is_count(at_ms):
+            raise TypeError(f"txn pin time {at_ms!r} is not a time")
+        return TxnPin(tuple(keys), at_ms)
+
+
 #: A fork pin whose fork has no first entry this long after the pin was recorded is
 #: dangling (the creation died): gc releases it. The creator never commits the fork's first
 #: entry later than half of this after recording the pin (`persistshard.core.fork`).
@@ -507,6 +553,10 @@ class ShardState:
     #: The shard was dropped (`persistshard.core.fork.drop`): it names no part, reads as no
     #: shard, and takes only ``release_fork`` commits (its pins, if forks still need them).
     dropped: bool = False
+    #: The txns shard this shard is registered with (`TxnsRef`), or None: a plain shard.
+    txns: TxnsRef | None = None
+    #: Parts of transactions not applied yet, by transaction id (`TxnPin`): gc keeps them.
+    txn_pins: dict[str, TxnPin] = field(default_factory=dict)
 
     def live_holds(self, now_ms: int) -> dict[str, Hold]:
         """The holds whose lease has not run out at ``now_ms``."""
@@ -534,6 +584,8 @@ class ShardState:
         keys = self.part_keys()
         for pin in self.forks.values():
             keys.update(pin.keys)
+        for txn_pin in self.txn_pins.values():
+            keys.update(txn_pin.keys)
         return keys
 
     def stored_part_keys(self) -> set[str]:
@@ -643,6 +695,11 @@ class ShardState:
                 problem = key_problem(key)
                 if problem is not None:
                     fail(f"fork {fork_id}'s pin: {problem}")
+        for txn_id, txn_pin in self.txn_pins.items():
+            for key in txn_pin.keys:
+                problem = key_problem(key)
+                if problem is not None:
+                    fail(f"transaction {txn_id}'s pin: {problem}")
         if self.dropped and (self.trace or self.unsealed):
             fail("a dropped shard names parts")
 
@@ -683,6 +740,12 @@ class ShardState:
             ),
             **({"sources": dict(sorted(self.sources.items()))} if self.sources else {}),
             **({"dropped": True} if self.dropped else {}),
+            **({"txns": self.txns.to_json()} if self.txns is not None else {}),
+            **(
+                {"txn_pins": {t: p.to_json() for t, p in sorted(self.txn_pins.items())}}
+                if self.txn_pins
+                else {}
+            ),
         }
 
     @staticmethod
@@ -709,6 +772,8 @@ class ShardState:
             forks={f: ForkPin.from_json(p) for f, p in d.get("forks", {}).items()},
             sources={str(i): str(loc) for i, loc in d.get("sources", {}).items()},
             dropped=bool(d.get("dropped", False)),
+            txns=TxnsRef.from_json(d["txns"]) if d.get("txns") is not None else None,
+            txn_pins={t: TxnPin.from_json(p) for t, p in d.get("txn_pins", {}).items()},
         )
 
 

@@ -19,7 +19,7 @@ retention allows. `check_step`: no new unsealed update below the new upper.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, ClassVar
 
 import pyarrow as pa
 
@@ -49,6 +49,10 @@ class Append(Commit):
     (``overwrite``, ``upsert``) for `history`; `apply` ignores it."""
 
     kind = "append"
+    #: Whether this kind adds a transaction's write (``apply_txn``): the only data a shard
+    #: registered with a txns shard takes (`ShardState.txns`); every other append there is
+    #: `InvalidOption` naming the txns shard.
+    through_txns: ClassVar[bool] = False
 
     expected_upper: int
     new_upper: int
@@ -133,6 +137,13 @@ class Append(Commit):
         )
 
     def apply(self, state: ShardState, location: str | None) -> ShardState:
+        if state.txns is not None and not self.through_txns:
+            raise InvalidOption(
+                f"the shard is registered with the txns shard at {state.txns.location} "
+                f"(id {state.txns.shard_id}): write to it in a transaction of that txns shard "
+                "(txns.begin()), or forget it there first (txns.forget); nothing was applied",
+                location=location,
+            )
         writer, identity = self.writer, self.identity
         if writer is not None:
             verdict = judge_writer_batch(state, writer[0], writer[1], identity, location)
