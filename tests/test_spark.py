@@ -581,3 +581,11 @@ def test_two_streams_batch_ids_do_not_collide(location):
     ids = [b.id for b in shard.inspect.state().trace]
     assert len(ids) == 2 and len(set(ids)) == 2
     assert shard.inspect.state().writers == {"a": 0, "b": 0}
+
+
+def test_the_shared_sessions_catalog_lives_in_memory(spark):
+    """The shared session's Hive metastore is an in-memory Derby database (pyproject.toml's
+    ``spark_options``): a run killed between a CREATE TABLE and its DROP leaves no table for the
+    next run to trip over, as a ``metastore_db`` in the working directory did."""
+    url = spark.sparkContext.getConf().get("spark.hadoop.javax.jdo.option.ConnectionURL")
+    assert url is not None and url.startswith("jdbc:derby:memory:")
