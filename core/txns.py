@@ -54,7 +54,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -466,26 +465,18 @@ class Txn:
         self.committed_at = self.at
         log.info("%s: transaction %s committed at %d", self.txns.location, self.id, self.at)
         try:
+            # Every committed write not applied yet, in time order, not only this one's: a
+            # write of an earlier transaction whose apply failed (or whose committer died)
+            # goes first. Applying this batch alone would move the data shard's upper past
+            # that write, which then counts as applied and is lost.
+            self.txns.apply()
             for write in self._writes.values():
-                for w in self._own_writes(write):
-                    apply_write(write.shard, w)
                 write.txn.maintain()  # the data shard's bounded compaction and gc
         except (PersistShardError, OSError) as e:  # committed: anyone applies it later
             log.warning("%s: transaction %s not applied yet: %s", self.txns.location, self.id, e)
         finally:
             self._leases.close()
         return self.at
-
-    def _own_writes(self, write: Writing) -> Iterator[CommittedWrite]:
-        if write.schema is not None:
-            yield CommittedWrite(
-                self.id,
-                write.shard_id,
-                write.shard.location,
-                self.at,
-                tuple(write.parts),
-                write.schema,
-            )
 
 
 def open_txns(

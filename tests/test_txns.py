@@ -145,6 +145,29 @@ def test_forget_applies_seals_and_makes_a_plain_shard_again(where, monkeypatch):
     assert ids(open_data(where, "a")) == [1]
 
 
+def test_a_later_transaction_applies_an_earlier_unapplied_write_first(where, monkeypatch):
+    """A transaction committed but not applied (its apply failed after the commit), then a
+    later one on the same shard: the later commit applies both, in time order. Applying only
+    its own batch would move the shard's upper past the earlier write and lose it."""
+    txns = open_x(where)
+    txns.register(where("a"))
+
+    def lost(data: Shard, w: Any) -> int:
+        raise OSError("the apply's answer was lost")
+
+    monkeypatch.setattr(txns_module, "apply_write", lost)
+    with txns.begin() as first:
+        first.append(where("a"), rows([1]))
+    monkeypatch.undo()
+    assert open_data(where, "a").inspect.state().upper <= first.committed_at
+    with txns.begin() as second:
+        second.append(where("a"), rows([2]))
+    a = open_data(where, "a")
+    assert a.inspect.state().upper == second.committed_at + 1
+    assert ids(a) == [1, 2] and ids(a, first.committed_at) == [1]
+    assert txns.apply() == 0
+
+
 def test_committed_writes_are_read_before_they_are_applied(where, monkeypatch):
     """A handle on a registered shard that nobody applied to yet (the committer died after
     its commit) reads the logical upper and the pending writes in every read path."""
