@@ -13,13 +13,18 @@ of the state machine and of read planning, this one:
   a slice is ``{"key", "path" | "inline" (base64), "chunks"}``), else ``{"python": ...}``, the
   Python source's own partition, pickled (base64). Also ``size_bytes`` and ``num_rows``, the
   relevant parts' sizes and update counts, for Spark's optimizer.
-- ``serve``: ``plan`` requests one per line on stdin, answers one per line on stdout
-  (``{"error": text}`` for a failed one), until stdin ends: the JVM keeps one such process
-  per interpreter, so planning a scan starts no interpreter.
+- ``serve``: requests one per line on stdin, answers one per line on stdout (``{"error":
+  text}`` for a failed one), until stdin ends: the JVM keeps one such process per
+  interpreter, so planning a scan starts no interpreter. A request is a ``plan`` unless its
+  ``kind`` names one of `persistshard.datasource.rowlevel`'s driver steps of a row-level
+  operation (``delta_begin``, ``delta_commit``, ``delta_abort``).
 - ``read``: the request holds the options, ``required`` and one ``python`` partition; the
   answer is an Arrow IPC stream on stdout of exactly what the Python source's read of that
   partition yields (`PersistShardReader.read`: consolidation, time rewriting, repetition);
   a read of no columns (``count(*)``) streams one column of nulls, `ROWS`, for the counts.
+- ``write``: one task of a row-level operation (`persistshard.datasource.rowlevel.write`): a
+  JSON line naming the pickled writer, then an Arrow IPC stream of rows with their diffs; the
+  answer is the task's pickled commit message.
 
 Invariants: an error ends the process with status 1 after one line ``PERSISTSHARD-ERROR
 <json string>`` on stderr, the error's text (which starts with its class name), so the JVM
@@ -153,7 +158,14 @@ def serve(source: TextIO, sink: TextIO) -> None:
         if not line.strip():
             continue
         try:
-            answer = plan(json.loads(line))
+            request = json.loads(line)
+            kind = request.get("kind", "plan")
+            if kind == "plan":
+                answer = plan(request)
+            else:
+                from persistshard.datasource import rowlevel
+
+                answer = rowlevel.driver_step(kind, request)
         except Exception as e:
             log.debug("bridge plan failed", exc_info=True)
             answer = {"error": error_text(e)}
@@ -169,10 +181,16 @@ def main(argv: list[str] | None = None) -> int:
         serve(sys.stdin, sys.stdout)
         return 0
     try:
-        if args not in (["plan"], ["read"]):
+        if args not in (["plan"], ["read"], ["write"]):
             raise ValueError(
-                f"usage: python -m {__name__} plan|read|serve (JSON requests on stdin)"
+                f"usage: python -m {__name__} plan|read|write|serve (JSON requests on stdin)"
             )
+        if args == ["write"]:
+            from persistshard.datasource import rowlevel
+
+            sys.stdout.write(json.dumps(rowlevel.write(sys.stdin.buffer)))
+            sys.stdout.flush()
+            return 0
         request = json.loads(sys.stdin.buffer.read())
         if args == ["plan"]:
             sys.stdout.write(json.dumps(plan(request)))

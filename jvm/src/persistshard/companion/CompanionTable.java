@@ -5,11 +5,16 @@ import java.util.Locale;
 import java.util.Map;
 import java.util.Optional;
 import java.util.Set;
+import org.apache.spark.sql.connector.catalog.MetadataColumn;
+import org.apache.spark.sql.connector.catalog.SupportsMetadataColumns;
 import org.apache.spark.sql.connector.catalog.SupportsRead;
+import org.apache.spark.sql.connector.catalog.SupportsRowLevelOperations;
 import org.apache.spark.sql.connector.catalog.SupportsWrite;
 import org.apache.spark.sql.connector.catalog.TableCapability;
 import org.apache.spark.sql.connector.read.ScanBuilder;
 import org.apache.spark.sql.connector.write.LogicalWriteInfo;
+import org.apache.spark.sql.connector.write.RowLevelOperationBuilder;
+import org.apache.spark.sql.connector.write.RowLevelOperationInfo;
 import org.apache.spark.sql.connector.write.WriteBuilder;
 import org.apache.spark.sql.execution.datasources.v2.python.PythonScanBuilder;
 import org.apache.spark.sql.execution.datasources.v2.python.PythonTable;
@@ -24,10 +29,13 @@ import org.apache.spark.sql.util.CaseInsensitiveStringMap;
  * and write builder is new, and so is the Python source behind a delegated one, so nothing
  * one scan or write leaves behind is seen by another. Options are merged as {@code
  * properties, then statement options} (the statement's value wins), keys lower-cased as
- * Spark hands them to Python, plus {@link CompanionProvider#MARKER_KEY}.
+ * Spark hands them to Python, plus {@link CompanionProvider#MARKER_KEY}. {@code DELETE},
+ * {@code UPDATE} and {@code MERGE} are {@link DeltaOperation}s, whose row id is the metadata
+ * column {@link DeltaOperation#ROW_ID}.
  */
 @SuppressWarnings("deprecation") // Table.schema(): PythonTable implements it too
-final class CompanionTable implements SupportsRead, SupportsWrite {
+final class CompanionTable
+    implements SupportsRead, SupportsWrite, SupportsRowLevelOperations, SupportsMetadataColumns {
 
   private final StructType schema;
   private final Map<String, String> properties;
@@ -83,6 +91,16 @@ final class CompanionTable implements SupportsRead, SupportsWrite {
     LogicalWriteInfo withProperties = new MergedWriteInfo(info, merged(info.options()));
     return new PythonWriteBuilder(
         CompanionProvider.fresh(), CompanionProvider.PYTHON_NAME, withProperties);
+  }
+
+  @Override
+  public RowLevelOperationBuilder newRowLevelOperationBuilder(RowLevelOperationInfo info) {
+    return () -> DeltaOperation.build(this, info);
+  }
+
+  @Override
+  public MetadataColumn[] metadataColumns() {
+    return new MetadataColumn[] {DeltaOperation.rowIdColumn(schema)};
   }
 
   /** Spark's write info with the merged options; everything else is Spark's. */

@@ -20,7 +20,9 @@ import org.apache.spark.SparkEnv;
  * pipe can fill up and stall the other; {@link #finish} waits for the process and turns a
  * failure into {@link PythonFailure} carrying the error line the bridge wrote ({@code
  * PERSISTSHARD-ERROR <json string>}: the Python error's text, its class name first), or the
- * end of stderr when the bridge wrote none; {@link #close} kills a process still running.
+ * end of stderr when the bridge wrote none; {@link #close} kills a process still running. A
+ * process made without a request ({@link #PythonProcess(String, String)}) is fed by its
+ * caller through {@link #stdin}, which the caller closes before {@link #finish}.
  */
 final class PythonProcess implements AutoCloseable {
   static final String MODULE = "persistshard.datasource.bridge";
@@ -34,14 +36,7 @@ final class PythonProcess implements AutoCloseable {
   private volatile IOException writeError;
 
   PythonProcess(String python, String command, byte[] request) {
-    List<String> argv = new ArrayList<>(List.of(python, "-m", MODULE, command));
-    try {
-      process = new ProcessBuilder(argv).start();
-    } catch (IOException e) {
-      throw new PythonFailure("CompanionUnavailable: cannot start " + python + " for the "
-          + "persistshard companion's " + command + " (set spark.pyspark.python or "
-          + "PYSPARK_PYTHON to a Python with persistshard): " + e.getMessage(), e);
-    }
+    process = start(python, command);
     writer = new Thread(() -> {
       try (OutputStream in = process.getOutputStream()) {
         in.write(request);
@@ -49,17 +44,45 @@ final class PythonProcess implements AutoCloseable {
         writeError = e; // the process ended early: its stderr says why
       }
     }, "persistshard-bridge-stdin");
-    drainer = new Thread(() -> {
+    writer.setDaemon(true);
+    writer.start();
+    drainer = drain();
+  }
+
+  /** A process whose stdin its caller writes ({@link #stdin}) and closes. */
+  PythonProcess(String python, String command) {
+    process = start(python, command);
+    writer = null;
+    drainer = drain();
+  }
+
+  private static Process start(String python, String command) {
+    List<String> argv = new ArrayList<>(List.of(python, "-m", MODULE, command));
+    try {
+      return new ProcessBuilder(argv).start();
+    } catch (IOException e) {
+      throw new PythonFailure("CompanionUnavailable: cannot start " + python + " for the "
+          + "persistshard companion's " + command + " (set spark.pyspark.python or "
+          + "PYSPARK_PYTHON to a Python with persistshard): " + e.getMessage(), e);
+    }
+  }
+
+  private Thread drain() {
+    Thread t = new Thread(() -> {
       try (InputStream err = process.getErrorStream()) {
         err.transferTo(stderr);
       } catch (IOException e) {
         // the process is gone; what was read is what it said
       }
     }, "persistshard-bridge-stderr");
-    writer.setDaemon(true);
-    drainer.setDaemon(true);
-    writer.start();
-    drainer.start();
+    t.setDaemon(true);
+    t.start();
+    return t;
+  }
+
+  /** The process's stdin (only for a process made without a request). */
+  OutputStream stdin() {
+    return process.getOutputStream();
   }
 
   /** The bridge's answer, as it comes. */
@@ -72,7 +95,9 @@ final class PythonProcess implements AutoCloseable {
     int code;
     try {
       code = process.waitFor();
-      writer.join();
+      if (writer != null) {
+        writer.join();
+      }
       drainer.join();
     } catch (InterruptedException e) {
       Thread.currentThread().interrupt();
