@@ -107,6 +107,7 @@ EXPLICIT_MARKERS: dict[str, tuple[str, ...]] = {
     "test_spark.py::test_hive_catalog_keeps_the_location": ("spark", "subprocess"),
     "test_jvm_companion.py::test_a_session_*": ("spark", "subprocess"),
     "test_jvm_scan.py::*": ("spark", "subprocess"),
+    "test_companion_rowlevel.py::*": ("spark", "subprocess"),
     # Racing workers of the storage contracts (processes when the store is shared).
     "*::test_put_if_absent_race": ("subprocess",),
     "*::test_cas_race": ("subprocess",),

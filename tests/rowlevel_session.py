@@ -1,0 +1,219 @@
+"""One Spark session with the JVM companion running DELETE, UPDATE and MERGE INTO on tables
+of shards written with the Python API: tests/test_companion_rowlevel.py runs it once and
+checks what it prints.
+
+Usage: ``python tests/rowlevel_session.py WORKDIR`` with the companion jar's cache in
+``PERSISTSHARD_COMPANION_CACHE``. Prints one line ``RESULT <json>``: per case, the shard's
+contents read back with the Python API (rows with multiplicities), the model's, what the
+statement committed (the updates at its time), the uppers, the error text of a statement
+that must fail and the parts no version references. Not a test module: it needs a JVM of its
+own (``spark.jars`` applies only when a session starts).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+Row = tuple[int | None, str | None]
+
+
+def rows(n: int) -> Counter[Row]:
+    """The starting contents: duplicates (multiplicities 1 to 3), null strings, null ids."""
+    out: Counter[Row] = Counter()
+    for i in range(n):
+        out[(i, None if i % 7 == 0 else f"s{i % 5}")] = 1 + i % 3
+    out[(None, "nullid")] = 2
+    out[(None, None)] = 1
+    return out
+
+
+def listed(model: Counter[Row]) -> list[list[Any]]:
+    return sorted([[repr(k), v] for k, v in model.items() if v != 0])
+
+
+def main() -> None:
+    work = Path(sys.argv[1])
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+    from pyspark.sql.functions import udf
+    from pyspark.sql.types import BooleanType
+
+    import persistshard as ps
+
+    spark = ps.configure_spark(
+        SparkSession.builder.master("local[2]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.catalogImplementation", "in-memory")
+    ).getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+
+    def create(name: str, model: Counter[Row], columns: bool = False) -> Any:
+        location = str(work / name)
+        shard = ps.open_shard(location, inline_bytes=0)
+        items = sorted(model.items(), key=repr)
+        shard.append(
+            pa.table(
+                {
+                    "id": pa.array([k[0] for k, _ in items], pa.int64()),
+                    "s": pa.array([k[1] for k, _ in items], pa.string()),
+                    "_time": pa.array([0] * len(items), pa.int64()),
+                    "_diff": pa.array([v for _, v in items], pa.int64()),
+                }
+            ),
+            new_upper=1,
+        )
+        listing = "(id BIGINT, s STRING) " if columns else ""
+        spark.sql(
+            f"CREATE TABLE {name} {listing}USING persistshard LOCATION '{location}' "
+            "OPTIONS (inline_bytes '0')"
+        )
+        return shard
+
+    def contents(shard: Any) -> list[list[Any]]:
+        snap = ps.open_shard(shard.location).snapshot().to_pylist()
+        return listed(Counter({(r["id"], r["s"]): r["_diff"] for r in snap}))
+
+    def committed(shard: Any, time: int) -> list[list[Any]]:
+        ups = ps.open_shard(shard.location).updates(time, time + 1).to_pylist()
+        total: Counter[Row] = Counter()
+        for r in ups:
+            total[(r["id"], r["s"])] += r["_diff"]
+        return listed(total)
+
+    def orphans(shard: Any) -> int:
+        report = ps.open_shard(shard.location).gc(dry_run=True, retention_seconds=0)
+        return len(report.orphaned_parts) + report.leased_parts
+
+    def run(sql: str) -> str | None:
+        try:
+            spark.sql(sql).collect()
+        except Exception as e:
+            text = str(e)
+            for name in ("UpperMismatch", "ValueError", "InvalidOption"):
+                if f"{name}: " in text:
+                    return text[text.index(f"{name}: ") :].splitlines()[0]
+            return text.splitlines()[0]
+        return None
+
+    cases: dict[str, dict[str, Any]] = {}
+
+    def case(name: str, shard: Any, sql: str, model: Counter[Row], fails: bool = False) -> None:
+        before = ps.open_shard(shard.location).upper
+        error = run(sql)
+        after = ps.open_shard(shard.location).upper
+        cases[name] = {
+            "error": error,
+            "rows": contents(shard),
+            "model": listed(model),
+            "upper_before": before,
+            "upper_after": after,
+            "committed": committed(shard, before) if after > before else [],
+            "orphans": orphans(shard),
+            "fails": fails,
+        }
+
+    # DELETE through the Python source's scan (a table without a column list).
+    model = rows(60)
+    a = create("a", model)
+    deleted = Counter({k: v for k, v in model.items() if (k[0] is not None and k[0] % 4 == 0)})
+    deleted.update({k: v for k, v in model.items() if k[1] is None and k not in deleted})
+    model = model - deleted
+    case("delete", a, "DELETE FROM a WHERE id % 4 = 0 OR s IS NULL", model)
+    cases["delete"]["retractions"] = listed(Counter({k: -v for k, v in deleted.items()}))
+
+    # UPDATE: the matching rows' old versions retracted, the new ones inserted.
+    updated = Counter({k: v for k, v in model.items() if k[0] is not None and k[0] % 5 == 1})
+    for k, v in updated.items():
+        model[k] -= v
+        model[(k[0], "u")] += v
+    case("update", a, "UPDATE a SET s = 'u' WHERE id % 5 = 1", +model)
+
+    # MERGE: matched delete, matched update, not matched insert (a null key never matches).
+    spark.createDataFrame(
+        [(3, "del"), (6, "new6"), (7, "new7"), (500, "ins"), (None, "nullsrc")],
+        "id BIGINT, s STRING",
+    ).createOrReplaceTempView("src")
+    source = {3: "del", 6: "new6", 7: "new7", 500: "ins"}
+    merged: Counter[Row] = Counter()
+    for k, v in model.items():
+        if k[0] in source and source[k[0]] == "del":
+            continue
+        merged[(k[0], source[k[0]]) if k[0] in source else k] += v
+    targets = {k[0] for k in model}
+    merged.update({(i, t): 1 for i, t in source.items() if i not in targets})
+    merged[(None, "nullsrc")] += 1
+    case(
+        "merge",
+        a,
+        "MERGE INTO a USING src ON a.id = src.id "
+        "WHEN MATCHED AND src.s = 'del' THEN DELETE "
+        "WHEN MATCHED THEN UPDATE SET s = src.s "
+        "WHEN NOT MATCHED THEN INSERT *",
+        merged,
+    )
+
+    # DELETE through the companion's columnar scan (a table with a column list).
+    model = rows(40)
+    b = create("b", model, columns=True)
+    plan = spark.sql("EXPLAIN DELETE FROM b WHERE s = 's1'").collect()[0][0]
+    cases["plan"] = {"text": plan}
+    case("columnar delete", b, "DELETE FROM b WHERE s = 's1'",
+         Counter({k: v for k, v in model.items() if k[1] != "s1"}))
+
+    # A race: another writer commits while the DELETE runs (after it read the table).
+    model = rows(30)
+    r = create("r", model)
+    marker, raced_location = str(work / "raced"), r.location
+
+    def racer(i: int | None) -> bool:
+        try:
+            os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            return True
+        other = ps.open_shard(raced_location)
+        other.append(
+            pa.table(
+                {
+                    "id": pa.array([1000], pa.int64()),
+                    "s": pa.array(["racer"], pa.string()),
+                    "_time": pa.array([other.upper], pa.int64()),
+                    "_diff": pa.array([1], pa.int64()),
+                }
+            )
+        )
+        return True
+
+    spark.udf.register("racer", udf(racer, BooleanType()))
+    raced = model.copy()
+    raced[(1000, "racer")] = 1
+    case("race", r, "DELETE FROM r WHERE racer(id) AND id < 10", raced, fails=True)
+    cases["race"]["raced"] = os.path.exists(marker)
+
+    # A statement that fails in its tasks writes nothing.
+    model = rows(30)
+    f = create("f", model)
+
+    def boom(i: int | None) -> bool:
+        if i == 29:
+            raise ValueError("boom at 29")
+        return i is not None and i % 2 == 0
+
+    spark.udf.register("boom", udf(boom, BooleanType()))
+    case("failure", f, "DELETE FROM f WHERE boom(id)", model, fails=True)
+
+    print("RESULT " + json.dumps({"cases": cases}))
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()
