@@ -41,6 +41,16 @@ REGISTRY: tuple[Benchmark, ...] = (
         rounds={"full": 3},
     ),
     Benchmark(
+        name="rowlevel",
+        module="benchmarks.rowlevel_bench",
+        summary="DELETE of 1% of the rows through the JVM companion: bytes written against "
+        "the table's, time against selecting the same rows",
+        sizes={"quick": {"rows": 400_000}, "full": {"rows": 4_000_000}},
+        headings=("row-level",),
+        uses_spark=True,
+        rounds={"full": 3},
+    ),
+    Benchmark(
         name="s3",
         module="benchmarks.s3_bench",
         summary="Spark append and snapshot read on a local S3 server (moto) vs local files",

@@ -99,7 +99,9 @@ def begin(options: dict[str, str], table: StructType) -> dict[str, Any]:
         opts = WriteOptions.parse(kept, schema)
         lower = opts.address.open().upper
         writer = PersistShardWriter({**kept, "expected_upper": str(lower)}, schema, False)
-    log.debug("%s: row-level write %s begins at upper %d", location, writer.description.write_id, lower)
+    log.debug(
+        "%s: row-level write %s begins at upper %d", location, writer.description.write_id, lower
+    )
     return {"writer": _encode(writer), "lower": lower}
 
 

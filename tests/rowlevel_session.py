@@ -167,8 +167,12 @@ def main() -> None:
     b = create("b", model, columns=True)
     plan = spark.sql("EXPLAIN DELETE FROM b WHERE s = 's1'").collect()[0][0]
     cases["plan"] = {"text": plan}
-    case("columnar delete", b, "DELETE FROM b WHERE s = 's1'",
-         Counter({k: v for k, v in model.items() if k[1] != "s1"}))
+    case(
+        "columnar delete",
+        b,
+        "DELETE FROM b WHERE s = 's1'",
+        Counter({k: v for k, v in model.items() if k[1] != "s1"}),
+    )
 
     # A race: another writer commits while the DELETE runs (after it read the table).
     model = rows(30)

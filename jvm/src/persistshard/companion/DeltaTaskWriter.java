@@ -80,7 +80,12 @@ final class DeltaTaskWriter implements DeltaWriter<InternalRow> {
     }
     arrow.write(joined.apply(row, diff));
     if (++pending >= BATCH_ROWS) {
-      flush();
+      try {
+        flush();
+      } catch (IOException e) {
+        process.finish(); // Python stopped reading: its error explains why
+        throw e;
+      }
     }
   }
 
