@@ -8,17 +8,11 @@ nothing applied; a statement failing in its tasks applies nothing; neither leave
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from test_jvm_companion import jar_cache, jdk  # noqa: F401  (fixtures)
-
-from persistshard.datasource import companion
+from test_jvm_companion import jar_cache, jdk, run_session  # noqa: F401  (fixtures)
 
 SESSION = Path(__file__).resolve().parent / "rowlevel_session.py"
 STATEMENTS = ("delete", "update", "merge", "columnar delete")
@@ -26,20 +20,9 @@ STATEMENTS = ("delete", "update", "merge", "columnar delete")
 
 @pytest.fixture(scope="module")
 def cases(jar_cache, tmp_path_factory) -> dict[str, Any]:  # noqa: F811
-    work = tmp_path_factory.mktemp("rowlevel")
-    env = {**os.environ, companion.CACHE_ENV: str(jar_cache)}
-    env.pop("PYSPARK_SUBMIT_ARGS", None)
-    done = subprocess.run(
-        [sys.executable, str(SESSION), str(work)],
-        capture_output=True,
-        text=True,
-        timeout=1200,
-        env=env,
-    )
-    assert done.returncode == 0, done.stderr[-5000:]
-    (line,) = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
-    result: dict[str, Any] = json.loads(line[len("RESULT ") :])["cases"]
-    return result
+    result = run_session(SESSION, tmp_path_factory.mktemp("rowlevel"), jar_cache)
+    cases: dict[str, Any] = result["cases"]
+    return cases
 
 
 @pytest.mark.parametrize("name", STATEMENTS)

@@ -74,6 +74,25 @@ def jar_cache(jdk, tmp_path_factory) -> Path:
     return cache
 
 
+def run_session(script: Path, work: Path, jar_cache: Path) -> dict[str, Any]:
+    """Run ``script WORK`` (a Spark session with the companion, in a JVM of its own: spark.jars
+    applies only when a session starts) with the jar cache, and return what it printed on its
+    one line ``RESULT <json>``."""
+    env = {**os.environ, companion.CACHE_ENV: str(jar_cache)}
+    env.pop("PYSPARK_SUBMIT_ARGS", None)
+    done = subprocess.run(
+        [sys.executable, str(script), str(work)],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-5000:]
+    (line,) = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
+    result: dict[str, Any] = json.loads(line[len("RESULT ") :])
+    return result
+
+
 @pytest.fixture(scope="session")
 def jar(jar_cache) -> Path:
     (only,) = jar_cache.glob("*.jar")

@@ -9,16 +9,11 @@ the Python source's scan; writes, overwrites and streams through the companion's
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from test_jvm_companion import jar_cache, jdk  # noqa: F401  (fixtures)
-
-from persistshard.datasource import companion
+from test_jvm_companion import jar_cache, jdk, run_session  # noqa: F401  (fixtures)
 
 SESSION = Path(__file__).resolve().parent / "jvm_scan_session.py"
 COLUMNAR = "persistshard columnar scan"
@@ -28,20 +23,7 @@ DELEGATED = ("with_diff", "updates", "where")
 
 @pytest.fixture(scope="module")
 def session(jar_cache, tmp_path_factory) -> dict[str, Any]:  # noqa: F811
-    work = tmp_path_factory.mktemp("jvm-scan")
-    env = {**os.environ, companion.CACHE_ENV: str(jar_cache)}
-    env.pop("PYSPARK_SUBMIT_ARGS", None)
-    done = subprocess.run(
-        [sys.executable, str(SESSION), str(work)],
-        capture_output=True,
-        text=True,
-        timeout=1200,
-        env=env,
-    )
-    assert done.returncode == 0, done.stderr[-5000:]
-    (line,) = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
-    result: dict[str, Any] = json.loads(line[len("RESULT ") :])
-    return result
+    return run_session(SESSION, tmp_path_factory.mktemp("jvm-scan"), jar_cache)
 
 
 def test_the_format_resolves_to_the_companion(session):
