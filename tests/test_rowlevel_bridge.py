@@ -151,3 +151,14 @@ def test_serve_answers_driver_steps_and_reports_their_errors(tmp_path):
     first, second = (json.loads(x) for x in out.getvalue().splitlines())
     assert first["lower"] == 1 and first["writer"]
     assert "unknown bridge request kind" in second["error"]
+
+
+def test_a_statement_matching_nothing_commits_one_empty_time(tmp_path):
+    path = str(tmp_path / "t")
+    seed(path)
+    begun = begin(path)
+    rowlevel.driver_step("delta_commit", {"writer": begun["writer"], "messages": [None, None]})
+    shard = ps.open_shard(path)
+    assert shard.upper == 2
+    assert shard.updates(1, 2).num_rows == 0
+    assert contents(path) == Counter({(1, "a"): 3, (2, None): 1, (3, "c"): 1, (None, "n"): 2})
