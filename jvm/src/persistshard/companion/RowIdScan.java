@@ -35,7 +35,7 @@ final class RowIdScan implements Scan, Batch {
   private final Scan inner;
   private final StructType readSchema;
 
-  RowIdScan(Scan inner, StructType schema) {
+  RowIdScan(Scan inner) {
     this.inner = inner;
     this.readSchema = inner.readSchema().add(
         DeltaOperation.ROW_ID, DeltaOperation.rowIdType(inner.readSchema()), false);
@@ -45,11 +45,9 @@ final class RowIdScan implements Scan, Batch {
   static final class Builder
       implements ScanBuilder, SupportsPushDownRequiredColumns, SupportsPushDownFilters {
     private final ScanBuilder inner;
-    private final StructType schema;
 
     Builder(ScanBuilder inner, StructType schema) {
       this.inner = inner;
-      this.schema = schema;
       if (inner instanceof SupportsPushDownRequiredColumns) {
         ((SupportsPushDownRequiredColumns) inner).pruneColumns(schema);
       }
@@ -76,7 +74,7 @@ final class RowIdScan implements Scan, Batch {
 
     @Override
     public Scan build() {
-      return new RowIdScan(inner.build(), schema);
+      return new RowIdScan(inner.build());
     }
   }
 
