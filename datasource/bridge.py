@@ -16,8 +16,9 @@ of the state machine and of read planning, this one:
 - ``serve``: requests one per line on stdin, answers one per line on stdout (``{"error":
   text}`` for a failed one), until stdin ends: the JVM keeps one such process per
   interpreter, so planning a scan starts no interpreter. A request is a ``plan`` unless its
-  ``kind`` names one of `persistshard.datasource.rowlevel`'s driver steps of a row-level
-  operation (``delta_begin``, ``delta_commit``, ``delta_abort``).
+  ``kind`` is ``time_at`` (`time_at`: the session catalog's ``TIMESTAMP AS OF``) or names
+  one of `persistshard.datasource.rowlevel`'s driver steps of a row-level operation
+  (``delta_begin``, ``delta_commit``, ``delta_abort``).
 - ``read``: the request holds the options, ``required`` and one ``python`` partition; the
   answer is an Arrow IPC stream on stdout of exactly what the Python source's read of that
   partition yields (`PersistShardReader.read`: consolidation, time rewriting, repetition);
@@ -46,8 +47,14 @@ from typing import Any, BinaryIO, TextIO
 import pyarrow as pa
 from pyspark.sql.types import StructType
 
+from persistshard.core.read.instant import time_at_instant
 from persistshard.core.shard import direct_read_slices
-from persistshard.datasource.options import find_location, storage_errors
+from persistshard.datasource.options import (
+    find_location,
+    require_location,
+    shard_address,
+    storage_errors,
+)
 from persistshard.datasource.reader import BATCH_ROWS, PersistShardReader, ShardPartition
 from persistshard.datasource.types import arrow_schema_of
 
@@ -124,6 +131,28 @@ def plan(request: dict[str, Any]) -> dict[str, Any]:
     return {"partitions": out, "size_bytes": size, "num_rows": rows}
 
 
+def time_at(request: dict[str, Any]) -> dict[str, Any]:
+    """``{"as_of": t}``: the shard time of the instant ``micros`` (microseconds since the
+    epoch) in the shard the table's ``options`` name (`time_at_instant`)."""
+    options: dict[str, str] = dict(request["options"])
+    location = require_location(options)
+    with storage_errors(location, "read the shard"):
+        shard = shard_address(options, None, location).open()
+        return {"as_of": time_at_instant(shard, int(request["micros"]))}
+
+
+def answer(request: dict[str, Any]) -> dict[str, Any]:
+    """One ``serve`` request's answer, by its ``kind`` (module docstring)."""
+    kind = request.get("kind", "plan")
+    if kind == "plan":
+        return plan(request)
+    if kind == "time_at":
+        return time_at(request)
+    from persistshard.datasource import rowlevel
+
+    return rowlevel.driver_step(kind, request)
+
+
 def read(request: dict[str, Any], sink: BinaryIO) -> None:
     """``read``: the Python source's rows of one partition as an Arrow IPC stream on
     ``sink``, in the Arrow schema of ``required`` (module docstring)."""
@@ -151,25 +180,18 @@ def error_text(e: Exception) -> str:
 
 
 def serve(source: TextIO, sink: TextIO) -> None:
-    """``serve``: one ``plan`` request per line of ``source``, one answer per line of
-    ``sink`` (the plan, or ``{"error": text}``), until ``source`` ends. The JVM keeps one
+    """``serve``: one request per line of ``source`` (`answer`), one answer per line of
+    ``sink`` (or ``{"error": text}``), until ``source`` ends. The JVM keeps one
     such process per interpreter, so a scan's plan costs no interpreter start."""
     for line in source:
         if not line.strip():
             continue
         try:
-            request = json.loads(line)
-            kind = request.get("kind", "plan")
-            if kind == "plan":
-                answer = plan(request)
-            else:
-                from persistshard.datasource import rowlevel
-
-                answer = rowlevel.driver_step(kind, request)
+            answered = answer(json.loads(line))
         except Exception as e:
-            log.debug("bridge plan failed", exc_info=True)
-            answer = {"error": error_text(e)}
-        sink.write(json.dumps(answer) + "\n")
+            log.debug("bridge request failed", exc_info=True)
+            answered = {"error": error_text(e)}
+        sink.write(json.dumps(answered) + "\n")
         sink.flush()
 
 

@@ -59,6 +59,12 @@ DECODE_MAIN = "persistshard.companion.format.DecodePart"
 #: JVM flags Arrow's memory needs on Java 17+ (Spark's launcher passes the same).
 ARROW_JVM_FLAGS = ("--add-opens=java.base/java.nio=ALL-UNNAMED",)
 
+#: The session catalog `configure_spark` sets (``spark.sql.catalog.spark_catalog``): SQL
+#: tables of persistshard with their location and options, time travel
+#: (`persistshard.companion.CompanionCatalog`'s Javadoc).
+SESSION_CATALOG = "persistshard.companion.CompanionCatalog"
+SESSION_CATALOG_KEY = "spark.sql.catalog.spark_catalog"
+
 _ZIP_TIME = (2026, 1, 1, 0, 0, 0)
 _MANIFEST = b"Manifest-Version: 1.0\r\nCreated-By: persistshard\r\n\r\n"
 _warned = False
@@ -271,6 +277,12 @@ def configure_spark(builder: Any) -> Any:
       the Python source as always. With the jar, the format ``persistshard`` resolves to the
       companion's table provider (module docstring), which reads snapshots in the JVM and
       hands every other path to the Python source.
+    - ``spark.sql.catalog.spark_catalog``: with the jar, the companion's session catalog
+      (`SESSION_CATALOG`), which keeps a persistshard table's LOCATION and OPTIONS, refuses a
+      table without a location, and maps ``VERSION AS OF``/``TIMESTAMP AS OF`` to the read
+      option ``as_of``; every other table stays the built-in catalog's. A builder that
+      already names another session catalog keeps it (a `UserWarning` says what persistshard
+      tables then lack).
     - ``spark.pyspark.python`` and the environment variable ``PYSPARK_PYTHON`` (which the
       session's JVM inherits): this interpreter, for Spark's Python workers, unless the
       builder or ``PYSPARK_PYTHON`` already names one (without either, workers run
@@ -287,6 +299,17 @@ def configure_spark(builder: Any) -> Any:
         named = [j for j in options.get("spark.jars", "").split(",") if j]
         if jar not in named:
             builder = builder.config("spark.jars", ",".join([*named, jar]))
+        chosen = options.get(SESSION_CATALOG_KEY)
+        if chosen is None:
+            builder = builder.config(SESSION_CATALOG_KEY, SESSION_CATALOG)
+        elif chosen != SESSION_CATALOG:
+            warnings.warn(
+                f"configure_spark: the builder sets {SESSION_CATALOG_KEY}={chosen}, so it is "
+                f"kept; persistshard's SQL tables then lack what {SESSION_CATALOG} gives them "
+                "(LOCATION and OPTIONS on every statement, time travel)",
+                UserWarning,
+                stacklevel=2,
+            )
     running = _running_conf()
     python_named = bool(options.get("spark.pyspark.python") or os.environ.get("PYSPARK_PYTHON"))
     if not python_named:
@@ -298,6 +321,8 @@ def configure_spark(builder: Any) -> Any:
         missing = []
         if jar is not None and jar not in running.get("spark.jars", "").split(","):
             missing.append(f"spark.jars with {jar}")
+        if jar is not None and SESSION_CATALOG_KEY not in running:
+            missing.append(f"{SESSION_CATALOG_KEY}={SESSION_CATALOG}")
         if not python_named and not running.get("spark.pyspark.python"):
             missing.append(f"spark.pyspark.python={sys.executable}")
         if missing:

@@ -37,17 +37,37 @@ import org.apache.spark.sql.util.CaseInsensitiveStringMap;
 final class CompanionTable
     implements SupportsRead, SupportsWrite, SupportsRowLevelOperations, SupportsMetadataColumns {
 
+  private final String name;
   private final StructType schema;
   private final Map<String, String> properties;
+  private final Map<String, String> catalogProperties;
 
+  /** A path-based table: {@code properties} are the options Spark gave the provider. */
   CompanionTable(StructType schema, Map<String, String> properties) {
+    this(CompanionProvider.PYTHON_NAME, schema, properties, Map.of());
+  }
+
+  /**
+   * A catalog table ({@link CompanionCatalog}): {@code properties} are its data source
+   * options (its location as {@code path}), {@code catalogProperties} what the catalog
+   * stores (location, provider, {@code option.*}), which DESCRIBE and SHOW CREATE TABLE show.
+   */
+  CompanionTable(String name, StructType schema, Map<String, String> properties,
+      Map<String, String> catalogProperties) {
+    this.name = name;
     this.schema = schema;
     this.properties = Map.copyOf(properties);
+    this.catalogProperties = Map.copyOf(catalogProperties);
   }
 
   @Override
   public String name() {
-    return CompanionProvider.PYTHON_NAME;
+    return name;
+  }
+
+  @Override
+  public Map<String, String> properties() {
+    return catalogProperties;
   }
 
   @Override

@@ -1,0 +1,223 @@
+package persistshard.companion;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.ObjectMapper;
+import com.fasterxml.jackson.databind.node.ObjectNode;
+import java.io.IOException;
+import java.util.HashMap;
+import java.util.Iterator;
+import java.util.Locale;
+import java.util.Map;
+import org.apache.spark.sql.catalyst.analysis.NoSuchNamespaceException;
+import org.apache.spark.sql.catalyst.analysis.NoSuchTableException;
+import org.apache.spark.sql.catalyst.analysis.TableAlreadyExistsException;
+import org.apache.spark.sql.connector.catalog.CatalogV2Util;
+import org.apache.spark.sql.connector.catalog.Column;
+import org.apache.spark.sql.connector.catalog.DelegatingCatalogExtension;
+import org.apache.spark.sql.connector.catalog.Identifier;
+import org.apache.spark.sql.connector.catalog.Table;
+import org.apache.spark.sql.connector.catalog.TableCatalog;
+import org.apache.spark.sql.connector.expressions.Transform;
+import org.apache.spark.sql.types.StructType;
+import org.apache.spark.sql.util.CaseInsensitiveStringMap;
+
+/**
+ * The session catalog ({@code spark.sql.catalog.spark_catalog}) that makes a persistshard
+ * table a full Spark table; {@code ps.configure_spark} sets it with the companion jar.
+ *
+ * <p>Every table and statement that is not persistshard's is the built-in session catalog's,
+ * unchanged (it is the delegate). For a table whose provider is {@code persistshard}:
+ * <ul>
+ *   <li>{@link #loadTable} hands Spark a {@link CompanionTable} holding the table's OPTIONS
+ *       and, as option {@code path}, its external location: every read and write of the table
+ *       (INSERT, CTAS, saveAsTable, insertInto, writeTo) names that shard and no other,
+ *       whatever metadata the query's columns carry; DESCRIBE and SHOW CREATE TABLE see the
+ *       catalog's properties (location, provider, options).</li>
+ *   <li>{@code VERSION AS OF v} is the read option {@code as_of v}; {@code TIMESTAMP AS OF}
+ *       is the shard time Python maps the instant to ({@code bridge} {@code time_at}: the
+ *       newest time whose commit the log recorded at or before it).</li>
+ *   <li>{@link #createTable} requires a location (LOCATION, or option {@code path}) and
+ *       fails otherwise with an error that says how to create the table, before anything is
+ *       stored or written: a persistshard table never lives at a managed default location.
+ *       Without a column list the columns are the Python source's (the shard's, or the
+ *       {@code columns} option for a new one); declared or CTAS columns lose any persistshard
+ *       metadata a scan of another table put on them.</li>
+ * </ul>
+ * A managed persistshard table (created without a location by a session without this
+ * catalog) gets no {@code path}: its statements fail in Python with the error that says how
+ * to create the table.
+ */
+public class CompanionCatalog extends DelegatingCatalogExtension {
+  private static final ObjectMapper JSON = new ObjectMapper();
+  /** The read option a time-travel statement becomes. */
+  static final String AS_OF = "as_of";
+  /** Field metadata keys persistshard's Python source reads a location from. */
+  private static final String[] PERSISTSHARD_KEYS = {
+    "persistshard.location", "persistshard.consensus", "persistshard.catalog"
+  };
+  /** Spark's key for a declared CHAR/VARCHAR type, which a persistshard scan also carries. */
+  private static final String RAW_TYPE_KEY = "__CHAR_VARCHAR_TYPE_STRING";
+
+  /** Whether catalog properties (or a loaded table's) name the provider persistshard. */
+  static boolean ours(Map<String, String> properties) {
+    String provider = properties.get(TableCatalog.PROP_PROVIDER);
+    return provider != null
+        && CompanionProvider.PYTHON_NAME.equals(provider.toLowerCase(Locale.ROOT));
+  }
+
+  /**
+   * The data source options of a table: its {@code option.}-prefixed properties without the
+   * prefix (keys lower-cased, as Spark hands options to Python), and its location as {@code
+   * path} when the table is external; a managed table's location and {@code path} are
+   * dropped (a default location is never a shard's).
+   */
+  static Map<String, String> options(Map<String, String> properties) {
+    Map<String, String> out = new HashMap<>();
+    properties.forEach((k, v) -> {
+      if (k.startsWith(TableCatalog.OPTION_PREFIX)) {
+        out.put(k.substring(TableCatalog.OPTION_PREFIX.length()).toLowerCase(Locale.ROOT), v);
+      }
+    });
+    out.remove("location");
+    boolean managed = "true".equalsIgnoreCase(
+        properties.get(TableCatalog.PROP_IS_MANAGED_LOCATION))
+        || "MANAGED".equalsIgnoreCase(properties.get(TableCatalog.PROP_TABLE_TYPE));
+    if (managed) {
+      out.remove("path");
+      return out;
+    }
+    String location = properties.get(TableCatalog.PROP_LOCATION);
+    if (location != null && !location.isEmpty()) {
+      out.put("path", location);
+    }
+    return out;
+  }
+
+  private String qualified(Identifier ident) {
+    StringBuilder out = new StringBuilder(name());
+    for (String part : ident.namespace()) {
+      out.append('.').append(part);
+    }
+    return out.append('.').append(ident.name()).toString();
+  }
+
+  /** {@code table} as Spark should see it: a {@link CompanionTable} if it is ours. */
+  private Table wrap(Identifier ident, Table table, Map<String, String> extra) {
+    Map<String, String> properties = table.properties();
+    if (!ours(properties)) {
+      return table;
+    }
+    Map<String, String> options = options(properties);
+    options.putAll(extra);
+    return new CompanionTable(qualified(ident), table.schema(), options, properties);
+  }
+
+  @Override
+  public Table loadTable(Identifier ident) throws NoSuchTableException {
+    return wrap(ident, super.loadTable(ident), Map.of());
+  }
+
+  @Override
+  public Table loadTable(Identifier ident, String version) throws NoSuchTableException {
+    Table table = super.loadTable(ident);
+    if (!ours(table.properties())) {
+      return super.loadTable(ident, version);
+    }
+    return wrap(ident, table, Map.of(AS_OF, version));
+  }
+
+  @Override
+  public Table loadTable(Identifier ident, long timestamp) throws NoSuchTableException {
+    Table table = super.loadTable(ident);
+    if (!ours(table.properties())) {
+      return super.loadTable(ident, timestamp);
+    }
+    ObjectNode req = JSON.createObjectNode();
+    req.put("kind", "time_at");
+    req.put("micros", timestamp);
+    ObjectNode opts = req.putObject("options");
+    options(table.properties()).forEach(opts::put);
+    JsonNode answer = PlanServer.plan(Planner.python(), req.toString());
+    return wrap(ident, table, Map.of(AS_OF, Long.toString(answer.get("as_of").longValue())));
+  }
+
+  @Override
+  public Table createTable(Identifier ident, Column[] columns, Transform[] partitions,
+      Map<String, String> properties)
+      throws TableAlreadyExistsException, NoSuchNamespaceException {
+    if (!ours(properties)) {
+      return super.createTable(ident, columns, partitions, properties);
+    }
+    Map<String, String> options = options(properties);
+    String location = options.get("path");
+    if (location == null || location.isEmpty()) {
+      throw new IllegalArgumentException("InvalidOption: no shard location for table "
+          + qualified(ident) + ": a persistshard table keeps its data where you say, never at "
+          + "a default location, and nothing was created; create it with one, e.g. CREATE "
+          + "TABLE t (id BIGINT, name STRING) USING persistshard LOCATION '/data/t', CREATE "
+          + "TABLE t USING persistshard LOCATION '/data/t' (an existing shard), CREATE TABLE t "
+          + "USING persistshard LOCATION '/data/t' AS SELECT ..., or "
+          + "df.write.format('persistshard').option('path', '/data/t').saveAsTable('t')");
+    }
+    if (partitions.length > 0) {
+      throw new IllegalArgumentException("InvalidOption: table " + qualified(ident) + " at "
+          + location + ": persistshard tables take no PARTITIONED BY or CLUSTERED BY (a "
+          + "shard orders its rows by time itself); nothing was created");
+    }
+    Map<String, String> stored = new HashMap<>(properties);
+    stored.put(TableCatalog.PROP_LOCATION, location);
+    Column[] kept;
+    if (columns.length == 0) {
+      // The Python source's schema, with the options a CREATE hands it (its checks of what
+      // may be stored in a catalog apply).
+      Map<String, String> creating = new HashMap<>(options);
+      creating.put("location", location);
+      creating.put(TableCatalog.PROP_PROVIDER, CompanionProvider.PYTHON_NAME);
+      StructType schema = CompanionProvider.fresh()
+          .inferSchema(new CaseInsensitiveStringMap(creating));
+      kept = CatalogV2Util.structTypeToV2Columns(schema, false);
+    } else {
+      kept = new Column[columns.length];
+      for (int i = 0; i < columns.length; i++) {
+        kept[i] = withoutScanMetadata(columns[i]);
+      }
+    }
+    super.createTable(ident, kept, partitions, stored);
+    try {
+      return loadTable(ident);
+    } catch (NoSuchTableException e) {
+      throw new IllegalStateException("table " + qualified(ident) + " vanished while created",
+          e);
+    }
+  }
+
+  /**
+   * {@code column} without the metadata a persistshard scan put on it (another table's
+   * location): a CTAS or a column list copied from such a scan must not store it.
+   */
+  static Column withoutScanMetadata(Column column) {
+    String json = column.metadataInJSON();
+    if (json == null || !json.contains("persistshard.")) {
+      return column;
+    }
+    JsonNode parsed;
+    try {
+      parsed = JSON.readTree(json);
+    } catch (IOException e) {
+      return column;
+    }
+    if (!(parsed instanceof ObjectNode)) {
+      return column;
+    }
+    ObjectNode meta = (ObjectNode) parsed;
+    boolean scanned = meta.has(PERSISTSHARD_KEYS[0]);
+    for (String key : PERSISTSHARD_KEYS) {
+      meta.remove(key);
+    }
+    if (scanned) {
+      meta.remove(RAW_TYPE_KEY);
+    }
+    Iterator<String> left = meta.fieldNames();
+    return Column.builderFrom(column).metadata(left.hasNext() ? meta.toString() : null).build();
+  }
+}

@@ -1,0 +1,180 @@
+"""One Spark session with the JVM companion and its session catalog (``ps.configure_spark``),
+driving persistshard SQL tables through every statement form of tests/test_companion_sql.py,
+which runs it once and checks what it prints.
+
+Usage: ``python tests/companion_sql_session.py WORKDIR`` with the companion jar's cache in
+``PERSISTSHARD_COMPANION_CACHE``. Prints one line ``RESULT <json>``: per case, what the
+shards hold afterwards (read with the Python API, as sorted ``[repr(row), diff]`` pairs), the
+rows Spark read, or the error text. Not a test module: it needs a JVM of its own
+(``spark.jars`` and the session catalog apply only when a session starts).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+#: persistshard's error classes a case may end in (the first line naming one is kept).
+ERRORS = ("SinceViolation", "InvalidOption", "NoShard", "NotSealed", "UpperMismatch")
+
+
+def error_text(e: BaseException) -> str:
+    text = str(e)
+    for line in text.splitlines():
+        for name in ERRORS:
+            if f"{name}: " in line:
+                return line[line.index(f"{name}: ") :]
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def main() -> None:
+    work = Path(sys.argv[1])
+    warehouse = work / "warehouse"
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    import persistshard as ps
+
+    spark = ps.configure_spark(
+        SparkSession.builder.master("local[2]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.warehouse.dir", str(warehouse))
+    ).getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    out: dict[str, Any] = {
+        "catalog": spark.conf.get("spark.sql.catalog.spark_catalog"),
+    }
+
+    def shard_rows(loc: str) -> Any:
+        if not (Path(loc) / "consensus").exists():
+            return None  # nothing was ever written there
+        snap = ps.open_shard(loc).snapshot()
+        counts = Counter(
+            {repr(tuple(v for k, v in r.items() if k != "_diff")): r["_diff"] for r in snap.to_pylist()}
+        )
+        return sorted([k, v] for k, v in counts.items())
+
+    def spark_rows(df: Any) -> list[list[Any]]:
+        counts = Counter(repr(tuple(r)) for r in df.collect())
+        return [[k, v] for k, v in sorted(counts.items())]
+
+    def case(name: str, run: Callable[[], Any], *shards: str) -> None:
+        result: dict[str, Any] = {}
+        try:
+            value = run()
+            if value is not None:
+                result["value"] = value
+        except Exception as e:
+            result["error"] = error_text(e)
+        result["shards"] = {Path(s).name: shard_rows(s) for s in shards}
+        out[name] = result
+
+    def loc(name: str) -> str:
+        return str(work / name)
+
+    cols = "id BIGINT, item STRING"
+    # The target t (a column list, LOCATION and OPTIONS) and the source u (no column list).
+    case(
+        "create_t",
+        lambda: spark.sql(
+            f"CREATE TABLE t ({cols}) USING persistshard LOCATION '{loc('t')}' "
+            "OPTIONS (inline_bytes '0')"
+        ).collect()
+        and None,
+    )
+    case(
+        "create_u",
+        lambda: spark.sql(
+            f"CREATE TABLE u USING persistshard LOCATION '{loc('u')}' OPTIONS (columns '{cols}')"
+        ).collect()
+        and None,
+    )
+    case("insert_values", lambda: spark.sql("INSERT INTO t VALUES (1, 'apple')").collect() and None, loc("t"))
+    out["t_part_files"] = len(list((work / "t").glob("parts/**/*.part")))
+    spark.sql("INSERT INTO u VALUES (5, 'fig'), (6, 'kiwi')")
+    spark.table("u").createOrReplaceTempView("uv")
+
+    # Each form moves u's rows (or t's) into the table it names; u never changes.
+    case("insert_select_view", lambda: spark.sql("INSERT INTO t SELECT * FROM uv").collect() and None, loc("t"), loc("u"))
+    case("insert_select_table", lambda: spark.sql("INSERT INTO t SELECT * FROM u WHERE id = 5").collect() and None, loc("t"), loc("u"))
+    case("insert_into", lambda: spark.table("u").filter("id = 6").write.insertInto("t"), loc("t"), loc("u"))
+    case("write_to_append", lambda: spark.table("u").writeTo("t").append(), loc("t"), loc("u"))
+    case(
+        "ctas",
+        lambda: spark.sql(
+            f"CREATE TABLE c USING persistshard LOCATION '{loc('c')}' AS SELECT * FROM u"
+        ).collect()
+        and None,
+        loc("c"),
+        loc("u"),
+    )
+    case("ctas_reads", lambda: spark_rows(spark.table("c")))
+    case(
+        "save_as_table",
+        lambda: spark.table("u").write.format("persistshard").option("path", loc("s")).saveAsTable("s"),
+        loc("s"),
+        loc("u"),
+    )
+    case("save_as_table_reads", lambda: spark_rows(spark.table("s")))
+    case("t_reads", lambda: spark_rows(spark.table("t")))
+
+    # No location anywhere: refused before anything is stored or written.
+    case("create_no_location", lambda: spark.sql("CREATE TABLE nowhere (id BIGINT) USING persistshard").collect() and None)
+    case("ctas_no_location", lambda: spark.sql("CREATE TABLE nowhere2 USING persistshard AS SELECT * FROM u").collect() and None)
+    case("save_as_table_no_location", lambda: spark.table("u").write.format("persistshard").saveAsTable("nowhere3"))
+    out["nowhere_tables"] = sorted(
+        r.tableName for r in spark.sql("SHOW TABLES").collect() if r.tableName.startswith("nowhere")
+    )
+    out["warehouse"] = sorted(p.name for p in warehouse.iterdir()) if warehouse.exists() else []
+
+    # DESCRIBE EXTENDED and SHOW CREATE TABLE show the location (and the options).
+    out["describe"] = [
+        [r[0], r[1]] for r in spark.sql("DESCRIBE TABLE EXTENDED t").collect() if r[0] in ("Location", "Provider")
+    ]
+    out["show_create"] = spark.sql("SHOW CREATE TABLE t").collect()[0][0]
+
+    # Time travel: commits at shard times 0..3, each recorded at its own wall-clock time.
+    tt = loc("tt")
+    shard = ps.open_shard(tt)
+    for i in range(4):
+        shard.append(pa.table({"id": [i], "_time": [i], "_diff": [1]}), new_upper=i + 1)
+        time.sleep(0.05)
+    spark.sql(f"CREATE TABLE tt USING persistshard LOCATION '{tt}'")
+    case("version_as_of", lambda: spark_rows(spark.sql("SELECT * FROM tt VERSION AS OF 1")))
+    case("as_of_option", lambda: spark_rows(spark.read.format("persistshard").option("as_of", 1).load(tt)))
+    case("version_as_of_bad", lambda: spark_rows(spark.sql("SELECT * FROM tt VERSION AS OF 'x'")))
+
+    def at(ms: int) -> str:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}"
+
+    stamps = [h["at_ms"] for h in shard.history()]
+    out["stamps"] = stamps
+    for name, ms in (
+        ("timestamp_second", stamps[1] + 1),  # after the second commit, before the third
+        ("timestamp_exact_third", stamps[2]),  # at the third commit's recorded time
+        ("timestamp_before", stamps[0] - 60_000),
+        ("timestamp_future", int(time.time() * 1000) + 3_600_000),
+    ):
+        case(name, lambda ms=ms: spark_rows(spark.sql(f"SELECT * FROM tt TIMESTAMP AS OF '{at(ms)}'")))
+
+    # Compacted history: a version before since is SinceViolation, as with the read option.
+    shard.advance_since(2)
+    case("version_before_since", lambda: spark_rows(spark.sql("SELECT * FROM tt VERSION AS OF 0")))
+
+    print("RESULT " + json.dumps(out))
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()
