@@ -65,6 +65,12 @@ ARROW_JVM_FLAGS = ("--add-opens=java.base/java.nio=ALL-UNNAMED",)
 SESSION_CATALOG = "persistshard.companion.CompanionCatalog"
 SESSION_CATALOG_KEY = "spark.sql.catalog.spark_catalog"
 
+
+def session_catalog_conf() -> str:
+    """The session catalog as a ``spark-submit`` argument (``--conf key=value``)."""
+    return f"--conf {SESSION_CATALOG_KEY}={SESSION_CATALOG}"
+
+
 _ZIP_TIME = (2026, 1, 1, 0, 0, 0)
 _MANIFEST = b"Manifest-Version: 1.0\r\nCreated-By: persistshard\r\n\r\n"
 _warned = False

@@ -108,6 +108,7 @@ EXPLICIT_MARKERS: dict[str, tuple[str, ...]] = {
     "test_jvm_companion.py::test_a_session_*": ("spark", "subprocess"),
     "test_jvm_scan.py::*": ("spark", "subprocess"),
     "test_companion_rowlevel.py::*": ("spark", "subprocess"),
+    "test_companion_sql.py::*": ("spark", "subprocess"),
     # Racing workers of the storage contracts (processes when the store is shared).
     "*::test_put_if_absent_race": ("subprocess",),
     "*::test_cas_race": ("subprocess",),
@@ -254,12 +255,12 @@ COMPANION_ENV = "PERSISTSHARD_TEST_COMPANION"
 
 
 def _with_the_companion() -> None:
-    from persistshard.datasource.companion import companion_jar
+    from persistshard.datasource.companion import companion_jar, session_catalog_conf
 
     jar = companion_jar()
     if jar is None:
         raise RuntimeError(f"{COMPANION_ENV} is set, but the companion jar could not be built")
-    os.environ["PYSPARK_SUBMIT_ARGS"] = f"--jars {jar} pyspark-shell"
+    os.environ["PYSPARK_SUBMIT_ARGS"] = f"--jars {jar} {session_catalog_conf()} pyspark-shell"
 
 
 if os.environ.get(COMPANION_ENV, "") not in ("", "0"):

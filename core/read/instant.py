@@ -44,13 +44,15 @@ def commit_uppers(shard: Shard) -> list[tuple[int, int]]:
     out: list[tuple[int, int]] = []
     state: ShardState | None = None
     for version, entry in entries:
-        if state is None or state.version != version - 1:
+        if state is not None and state.version == version - 1:
+            state = encoding.fold(state, [entry.commit], shard.location)
+        else:
             base = machine.load_rollup(entry.rollup_version, entry.rollup_key)
-            between = range(base.version + 1, version)
-            if base.version >= version or any(v not in by_version for v in between):
+            between = range(base.version + 1, version + 1)
+            if base.version > version or any(v not in by_version for v in between):
                 continue  # this entry's state cannot be rebuilt from what is retained
-            state = encoding.fold(base, [by_version[v].commit for v in between], shard.location)
-        state = encoding.fold(state, [entry.commit], shard.location)
+            commits = [by_version[v].commit for v in between]
+            state = encoding.fold(base, commits, shard.location)
         if entry.at_ms is not None:
             out.append((entry.at_ms, state.upper))
     return out
