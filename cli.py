@@ -713,7 +713,8 @@ DOING = {
 
 def cmd_jar(args: argparse.Namespace) -> int:
     """Build (or find in the cache) the JVM companion jar and print its path, for
-    ``spark-submit --jars`` or ``spark.jars``. It is built from the package's Java sources
+    ``spark-submit --jars`` or ``spark.jars`` (with the session catalog ``--conf`` it prints
+    too, for SQL tables). It is built from the package's Java sources
     with the JDK's javac against the installed pyspark's jars; without a JDK the command says
     so and exits 2 (Spark then uses the Python source)."""
     from persistshard.datasource import companion
@@ -729,7 +730,10 @@ def cmd_jar(args: argparse.Namespace) -> int:
         print(path)
     else:
         print(f"persistshard companion jar: {path}")
-        print(f"use it with: spark-submit --jars {path} ... (or ps.configure_spark(builder))")
+        print(
+            f"use it with: spark-submit --jars {path} {companion.session_catalog_conf()} ... "
+            "(or ps.configure_spark(builder))"
+        )
     return 0
 
 

@@ -61,7 +61,10 @@ def main() -> None:
             return None  # nothing was ever written there
         snap = ps.open_shard(loc).snapshot()
         counts = Counter(
-            {repr(tuple(v for k, v in r.items() if k != "_diff")): r["_diff"] for r in snap.to_pylist()}
+            {
+                repr(tuple(v for k, v in r.items() if k != "_diff")): r["_diff"]
+                for r in snap.to_pylist()
+            }
         )
         return sorted([k, v] for k, v in counts.items())
 
@@ -83,46 +86,48 @@ def main() -> None:
     def loc(name: str) -> str:
         return str(work / name)
 
+    def sql(statement: str) -> Callable[[], None]:
+        """Runs ``statement`` to its end when called."""
+        return lambda: spark.sql(statement).collect() and None
+
+    def query(statement: str) -> Callable[[], list[list[Any]]]:
+        """The rows of ``statement`` when called."""
+        return lambda: spark_rows(spark.sql(statement))
+
     cols = "id BIGINT, item STRING"
     # The target t (a column list, LOCATION and OPTIONS) and the source u (no column list).
+    t_options = "OPTIONS (inline_bytes '0')"
     case(
         "create_t",
-        lambda: spark.sql(
-            f"CREATE TABLE t ({cols}) USING persistshard LOCATION '{loc('t')}' "
-            "OPTIONS (inline_bytes '0')"
-        ).collect()
-        and None,
+        sql(f"CREATE TABLE t ({cols}) USING persistshard LOCATION '{loc('t')}' {t_options}"),
     )
-    case(
-        "create_u",
-        lambda: spark.sql(
-            f"CREATE TABLE u USING persistshard LOCATION '{loc('u')}' OPTIONS (columns '{cols}')"
-        ).collect()
-        and None,
-    )
-    case("insert_values", lambda: spark.sql("INSERT INTO t VALUES (1, 'apple')").collect() and None, loc("t"))
+    u_options = f"OPTIONS (columns '{cols}')"
+    case("create_u", sql(f"CREATE TABLE u USING persistshard LOCATION '{loc('u')}' {u_options}"))
+    case("insert_values", sql("INSERT INTO t VALUES (1, 'apple')"), loc("t"))
     out["t_part_files"] = len(list((work / "t").glob("parts/**/*.part")))
     spark.sql("INSERT INTO u VALUES (5, 'fig'), (6, 'kiwi')")
     spark.table("u").createOrReplaceTempView("uv")
 
     # Each form moves u's rows (or t's) into the table it names; u never changes.
-    case("insert_select_view", lambda: spark.sql("INSERT INTO t SELECT * FROM uv").collect() and None, loc("t"), loc("u"))
-    case("insert_select_table", lambda: spark.sql("INSERT INTO t SELECT * FROM u WHERE id = 5").collect() and None, loc("t"), loc("u"))
-    case("insert_into", lambda: spark.table("u").filter("id = 6").write.insertInto("t"), loc("t"), loc("u"))
-    case("write_to_append", lambda: spark.table("u").writeTo("t").append(), loc("t"), loc("u"))
+    case("insert_select_view", sql("INSERT INTO t SELECT * FROM uv"), loc("t"), loc("u"))
     case(
-        "ctas",
-        lambda: spark.sql(
-            f"CREATE TABLE c USING persistshard LOCATION '{loc('c')}' AS SELECT * FROM u"
-        ).collect()
-        and None,
-        loc("c"),
+        "insert_select_table", sql("INSERT INTO t SELECT * FROM u WHERE id = 5"), loc("t"), loc("u")
+    )
+    case(
+        "insert_into",
+        lambda: spark.table("u").filter("id = 6").write.insertInto("t"),
+        loc("t"),
         loc("u"),
     )
+    case("write_to_append", lambda: spark.table("u").writeTo("t").append(), loc("t"), loc("u"))
+    ctas = f"CREATE TABLE c USING persistshard LOCATION '{loc('c')}' AS SELECT * FROM u"
+    case("ctas", sql(ctas), loc("c"), loc("u"))
     case("ctas_reads", lambda: spark_rows(spark.table("c")))
     case(
         "save_as_table",
-        lambda: spark.table("u").write.format("persistshard").option("path", loc("s")).saveAsTable("s"),
+        lambda: (
+            spark.table("u").write.format("persistshard").option("path", loc("s")).saveAsTable("s")
+        ),
         loc("s"),
         loc("u"),
     )
@@ -130,9 +135,12 @@ def main() -> None:
     case("t_reads", lambda: spark_rows(spark.table("t")))
 
     # No location anywhere: refused before anything is stored or written.
-    case("create_no_location", lambda: spark.sql("CREATE TABLE nowhere (id BIGINT) USING persistshard").collect() and None)
-    case("ctas_no_location", lambda: spark.sql("CREATE TABLE nowhere2 USING persistshard AS SELECT * FROM u").collect() and None)
-    case("save_as_table_no_location", lambda: spark.table("u").write.format("persistshard").saveAsTable("nowhere3"))
+    case("create_no_location", sql("CREATE TABLE nowhere (id BIGINT) USING persistshard"))
+    case("ctas_no_location", sql("CREATE TABLE nowhere2 USING persistshard AS SELECT * FROM u"))
+    case(
+        "save_as_table_no_location",
+        lambda: spark.table("u").write.format("persistshard").saveAsTable("nowhere3"),
+    )
     out["nowhere_tables"] = sorted(
         r.tableName for r in spark.sql("SHOW TABLES").collect() if r.tableName.startswith("nowhere")
     )
@@ -140,7 +148,9 @@ def main() -> None:
 
     # DESCRIBE EXTENDED and SHOW CREATE TABLE show the location (and the options).
     out["describe"] = [
-        [r[0], r[1]] for r in spark.sql("DESCRIBE TABLE EXTENDED t").collect() if r[0] in ("Location", "Provider")
+        [r[0], r[1]]
+        for r in spark.sql("DESCRIBE TABLE EXTENDED t").collect()
+        if r[0] in ("Location", "Provider")
     ]
     out["show_create"] = spark.sql("SHOW CREATE TABLE t").collect()[0][0]
 
@@ -151,9 +161,12 @@ def main() -> None:
         shard.append(pa.table({"id": [i], "_time": [i], "_diff": [1]}), new_upper=i + 1)
         time.sleep(0.05)
     spark.sql(f"CREATE TABLE tt USING persistshard LOCATION '{tt}'")
-    case("version_as_of", lambda: spark_rows(spark.sql("SELECT * FROM tt VERSION AS OF 1")))
-    case("as_of_option", lambda: spark_rows(spark.read.format("persistshard").option("as_of", 1).load(tt)))
-    case("version_as_of_bad", lambda: spark_rows(spark.sql("SELECT * FROM tt VERSION AS OF 'x'")))
+    case("version_as_of", query("SELECT * FROM tt VERSION AS OF 1"))
+    case(
+        "as_of_option",
+        lambda: spark_rows(spark.read.format("persistshard").option("as_of", 1).load(tt)),
+    )
+    case("version_as_of_bad", query("SELECT * FROM tt VERSION AS OF 'x'"))
 
     def at(ms: int) -> str:
         return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}"
@@ -166,11 +179,11 @@ def main() -> None:
         ("timestamp_before", stamps[0] - 60_000),
         ("timestamp_future", int(time.time() * 1000) + 3_600_000),
     ):
-        case(name, lambda ms=ms: spark_rows(spark.sql(f"SELECT * FROM tt TIMESTAMP AS OF '{at(ms)}'")))
+        case(name, query(f"SELECT * FROM tt TIMESTAMP AS OF '{at(ms)}'"))
 
     # Compacted history: a version before since is SinceViolation, as with the read option.
     shard.advance_since(2)
-    case("version_before_since", lambda: spark_rows(spark.sql("SELECT * FROM tt VERSION AS OF 0")))
+    case("version_before_since", query("SELECT * FROM tt VERSION AS OF 0"))
 
     print("RESULT " + json.dumps(out))
     spark.stop()

@@ -190,15 +190,18 @@ def test_cli_jar_without_a_jdk_says_why(no_jdk, capsys):
     assert err.startswith("CompanionUnavailable: no javac found")
 
 
+class Builder:
+    """What `configure_spark` uses of a ``SparkSession.builder``."""
+
+    def __init__(self) -> None:
+        self._options: dict[str, str] = {}
+
+    def config(self, key: str, value: str) -> Builder:
+        self._options[key] = value
+        return self
+
+
 def test_configure_spark_without_a_jdk_sets_only_the_workers_interpreter(no_jdk, monkeypatch):
-    class Builder:
-        def __init__(self) -> None:
-            self._options: dict[str, str] = {}
-
-        def config(self, key: str, value: str) -> Builder:
-            self._options[key] = value
-            return self
-
     monkeypatch.setattr(companion, "_running_conf", lambda: None)  # as before a session
     monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
     named = Builder().config("spark.pyspark.python", "/opt/py/bin/python")
@@ -213,6 +216,25 @@ def test_configure_spark_without_a_jdk_sets_only_the_workers_interpreter(no_jdk,
     monkeypatch.setenv("PYSPARK_PYTHON", "/usr/bin/python3")
     assert companion.configure_spark(Builder())._options == {}
     assert os.environ["PYSPARK_PYTHON"] == "/usr/bin/python3"
+
+
+def test_configure_spark_sets_the_session_catalog_unless_one_is_named(monkeypatch, tmp_path):
+    jar = str(tmp_path / "companion.jar")
+    monkeypatch.setattr(companion, "companion_jar", lambda: jar)
+    monkeypatch.setattr(companion, "_running_conf", lambda: None)  # as before a session
+    monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
+    assert companion.configure_spark(Builder())._options == {
+        "spark.jars": jar,
+        companion.SESSION_CATALOG_KEY: companion.SESSION_CATALOG,
+    }
+    other = Builder().config(companion.SESSION_CATALOG_KEY, "org.example.OtherCatalog")
+    with pytest.warns(UserWarning, match="OtherCatalog, so it is kept.*time travel"):
+        chosen = companion.configure_spark(other)._options[companion.SESSION_CATALOG_KEY]
+    assert chosen == "org.example.OtherCatalog"
+    # A running session without the catalog: the warning names it.
+    monkeypatch.setattr(companion, "_running_conf", lambda: {"spark.jars": jar})
+    with pytest.warns(UserWarning, match=f"lacks {companion.SESSION_CATALOG_KEY}="):
+        companion.configure_spark(Builder())
 
 
 def test_a_second_call_finds_the_cached_jar(jar_cache, jar, monkeypatch):
@@ -260,7 +282,7 @@ def test_cli_jar_prints_the_path(jar_cache, jar, monkeypatch, capsys):
     assert capsys.readouterr().out == f"{jar}\n"
     assert main(["jar"]) == 0
     out = capsys.readouterr().out
-    assert str(jar) in out and "--jars" in out
+    assert str(jar) in out and "--jars" in out and companion.session_catalog_conf() in out
 
 
 def test_configure_spark_warns_when_the_session_is_already_running(
@@ -274,7 +296,10 @@ def test_configure_spark_warns_when_the_session_is_already_running(
     ):
         builder = companion.configure_spark(SparkSession.builder)
     assert str(jar) in builder._options["spark.jars"].split(",")
-    builder._options.pop("spark.jars")  # the shared builder must not carry it to other tests
+    assert builder._options[companion.SESSION_CATALOG_KEY] == companion.SESSION_CATALOG
+    # The shared builder must not carry them to other tests.
+    builder._options.pop("spark.jars")
+    builder._options.pop(companion.SESSION_CATALOG_KEY)
 
 
 SESSION_SCRIPT = """
