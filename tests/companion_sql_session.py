@@ -12,7 +12,6 @@ rows Spark read, or the error text. Not a test module: it needs a JVM of its own
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from collections import Counter
@@ -38,20 +37,11 @@ def error_text(e: BaseException) -> str:
 def main() -> None:
     work = Path(sys.argv[1])
     warehouse = work / "warehouse"
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
+    from jvm_scan_session import companion_session
 
     import persistshard as ps
 
-    spark = ps.configure_spark(
-        SparkSession.builder.master("local[2]")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.warehouse.dir", str(warehouse))
-    ).getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = companion_session(**{"spark.sql.warehouse.dir": str(warehouse)})
     out: dict[str, Any] = {
         "catalog": spark.conf.get("spark.sql.catalog.spark_catalog"),
     }
@@ -153,6 +143,10 @@ def main() -> None:
         if r[0] in ("Location", "Provider")
     ]
     out["show_create"] = spark.sql("SHOW CREATE TABLE t").collect()[0][0]
+
+    # DROP TABLE forgets an external table; its shard stays.
+    case("drop_c", sql("DROP TABLE c"), loc("c"))
+    out["tables_after_drop"] = sorted(r.tableName for r in spark.sql("SHOW TABLES").collect())
 
     # Time travel: commits at shard times 0..3, each recorded at its own wall-clock time.
     tt = loc("tt")

@@ -42,11 +42,30 @@ def outcome(make: Any) -> dict[str, Any]:
         return {"error": text.splitlines()[0] if text else type(e).__name__}
 
 
-def main() -> None:
-    work = Path(sys.argv[1])
+def companion_session(**conf: str) -> Any:
+    """A small local session built with ``ps.configure_spark`` (the companion), plus
+    ``conf``; tests/companion_sql_session.py starts its session here too."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
+    import persistshard as ps
+
+    builder = (
+        SparkSession.builder.master("local[2]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+    )
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    spark = ps.configure_spark(builder).getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def main() -> None:
+    work = Path(sys.argv[1])
     import persistshard as ps
     from persistshard.datasource.source import PersistShardDataSource
 
@@ -55,15 +74,7 @@ def main() -> None:
         def name(cls) -> str:
             return "persistshard_python"
 
-    builder = ps.configure_spark(
-        SparkSession.builder.master("local[2]")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-    )
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = companion_session()
     spark.dataSource.register(PythonOnly)
     conf = spark._jsparkSession.sessionState().conf()
     lookup = spark._jvm.org.apache.spark.sql.execution.datasources.DataSource

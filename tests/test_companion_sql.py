@@ -12,15 +12,11 @@ tests/test_sql_provenance.py).
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from test_jvm_companion import jar_cache, jdk  # noqa: F401  (fixtures)
+from test_jvm_companion import jar_cache, jdk, run_session  # noqa: F401  (fixtures)
 
 from persistshard.datasource import companion
 
@@ -32,18 +28,7 @@ U = [[FIG, 1], [KIWI, 1]]  # the source table's shard, which no statement may ch
 @pytest.fixture(scope="module")
 def session(jar_cache, tmp_path_factory) -> dict[str, Any]:  # noqa: F811
     work = tmp_path_factory.mktemp("companion-sql")
-    env = {**os.environ, companion.CACHE_ENV: str(jar_cache)}
-    env.pop("PYSPARK_SUBMIT_ARGS", None)
-    done = subprocess.run(
-        [sys.executable, str(SESSION), str(work)],
-        capture_output=True,
-        text=True,
-        timeout=1200,
-        env=env,
-    )
-    assert done.returncode == 0, done.stderr[-5000:]
-    (line,) = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
-    result: dict[str, Any] = json.loads(line[len("RESULT ") :])
+    result = run_session(SESSION, work, jar_cache)
     result["work"] = str(work)
     return result
 
@@ -93,6 +78,11 @@ def test_a_table_without_a_location_is_refused_and_nothing_is_written(session):
         assert "LOCATION '/data/t'" in error and "CREATE TABLE" in error
     assert session["nowhere_tables"] == []  # nothing stored in the catalog
     assert session["warehouse"] == []  # no managed default location made
+
+
+def test_drop_table_keeps_the_shard(session):
+    assert session["drop_c"]["shards"]["c"] == U
+    assert "c" not in session["tables_after_drop"] and "t" in session["tables_after_drop"]
 
 
 def test_describe_and_show_create_table_show_the_location(session):
