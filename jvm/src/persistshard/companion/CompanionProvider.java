@@ -21,9 +21,11 @@ import org.apache.spark.sql.util.CaseInsensitiveStringMap;
  *       one fresh Python source per builder ({@link CompanionTable});</li>
  *   <li>batch snapshot reads are {@link ColumnarScanBuilder}: planned by the Python source's
  *       planner ({@link Planner}), parts decoded here into Arrow vectors;</li>
- *   <li>every other batch read (changes, {@code with_diff}, {@code where}, catalog tables)
- *       is the Python source's scan.</li>
+ *   <li>every other batch read (changes, {@code with_diff}, {@code where}, tables whose
+ *       columns carry a location in their metadata) is the Python source's scan.</li>
  * </ul>
+ * SQL tables reach it through {@link CompanionCatalog}, which hands Spark a {@link
+ * CompanionTable} with the table's location and options.
  */
 public final class CompanionProvider implements TableProvider, DataSourceRegister {
 
