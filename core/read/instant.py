@@ -18,6 +18,7 @@ Invariants:
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -27,6 +28,8 @@ from persistshard.errors import InvalidOption, SinceViolation
 
 if TYPE_CHECKING:
     from persistshard.core.shard import Shard
+
+log = logging.getLogger("persistshard.core.read.instant")
 
 
 def _text(micros: int) -> str:
@@ -81,4 +84,5 @@ def time_at_instant(shard: Shard, micros: int) -> int:
         )
     if upper - 1 < since:
         raise SinceViolation(upper - 1, since, location=shard.location)
+    log.debug("%s: instant %s is shard time %d", shard.location, _text(micros), upper - 1)
     return upper - 1
