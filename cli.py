@@ -525,12 +525,12 @@ def cmd_conformance(args: argparse.Namespace, options: dict[str, Any]) -> int:
     missing = [m for m in ("pytest", "hypothesis") if importlib.util.find_spec(m) is None]
     if missing:
         print(
-            f"persistshard conformance needs {missing[0]}: "
-            "pip install 'persistshard[conformance]'",
+            f"persistshard conformance needs {missing[0]}: pip install 'persistshard[conformance]'",
             file=sys.stderr,
         )
         return 2
     import pytest
+
     from persistshard.conformance import cleanup
     from persistshard.conformance.storage import probe_atomic_create
     from persistshard.conformance.target import ConformanceTarget
