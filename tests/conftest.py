@@ -143,6 +143,7 @@ EXPLICIT_MARKERS: dict[str, tuple[str, ...]] = {
     "test_tiers.py::test_the_fast_selection_*": ("subprocess",),
     "test_tiers.py::test_every_marker_used_is_declared": ("subprocess",),
     "test_tiers.py::test_slow_names_tests_that_exist_*": ("subprocess",),
+    "test_tiers.py::test_the_second_pass_runs_*": ("subprocess",),
 }
 
 
@@ -233,7 +234,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         used = getattr(item, "fixturenames", ())
         wanted = {FIXTURE_MARKERS[f] for f in used if f in FIXTURE_MARKERS}
         wanted.update(_explicit_markers(item))
-        if "spark" in wanted and os.path.basename(str(item.path)) in WITHOUT_COMPANION:
+        if "spark" in have | wanted and os.path.basename(str(item.path)) in WITHOUT_COMPANION:
             wanted.add("python_source")
         for name in sorted(wanted - have):
             item.add_marker(name)
