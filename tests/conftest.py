@@ -216,6 +216,7 @@ def _explicit_markers(item: pytest.Item) -> set[str]:
 SLOWEST_FILES: tuple[str, ...] = (
     "test_spark.py",
     "test_jvm_scan.py",
+    "test_companion_rowlevel.py",
     "test_sql.py",
     "test_sql_provenance.py",
     "test_jvm_companion.py",
