@@ -516,18 +516,21 @@ def cmd_conformance(args: argparse.Namespace, options: dict[str, Any]) -> int:
     """Run the storage and shard-semantics conformance suite at an empty location (exit 1 if
     a test fails): does this storage keep persistshard's contract?"""
     import contextlib
+    import importlib.util
     import io
     import os
 
-    try:
-        import hypothesis  # noqa: F401
-        import pytest
-    except ImportError as e:
+    # Found, not imported: pytest loads hypothesis as a plugin and rewrites its asserts, which
+    # it cannot do for a module imported before pytest.main (PytestAssertRewriteWarning).
+    missing = [m for m in ("pytest", "hypothesis") if importlib.util.find_spec(m) is None]
+    if missing:
         print(
-            f"persistshard conformance needs {e.name}: pip install 'persistshard[conformance]'",
+            f"persistshard conformance needs {missing[0]}: pip install 'persistshard[conformance]'",
             file=sys.stderr,
         )
         return 2
+    import pytest
+
     from persistshard.conformance import cleanup
     from persistshard.conformance.storage import probe_atomic_create
     from persistshard.conformance.target import ConformanceTarget

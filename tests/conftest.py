@@ -124,6 +124,7 @@ EXPLICIT_MARKERS: dict[str, tuple[str, ...]] = {
     "test_linearizability.py::test_sweep": ("subprocess",),
     "test_linearizability.py::test_conformance_*": ("subprocess",),
     "test_cli_output.py::test_conformance_json_on_local_files": ("subprocess",),
+    "test_cli_output.py::test_conformance_prints_no_pytest_warnings": ("subprocess",),
     "test_leases_cli.py::test_conformance_cleans_up_after_itself": ("subprocess",),
     "test_sqlconsensus.py::test_cli_conformance_with_consensus": ("subprocess",),
     # Writers racing in processes.
@@ -143,6 +144,7 @@ EXPLICIT_MARKERS: dict[str, tuple[str, ...]] = {
     "test_tiers.py::test_the_fast_selection_*": ("subprocess",),
     "test_tiers.py::test_every_marker_used_is_declared": ("subprocess",),
     "test_tiers.py::test_slow_names_tests_that_exist_*": ("subprocess",),
+    "test_tiers.py::test_the_second_pass_runs_*": ("subprocess",),
 }
 
 
@@ -160,6 +162,7 @@ SLOW: frozenset[str] = frozenset(
         "test_crash.py::test_lost_response_at_every_store_call[append-inline]",
         "test_crash.py::test_lost_response_at_every_store_call[consumer]",
         "test_crash.py::test_lost_response_at_every_store_call[fork]",
+        "test_crash.py::test_lost_response_at_every_gc_store_call_then_going_on",
         "test_forks.py::test_lost_responses_in_fork_and_drop[fork-drop]",
         # Every interleaving of racing handles, checked for linearizability.
         "test_interleaving.py::test_every_interleaving_of_racing_writers_and_gc_is_linearizable",
@@ -207,16 +210,38 @@ def _explicit_markers(item: pytest.Item) -> set[str]:
     return found
 
 
+#: The test files that take longest (each a minute or more of a full run on 2 cores, its
+#: slowest first), run first: ``-n 2 --dist loadfile --no-loadscope-reorder`` hands files to
+#: the two workers in collection order, so a long file begun last would leave one worker
+#: alone at the end. The rest keep pytest's order.
+SLOWEST_FILES: tuple[str, ...] = (
+    "test_spark.py",
+    "test_jvm_scan.py",
+    "test_companion_rowlevel.py",
+    "test_sql.py",
+    "test_sql_provenance.py",
+    "test_jvm_companion.py",
+    "test_crash.py",
+    "test_local_cluster.py",
+)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark every test by what it starts (module docstring), before ``-m`` deselects."""
+    """Mark every test by what it starts (module docstring), before ``-m`` deselects:
+    ``python_source`` also on the Spark tests of `WITHOUT_COMPANION`; then put the files of
+    `SLOWEST_FILES` first (a stable sort: each file's tests stay together, in their order)."""
     for item in items:
         have = {m.name for m in item.iter_markers()}
         used = getattr(item, "fixturenames", ())
         wanted = {FIXTURE_MARKERS[f] for f in used if f in FIXTURE_MARKERS}
         wanted.update(_explicit_markers(item))
+        if "spark" in have | wanted and os.path.basename(str(item.path)) in WITHOUT_COMPANION:
+            wanted.add("python_source")
         for name in sorted(wanted - have):
             item.add_marker(name)
+    rank = {name: i for i, name in enumerate(SLOWEST_FILES)}
+    items.sort(key=lambda item: rank.get(os.path.basename(str(item.path)), len(rank)))
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -248,10 +273,48 @@ def _memory_store_left_as_found():
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
-#: Set (to anything but "", "0"), the run's SparkSession has the JVM companion on its
-#: classpath (built here, or the run fails): every Spark test then runs against the
-#: companion's table provider (CI runs the Spark read and write tests both ways, .ci/run).
+#: Whether the run's SparkSession has the JVM companion on its classpath: "0" (or "false",
+#: "no") runs the Spark tests against the Python source alone; any other value requires the
+#: companion (built here, or the run fails). Unset, the session has the companion when a JDK
+#: (javac) is there, and under ``CI=true`` a missing JDK fails the run (CI installs one). So
+#: the README's command runs every Spark test against the companion's table provider, and its
+#: second pass (`WITHOUT_COMPANION`) the read and SQL tests against the Python source too.
 COMPANION_ENV = "PERSISTSHARD_TEST_COMPANION"
+
+#: The test files the README's second pass runs again with ``PERSISTSHARD_TEST_COMPANION=0``:
+#: the Spark reads (batch snapshots, pushdown, pruning, views, every read option) and SQL
+#: tables, the paths the companion takes over from the Python source. tests/test_tiers.py
+#: checks that the README's command names exactly these.
+WITHOUT_COMPANION: tuple[str, ...] = (
+    "test_spark.py",
+    "test_sql.py",
+    "test_sql_provenance.py",
+    "test_spark_pushdown.py",
+    "test_column_pruning.py",
+    "test_where.py",
+    "test_ux_spark.py",
+)
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def _companion_wanted() -> bool:
+    """Whether this run's session gets the companion (`COMPANION_ENV`)."""
+    chosen = os.environ.get(COMPANION_ENV, "").strip().lower()
+    if chosen:
+        return chosen not in ("0", "false", "no")
+    from persistshard.datasource.companion import find_javac
+
+    if find_javac() is not None:
+        return True
+    if _in_ci():
+        raise RuntimeError(
+            "CI=true and no javac: the Spark tests run with the JVM companion in CI "
+            "(apt-get install openjdk-17-jdk-headless, as .ci/run does)"
+        )
+    return False
 
 
 def _with_the_companion() -> None:
@@ -259,12 +322,32 @@ def _with_the_companion() -> None:
 
     jar = companion_jar()
     if jar is None:
-        raise RuntimeError(f"{COMPANION_ENV} is set, but the companion jar could not be built")
+        raise RuntimeError(
+            f"the Spark tests run with the companion ({COMPANION_ENV}, or a JDK found), "
+            "but the companion jar could not be built"
+        )
     os.environ["PYSPARK_SUBMIT_ARGS"] = f"--jars {jar} {session_catalog_conf()} pyspark-shell"
 
 
-if os.environ.get(COMPANION_ENV, "") not in ("", "0"):
+WITH_COMPANION = _companion_wanted()
+if WITH_COMPANION:
     _with_the_companion()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """Give this process's SparkSession a scratch directory of its own for its warehouse
+    (managed tables) and Derby's files (``derby.log``), instead of the working directory:
+    with ``-n 2`` each pytest-xdist worker has its own session, and two sessions sharing
+    ``./spark-warehouse`` would see each other's managed tables. After pytest-spark's own
+    hook (``trylast``), which builds the configuration from ``spark_options``."""
+    from pytest_spark.config import SparkConfigBuilder
+
+    scratch = tempfile.mkdtemp(prefix="persistshard-spark-")
+    atexit.register(shutil.rmtree, scratch, True)
+    conf = SparkConfigBuilder.get()
+    conf.set("spark.sql.warehouse.dir", os.path.join(scratch, "warehouse"))
+    conf.set("spark.driver.extraJavaOptions", f"-Dderby.system.home={scratch}")
 
 
 @pytest.fixture(scope="session")

@@ -86,3 +86,23 @@ def test_conformance_json_on_local_files(tmp_path, capsys):
     names = {t["test"] for t in summary["tests"]}
     assert {"TestBlob::test_put_if_absent_race", "TestConsensus::test_cas_race"} <= names
     assert "TestShardModel::test_model" in names
+
+
+def test_conformance_prints_no_pytest_warnings(tmp_path):
+    """`persistshard conformance`, in a fresh interpreter as a user runs it, prints the
+    suite's results without pytest's warnings summary: the command must not import a module
+    pytest loads as a plugin (hypothesis) before it starts pytest, which then could not
+    rewrite its asserts (PytestAssertRewriteWarning)."""
+    import subprocess
+
+    run = "import sys; from persistshard.cli import main; sys.exit(main(sys.argv[1:]))"
+    where = str(tmp_path / "place")
+    out = subprocess.run(
+        [sys.executable, "-c", run, "conformance", where, "-k", "atomic_create"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "passed" in out.stdout, out.stdout
+    assert "Warning" not in out.stdout + out.stderr, out.stdout + out.stderr

@@ -149,3 +149,15 @@ def test_lost_response_at_every_store_call(name):
         return f"memory://lost-{uuid.uuid4().hex}"
 
     assert check_lost_responses(fresh, name) > 3
+
+
+def test_lost_response_at_every_gc_store_call_then_going_on():
+    """``gc`` (`LOST_SLOW`) in every run at a third of the sweep's cost: the response to each
+    of its store calls lost and the process going on (the ending only this harness checks: a
+    process dying at or after call k is what `test_process_dies_before_every_store_call`
+    cuts). ``PERSISTSHARD_SWEEP=1`` runs the two dying endings as well, above."""
+
+    def fresh() -> str:
+        return f"memory://lost-{uuid.uuid4().hex}"
+
+    assert check_lost_responses(fresh, "gc", endings=(None,)) > 3

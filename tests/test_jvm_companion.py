@@ -337,7 +337,10 @@ print("RESULT " + repr({
 def _run_session(tmp_path: Path, env: dict[str, str]) -> dict[str, Any]:
     script = tmp_path / "session.py"
     script.write_text(SESSION_SCRIPT)
-    env = {k: v for k, v in env.items() if k not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")}
+    # The session configures itself (configure_spark): not through the test run's own
+    # settings, whose PYSPARK_SUBMIT_ARGS names the jar when the run has the companion.
+    dropped = ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "PYSPARK_SUBMIT_ARGS")
+    env = {k: v for k, v in env.items() if k not in dropped}
     done = subprocess.run(
         [sys.executable, str(script), str(tmp_path / "shard")],
         env=env,

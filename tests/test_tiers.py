@@ -154,16 +154,42 @@ def test_slow_names_tests_that_exist_and_the_fast_selection_leaves_them_out(coll
     assert len(slow) >= len(SLOW) >= 10
 
 
+#: The README's full test command, as .ci/run runs it: every test on two workers (with the
+#: JVM companion where a JDK is, CI's case), then the read and SQL tests of Spark again
+#: without the companion (`conftest.WITHOUT_COMPANION`, marked ``python_source``).
+XDIST = "-n 2 --dist loadfile --no-loadscope-reorder"
+FULL = f".venv/bin/python -m pytest -p no:cacheprovider {XDIST}"
+SECOND = f"PERSISTSHARD_TEST_COMPANION=0 {FULL} -m python_source"
+
+
+def _pytest_lines(text: str) -> list[str]:
+    return [line.strip() for line in text.splitlines() if "-m pytest" in line]
+
+
 def test_the_full_command_deselects_nothing():
-    """CI runs README's full command through .ci/run: neither pytest's configured options nor
-    that script select by marker or keyword, so every test, slow ones included, runs in CI."""
+    """CI runs README's full command through .ci/run: its first pass selects by neither
+    marker nor keyword (nor do pytest's configured options), so every test, slow ones
+    included, runs in CI; the second pass selects exactly ``-m python_source``."""
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
     addopts = config["tool"]["pytest"]["ini_options"]["addopts"].split()
     assert not {"-m", "-k"} & set(addopts), addopts
     run = (ROOT / ".ci" / "run").read_text()
-    commands = [line for line in run.splitlines() if "-m pytest" in line]
-    assert commands and all(' -m "' not in c and " -k " not in c for c in commands)
-    assert all("-m pytest -p no:cacheprovider ||" in c for c in commands), commands
+    first, second = _pytest_lines(run)
+    assert first.startswith(FULL + " ||") and " -m " not in first.split("pytest", 1)[1], first
+    assert " -k " not in first + second
+    assert second.startswith(SECOND + " ||"), second
+
+
+def test_the_second_pass_runs_the_read_and_sql_tests_without_the_companion(collected):
+    """``python_source`` marks exactly the Spark tests of `conftest.WITHOUT_COMPANION`, which
+    names files that exist, so the second pass runs them against the Python source."""
+    from conftest import WITHOUT_COMPANION
+
+    assert all((TESTS / name).is_file() for name in WITHOUT_COMPANION)
+    for row in collected:
+        wanted = "spark" in row["markers"] and row["file"] in WITHOUT_COMPANION
+        assert ("python_source" in row["markers"]) == wanted, row["id"]
+    assert sum("python_source" in r["markers"] for r in collected) >= 80
 
 
 def test_every_marker_used_is_declared(collected):
@@ -177,11 +203,15 @@ def test_every_marker_used_is_declared(collected):
 
 
 def test_the_readme_gives_the_fast_command_beside_the_full_one():
+    """README's setup command and its Development section give the full command (both
+    passes, as .ci/run runs them), the fast one and the serial one."""
     readme = (ROOT / "README.md").read_text()
     development = readme.split("## Development", 1)[1]
     assert f'-m "{FAST}"' in development
-    full = ".venv/bin/python -m pytest -p no:cacheprovider\n"
-    assert full in readme.split("## Two commands", 1)[1] and full in development
+    setup = readme.split("## Two commands", 1)[1].split("\n## ", 1)[0]
+    assert f"{FULL} && {SECOND}\n" in setup
+    assert f"{FULL}\n{SECOND}\n" in development
+    assert ".venv/bin/python -m pytest -p no:cacheprovider\n" in development  # serial
 
 
 def test_no_test_fixes_its_own_example_count():
