@@ -19,6 +19,14 @@ REGISTRY: tuple[Benchmark, ...] = (
         uses_spark=True,
     ),
     Benchmark(
+        name="tpch_companion",
+        module="benchmarks.tpch_bench",
+        summary="TPC-H: the 22 queries through the JVM companion vs Spark parquet (the tpch "
+        "benchmark's setup, a session built with ps.configure_spark)",
+        sizes={"quick": {"sf": 0.1, "companion": True}, "full": {"sf": 1.0, "companion": True}},
+        uses_spark=True,
+    ),
+    Benchmark(
         name="spark",
         module="benchmarks.spark_bench",
         summary="Spark append and snapshot read + sum vs native parquet and a pass-through "

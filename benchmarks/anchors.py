@@ -136,17 +136,21 @@ class PassThroughIPC(DataSource):
 # --- Spark ---------------------------------------------------------------------------------
 
 
-def spark_session(master: str = "local[2]", driver_memory: str = "4g") -> SparkSession:
+def spark_session(
+    master: str = "local[2]", driver_memory: str = "4g", companion: bool = False
+) -> SparkSession:
     """The benchmarks' one SparkSession: workers run this interpreter and can import
     ``benchmarks``; `PassThroughIPC` is registered. Set the environment before the JVM
-    starts (the first session of the process); later calls return the same session."""
+    starts (the first session of the process); later calls return the same session.
+    ``companion``: the builder goes through ``ps.configure_spark`` (the JVM companion's jar
+    on the classpath, when a JDK is found), so the format ``persistshard`` is the companion."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     paths = [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     from pyspark.sql import SparkSession
 
-    spark = (
+    builder = (
         SparkSession.builder.master(master)
         .appName("persistshard-benchmarks")
         .config("spark.driver.memory", driver_memory)
@@ -154,8 +158,12 @@ def spark_session(master: str = "local[2]", driver_memory: str = "4g") -> SparkS
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.executorEnv.PYTHONPATH", os.environ["PYTHONPATH"])
-        .getOrCreate()
     )
+    if companion:
+        import persistshard as ps
+
+        builder = ps.configure_spark(builder)
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(PassThroughIPC)
     return spark

@@ -24,10 +24,13 @@ answer fails the benchmark.
 Targets (issue 16): the sum of the 22 query times at most 2.0x parquet's at SF 1; the selective
 scans q6, q14 and q19 each at most 1.5x.
 
-``PERSISTSHARD_TPCH_COMPANION=<jar>`` runs the same benchmark with the JVM companion
-(``persistshard jar`` builds it; docs/design.md, "JVM
-companion") on the session's classpath; the run fails unless the format then resolves to the
-companion, and the title and params say it ran with it.
+With the JVM companion (``run(companion=True)``, the ``tpch_companion`` benchmark; issue 38):
+the session is built through ``ps.configure_spark`` (the companion's jar on its classpath,
+docs/design.md, "JVM companion"), so the same ``ps_<t>`` views over
+``spark.read.format("persistshard")`` are the companion's columnar scans; the contenders are
+the companion and parquet, in the same session, on the same data and the same setup. The run
+fails unless the format resolves to the companion. Targets (issue 38, at SF 1): the sum at
+most 1.3x parquet's, q6 at most 1.2x.
 """
 
 from __future__ import annotations
@@ -57,21 +60,11 @@ TOTAL_TARGET = 2.0
 SELECTIVE = {6: 1.5, 14: 1.5, 19: 1.5}
 CACHE = Path(os.environ.get("PERSISTSHARD_BENCH_CACHE", Path.home() / ".cache/persistshard-bench"))
 SWITCH = "spark.sql.python.filterPushdown.enabled"
-COMPANION_ENV = "PERSISTSHARD_TPCH_COMPANION"
+COMPANION = "persistshard (JVM companion)"
 COMPANION_CLASS = "persistshard.companion.CompanionProvider"
-
-
-def with_companion() -> str:
-    """The companion jar named by ``PERSISTSHARD_TPCH_COMPANION``, put on the classpath of the
-    session this process is about to start (before its JVM starts); "" when none is named."""
-    jar = os.environ.get(COMPANION_ENV, "")
-    if jar:
-        if not Path(jar).is_file():
-            raise FileNotFoundError(
-                f"{COMPANION_ENV}={jar}: no such jar (`persistshard jar` builds it)"
-            )
-        os.environ["PYSPARK_SUBMIT_ARGS"] = f"--conf spark.jars={jar} pyspark-shell"
-    return jar
+#: Issue 38, at SF 1 with the companion: the sum and q6 against parquet.
+COMPANION_TOTAL_TARGET = 1.3
+COMPANION_SELECTIVE = {6: 1.2}
 
 
 def resolved_provider(spark: SparkSession) -> str:
@@ -162,7 +155,9 @@ def pruned_views(spark: SparkSession, qs: dict[int, str], tmp: str) -> None:
 
 
 def setup(spark: SparkSession, sf: float, tmp: str) -> dict[str, int]:
-    """Writes both copies of every table and registers the views; returns bytes stored."""
+    """Writes both copies of every table and registers the views; returns bytes stored. The
+    ``ps_<t>`` views read ``format("persistshard")``: the companion in a session built with
+    it, else the Python source."""
     generated = generate(sf)
     stored = {OURS: 0, PARQUET: 0}
     for t in TABLES:
@@ -176,36 +171,43 @@ def setup(spark: SparkSession, sf: float, tmp: str) -> dict[str, int]:
     return stored
 
 
-def run(sf: float = 1.0, rounds: int = 5, only: tuple[int, ...] = ()) -> dict[str, Any]:
+def run(
+    sf: float = 1.0, rounds: int = 5, only: tuple[int, ...] = (), companion: bool = False
+) -> dict[str, Any]:
     # PERSISTSHARD_TPCH_SF overrides the size's scale factor (e.g. 0.2 when SF 1 cannot fit
     # in the time at hand); the recorded title and params name the factor actually run.
     sf = float(os.environ.get("PERSISTSHARD_TPCH_SF", sf))
-    companion = with_companion()
-    spark = a.spark_session()
-    missing = a.persistshard_available(spark)
-    if companion and missing is None and resolved_provider(spark) != COMPANION_CLASS:
-        raise AssertionError(
-            f"{COMPANION_ENV} is set but the format resolves to {resolved_provider(spark)}"
-        )
-    how = ", with the JVM companion" if companion else ""
+    spark = a.spark_session(companion=companion)
+    if companion:  # the companion registers the Python source itself, under its own name
+        provider = resolved_provider(spark)
+        missing = None if provider == COMPANION_CLASS else f"the format resolves to {provider}"
+    else:
+        missing = a.persistshard_available(spark)
     qs = queries(sf)
     if only:
         qs = {n: q for n, q in qs.items() if n in only}
+    ours = COMPANION if companion else OURS
     if missing is not None:
         return {
             "title": f"TPC-H SF {sf:g}",
             "description": "not run",
-            "params": {"sf": sf},
-            "measurements": [skipped("sum of 22 queries", OURS, PARQUET, missing)],
+            "params": {"sf": sf, "companion": companion},
+            "measurements": [skipped("sum of 22 queries", ours, PARQUET, missing)],
         }
     spark.conf.set(SWITCH, "true")
-    contenders = (OURS, PRUNED, PARQUET)
+    contenders = (COMPANION, PARQUET) if companion else (OURS, PRUNED, PARQUET)
     times: dict[int, dict[str, list[float]]] = {n: {who: [] for who in contenders} for n in qs}
     answers: dict[int, dict[str, list[str]]] = {}
-    prefix = {OURS: lambda n: "ps", PARQUET: lambda n: "pq", PRUNED: lambda n: f"pr{n}"}
+    prefix = {
+        OURS: lambda n: "ps",
+        COMPANION: lambda n: "ps",
+        PARQUET: lambda n: "pq",
+        PRUNED: lambda n: f"pr{n}",
+    }
     with tempfile.TemporaryDirectory(prefix="psbench-tpch-") as tmp:
         stored = setup(spark, sf, tmp)
-        pruned_views(spark, qs, tmp)
+        if PRUNED in contenders:
+            pruned_views(spark, qs, tmp)
         for r in range(-1, rounds):  # round -1: warm-up, and the answers are compared
             for n, sql in qs.items():
                 shift = (r + n) % len(contenders)
@@ -220,10 +222,12 @@ def run(sf: float = 1.0, rounds: int = 5, only: tuple[int, ...] = ()) -> dict[st
                         answers.setdefault(n, {})[who] = answer(rows, ordered)
                     else:
                         times[n][who].append(elapsed)
-                for who in (OURS, PRUNED):
+                for who in contenders:
                     if r < 0 and answers[n][who] != answers[n][PARQUET]:
                         raise AssertionError(f"TPC-H q{n}: the answers of {who} and parquet differ")
     spark.conf.unset(SWITCH)
+    if companion:
+        return companion_result(sf, qs, rounds, times, stored)
 
     measurements = []
     for n in qs:
@@ -277,7 +281,7 @@ def run(sf: float = 1.0, rounds: int = 5, only: tuple[int, ...] = ()) -> dict[st
         ]
 
     return {
-        "title": f"TPC-H, scale factor {sf:g}: 22 queries vs Spark parquet{how}",
+        "title": f"TPC-H, scale factor {sf:g}: 22 queries vs Spark parquet",
         "description": (
             f"TPC-H at SF {sf:g} generated by `tpchgen-cli`; every table written as a shard "
             "(Python API, one append at time 0) and as Spark parquet; the 22 queries "
@@ -295,7 +299,6 @@ def run(sf: float = 1.0, rounds: int = 5, only: tuple[int, ...] = ()) -> dict[st
             "queries": len(qs),
             "filter_pushdown": True,
             "pruned_columns": True,
-            "companion": bool(companion),
         },
         "measurements": measurements,
         "series": [
@@ -310,6 +313,82 @@ def run(sf: float = 1.0, rounds: int = 5, only: tuple[int, ...] = ()) -> dict[st
                     "persistshard, pruned columns / parquet": ratios(PRUNED),
                     "parity": [1.0] * len(qs),
                 },
+                "x_tick_labels": [f"q{n}" for n in qs],
+            }
+        ],
+        "notes": [
+            f"answers identical: {len(qs)}/{len(qs)}",
+            "bytes stored: " + ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in stored.items()),
+        ],
+    }
+
+
+def companion_result(
+    sf: float,
+    qs: dict[int, str],
+    rounds: int,
+    times: dict[int, dict[str, list[float]]],
+    stored: dict[str, int],
+) -> dict[str, Any]:
+    """The result of the run with the JVM companion (module docstring)."""
+    measurements = [
+        measurement(
+            f"q{n}",
+            COMPANION,
+            PARQUET,
+            times[n][COMPANION],
+            times[n][PARQUET],
+            target=COMPANION_SELECTIVE.get(n),
+        )
+        for n in qs
+    ]
+    total = {
+        who: [sum(times[n][who][i] for n in qs) for i in range(rounds)]
+        for who in (COMPANION, PARQUET)
+    }
+    measurements.append(
+        measurement(
+            f"sum of {len(qs)} queries",
+            COMPANION,
+            PARQUET,
+            total[COMPANION],
+            total[PARQUET],
+            target=COMPANION_TOTAL_TARGET,
+        )
+    )
+    ratios = [
+        statistics.median(
+            o / p for o, p in zip(times[n][COMPANION], times[n][PARQUET], strict=True)
+        )
+        for n in qs
+    ]
+    return {
+        "title": f"TPC-H, scale factor {sf:g}: 22 queries, JVM companion vs Spark parquet",
+        "description": (
+            f"The TPC-H benchmark's data and setup at SF {sf:g} (tables written once as shards "
+            "and as Spark parquet), in a session built with `ps.configure_spark`: the format "
+            "`persistshard` is the JVM companion (columnar scans decoded in the JVM, columns "
+            "pruned, chunks skipped by each scan's filters). The 22 queries through "
+            "`spark.sql(...).collect()` on local[2], the two contenders rotating per query. "
+            f"Answers checked identical ({len(qs)}/{len(qs)}) before timing. Targets "
+            "(issue 38, at SF 1): the sum at most 1.3x parquet's, q6 at most 1.2x."
+        ),
+        "params": {
+            "sf": sf,
+            "master": "local[2]",
+            "queries": len(qs),
+            "filter_pushdown": True,
+            "companion": True,
+        },
+        "measurements": measurements,
+        "series": [
+            {
+                "id": f"tpch_companion_ratios_sf{sf:g}".replace(".", "_"),
+                "title": f"TPC-H SF {sf:g}: companion time / parquet time per query (median)",
+                "x_label": "query",
+                "y_label": "time ratio (1 = parity)",
+                "x": [float(n) for n in qs],
+                "lines": {"companion / parquet": ratios, "parity": [1.0] * len(qs)},
                 "x_tick_labels": [f"q{n}" for n in qs],
             }
         ],
