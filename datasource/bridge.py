@@ -12,7 +12,8 @@ of the state machine and of read planning, this one:
   bytes, diffs proven 1, no time filter, every column stored with the Arrow type Spark reads;
   a slice is ``{"key", "path" | "inline" (base64), "chunks"}``), else ``{"python": ...}``, the
   Python source's own partition, pickled (base64). Also ``size_bytes`` and ``num_rows``, the
-  relevant parts' sizes and update counts, for Spark's optimizer.
+  relevant parts' sizes and update counts (each part once, however many partitions read
+  it), for Spark's optimizer (the JVM scales the size to the scan's columns).
 - ``serve``: requests one per line on stdin, answers one per line on stdout (``{"error":
   text}`` for a failed one), until stdin ends: the JVM keeps one such process per
   interpreter, so planning a scan starts no interpreter. A request is a ``plan`` unless its
@@ -106,9 +107,13 @@ def plan(request: dict[str, Any]) -> dict[str, Any]:
 
     out: list[dict[str, Any]] = []
     size = rows = 0
+    counted: set[str] = set()  # a part split over several partitions counts once
     for p in partitions:
-        size += sum(s.ref.size for s in p.task.slices)
-        rows += sum(s.ref.num_rows for s in p.task.slices)
+        for s in p.task.slices:
+            if s.ref.key not in counted:
+                counted.add(s.ref.key)
+                size += s.ref.size
+                rows += s.ref.num_rows
         direct = None
         if p.result_filter is None and shard is not None:
             direct = direct_read_slices(shard, p.task, accepts)

@@ -62,6 +62,18 @@ def test_unit_diffs_at_or_before_the_snapshot_are_decoded_by_the_jvm(tmp_path):
         assert part.read(["v"]).column("v").to_pylist() == [f"v{i}" for i in range(50)]
 
 
+def test_a_part_split_over_partitions_counts_once_in_the_size_and_rows(tmp_path):
+    """Spark's optimizer sees the stored bytes and updates of the read's parts, each part
+    once even when its chunks are spread over several partitions (broadcast joins follow)."""
+    path = str(tmp_path / "shard")
+    ps.open_shard(path, inline_bytes=0, chunk_bytes=256).append(rows(2000), new_upper=1)
+    (ref,) = ps.open_shard(path).inspect.state().parts()
+    schema = StructType([ID, V])
+    plan = bridge.plan(request(path, schema, partition_bytes="1024"))
+    assert len(plan["partitions"]) > 1
+    assert plan["size_bytes"] == ref.size and plan["num_rows"] == 2000
+
+
 @pytest.mark.parametrize(
     "case",
     ["retraction", "multiplicity", "time after the snapshot"],

@@ -1,5 +1,6 @@
 package persistshard.companion;
 
+import java.util.Arrays;
 import java.util.OptionalLong;
 import org.apache.spark.sql.connector.read.Batch;
 import org.apache.spark.sql.connector.read.InputPartition;
@@ -60,6 +61,16 @@ final class ColumnarScan implements Scan, Batch, SupportsReportStatistics {
         out.append(i == 0 ? "" : ", ").append(pushed[i]);
       }
     }
+    Planner.Plan planned;
+    synchronized (this) {
+      planned = plan; // never planned for a description: a read that fails plans nothing
+    }
+    if (planned != null) {
+      long jvm = Arrays.stream(planned.partitions).filter(p -> p instanceof NativePartition)
+          .count();
+      out.append(" (").append(jvm).append(" of ").append(planned.partitions.length)
+          .append(" partitions decoded in the JVM)");
+    }
     return out.toString();
   }
 
@@ -83,13 +94,28 @@ final class ColumnarScan implements Scan, Batch, SupportsReportStatistics {
     return new ColumnarReaderFactory(Planner.python(), required.json());
   }
 
+  /**
+   * The bytes Spark's optimizer sees (its broadcast joins follow them): the stored size of the
+   * parts scaled to the columns this scan reads, by their default sizes, as Spark scales a
+   * file scan's bytes to its pruned columns ({@code FileScan}), so a pruned scan of a large
+   * table can be broadcast where the same scan of Parquet is. At least 1.
+   */
+  static long scaledSize(long stored, StructType schema, StructType required) {
+    int all = schema.defaultSize();
+    if (all <= 0) {
+      return Math.max(1, stored);
+    }
+    return Math.max(1, (long) ((double) stored * required.defaultSize() / all));
+  }
+
   @Override
   public Statistics estimateStatistics() {
     Planner.Plan p = plan();
+    long size = scaledSize(p.sizeInBytes, schema, required);
     return new Statistics() {
       @Override
       public OptionalLong sizeInBytes() {
-        return OptionalLong.of(p.sizeInBytes);
+        return OptionalLong.of(size);
       }
 
       @Override
