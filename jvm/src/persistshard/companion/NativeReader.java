@@ -9,6 +9,7 @@ import java.nio.file.Path;
 import java.util.Arrays;
 import org.apache.arrow.memory.BufferAllocator;
 import org.apache.arrow.memory.RootAllocator;
+import org.apache.arrow.vector.DecimalVector;
 import org.apache.arrow.vector.FieldVector;
 import org.apache.arrow.vector.VectorSchemaRoot;
 import org.apache.spark.sql.connector.read.PartitionReader;
@@ -91,7 +92,8 @@ final class NativeReader implements PartitionReader<ColumnarBatch> {
     ColumnVector[] vectors = new ColumnVector[cols.length];
     for (int i = 0; i < cols.length; i++) {
       FieldVector v = root.getVector(i);
-      vectors[i] = new ArrowColumnVector(v);
+      vectors[i] = LongDecimalColumn.serves(v)
+          ? new LongDecimalColumn((DecimalVector) v) : new ArrowColumnVector(v);
     }
     batch = new ColumnarBatch(vectors);
     return true;
