@@ -191,6 +191,20 @@ def main() -> None:
             case["python"] = outcome(lambda frame=frame: frame("persistshard_python"))
             result["cases"][f"{name}: {label}"] = case
 
+    # The bytes Spark's optimizer sees for a scan of every column and of one column.
+    from persistshard.core.shard import read_state
+
+    def optimizer_bytes(df: Any) -> int:
+        return int(df._jdf.queryExecution().optimizedPlan().stats().sizeInBytes())
+
+    whole = spark.read.format("persistshard").load(appends)
+    state = read_state(ps.open_shard(appends))
+    result["optimizer_bytes"] = {
+        "all": optimizer_bytes(whole),
+        "id": optimizer_bytes(whole.select("id")),
+        "stored": sum(r.size for r in state.parts()),
+    }
+
     missing = str(work / "missing")
     result["cases"]["missing: snapshot"] = {
         "companion": outcome(lambda: spark.read.format("persistshard").load(missing)),

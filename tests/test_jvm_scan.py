@@ -69,3 +69,12 @@ def test_filters_skip_chunks_within_their_own_scan(session):
 def test_writes_overwrites_and_streams_through_the_companion(session):
     assert session["overwrite"] == list(range(5, 12))
     assert session["stream"] == [[i, 1] for i in range(5, 12)]  # JSON pairs
+
+
+def test_the_optimizer_sees_the_stored_bytes_scaled_to_the_scans_columns(session):
+    """A scan of every column reports the parts' stored bytes (each part once); a scan of one
+    column of nine a share of them, as Spark scales a pruned file scan (its broadcast joins
+    follow these figures)."""
+    sizes = session["optimizer_bytes"]
+    assert sizes["all"] == sizes["stored"]
+    assert 0 < sizes["id"] < sizes["all"] / 4
