@@ -129,6 +129,21 @@ def main() -> None:
     ).option("merge_schema", "true").mode("append").save(evolved)
     shards["evolved"] = evolved
 
+    # Nested columns over many chunks: a struct (with null structs), a list and a map. Every
+    # chunk after the first is decoded into the vectors of the chunk before it unless the
+    # reader gives each chunk its own (a struct's second chunk once failed to load).
+    nested = str(work / "nested")
+    spark.range(3000).selectExpr(
+        "id",
+        "IF(id % 17 = 3, NULL, NAMED_STRUCT('a', CAST(id AS INT), 'b', CAST(id % 5 AS STRING)))"
+        " AS st",
+        "IF(id % 13 = 4, NULL, SEQUENCE(0, CAST(id % 4 AS INT))) AS arr",
+        "MAP(CONCAT('k', CAST(id % 3 AS STRING)), id) AS m",
+    ).write.format("persistshard").option("inline_bytes", "0").option("chunk_bytes", "4096").mode(
+        "append"
+    ).save(nested)
+    shards["nested"] = nested
+
     common: dict[str, tuple[dict[str, str], Any]] = {
         "snapshot": ({}, None),
         "count": ({}, lambda df: df.groupBy().count()),
@@ -151,6 +166,10 @@ def main() -> None:
             "as_of 1": ({"as_of": "1"}, None),
             "one column": ({}, lambda df: df.select("v")),
             "updates": ({"updates_from": "0"}, None),
+        },
+        "nested": {
+            "nested columns": ({}, lambda df: df.select("m", "arr", "st", "id")),
+            "struct field": ({}, lambda df: df.filter("st.a < 100").select("st.b")),
         },
         "evolved": {
             "as_of 0": ({"as_of": "0"}, None),

@@ -154,12 +154,9 @@ def test_slow_names_tests_that_exist_and_the_fast_selection_leaves_them_out(coll
     assert len(slow) >= len(SLOW) >= 10
 
 
-#: The README's full test command, as .ci/run runs it: every test on two workers (with the
-#: JVM companion where a JDK is, CI's case), then the read and SQL tests of Spark again
-#: without the companion (`conftest.WITHOUT_COMPANION`, marked ``python_source``).
+#: The README's full test command, as .ci/run runs it: every test on two workers.
 XDIST = "-n 2 --dist loadfile --no-loadscope-reorder"
 FULL = f".venv/bin/python -m pytest -p no:cacheprovider {XDIST}"
-SECOND = f"PERSISTSHARD_TEST_COMPANION=0 {FULL} -m python_source"
 
 
 def _pytest_lines(text: str) -> list[str]:
@@ -167,22 +164,21 @@ def _pytest_lines(text: str) -> list[str]:
 
 
 def test_the_full_command_deselects_nothing():
-    """CI runs README's full command through .ci/run: its first pass selects by neither
-    marker nor keyword (nor do pytest's configured options), so every test, slow ones
-    included, runs in CI; the second pass selects exactly ``-m python_source``."""
+    """CI runs README's full command through .ci/run: it selects by neither marker nor
+    keyword (nor do pytest's configured options), so every test, slow ones included, runs
+    in CI."""
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
     addopts = config["tool"]["pytest"]["ini_options"]["addopts"].split()
     assert not {"-m", "-k"} & set(addopts), addopts
     run = (ROOT / ".ci" / "run").read_text()
-    first, second = _pytest_lines(run)
-    assert first.startswith(FULL + " ||") and " -m " not in first.split("pytest", 1)[1], first
-    assert " -k " not in first + second
-    assert second.startswith(SECOND + " ||"), second
+    (only,) = _pytest_lines(run)
+    assert only.startswith(FULL + " ||"), only
+    assert " -m " not in only.split("pytest", 1)[1] and " -k " not in only, only
 
 
-def test_the_second_pass_runs_the_read_and_sql_tests_without_the_companion(collected):
+def test_python_source_marks_the_read_and_sql_tests(collected):
     """``python_source`` marks exactly the Spark tests of `conftest.WITHOUT_COMPANION`, which
-    names files that exist, so the second pass runs them against the Python source."""
+    names files that exist: a run with the companion reruns them without it."""
     from conftest import WITHOUT_COMPANION
 
     assert all((TESTS / name).is_file() for name in WITHOUT_COMPANION)
@@ -203,14 +199,14 @@ def test_every_marker_used_is_declared(collected):
 
 
 def test_the_readme_gives_the_fast_command_beside_the_full_one():
-    """README's setup command and its Development section give the full command (both
-    passes, as .ci/run runs them), the fast one and the serial one."""
+    """README's setup command and its Development section give the full command (as .ci/run
+    runs it), the fast one and the serial one."""
     readme = (ROOT / "README.md").read_text()
     development = readme.split("## Development", 1)[1]
     assert f'-m "{FAST}"' in development
     setup = readme.split("## Two commands", 1)[1].split("\n## ", 1)[0]
-    assert f"{FULL} && {SECOND}\n" in setup
-    assert f"{FULL}\n{SECOND}\n" in development
+    assert f"{FULL}\n" in setup
+    assert f"{FULL}\n" in development
     assert ".venv/bin/python -m pytest -p no:cacheprovider\n" in development  # serial
 
 

@@ -63,8 +63,28 @@ final class NativeReader implements PartitionReader<ColumnarBatch> {
       }
     }
     int chunk = chunks[next++];
+    // Every chunk gets vectors of its own: Arrow's loader does not reload a struct's children
+    // into vectors that already held a chunk (the second chunk of a struct column failed with
+    // "should have as many children as in the schema"). Spark is done with the previous
+    // batch when it asks for the next one.
+    newBatch();
     part.readChunk(chunk, cols, root, allocator);
     return true;
+  }
+
+  /** A new root of the slice's projected schema (the previous one closed) and its batch. */
+  private void newBatch() {
+    if (root != null) {
+      root.close();
+    }
+    root = VectorSchemaRoot.create(part.projectedSchema(cols), allocator);
+    ColumnVector[] vectors = new ColumnVector[cols.length];
+    for (int i = 0; i < cols.length; i++) {
+      FieldVector v = root.getVector(i);
+      vectors[i] = LongDecimalColumn.serves(v)
+          ? new LongDecimalColumn((DecimalVector) v) : new ArrowColumnVector(v);
+    }
+    batch = new ColumnarBatch(vectors);
   }
 
   private boolean openNextSlice() throws IOException {
@@ -88,14 +108,6 @@ final class NativeReader implements PartitionReader<ColumnarBatch> {
     }
     chunks = wanted;
     next = 0;
-    root = VectorSchemaRoot.create(part.projectedSchema(cols), allocator);
-    ColumnVector[] vectors = new ColumnVector[cols.length];
-    for (int i = 0; i < cols.length; i++) {
-      FieldVector v = root.getVector(i);
-      vectors[i] = LongDecimalColumn.serves(v)
-          ? new LongDecimalColumn((DecimalVector) v) : new ArrowColumnVector(v);
-    }
-    batch = new ColumnarBatch(vectors);
     return true;
   }
 
