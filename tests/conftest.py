@@ -229,8 +229,9 @@ SLOWEST_FILES: tuple[str, ...] = (
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark every test by what it starts (module docstring), before ``-m`` deselects:
-    ``python_source`` also on the Spark tests of `WITHOUT_COMPANION`; then put the files of
-    `SLOWEST_FILES` first (a stable sort: each file's tests stay together, in their order)."""
+    ``python_source`` also on the Spark tests of `WITHOUT_COMPANION`; then, on pytest-xdist's
+    workers, put the files of `SLOWEST_FILES` first (a stable sort: each file's tests stay
+    together, in their order). A serial run keeps pytest's order."""
     for item in items:
         have = {m.name for m in item.iter_markers()}
         used = getattr(item, "fixturenames", ())
@@ -240,8 +241,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             wanted.add("python_source")
         for name in sorted(wanted - have):
             item.add_marker(name)
-    rank = {name: i for i, name in enumerate(SLOWEST_FILES)}
-    items.sort(key=lambda item: rank.get(os.path.basename(str(item.path)), len(rank)))
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        rank = {name: i for i, name in enumerate(SLOWEST_FILES)}
+        items.sort(key=lambda item: rank.get(os.path.basename(str(item.path)), len(rank)))
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -154,9 +154,8 @@ def test_slow_names_tests_that_exist_and_the_fast_selection_leaves_them_out(coll
     assert len(slow) >= len(SLOW) >= 10
 
 
-#: The README's full test command, as .ci/run runs it: every test on two workers.
-XDIST = "-n 2 --dist loadfile --no-loadscope-reorder"
-FULL = f".venv/bin/python -m pytest -p no:cacheprovider {XDIST}"
+#: The README's full test command, as .ci/run runs it: every test, in one process.
+FULL = ".venv/bin/python -m pytest -p no:cacheprovider"
 
 
 def _pytest_lines(text: str) -> list[str]:
