@@ -135,6 +135,7 @@ EXPLICIT_MARKERS: dict[str, tuple[str, ...]] = {
     "test_writer_memory.py::test_write_task_memory_stays_near_budget": ("subprocess",),
     "test_diff.py::test_peak_memory_stays_far_below_the_table": ("subprocess",),
     "test_compaction.py::test_import_persistshard_does_not_import_pyspark": ("subprocess",),
+    "test_compaction.py::test_the_data_source_imports_without_pandas": ("subprocess",),
     "test_leases_metadata.py::test_spill_directories_of_killed_processes_are_swept": (
         "subprocess",
     ),

@@ -558,6 +558,21 @@ def test_import_persistshard_does_not_import_pyspark():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def test_the_data_source_imports_without_pandas():
+    """Spark imports the data source afresh in every Python worker it forks (planning, each
+    write, each commit): pyarrow.dataset, and with it pandas, cost about 0.7 s of CPU there,
+    so only the filter literals that need Acero import it, when they are evaluated."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, pyspark_persistshard; "
+        "loaded = [m for m in ('pandas', 'pyarrow.dataset', 'pyarrow.acero') if m in sys.modules]; "
+        "assert not loaded, loaded"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 @pytest.mark.spark
 def test_distributed_compaction(spark, tmp_path):
     """Independent merges run in Spark tasks and commit on the driver; reads are unchanged

@@ -39,7 +39,6 @@ import logging
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.acero as acero
 import pyarrow.compute as pc
 import pyarrow.substrait as substrait
 
@@ -237,6 +236,10 @@ class _Reader:
             ref = _field_bytes(_REF_EXPRESSION, literal)
             ref += _field_bytes(_REF_OUTPUT_NAMES, f"l{i}".encode())
             out += _field_bytes(_EE_REFERRED, ref)
+        # Acero pulls in pyarrow.dataset and with it pandas (about 0.7 s of CPU): imported here,
+        # not at module level, so a Spark Python worker that plans or writes never pays for it.
+        import pyarrow.acero as acero
+
         bound = substrait.deserialize_expressions(pa.py_buffer(bytes(out)))
         names = [f"l{i}" for i in range(len(self._literals))]
         plan = acero.Declaration.from_sequence(
