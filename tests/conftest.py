@@ -27,11 +27,14 @@ Hypothesis runs the "dev" profile (few examples) unless ``CI=true`` or
 from __future__ import annotations
 
 import atexit
+import contextlib
 import fnmatch
 import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from hypothesis import settings
@@ -340,9 +343,38 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.fixture(scope="session")
 def spark(spark_session):
-    """The session-scoped SparkSession (local[2], see ``spark_options`` in pyproject.toml)."""
+    """The session-scoped SparkSession (local[2], see ``spark_options`` in pyproject.toml).
+
+    Nothing but pytest-spark's own teardown at the end of the run may stop it: a test (or
+    code under test) that stops it fails by name (`_refuse_stopping`), instead of every
+    later Spark test in the process failing on a stopped context, or on a new one that
+    cannot find the source, with nothing pointing at the cause."""
     spark_session.sparkContext.setLogLevel("ERROR")
-    return spark_session
+    with _refuse_stopping(spark_session.sparkContext):
+        yield spark_session
+
+
+@contextlib.contextmanager
+def _refuse_stopping(context: Any) -> Iterator[None]:
+    """While open, ``SparkContext.stop`` on `context` raises instead of stopping it (other
+    contexts stop as before)."""
+    from pyspark import SparkContext
+
+    original = SparkContext.stop
+
+    def stop(self: Any) -> None:
+        if self is context:
+            raise RuntimeError(
+                "this test stopped the suite's shared SparkSession; every later Spark test "
+                "in this process would fail: stop only sessions the test built itself"
+            )
+        original(self)
+
+    SparkContext.stop = stop  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        SparkContext.stop = original  # type: ignore[method-assign]
 
 
 @pytest.fixture

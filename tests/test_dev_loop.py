@@ -43,3 +43,11 @@ def test_spark_workers_import_the_tree(spark, repo_root):
     assert os.path.realpath(entry_file) == os.path.join(
         repo_root, "entry", "pyspark_persistshard.py"
     )
+
+
+def test_a_test_that_stops_the_shared_session_fails_by_name(spark):
+    """conftest's `spark` refuses `stop()` on the suite's one session: a test that stopped it
+    would otherwise make every later Spark test in the process fail, none pointing at it."""
+    with pytest.raises(RuntimeError, match="stopped the suite's shared SparkSession"):
+        spark.stop()
+    assert spark.range(3).count() == 3
