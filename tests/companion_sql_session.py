@@ -1,12 +1,14 @@
-"""One Spark session with the JVM companion and its session catalog (``ps.configure_spark``),
-driving persistshard SQL tables through every statement form of tests/test_companion_sql.py,
-which runs it once and checks what it prints.
+"""The statements of tests/test_companion_sql.py: persistshard SQL tables driven through every
+statement form, in a Spark session with the JVM companion and its session catalog.
 
-Usage: ``python tests/companion_sql_session.py WORKDIR`` with the companion jar's cache in
-``PERSISTSHARD_COMPANION_CACHE``. Prints one line ``RESULT <json>``: per case, what the
-shards hold afterwards (read with the Python API, as sorted ``[repr(row), diff]`` pairs), the
-rows Spark read, or the error text. Not a test module: it needs a JVM of its own
-(``spark.jars`` and the session catalog apply only when a session starts).
+`collect` runs them in a given session: the run's shared one when it has the companion
+(tests/conftest.py), else this module's own (``python tests/companion_sql_session.py
+WORKDIR`` with the companion jar's cache in ``PERSISTSHARD_COMPANION_CACHE``: a JVM of its
+own, as ``spark.jars`` and the session catalog apply only when a session starts, built with
+``ps.configure_spark``), which prints one line ``RESULT <json>``. Either way the result is,
+per case, what the shards hold afterwards (read with the Python API, as sorted
+``[repr(row), diff]`` pairs), the rows Spark read, or the error text; tables are named by
+their short names (``t``, ``u``, ...).
 """
 
 from __future__ import annotations
@@ -14,10 +16,13 @@ from __future__ import annotations
 import json
 import sys
 import time
+import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import pyarrow as pa
 
@@ -34,17 +39,57 @@ def error_text(e: BaseException) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
-def main() -> None:
-    work = Path(sys.argv[1])
-    warehouse = work / "warehouse"
-    from jvm_scan_session import companion_session
+#: The tables `collect` creates (or tries to), by short name.
+TABLES = ("t", "u", "c", "s", "tt", "nowhere", "nowhere2", "nowhere3")
 
+
+@contextmanager
+def session_conf(spark: Any, key: str, value: str) -> Iterator[None]:
+    """``spark``'s SQL conf ``key`` set to ``value`` within, then as it was (unset if it was)."""
+    was = spark.conf.get(key) if spark._jsparkSession.sessionState().conf().contains(key) else None
+    spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        if was is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, was)
+
+
+def collect(spark: Any, work: Path) -> dict[str, Any]:
+    """Run the statements in ``spark`` (a session with the companion's session catalog) on
+    shards under ``work``. The session is left as found: its tables and view have names of
+    this call's own (``companion_sql_<short>_<tag>``) and are dropped at the end (the shards
+    stay in ``work``); the session time zone is UTC within (``TIMESTAMP AS OF`` literals)."""
+    tag = uuid.uuid4().hex[:8]
+    names = {short: f"companion_sql_{short}_{tag}" for short in (*TABLES, "uv")}
+    try:
+        with session_conf(spark, "spark.sql.session.timeZone", "UTC"):
+            return _statements(spark, work, names)
+    finally:
+        spark.catalog.dropTempView(names["uv"])
+        for short in TABLES:
+            spark.sql(f"DROP TABLE IF EXISTS {names[short]}")
+
+
+def _statements(spark: Any, work: Path, n: dict[str, str]) -> dict[str, Any]:
     import persistshard as ps
 
-    spark = companion_session(**{"spark.sql.warehouse.dir": str(warehouse)})
     out: dict[str, Any] = {
         "catalog": spark.conf.get("spark.sql.catalog.spark_catalog"),
     }
+    shorts = {name: short for short, name in n.items()}
+    warehouse = Path(urlparse(spark.conf.get("spark.sql.warehouse.dir")).path)
+
+    def stored() -> set[str]:
+        return {p.name for p in warehouse.iterdir()} if warehouse.exists() else set()
+
+    before = stored()
+
+    def ours(rows: Any) -> list[str]:
+        """The short names of this call's tables among ``SHOW TABLES``'s rows."""
+        return sorted(shorts[r.tableName] for r in rows if r.tableName in shorts)
 
     def shard_rows(loc: str) -> Any:
         if not (Path(loc) / "consensus").exists():
@@ -84,83 +129,89 @@ def main() -> None:
         """The rows of ``statement`` when called."""
         return lambda: spark_rows(spark.sql(statement))
 
+    t, u, c, tt, uv = n["t"], n["u"], n["c"], n["tt"], n["uv"]
     cols = "id BIGINT, item STRING"
     # The target t (a column list, LOCATION and OPTIONS) and the source u (no column list).
     t_options = "OPTIONS (inline_bytes '0')"
     case(
         "create_t",
-        sql(f"CREATE TABLE t ({cols}) USING persistshard LOCATION '{loc('t')}' {t_options}"),
+        sql(f"CREATE TABLE {t} ({cols}) USING persistshard LOCATION '{loc('t')}' {t_options}"),
     )
     u_options = f"OPTIONS (columns '{cols}')"
-    case("create_u", sql(f"CREATE TABLE u USING persistshard LOCATION '{loc('u')}' {u_options}"))
-    case("insert_values", sql("INSERT INTO t VALUES (1, 'apple')"), loc("t"))
+    case("create_u", sql(f"CREATE TABLE {u} USING persistshard LOCATION '{loc('u')}' {u_options}"))
+    case("insert_values", sql(f"INSERT INTO {t} VALUES (1, 'apple')"), loc("t"))
     out["t_part_files"] = len(list((work / "t").glob("parts/**/*.part")))
-    spark.sql("INSERT INTO u VALUES (5, 'fig'), (6, 'kiwi')")
-    spark.table("u").createOrReplaceTempView("uv")
+    spark.sql(f"INSERT INTO {u} VALUES (5, 'fig'), (6, 'kiwi')")
+    spark.table(u).createOrReplaceTempView(uv)
 
     # Each form moves u's rows (or t's) into the table it names; u never changes.
-    case("insert_select_view", sql("INSERT INTO t SELECT * FROM uv"), loc("t"), loc("u"))
+    case("insert_select_view", sql(f"INSERT INTO {t} SELECT * FROM {uv}"), loc("t"), loc("u"))
     case(
-        "insert_select_table", sql("INSERT INTO t SELECT * FROM u WHERE id = 5"), loc("t"), loc("u")
-    )
-    case(
-        "insert_into",
-        lambda: spark.table("u").filter("id = 6").write.insertInto("t"),
+        "insert_select_table",
+        sql(f"INSERT INTO {t} SELECT * FROM {u} WHERE id = 5"),
         loc("t"),
         loc("u"),
     )
-    case("write_to_append", lambda: spark.table("u").writeTo("t").append(), loc("t"), loc("u"))
-    ctas = f"CREATE TABLE c USING persistshard LOCATION '{loc('c')}' AS SELECT * FROM u"
+    case(
+        "insert_into",
+        lambda: spark.table(u).filter("id = 6").write.insertInto(t),
+        loc("t"),
+        loc("u"),
+    )
+    case("write_to_append", lambda: spark.table(u).writeTo(t).append(), loc("t"), loc("u"))
+    ctas = f"CREATE TABLE {c} USING persistshard LOCATION '{loc('c')}' AS SELECT * FROM {u}"
     case("ctas", sql(ctas), loc("c"), loc("u"))
-    case("ctas_reads", lambda: spark_rows(spark.table("c")))
+    case("ctas_reads", lambda: spark_rows(spark.table(c)))
     case(
         "save_as_table",
         lambda: (
-            spark.table("u").write.format("persistshard").option("path", loc("s")).saveAsTable("s")
+            spark.table(u).write.format("persistshard").option("path", loc("s")).saveAsTable(n["s"])
         ),
         loc("s"),
         loc("u"),
     )
-    case("save_as_table_reads", lambda: spark_rows(spark.table("s")))
-    case("t_reads", lambda: spark_rows(spark.table("t")))
+    case("save_as_table_reads", lambda: spark_rows(spark.table(n["s"])))
+    case("t_reads", lambda: spark_rows(spark.table(t)))
 
     # No location anywhere: refused before anything is stored or written.
-    case("create_no_location", sql("CREATE TABLE nowhere (id BIGINT) USING persistshard"))
-    case("ctas_no_location", sql("CREATE TABLE nowhere2 USING persistshard AS SELECT * FROM u"))
+    case("create_no_location", sql(f"CREATE TABLE {n['nowhere']} (id BIGINT) USING persistshard"))
+    case(
+        "ctas_no_location",
+        sql(f"CREATE TABLE {n['nowhere2']} USING persistshard AS SELECT * FROM {u}"),
+    )
     case(
         "save_as_table_no_location",
-        lambda: spark.table("u").write.format("persistshard").saveAsTable("nowhere3"),
+        lambda: spark.table(u).write.format("persistshard").saveAsTable(n["nowhere3"]),
     )
-    out["nowhere_tables"] = sorted(
-        r.tableName for r in spark.sql("SHOW TABLES").collect() if r.tableName.startswith("nowhere")
-    )
-    out["warehouse"] = sorted(p.name for p in warehouse.iterdir()) if warehouse.exists() else []
+    out["nowhere_tables"] = [
+        short for short in ours(spark.sql("SHOW TABLES").collect()) if short.startswith("nowhere")
+    ]
+    out["warehouse"] = sorted(stored() - before)  # what the refused statements made there
 
     # DESCRIBE EXTENDED and SHOW CREATE TABLE show the location (and the options).
     out["describe"] = [
         [r[0], r[1]]
-        for r in spark.sql("DESCRIBE TABLE EXTENDED t").collect()
+        for r in spark.sql(f"DESCRIBE TABLE EXTENDED {t}").collect()
         if r[0] in ("Location", "Provider")
     ]
-    out["show_create"] = spark.sql("SHOW CREATE TABLE t").collect()[0][0]
+    out["show_create"] = spark.sql(f"SHOW CREATE TABLE {t}").collect()[0][0]
 
     # DROP TABLE forgets an external table; its shard stays.
-    case("drop_c", sql("DROP TABLE c"), loc("c"))
-    out["tables_after_drop"] = sorted(r.tableName for r in spark.sql("SHOW TABLES").collect())
+    case("drop_c", sql(f"DROP TABLE {c}"), loc("c"))
+    out["tables_after_drop"] = ours(spark.sql("SHOW TABLES").collect())
 
     # Time travel: commits at shard times 0..3, each recorded at its own wall-clock time.
-    tt = loc("tt")
-    shard = ps.open_shard(tt)
+    shard = ps.open_shard(loc("tt"))
     for i in range(4):
         shard.append(pa.table({"id": [i], "_time": [i], "_diff": [1]}), new_upper=i + 1)
         time.sleep(0.05)
-    spark.sql(f"CREATE TABLE tt USING persistshard LOCATION '{tt}'")
-    case("version_as_of", query("SELECT * FROM tt VERSION AS OF 1"))
+    spark.sql(f"CREATE TABLE {tt} USING persistshard LOCATION '{loc('tt')}'")
+    case("version_as_of", query(f"SELECT * FROM {tt} VERSION AS OF 1"))
     case(
         "as_of_option",
-        lambda: spark_rows(spark.read.format("persistshard").option("as_of", 1).load(tt)),
+        lambda: spark_rows(spark.read.format("persistshard").option("as_of", 1).load(loc("tt"))),
     )
-    case("version_as_of_bad", query("SELECT * FROM tt VERSION AS OF 'x'"))
+    case("version_as_of_bad", query(f"SELECT * FROM {tt} VERSION AS OF 'x'"))
 
     def at(ms: int) -> str:
         return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}"
@@ -173,14 +224,22 @@ def main() -> None:
         ("timestamp_before", stamps[0] - 60_000),
         ("timestamp_future", int(time.time() * 1000) + 3_600_000),
     ):
-        case(name, query(f"SELECT * FROM tt TIMESTAMP AS OF '{at(ms)}'"))
+        case(name, query(f"SELECT * FROM {tt} TIMESTAMP AS OF '{at(ms)}'"))
 
     # Compacted history: a version before since is SinceViolation, as with the read option.
     shard.advance_since(2)
-    case("version_before_since", query("SELECT * FROM tt VERSION AS OF 0"))
+    case("version_before_since", query(f"SELECT * FROM {tt} VERSION AS OF 0"))
+    return out
 
-    print("RESULT " + json.dumps(out))
+
+def main() -> None:
+    from jvm_scan_session import companion_session
+
+    work = Path(sys.argv[1])
+    spark = companion_session(**{"spark.sql.warehouse.dir": str(work / "warehouse")})
+    result = collect(spark, work)
     spark.stop()
+    print("RESULT " + json.dumps(result))
 
 
 if __name__ == "__main__":

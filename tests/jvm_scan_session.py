@@ -1,12 +1,13 @@
-"""One Spark session with the JVM companion, reading the same shards through the companion
+"""The reads of tests/test_jvm_scan.py: the same shards read through the JVM companion
 (``format("persistshard")``) and through the Python source (registered again under
-``persistshard_python``): tests/test_jvm_scan.py runs it once and checks what it prints.
+``persistshard_python``), in a Spark session that has the companion.
 
-Usage: ``python tests/jvm_scan_session.py WORKDIR`` with the companion jar's cache in
-``PERSISTSHARD_COMPANION_CACHE``. Prints one line ``RESULT <json>``: per case, both sides'
-rows as sorted ``[repr(row), count]`` pairs (or the error text), and the companion's
-physical plan. Not a test module: it needs a JVM of its own (``spark.jars`` applies only
-when a session starts).
+`collect` runs them in a given session: the run's shared one when it has the companion
+(tests/conftest.py), else this module's own (``python tests/jvm_scan_session.py WORKDIR``
+with the companion jar's cache in ``PERSISTSHARD_COMPANION_CACHE``: a JVM of its own, as
+``spark.jars`` applies only when a session starts), which prints one line ``RESULT <json>``.
+Either way the result is, per case, both sides' rows as sorted ``[repr(row), count]`` pairs
+(or the error text) and the companion's physical plan.
 """
 
 from __future__ import annotations
@@ -42,6 +43,57 @@ def outcome(make: Any) -> dict[str, Any]:
         return {"error": text.splitlines()[0] if text else type(e).__name__}
 
 
+#: A read: its options (``__schema`` a user schema) and what the test does to the frame.
+Read = tuple[dict[str, str], Any]
+
+#: The reads of every shard, by label.
+COMMON: dict[str, Read] = {
+    "snapshot": ({}, None),
+    "count": ({}, lambda df: df.groupBy().count()),
+    "with_diff": ({"with_diff": "true"}, None),
+}
+#: The reads of one shard of those `collect` writes, by label.
+MORE: dict[str, dict[str, Read]] = {
+    "appends": {
+        "as_of 0": ({"as_of": "0"}, None),
+        "sum of one column": ({}, lambda df: df.selectExpr("sum(id)")),
+        "filtered": ({}, lambda df: df.filter("id < 120 OR id >= 1490")),
+        "filtered strings": ({}, lambda df: df.filter("s = '5' AND maybe IS NULL")),
+        "filtered dates": ({}, lambda df: df.filter("day < DATE'2024-01-10'")),
+        "user schema": ({"__schema": "s STRING, id BIGINT"}, None),
+        "unknown column": ({"__schema": "id BIGINT, nope STRING"}, None),
+        "where": ({"where": "id < 50"}, None),
+        "unsealed as_of": ({"as_of": "9"}, None),
+    },
+    "retractions": {
+        "as_of 0": ({"as_of": "0"}, None),
+        "as_of 1": ({"as_of": "1"}, None),
+        "one column": ({}, lambda df: df.select("v")),
+        "updates": ({"updates_from": "0"}, None),
+    },
+    "nested": {
+        "nested columns": ({}, lambda df: df.select("m", "arr", "st", "id")),
+        "struct field": ({}, lambda df: df.filter("st.a < 100").select("st.b")),
+    },
+    "evolved": {
+        "as_of 0": ({"as_of": "0"}, None),
+        "one column": ({}, lambda df: df.select("extra")),
+    },
+}
+
+
+def reads(name: str) -> dict[str, Read]:
+    """The reads of shard ``name``."""
+    return {**COMMON, **MORE[name]}
+
+
+#: Every case `collect` returns: "shard: read", and the read of a shard never written.
+CASES: tuple[str, ...] = (
+    *(f"{name}: {label}" for name in MORE for label in reads(name)),
+    "missing: snapshot",
+)
+
+
 def companion_session(**conf: str) -> Any:
     """A small local session built with ``ps.configure_spark`` (the companion), plus
     ``conf``; tests/companion_sql_session.py starts its session here too."""
@@ -64,8 +116,10 @@ def companion_session(**conf: str) -> Any:
     return spark
 
 
-def main() -> None:
-    work = Path(sys.argv[1])
+def collect(spark: Any, work: Path) -> dict[str, Any]:
+    """Write the shards under ``work`` and read them both ways in ``spark`` (a session with
+    the companion). What it leaves in the session: the Python source registered under
+    ``persistshard_python`` (a registration cannot be undone; the name is this module's)."""
     import persistshard as ps
     from persistshard.datasource.source import PersistShardDataSource
 
@@ -74,7 +128,6 @@ def main() -> None:
         def name(cls) -> str:
             return "persistshard_python"
 
-    spark = companion_session()
     spark.dataSource.register(PythonOnly)
     conf = spark._jsparkSession.sessionState().conf()
     lookup = spark._jvm.org.apache.spark.sql.execution.datasources.DataSource
@@ -143,42 +196,6 @@ def main() -> None:
         "append"
     ).save(nested)
     shards["nested"] = nested
-
-    common: dict[str, tuple[dict[str, str], Any]] = {
-        "snapshot": ({}, None),
-        "count": ({}, lambda df: df.groupBy().count()),
-        "with_diff": ({"with_diff": "true"}, None),
-    }
-    more: dict[str, dict[str, tuple[dict[str, str], Any]]] = {
-        "appends": {
-            "as_of 0": ({"as_of": "0"}, None),
-            "sum of one column": ({}, lambda df: df.selectExpr("sum(id)")),
-            "filtered": ({}, lambda df: df.filter("id < 120 OR id >= 1490")),
-            "filtered strings": ({}, lambda df: df.filter("s = '5' AND maybe IS NULL")),
-            "filtered dates": ({}, lambda df: df.filter("day < DATE'2024-01-10'")),
-            "user schema": ({"__schema": "s STRING, id BIGINT"}, None),
-            "unknown column": ({"__schema": "id BIGINT, nope STRING"}, None),
-            "where": ({"where": "id < 50"}, None),
-            "unsealed as_of": ({"as_of": "9"}, None),
-        },
-        "retractions": {
-            "as_of 0": ({"as_of": "0"}, None),
-            "as_of 1": ({"as_of": "1"}, None),
-            "one column": ({}, lambda df: df.select("v")),
-            "updates": ({"updates_from": "0"}, None),
-        },
-        "nested": {
-            "nested columns": ({}, lambda df: df.select("m", "arr", "st", "id")),
-            "struct field": ({}, lambda df: df.filter("st.a < 100").select("st.b")),
-        },
-        "evolved": {
-            "as_of 0": ({"as_of": "0"}, None),
-            "one column": ({}, lambda df: df.select("extra")),
-        },
-    }
-
-    def reads(name: str) -> dict[str, tuple[dict[str, str], Any]]:
-        return {**common, **more[name]}
 
     result: dict[str, Any] = {"provider": provider, "cases": {}}
     for name, path in shards.items():
@@ -249,7 +266,10 @@ def main() -> None:
         .trigger(availableNow=True)
         .start(stream_out)
     )
-    query.awaitTermination(300)
+    try:
+        query.awaitTermination(300)
+    finally:
+        query.stop()  # a stream still running after 300 s: not left in the session
     result["stream"] = sorted(
         (r.id, r._diff)
         for r in spark.read.format("persistshard")
@@ -257,8 +277,14 @@ def main() -> None:
         .load(stream_out)
         .collect()
     )
-    spark.stop()
     shutil.rmtree(work / "checkpoint", ignore_errors=True)
+    return result
+
+
+def main() -> None:
+    spark = companion_session()
+    result = collect(spark, Path(sys.argv[1]))
+    spark.stop()
     print("RESULT " + json.dumps(result))
 
 

@@ -1,13 +1,15 @@
-"""One Spark session with the JVM companion running DELETE, UPDATE and MERGE INTO on tables
-of shards written with the Python API: tests/test_companion_rowlevel.py runs it once and
-checks what it prints.
+"""The statements of tests/test_companion_rowlevel.py: DELETE, UPDATE and MERGE INTO through
+the JVM companion on tables of shards written with the Python API, in a Spark session that
+has the companion.
 
-Usage: ``python tests/rowlevel_session.py WORKDIR`` with the companion jar's cache in
-``PERSISTSHARD_COMPANION_CACHE``. Prints one line ``RESULT <json>``: per case, the shard's
-contents read back with the Python API (rows with multiplicities), the model's, what the
-statement committed (the updates at its time), the uppers, the error text of a statement
-that must fail and the parts no version references. Not a test module: it needs a JVM of its
-own (``spark.jars`` applies only when a session starts).
+`collect` runs them in a given session: the run's shared one when it has the companion
+(tests/conftest.py), else this module's own (``python tests/rowlevel_session.py WORKDIR``
+with the companion jar's cache in ``PERSISTSHARD_COMPANION_CACHE``: a JVM of its own, as
+``spark.jars`` applies only when a session starts), which prints one line ``RESULT <json>``.
+Either way the result is, per case, the shard's contents read back with the Python API (rows
+with multiplicities), the model's, what the statement committed (the updates at its time),
+the uppers, the error text of a statement that must fail and the parts no version
+references.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from __future__ import annotations
 import json
 import os
 import sys
+import uuid
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,27 +42,41 @@ def listed(model: Counter[Row]) -> list[list[Any]]:
     return sorted([[repr(k), v] for k, v in model.items() if v != 0])
 
 
-def main() -> None:
-    work = Path(sys.argv[1])
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
+def collect(spark: Any, work: Path) -> dict[str, Any]:
+    """Run the statements in ``spark`` (a session with the companion) on tables of shards
+    under ``work``. The session is left as found: its tables, view and functions have names
+    of this call's own (``rowlevel_<name>_<tag>``) and are dropped at the end (the shards
+    stay in ``work``)."""
+    tag = uuid.uuid4().hex[:8]
+    made: list[tuple[str, str]] = []  # (kind, name) to drop, in order
+
+    def named(kind: str, short: str) -> str:
+        name = f"rowlevel_{short}_{tag}"
+        made.append((kind, name))
+        return name
+
+    try:
+        return _statements(spark, work, named)
+    finally:
+        for kind, name in reversed(made):
+            if kind == "view":
+                spark.catalog.dropTempView(name)
+            elif kind == "function":
+                spark.sql(f"DROP TEMPORARY FUNCTION IF EXISTS {name}")
+            else:
+                spark.sql(f"DROP TABLE IF EXISTS {name}")
+
+
+def _statements(spark: Any, work: Path, named: Callable[[str, str], str]) -> dict[str, Any]:
     from pyspark.sql.functions import udf
     from pyspark.sql.types import BooleanType
 
     import persistshard as ps
 
-    spark = ps.configure_spark(
-        SparkSession.builder.master("local[2]")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.catalogImplementation", "in-memory")
-    ).getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
-
-    def create(name: str, model: Counter[Row], columns: bool = False) -> Any:
-        location = str(work / name)
+    def create(short: str, model: Counter[Row], columns: bool = False) -> tuple[Any, str]:
+        """The shard ``work/short`` holding ``model``, and the table over it."""
+        name = named("table", short)
+        location = str(work / short)
         shard = ps.open_shard(location, inline_bytes=0)
         items = sorted(model.items(), key=repr)
         shard.append(
@@ -77,7 +95,7 @@ def main() -> None:
             f"CREATE TABLE {name} {listing}USING persistshard LOCATION '{location}' "
             "OPTIONS (inline_bytes '0')"
         )
-        return shard
+        return shard, name
 
     def contents(shard: Any) -> list[list[Any]]:
         snap = ps.open_shard(shard.location).snapshot().to_pylist()
@@ -124,11 +142,11 @@ def main() -> None:
 
     # DELETE through the Python source's scan (a table without a column list).
     model = rows(60)
-    a = create("a", model)
+    a, ta = create("a", model)
     deleted = Counter({k: v for k, v in model.items() if (k[0] is not None and k[0] % 4 == 0)})
     deleted.update({k: v for k, v in model.items() if k[1] is None and k not in deleted})
     model = model - deleted
-    case("delete", a, "DELETE FROM a WHERE id % 4 = 0 OR s IS NULL", model)
+    case("delete", a, f"DELETE FROM {ta} WHERE id % 4 = 0 OR s IS NULL", model)
     cases["delete"]["retractions"] = listed(Counter({k: -v for k, v in deleted.items()}))
 
     # UPDATE: the matching rows' old versions retracted, the new ones inserted.
@@ -136,13 +154,13 @@ def main() -> None:
     for k, v in updated.items():
         model[k] -= v
         model[(k[0], "u")] += v
-    case("update", a, "UPDATE a SET s = 'u' WHERE id % 5 = 1", +model)
+    case("update", a, f"UPDATE {ta} SET s = 'u' WHERE id % 5 = 1", +model)
 
     # MERGE: matched delete, matched update, not matched insert (a null key never matches).
     spark.createDataFrame(
         [(3, "del"), (6, "new6"), (7, "new7"), (500, "ins"), (None, "nullsrc")],
         "id BIGINT, s STRING",
-    ).createOrReplaceTempView("src")
+    ).createOrReplaceTempView(src := named("view", "src"))
     source = {3: "del", 6: "new6", 7: "new7", 500: "ins"}
     merged: Counter[Row] = Counter()
     for k, v in model.items():
@@ -155,7 +173,7 @@ def main() -> None:
     case(
         "merge",
         a,
-        "MERGE INTO a USING src ON a.id = src.id "
+        f"MERGE INTO {ta} AS a USING {src} AS src ON a.id = src.id "
         "WHEN MATCHED AND src.s = 'del' THEN DELETE "
         "WHEN MATCHED THEN UPDATE SET s = src.s "
         "WHEN NOT MATCHED THEN INSERT *",
@@ -164,19 +182,19 @@ def main() -> None:
 
     # DELETE through the companion's columnar scan (a table with a column list).
     model = rows(40)
-    b = create("b", model, columns=True)
-    plan = spark.sql("EXPLAIN DELETE FROM b WHERE s = 's1'").collect()[0][0]
+    b, tb = create("b", model, columns=True)
+    plan = spark.sql(f"EXPLAIN DELETE FROM {tb} WHERE s = 's1'").collect()[0][0]
     cases["plan"] = {"text": plan}
     case(
         "columnar delete",
         b,
-        "DELETE FROM b WHERE s = 's1'",
+        f"DELETE FROM {tb} WHERE s = 's1'",
         Counter({k: v for k, v in model.items() if k[1] != "s1"}),
     )
 
     # A race: another writer commits while the DELETE runs (after it read the table).
     model = rows(30)
-    r = create("r", model)
+    r, tr = create("r", model)
     marker, raced_location = str(work / "raced"), r.location
 
     def racer(i: int | None) -> bool:
@@ -197,26 +215,44 @@ def main() -> None:
         )
         return True
 
-    spark.udf.register("racer", udf(racer, BooleanType()))
+    spark.udf.register(racing := named("function", "racer"), udf(racer, BooleanType()))
     raced = model.copy()
     raced[(1000, "racer")] = 1
-    case("race", r, "DELETE FROM r WHERE racer(id) AND id < 10", raced, fails=True)
+    case("race", r, f"DELETE FROM {tr} WHERE {racing}(id) AND id < 10", raced, fails=True)
     cases["race"]["raced"] = os.path.exists(marker)
 
     # A statement that fails in its tasks writes nothing.
     model = rows(30)
-    f = create("f", model)
+    f, tf = create("f", model)
 
     def boom(i: int | None) -> bool:
         if i == 29:
             raise ValueError("boom at 29")
         return i is not None and i % 2 == 0
 
-    spark.udf.register("boom", udf(boom, BooleanType()))
-    case("failure", f, "DELETE FROM f WHERE boom(id)", model, fails=True)
+    spark.udf.register(booming := named("function", "boom"), udf(boom, BooleanType()))
+    case("failure", f, f"DELETE FROM {tf} WHERE {booming}(id)", model, fails=True)
+    return {"cases": cases}
 
-    print("RESULT " + json.dumps({"cases": cases}))
+
+def main() -> None:
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    import persistshard as ps
+
+    spark = ps.configure_spark(
+        SparkSession.builder.master("local[2]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.catalogImplementation", "in-memory")
+    ).getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    result = collect(spark, Path(sys.argv[1]))
     spark.stop()
+    print("RESULT " + json.dumps(result))
 
 
 if __name__ == "__main__":

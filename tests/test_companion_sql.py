@@ -1,13 +1,15 @@
-"""persistshard as a full Spark table with the JVM companion's session catalog, in a Spark
-session of its own (tests/companion_sql_session.py, run once for the module): LOCATION and
+"""persistshard as a full Spark table with the JVM companion's session catalog: LOCATION and
 OPTIONS kept; CTAS, saveAsTable, insertInto, writeTo().append() and INSERT ... SELECT from a
 view or another table land in the named table's shard and nowhere else (read back with the
 Python API); a table without a location is refused before anything is stored or written;
 DESCRIBE EXTENDED and SHOW CREATE TABLE show the location; VERSION AS OF and TIMESTAMP AS
 OF read what the read option ``as_of`` reads, with persistshard's error classes.
 
-Without the companion these forms keep the Python source's behaviour (tests/test_spark.py,
-tests/test_sql_provenance.py).
+The statements (tests/companion_sql_session.py's `collect`) run once for the module, in the
+run's shared session when it has the companion, else in a session of its own built with
+``ps.configure_spark`` (a JVM started for the module): the checks below are the same either
+way. Without the companion these forms keep the Python source's behaviour
+(tests/test_spark.py, tests/test_sql_provenance.py).
 """
 
 from __future__ import annotations
@@ -15,8 +17,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import companion_sql_session
 import pytest
-from test_jvm_companion import jar_cache, jdk, run_session  # noqa: F401  (fixtures)
+from test_jvm_companion import (  # noqa: F401  (jar_cache, jdk: the fallback's fixtures)
+    companion_results,
+    jar_cache,
+    jdk,
+)
 
 from persistshard.datasource import companion
 
@@ -26,29 +33,30 @@ U = [[FIG, 1], [KIWI, 1]]  # the source table's shard, which no statement may ch
 
 
 @pytest.fixture(scope="module")
-def session(jar_cache, tmp_path_factory) -> dict[str, Any]:  # noqa: F811
+def session(request, spark, tmp_path_factory) -> dict[str, Any]:
     work = tmp_path_factory.mktemp("companion-sql")
-    result = run_session(SESSION, work, jar_cache)
+    result = companion_results(request, spark, companion_sql_session.collect, SESSION, work)
     result["work"] = str(work)
     return result
 
 
 def landed(case: dict[str, Any], t: list[list[Any]]) -> None:
     assert "error" not in case, case["error"]
-    assert case["shards"]["t"] == t
-    assert case["shards"]["u"] == U
+    assert case["shards"]["t"] == t, "the target table's shard"
+    assert case["shards"]["u"] == U, "the source table's shard changed"
 
 
-def test_configure_spark_sets_the_session_catalog(session):
+def test_the_session_has_the_companions_session_catalog(session):
+    """(configure_spark setting it in a new session: tests/test_jvm_companion.py.)"""
     assert session["catalog"] == companion.SESSION_CATALOG
 
 
 def test_create_table_keeps_location_and_options(session):
     for name in ("create_t", "create_u", "insert_values"):
         assert "error" not in session[name], session[name]["error"]
-    assert session["insert_values"]["shards"]["t"] == [[APPLE, 1]]
+    assert session["insert_values"]["shards"]["t"] == [[APPLE, 1]], "INSERT INTO t VALUES"
     # OPTIONS (inline_bytes '0') reached the write: the row went to a part file.
-    assert session["t_part_files"] == 1
+    assert session["t_part_files"] == 1, "the table's OPTIONS did not reach its write"
 
 
 def test_insert_select_from_a_view_and_from_a_table_lands_in_the_target(session):
@@ -59,54 +67,58 @@ def test_insert_select_from_a_view_and_from_a_table_lands_in_the_target(session)
 def test_insert_into_and_write_to_append_land_in_the_target(session):
     landed(session["insert_into"], [[APPLE, 1], [FIG, 2], [KIWI, 2]])
     landed(session["write_to_append"], [[APPLE, 1], [FIG, 3], [KIWI, 3]])
-    assert session["t_reads"]["value"] == [[APPLE, 1], [FIG, 3], [KIWI, 3]]
+    assert session["t_reads"]["value"] == [[APPLE, 1], [FIG, 3], [KIWI, 3]], "Spark reads t"
 
 
 def test_ctas_and_save_as_table_land_in_their_own_location(session):
     for name, shard in (("ctas", "c"), ("save_as_table", "s")):
         case = session[name]
         assert "error" not in case, case["error"]
-        assert case["shards"][shard] == U
-        assert case["shards"]["u"] == U
-        assert session[f"{name}_reads"]["value"] == U
+        assert case["shards"][shard] == U, f"{name}: the new table's shard"
+        assert case["shards"]["u"] == U, f"{name}: the source table's shard changed"
+        assert session[f"{name}_reads"]["value"] == U, f"{name}: Spark reads the new table"
 
 
 def test_a_table_without_a_location_is_refused_and_nothing_is_written(session):
     for name in ("create_no_location", "ctas_no_location", "save_as_table_no_location"):
         error = session[name].get("error", "")
-        assert error.startswith("InvalidOption: no shard location"), name
-        assert "LOCATION '/data/t'" in error and "CREATE TABLE" in error
-    assert session["nowhere_tables"] == []  # nothing stored in the catalog
-    assert session["warehouse"] == []  # no managed default location made
+        assert error.startswith("InvalidOption: no shard location"), f"{name}: {error!r}"
+        assert "LOCATION '/data/t'" in error and "CREATE TABLE" in error, error
+    assert session["nowhere_tables"] == [], "a refused table is in the catalog"
+    assert session["warehouse"] == [], "a refused table made a managed default location"
 
 
 def test_drop_table_keeps_the_shard(session):
-    assert session["drop_c"]["shards"]["c"] == U
-    assert "c" not in session["tables_after_drop"] and "t" in session["tables_after_drop"]
+    assert session["drop_c"]["shards"]["c"] == U, "the dropped table's shard changed"
+    tables = session["tables_after_drop"]
+    assert "c" not in tables and "t" in tables, f"tables after DROP TABLE c: {tables}"
 
 
 def test_describe_and_show_create_table_show_the_location(session):
     t = Path(session["work"]) / "t"
     location = dict(session["describe"])["Location"]
-    assert location.endswith(str(t)) and location.startswith("file:")
-    assert dict(session["describe"])["Provider"] == "persistshard"
+    assert location.endswith(str(t)) and location.startswith("file:"), location
+    assert dict(session["describe"])["Provider"] == "persistshard", session["describe"]
     show = session["show_create"]
-    assert f"LOCATION '{location}'" in show
-    assert "USING persistshard" in show and "'inline_bytes' = '0'" in show
+    assert f"LOCATION '{location}'" in show, show
+    assert "USING persistshard" in show and "'inline_bytes' = '0'" in show, show
 
 
 def test_version_as_of_is_the_as_of_option(session):
-    assert session["version_as_of"]["value"] == session["as_of_option"]["value"]
-    assert session["version_as_of"]["value"] == [["(0,)", 1], ["(1,)", 1]]
-    assert session["version_as_of_bad"]["error"].startswith("InvalidOption: ")
-    assert "as_of" in session["version_as_of_bad"]["error"]
-    assert session["version_before_since"]["error"].startswith("SinceViolation: ")
+    version, option = session["version_as_of"], session["as_of_option"]
+    assert version.get("value") == option.get("value"), (version, option)
+    assert version["value"] == [["(0,)", 1], ["(1,)", 1]], "VERSION AS OF 1"
+    bad = session["version_as_of_bad"].get("error", "")
+    assert bad.startswith("InvalidOption: ") and "as_of" in bad, f"VERSION AS OF 'x': {bad!r}"
+    early = session["version_before_since"].get("error", "")
+    assert early.startswith("SinceViolation: "), f"VERSION AS OF before since: {early!r}"
 
 
 def test_timestamp_as_of_is_the_newest_time_committed_by_then(session):
     rows = [[f"({i},)", 1] for i in range(4)]
-    assert session["timestamp_second"]["value"] == rows[:2]
-    assert session["timestamp_exact_third"]["value"] == rows[:3]
-    assert session["timestamp_future"]["value"] == rows
-    error = session["timestamp_before"]["error"]
-    assert error.startswith("SinceViolation: ") and "before the oldest commit" in error
+    stamps = session["stamps"]
+    assert session["timestamp_second"].get("value") == rows[:2], ("between 2nd and 3rd", stamps)
+    assert session["timestamp_exact_third"].get("value") == rows[:3], ("at the 3rd", stamps)
+    assert session["timestamp_future"].get("value") == rows, "an hour from now"
+    error = session["timestamp_before"].get("error", "")
+    assert error.startswith("SinceViolation: ") and "before the oldest commit" in error, error

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import warnings
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,7 @@ SERVICE = (
     companion.JAVA_SOURCES / "META-INF/services/org.apache.spark.sql.sources.DataSourceRegister"
 )
 PYTHON_PROVIDER = "org.apache.spark.sql.execution.datasources.v2.python.PythonDataSourceV2"
+COMPANION_PROVIDER = "persistshard.companion.CompanionProvider"
 
 
 def _in_ci() -> bool:
@@ -91,6 +93,38 @@ def run_session(script: Path, work: Path, jar_cache: Path) -> dict[str, Any]:
     (line,) = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
     result: dict[str, Any] = json.loads(line[len("RESULT ") :])
     return result
+
+
+def has_the_companion(spark: Any) -> bool:
+    """Whether ``spark`` resolves the format ``persistshard`` to the companion's provider and
+    has its session catalog (a session built with ``configure_spark``, or the run's shared
+    session under ``PERSISTSHARD_TEST_COMPANION``)."""
+    from persistshard.datasource.companion import SESSION_CATALOG, SESSION_CATALOG_KEY
+
+    conf = spark._jsparkSession.sessionState().conf()
+    lookup = spark._jvm.org.apache.spark.sql.execution.datasources.DataSource
+    provider = lookup.lookupDataSource("persistshard", conf).getName()
+    return bool(
+        provider == COMPANION_PROVIDER
+        and spark.conf.get(SESSION_CATALOG_KEY, "") == SESSION_CATALOG
+    )
+
+
+def companion_results(
+    request: pytest.FixtureRequest,
+    spark: Any,
+    collect: Callable[[Any, Path], dict[str, Any]],
+    script: Path,
+    work: Path,
+) -> dict[str, Any]:
+    """What ``collect(session, work)`` returns for a session with the companion: the run's
+    shared ``spark`` when it has it (no JVM of its own), else ``script``'s own session in a
+    subprocess (`run_session`, whose jar cache needs the ``jdk``). Both ways go through JSON,
+    so the tests see the same values."""
+    if has_the_companion(spark):
+        result: dict[str, Any] = json.loads(json.dumps(collect(spark, work)))
+        return result
+    return run_session(script, work, request.getfixturevalue("jar_cache"))
 
 
 @pytest.fixture(scope="session")
@@ -326,10 +360,11 @@ try:
     companion_loaded = True
 except Exception:
     companion_loaded = False
+catalog = spark.conf.get("spark.sql.catalog.spark_catalog", "")
 spark.stop()
 print("RESULT " + repr({
     "warnings": [f"{w.category.__name__}: {w.message}" for w in caught],
-    "provider": found, "rows": rows, "companion_loaded": companion_loaded,
+    "provider": found, "rows": rows, "companion_loaded": companion_loaded, "catalog": catalog,
 }))
 """
 
@@ -363,13 +398,15 @@ def test_a_session_works_with_a_warning_when_no_jdk_is_found(no_jdk, tmp_path):
     assert result["provider"] == PYTHON_PROVIDER
     assert result["rows"] == [1, 2, 3]
     assert result["companion_loaded"] is False
+    assert result["catalog"] != companion.SESSION_CATALOG
 
 
 def test_a_session_with_the_companion_resolves_the_format_to_it(jar_cache, tmp_path):
     result = _run_session(tmp_path, {**os.environ, companion.CACHE_ENV: str(jar_cache)})
     assert result["warnings"] == []
     assert result["companion_loaded"] is True
-    assert result["provider"] == "persistshard.companion.CompanionProvider"
+    assert result["provider"] == COMPANION_PROVIDER
+    assert result["catalog"] == companion.SESSION_CATALOG
     assert result["rows"] == [1, 2, 3]
 
 

@@ -1,9 +1,13 @@
-"""The JVM companion's table provider in a Spark session of its own (tests/jvm_scan_session.py,
-run once for the module): every read through the companion returns what the Python source
-returns (the same rows with the same multiplicities, or an error of the same class), across
-read options, shards that need consolidation, time filters, a column added later, and parts
-of every format version; snapshot reads are the companion's columnar scan, the other reads
-the Python source's scan; writes, overwrites and streams through the companion's name work.
+"""The JVM companion's table provider: every read through the companion returns what the
+Python source returns (the same rows with the same multiplicities, or an error of the same
+class), across read options, shards that need consolidation, time filters, a column added
+later, nested columns over many chunks, and parts of every format version; snapshot reads
+are the companion's columnar scan, the other reads the Python source's scan; writes,
+overwrites and streams through the companion's name work.
+
+The reads (tests/jvm_scan_session.py's `collect`) run once for the module, in the run's
+shared session when it has the companion, else in a session of its own with it (a JVM
+started for the module): the checks below are the same either way.
 """
 
 from __future__ import annotations
@@ -12,8 +16,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+import jvm_scan_session
 import pytest
-from test_jvm_companion import jar_cache, jdk, run_session  # noqa: F401  (fixtures)
+from test_jvm_companion import (  # noqa: F401  (jar_cache, jdk: the fallback's fixtures)
+    COMPANION_PROVIDER,
+    companion_results,
+    jar_cache,
+    jdk,
+)
 
 SESSION = Path(__file__).resolve().parent / "jvm_scan_session.py"
 COLUMNAR = "persistshard columnar scan"
@@ -22,53 +32,67 @@ DELEGATED = ("with_diff", "updates", "where")
 
 
 @pytest.fixture(scope="module")
-def session(jar_cache, tmp_path_factory) -> dict[str, Any]:  # noqa: F811
-    return run_session(SESSION, tmp_path_factory.mktemp("jvm-scan"), jar_cache)
+def session(request, spark, tmp_path_factory) -> dict[str, Any]:
+    work = tmp_path_factory.mktemp("jvm-scan")
+    return companion_results(request, spark, jvm_scan_session.collect, SESSION, work)
 
 
 def test_the_format_resolves_to_the_companion(session):
-    assert session["provider"] == "persistshard.companion.CompanionProvider"
-
-
-def test_every_read_equals_the_python_sources(session):
-    cases = session["cases"]
-    assert len(cases) >= 25
-    differ = {
-        name: (case["companion"], case["python"])
-        for name, case in cases.items()
-        if case["companion"] != case["python"]
-    }
-    assert not differ, json.dumps(differ, indent=1)[:5000]
-    # The comparison has teeth: rows, repetitions and errors of several classes.
-    assert all(
-        "rows" in c["python"]
-        for n, c in cases.items()
-        if n.endswith(": snapshot") and not n.startswith("missing")
+    assert session["provider"] == COMPANION_PROVIDER, (
+        f"the session that read resolves 'persistshard' to {session['provider']}"
     )
-    assert any(count > 1 for _, count in cases["retractions: snapshot"]["python"]["rows"])
+
+
+def test_every_case_was_read(session):
+    assert sorted(session["cases"]) == sorted(jvm_scan_session.CASES)
+
+
+@pytest.mark.parametrize("name", jvm_scan_session.CASES)
+def test_a_read_through_the_companion_equals_the_python_sources(session, name):
+    case = session["cases"][name]
+    assert case["companion"] == case["python"], (
+        f"{name}: the companion read\n{json.dumps(case['companion'])[:2000]}\n"
+        f"the Python source\n{json.dumps(case['python'])[:2000]}"
+    )
+
+
+def test_the_comparison_sees_rows_repetitions_and_errors_of_several_classes(session):
+    """The equality above has teeth: the snapshots read rows, some rows occur more than
+    once, and the errors compared are of several classes."""
+    cases = session["cases"]
+    no_rows = [
+        n
+        for n, c in cases.items()
+        if n.endswith(": snapshot") and not n.startswith("missing") and "rows" not in c["python"]
+    ]
+    assert not no_rows, f"snapshots without rows: {no_rows}"
+    counts = [count for _, count in cases["retractions: snapshot"]["python"]["rows"]]
+    assert any(count > 1 for count in counts), "no row of the retractions occurs twice"
     errors = {c["python"]["error"].split(":")[0] for c in cases.values() if "error" in c["python"]}
-    assert {"NotSealed", "InvalidOption", "NoShard"} <= errors
+    assert {"NotSealed", "InvalidOption", "NoShard"} <= errors, errors
 
 
 def test_snapshot_reads_are_columnar_and_other_reads_delegated(session):
+    wrong = {}
     for name, case in session["cases"].items():
         if "error" in case["companion"]:
             continue
         label = name.split(": ", 1)[1]
-        columnar = COLUMNAR in case["plan"]
-        assert columnar == (label not in DELEGATED), (name, case["plan"])
+        if (COLUMNAR in case["plan"]) != (label not in DELEGATED):
+            wrong[name] = case["plan"]
+    assert not wrong, f"columnar expected for snapshots only, plans: {json.dumps(wrong)[:4000]}"
 
 
 def test_filters_skip_chunks_within_their_own_scan(session):
     plan = session["cases"]["appends: filtered"]["plan"]
-    assert "skipping chunks by" in plan and "LessThan(id,120)" in plan
+    assert "skipping chunks by" in plan and "LessThan(id,120)" in plan, plan
     unfiltered = session["cases"]["appends: snapshot"]["plan"]
-    assert "skipping" not in unfiltered
+    assert "skipping" not in unfiltered, f"an unfiltered scan skips chunks: {unfiltered}"
 
 
 def test_writes_overwrites_and_streams_through_the_companion(session):
-    assert session["overwrite"] == list(range(5, 12))
-    assert session["stream"] == [[i, 1] for i in range(5, 12)]  # JSON pairs
+    assert session["overwrite"] == list(range(5, 12)), "the overwrite"
+    assert session["stream"] == [[i, 1] for i in range(5, 12)], "the stream's output"  # JSON pairs
 
 
 def test_the_optimizer_sees_the_stored_bytes_scaled_to_the_scans_columns(session):
@@ -76,5 +100,5 @@ def test_the_optimizer_sees_the_stored_bytes_scaled_to_the_scans_columns(session
     column of nine a share of them, as Spark scales a pruned file scan (its broadcast joins
     follow these figures)."""
     sizes = session["optimizer_bytes"]
-    assert sizes["all"] == sizes["stored"]
-    assert 0 < sizes["id"] < sizes["all"] / 4
+    assert sizes["all"] == sizes["stored"], sizes
+    assert 0 < sizes["id"] < sizes["all"] / 4, sizes
