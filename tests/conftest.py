@@ -494,3 +494,32 @@ def postgres_url():
     finally:
         run(f"{bindir}/pg_ctl", "-D", str(data), "-m", "immediate", "-w", "stop")
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def jdk() -> str:
+    """The javac the JVM companion builds with; CI has one, so there its absence fails."""
+    from persistshard.datasource import companion
+
+    javac = companion.find_javac()
+    if javac is None:
+        if os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no"):
+            pytest.fail("CI=true but no javac (JAVA_HOME/bin or PATH): install a JDK 17+")
+        pytest.skip("no javac on this machine: the companion's JVM tests need a JDK 17+")
+    return javac
+
+
+@pytest.fixture(scope="session")
+def jar_cache(jdk, tmp_path_factory):
+    """A cache directory holding the companion jar, built once for the run: here, as a test
+    module importing a session fixture from another module gets an instance of its own."""
+    from pathlib import Path
+
+    from persistshard.datasource import companion
+
+    cache = tmp_path_factory.mktemp("companion-cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(companion.CACHE_ENV, str(cache))
+        path = companion.companion_jar()
+    assert path is not None and Path(path).parent == cache
+    return cache

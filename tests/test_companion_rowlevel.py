@@ -4,9 +4,8 @@ columns and null keys included) at one new time, checked against a model and rea
 the Python API; a writer committing while a statement runs makes it `UpperMismatch` with
 nothing applied; a statement failing in its tasks applies nothing; neither leaves a part.
 
-The statements (tests/rowlevel_session.py's `collect`) run once for the module, in the run's
-shared session when it has the companion, else in a session of its own with it (a JVM
-started for the module): the checks below are the same either way.
+Where the statements run (`rowlevel_session.collect`, once for the module): the run's shared
+session if it has the companion; without it, a session of the script's own started with it.
 """
 
 from __future__ import annotations
@@ -16,11 +15,7 @@ from typing import Any
 
 import pytest
 import rowlevel_session
-from test_jvm_companion import (  # noqa: F401  (jar_cache, jdk: the fallback's fixtures)
-    companion_results,
-    jar_cache,
-    jdk,
-)
+from test_jvm_companion import companion_results
 
 SESSION = Path(__file__).resolve().parent / "rowlevel_session.py"
 STATEMENTS = ("delete", "update", "merge", "columnar delete")

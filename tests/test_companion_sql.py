@@ -19,11 +19,7 @@ from typing import Any
 
 import companion_sql_session
 import pytest
-from test_jvm_companion import (  # noqa: F401  (jar_cache, jdk: the fallback's fixtures)
-    companion_results,
-    jar_cache,
-    jdk,
-)
+from test_jvm_companion import companion_results
 
 from persistshard.datasource import companion
 

@@ -18,12 +18,7 @@ from typing import Any
 
 import jvm_scan_session
 import pytest
-from test_jvm_companion import (  # noqa: F401  (jar_cache, jdk: the fallback's fixtures)
-    COMPANION_PROVIDER,
-    companion_results,
-    jar_cache,
-    jdk,
-)
+from test_jvm_companion import COMPANION_PROVIDER, companion_results
 
 SESSION = Path(__file__).resolve().parent / "jvm_scan_session.py"
 COLUMNAR = "persistshard columnar scan"
