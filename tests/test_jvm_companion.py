@@ -322,13 +322,7 @@ shard = ps.open_shard(location)
 shard.append(pa.table({"id": [1, 2, 3], "_time": [0, 0, 0], "_diff": [1, 1, 1]}), new_upper=1)
 with warnings.catch_warnings(record=True) as caught:
     builder = ps.configure_spark(SparkSession.builder.master("local[1]"))
-# A short-lived JVM: C1 only and one GC thread spend less CPU than the defaults starting it.
-spark = (
-    builder.config("spark.ui.enabled", "false")
-    .config("spark.ui.showConsoleProgress", "false")
-    .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
-    .getOrCreate()
-)
+spark = builder.config("spark.ui.enabled", "false").getOrCreate()
 jvm = spark._jvm
 conf = spark._jsparkSession.sessionState().conf()
 found = jvm.org.apache.spark.sql.execution.datasources.DataSource.lookupDataSource(
