@@ -90,6 +90,17 @@ CATALOG_PARTIAL = "partial"
 #: Spark's key for a column's declared CHAR/VARCHAR type; its output resolver strips it (and
 #: only it) when it copies the target table's column metadata, a scan keeps it.
 RAW_TYPE_KEY = "__CHAR_VARCHAR_TYPE_STRING"
+#: Set by the JVM companion's session catalog on a statement of one of its tables whose
+#: statement names no ``path``/``location`` of its own: the table's name. The statement then
+#: reads or writes the table's location with the table's catalog columns, as a Python source's
+#: table whose location comes from its field metadata does: a write follows ``ALTER TABLE ...
+#: ADD COLUMNS`` and refuses dropped or renamed columns, a read is of a declared table.
+TABLE_KEY = "__persistshard_table"
+#: Set with it: the comma-separated keys of the statement's options that came from the
+#: table's OPTIONS in the catalog (not given by the statement). Each is an option of some
+#: persistshard operation; one this operation does not take is not refused (`check_known`): a
+#: change table's ``changes`` does not make its INSERTs fail, its ``retention`` its SELECTs.
+TABLE_OPTIONS_KEY = "__persistshard_table_options"
 
 WRITE_OPTIONS = frozenset(
     {
@@ -255,13 +266,17 @@ def check_shared(location: str) -> None:
 def check_known(options: Mapping[str, str], allowed: frozenset[str], what: str) -> None:
     """Refuse options this operation does not know (Spark's own ``__``-keys and
     ``storage.<name>`` options pass), and persistshard options given an empty value (an empty
-    value never means "the default": leave the option out for that)."""
+    value never means "the default": leave the option out for that). A known option that a
+    catalog table's OPTIONS gave the statement (`TABLE_OPTIONS_KEY`) passes too: a table
+    keeps the options of all its statements, each takes its own."""
+    from_table = set(str(options.get(TABLE_OPTIONS_KEY) or "").lower().split(","))
     unknown = sorted(
         k
         for k in options
         if k.lower() not in allowed
         and not k.startswith(("__", "option."))
         and not k.lower().startswith(STORAGE_PREFIX)
+        and not (k.lower() in from_table and k.lower() in ALL_OPTIONS)
     )
     if unknown:
         raise InvalidOption(

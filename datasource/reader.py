@@ -99,7 +99,7 @@ from persistshard.core.shard import (
 from persistshard.core.statemachine.consumers import read_from
 from persistshard.core.statemachine.state import ShardState
 from persistshard.core.storage.blob import Blob
-from persistshard.datasource.options import LOCATION_KEY, ReadOptions
+from persistshard.datasource.options import LOCATION_KEY, TABLE_KEY, ReadOptions
 from persistshard.datasource.types import arrow_schema_of, conform, spark_schema_of
 from persistshard.errors import InvalidOption, InvalidUpdates, NoShard
 
@@ -436,10 +436,13 @@ def check_read_schema(opts: ReadOptions, schema: StructType) -> None:
         )
 
 
-def check_columns(schema: StructType, stored: pa.Schema, location: str) -> list[str]:
+def check_columns(
+    schema: StructType, stored: pa.Schema, location: str, declared: bool = False
+) -> list[str]:
     """The stored row columns a read of Spark schema ``schema`` returns, after checking them.
 
-    A SQL table's schema (its fields carry the location, `LOCATION_KEY`) must hold every
+    A SQL table's schema (its fields carry the location, `LOCATION_KEY`, or ``declared``: the
+    companion's catalog says it is the table's, `TABLE_KEY`) must hold every
     stored column, plus (after ``ALTER TABLE ... ADD COLUMNS``) nullable columns the shard does
     not have yet, which read as nulls; a dropped or renamed column is refused. Any other schema
     (``spark.read.schema("a long, b double")``: Spark hands it to ``reader()`` unchecked) may
@@ -447,7 +450,7 @@ def check_columns(schema: StructType, stored: pa.Schema, location: str) -> list[
     column pruning (docs/design.md). An unknown column or another type is refused, naming the
     stored columns; NOT NULL for a nullable column is checked on the rows (`check_not_null`)."""
     wanted = [f for f in schema.fields if f.name not in (TIME, DIFF)]
-    if declared_table(schema):
+    if declared or declared_table(schema):
         check_table_columns(schema, stored, location)
         return [f.name for f in stored]
     spark_stored = {f.name: f for f in spark_schema_of(stored).fields}
@@ -513,6 +516,10 @@ class PersistShardReader(DataSourceReader):
         self.opts = ReadOptions.parse(options, schema)
         check_read_schema(self.opts, table_schema or schema)
         self.schema = schema
+        #: Whether the relation is a SQL table's catalog columns: their fields carry the
+        #: location, or the companion's catalog names the table (`TABLE_KEY`). Such a table
+        #: exists before anything is written to it, and its columns are checked as a table's.
+        self.declared = declared_table(table_schema or schema) or bool(options.get(TABLE_KEY))
         #: The relation's whole schema when ``schema`` is a pruned part of it (the JVM
         #: companion's scans, `persistshard.datasource.bridge`): its columns are checked as
         #: a read of all of them would be, so pruning changes no error.
@@ -535,7 +542,7 @@ class PersistShardReader(DataSourceReader):
         shard = self.opts.address.open()
         state = read_state(shard)  # a registered shard's: its pending writes too
         if state.schema is None:
-            if not declared_table(self.schema):
+            if not self.declared:
                 if state.version == 0:  # a mistyped path must not read as an empty table
                     raise NoShard(
                         f"no shard at {shard.location}: nothing was ever written there (a "
@@ -551,8 +558,13 @@ class PersistShardReader(DataSourceReader):
                 check_query(shard, state, self.opts)
             return []
         if self.table_schema is not None:
-            check_columns(self.table_schema, state.schema, shard.location)
-        columns = check_columns(self.schema, state.schema, shard.location)
+            check_columns(self.table_schema, state.schema, shard.location, self.declared)
+        if self.table_schema is not None and self.declared:
+            # A pruned read of a table: the columns asked for, those the shard lacks (added
+            # by ALTER TABLE ... ADD COLUMNS) read as nulls (`conform`).
+            columns = [f.name for f in self.schema.fields if f.name in state.schema.names]
+        else:
+            columns = check_columns(self.schema, state.schema, shard.location, self.declared)
         q = check_query(shard, state, self.opts)
         row_filter, result_filter = self.filters(state.schema, columns)
         multiset = DIFF not in self.schema.fieldNames()

@@ -20,7 +20,12 @@ from persistshard.core.shard import Shard, write_transaction
 from persistshard.core.statemachine.state import WriterBatch, WriterVerdict, judge_writer_batch
 from persistshard.core.storage.layout import new_id
 from persistshard.datasource import reclock
-from persistshard.datasource.options import WriteOptions, find_location, storage_errors
+from persistshard.datasource.options import (
+    TABLE_KEY,
+    WriteOptions,
+    find_location,
+    storage_errors,
+)
 from persistshard.datasource.replay import (
     DigestedTask,
     Digesting,
@@ -53,9 +58,10 @@ class PersistShardWriter(DataSourceArrowWriter):
         shard = self.opts.address.open()
         check_location(shard)
         apply_retention(shard, self.opts.retention)
-        # A SQL table's location comes from its catalog columns; columns there without it
-        # were added by ALTER TABLE ... ADD COLUMNS, which the shard follows.
-        from_table = find_location(options) is None
+        # A SQL table's location comes from its catalog columns (or, with the companion's
+        # catalog, from the table's LOCATION: TABLE_KEY); catalog columns the shard lacks were
+        # added by ALTER TABLE ... ADD COLUMNS, which the shard follows.
+        from_table = find_location(options) is None or bool(options.get(TABLE_KEY))
         if from_table:
             stored = shard.inspect.state().schema
             if stored is not None:

@@ -195,3 +195,26 @@ def test_task_descriptions_never_show_storage_secrets():
         given = {"storage_options": secret, "address": ShardAddress("/x", secret)}
         values = {f.name: given.get(f.name) for f in dataclasses.fields(cls)}
         assert "hunter2" not in repr(cls(**values)), cls.__name__
+
+
+def test_a_catalog_tables_options_are_taken_by_the_operations_that_know_them():
+    """The companion's catalog hands every statement its table's OPTIONS and lists their keys
+    (`TABLE_OPTIONS_KEY`): an operation ignores a listed option of another operation (a
+    change table's ``changes`` on its INSERTs, a ``retention`` on its SELECTs), and still
+    refuses an unlisted one, and a listed key that is no option at all."""
+    from persistshard.datasource.options import TABLE_OPTIONS_KEY
+
+    with pytest.raises(InvalidOption, match="unknown option changes for a persistshard write"):
+        WriteOptions.parse({**BASE, "changes": "true"})
+    with pytest.raises(InvalidOption, match="unknown option retention for a persistshard read"):
+        ReadOptions.parse({**BASE, "retention": "7d"})
+    write = WriteOptions.parse({**BASE, "changes": "true", TABLE_OPTIONS_KEY: "changes,columns"})
+    assert write.location.endswith("options-only/shard")
+    read = ReadOptions.parse({**BASE, "retention": "7d", TABLE_OPTIONS_KEY: "retention"})
+    assert read.changes is False
+    with pytest.raises(InvalidOption, match="unknown option changes for a persistshard write"):
+        WriteOptions.parse({**BASE, "changes": "true", TABLE_OPTIONS_KEY: "columns"})
+    with pytest.raises(InvalidOption, match="unknown option colums for a persistshard write"):
+        WriteOptions.parse({**BASE, "colums": "id BIGINT", TABLE_OPTIONS_KEY: "colums"})
+    # A listed read option still means what it says on a read.
+    assert ReadOptions.parse({**BASE, "changes": "true", TABLE_OPTIONS_KEY: "changes"}).changes

@@ -8,6 +8,8 @@ import java.util.HashMap;
 import java.util.Iterator;
 import java.util.Locale;
 import java.util.Map;
+import java.util.Set;
+import java.util.TreeSet;
 import org.apache.spark.sql.catalyst.analysis.NoSuchNamespaceException;
 import org.apache.spark.sql.catalyst.analysis.NoSuchTableException;
 import org.apache.spark.sql.catalyst.analysis.TableAlreadyExistsException;
@@ -32,7 +34,14 @@ import org.apache.spark.sql.util.CaseInsensitiveStringMap;
  *       and, as option {@code path}, its external location: every read and write of the table
  *       (INSERT, CTAS, saveAsTable, insertInto, writeTo) names that shard and no other,
  *       whatever metadata the query's columns carry; DESCRIBE and SHOW CREATE TABLE see the
- *       catalog's properties (location, provider, options).</li>
+ *       catalog's properties (location, provider, options). A statement that names no path
+ *       of its own also carries {@link #TABLE_KEY}, so Python checks and evolves the shard's
+ *       columns as a table's (ALTER TABLE ... ADD COLUMNS is the built-in catalog's, and the
+ *       next write adds the column to the shard), and {@link #TABLE_OPTIONS_KEY}, so a table
+ *       option of reads (a change table's {@code changes}) does not fail its writes.</li>
+ *   <li>DROP TABLE, ALTER TABLE ... RENAME TO and every other ALTER TABLE are the built-in
+ *       catalog's: a table with a location is external, so dropping it never deletes the
+ *       shard, and renaming it keeps its location and options.</li>
  *   <li>{@code VERSION AS OF v} is the read option {@code as_of v}; {@code TIMESTAMP AS OF}
  *       is the shard time Python maps the instant to ({@code bridge} {@code time_at}: the
  *       newest time whose commit the log recorded at or before it).</li>
@@ -51,6 +60,17 @@ public class CompanionCatalog extends DelegatingCatalogExtension {
   private static final ObjectMapper JSON = new ObjectMapper();
   /** The read option a time-travel statement becomes. */
   static final String AS_OF = "as_of";
+  /**
+   * The option naming the table a statement reads or writes through its LOCATION (Python's
+   * {@code TABLE_KEY}): Python then treats the statement's columns as the table's catalog
+   * columns (ALTER TABLE ... ADD COLUMNS followed, dropped or renamed columns refused).
+   */
+  static final String TABLE_KEY = "__persistshard_table";
+  /**
+   * The option listing the keys a statement took from the table's OPTIONS (Python's {@code
+   * TABLE_OPTIONS_KEY}): an operation that does not take one of them ignores it.
+   */
+  static final String TABLE_OPTIONS_KEY = "__persistshard_table_options";
   /** Field metadata keys persistshard's Python source reads a location from. */
   private static final String[] PERSISTSHARD_KEYS = {
     "persistshard.location", "persistshard.consensus", "persistshard.catalog"
@@ -108,8 +128,10 @@ public class CompanionCatalog extends DelegatingCatalogExtension {
       return table;
     }
     Map<String, String> options = options(properties);
+    Set<String> fromTable = new TreeSet<>(options.keySet());
+    fromTable.remove("path");
     options.putAll(extra);
-    return new CompanionTable(qualified(ident), table.schema(), options, properties);
+    return new CompanionTable(qualified(ident), table.schema(), options, fromTable, properties);
   }
 
   @Override

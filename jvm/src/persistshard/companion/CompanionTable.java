@@ -5,6 +5,7 @@ import java.util.Locale;
 import java.util.Map;
 import java.util.Optional;
 import java.util.Set;
+import java.util.TreeSet;
 import org.apache.spark.sql.connector.catalog.MetadataColumn;
 import org.apache.spark.sql.connector.catalog.SupportsMetadataColumns;
 import org.apache.spark.sql.connector.catalog.SupportsRead;
@@ -40,23 +41,31 @@ final class CompanionTable
   private final String name;
   private final StructType schema;
   private final Map<String, String> properties;
+  /** The keys of {@link #properties} from the table's OPTIONS; null for a path table. */
+  private final Set<String> tableOptions;
   private final Map<String, String> catalogProperties;
 
   /** A path-based table: {@code properties} are the options Spark gave the provider. */
   CompanionTable(StructType schema, Map<String, String> properties) {
-    this(CompanionProvider.PYTHON_NAME, schema, properties, Map.of());
+    this.name = CompanionProvider.PYTHON_NAME;
+    this.schema = schema;
+    this.properties = Map.copyOf(properties);
+    this.tableOptions = null;
+    this.catalogProperties = Map.of();
   }
 
   /**
    * A catalog table ({@link CompanionCatalog}): {@code properties} are its data source
-   * options (its location as {@code path}), {@code catalogProperties} what the catalog
-   * stores (location, provider, {@code option.*}), which DESCRIBE and SHOW CREATE TABLE show.
+   * options (its location as {@code path}), {@code tableOptions} the keys among them that
+   * are the table's OPTIONS, {@code catalogProperties} what the catalog stores (location,
+   * provider, {@code option.*}), which DESCRIBE and SHOW CREATE TABLE show.
    */
   CompanionTable(String name, StructType schema, Map<String, String> properties,
-      Map<String, String> catalogProperties) {
+      Set<String> tableOptions, Map<String, String> catalogProperties) {
     this.name = name;
     this.schema = schema;
     this.properties = Map.copyOf(properties);
+    this.tableOptions = Set.copyOf(tableOptions);
     this.catalogProperties = Map.copyOf(catalogProperties);
   }
 
@@ -82,12 +91,32 @@ final class CompanionTable
         .capabilities();
   }
 
-  /** The table's properties under the statement's options, plus the companion's marker. */
+  /**
+   * The table's properties under the statement's options, plus the companion's marker; for a
+   * catalog table also {@link CompanionCatalog#TABLE_KEY} (unless the statement names a path
+   * or location of its own) and {@link CompanionCatalog#TABLE_OPTIONS_KEY} (the table's
+   * OPTIONS the statement did not give itself).
+   */
   CaseInsensitiveStringMap merged(Map<String, String> statement) {
     Map<String, String> out = new HashMap<>();
     properties.forEach((k, v) -> out.put(k.toLowerCase(Locale.ROOT), v));
-    statement.forEach((k, v) -> out.put(k.toLowerCase(Locale.ROOT), v));
+    Set<String> given = new TreeSet<>();
+    statement.forEach((k, v) -> {
+      String key = k.toLowerCase(Locale.ROOT);
+      out.put(key, v);
+      given.add(key);
+    });
     out.put(CompanionProvider.MARKER_KEY, CompanionProvider.MARKER_VALUE);
+    if (tableOptions != null) {
+      if (!given.contains("path") && !given.contains("location")) {
+        out.put(CompanionCatalog.TABLE_KEY, name);
+      }
+      Set<String> kept = new TreeSet<>(tableOptions);
+      kept.removeAll(given);
+      if (!kept.isEmpty()) {
+        out.put(CompanionCatalog.TABLE_OPTIONS_KEY, String.join(",", kept));
+      }
+    }
     return new CaseInsensitiveStringMap(out);
   }
 
