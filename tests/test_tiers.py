@@ -187,6 +187,56 @@ def test_python_source_marks_the_read_and_sql_tests(collected):
     assert sum("python_source" in r["markers"] for r in collected) >= 80
 
 
+def _session_header(tmp_path: Path, **env_changes: str) -> tuple[int, str]:
+    """A child pytest's exit code and output when it collects nothing (``--co -k``), under
+    the environment changed by ``env_changes``: its header says what the Spark session
+    uses, or it failed at its start."""
+    env = {**os.environ, **env_changes}
+    child = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "--co",
+            "-k",
+            "no_test_is_named_like_this",
+            str(TESTS / "test_tiers.py"),
+        ],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    return child.returncode, child.stdout + child.stderr
+
+
+def test_the_session_has_the_companion_when_asked_and_says_which(tmp_path):
+    """The shared SparkSession uses the Python source alone unless ``PERSISTSHARD_TEST_COMPANION``
+    asks for the JVM companion; the pytest header says which in one line. Asked for without a
+    JDK (a ``JAVA_HOME`` with no javac) the run fails at its start, in CI or not."""
+    from conftest import COMPANION_ENV
+
+    from persistshard.datasource.companion import find_javac
+
+    no_jdk = str(tmp_path / "no-jdk")
+    os.mkdir(no_jdk)
+    header = "persistshard Spark session: "
+    code, out = _session_header(tmp_path, **{COMPANION_ENV: "0"})
+    assert code == 5 and f"{header}the Python source alone ({COMPANION_ENV}=0)" in out, out
+    code, out = _session_header(tmp_path, **{COMPANION_ENV: ""})
+    assert code == 5 and f"{header}the Python source alone ({COMPANION_ENV}=unset)" in out, out
+    assert out.count(header) == 1
+    if find_javac() is not None:
+        code, out = _session_header(tmp_path, **{COMPANION_ENV: "1"})
+        assert code == 5 and f"{header}the JVM companion (" in out, out
+    for ci in ("true", "false"):
+        code, out = _session_header(tmp_path, **{COMPANION_ENV: "1", "CI": ci, "JAVA_HOME": no_jdk})
+        assert code not in (0, 5) and "no javac was found" in out and header not in out, out
+
+
 def test_every_marker_used_is_declared(collected):
     """pyproject.toml declares every marker a test carries (``--strict-markers`` refuses the
     others), and the tier markers are among them."""
