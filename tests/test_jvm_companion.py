@@ -485,7 +485,8 @@ def test_many_rows_of_every_width_decode_as_python_reads_them(jar, tmp_path):
         return rng.integers(low, high, n)
 
     def decimals(values: Any, type_: pa.DataType) -> pa.Array:
-        cents = [None if m else decimal.Decimal(int(v)).scaleb(-2) for v, m in zip(values, mask)]
+        pairs = zip(values, mask, strict=True)
+        cents = [None if m else decimal.Decimal(int(v)).scaleb(-2) for v, m in pairs]
         return pa.array(cents, type_)
 
     # Values of a narrow range, so that shuffled planes compress (a random one is stored plain).
