@@ -2,10 +2,14 @@ package persistshard.companion;
 
 import java.io.IOException;
 import java.nio.charset.StandardCharsets;
+import java.util.ArrayList;
+import java.util.List;
 import org.apache.arrow.memory.BufferAllocator;
 import org.apache.arrow.memory.RootAllocator;
+import org.apache.arrow.vector.FieldVector;
 import org.apache.arrow.vector.VectorSchemaRoot;
 import org.apache.arrow.vector.ipc.ArrowStreamReader;
+import org.apache.arrow.vector.util.TransferPair;
 import org.apache.spark.sql.connector.read.PartitionReader;
 import org.apache.spark.sql.vectorized.ArrowColumnVector;
 import org.apache.spark.sql.vectorized.ColumnVector;
@@ -24,6 +28,7 @@ final class PythonReader implements PartitionReader<ColumnarBatch> {
   private final PythonProcess process;
   private final BufferAllocator allocator = new RootAllocator(Long.MAX_VALUE);
   private ArrowStreamReader reader;
+  private VectorSchemaRoot own;
   private ColumnarBatch batch;
   /** Spark's columns: a read of none gets Python's one column of nulls, for the counts. */
   private final int columns;
@@ -39,15 +44,9 @@ final class PythonReader implements PartitionReader<ColumnarBatch> {
     try {
       if (reader == null) {
         reader = new ArrowStreamReader(process.stdout(), allocator);
-        VectorSchemaRoot root = reader.getVectorSchemaRoot();
-        ColumnVector[] vectors = new ColumnVector[columns];
-        for (int i = 0; i < vectors.length; i++) {
-          vectors[i] = new ArrowColumnVector(root.getVector(i));
-        }
-        batch = new ColumnarBatch(vectors);
       }
       if (reader.loadNextBatch()) {
-        batch.setNumRows(reader.getVectorSchemaRoot().getRowCount());
+        ownBatch(reader.getVectorSchemaRoot());
         return true;
       }
     } catch (IOException e) {
@@ -58,6 +57,32 @@ final class PythonReader implements PartitionReader<ColumnarBatch> {
     return false;
   }
 
+  /**
+   * Moves the batch just loaded out of the stream reader's root into vectors of its own (the
+   * previous batch's closed) and makes Spark's batch of them. The reader's root is never
+   * handed to Spark: a struct vector closed after Spark read it has no children left, and the
+   * next batch of a struct column failed to load into it ("should have as many children as
+   * in the schema"), as the native reader's chunks did (each decodes into a root of its own).
+   */
+  private void ownBatch(VectorSchemaRoot loaded) {
+    if (own != null) {
+      own.close();
+    }
+    List<FieldVector> moved = new ArrayList<>();
+    for (FieldVector v : loaded.getFieldVectors()) {
+      TransferPair pair = v.getTransferPair(allocator);
+      pair.transfer();
+      moved.add((FieldVector) pair.getTo());
+    }
+    own = new VectorSchemaRoot(moved);
+    own.setRowCount(loaded.getRowCount());
+    ColumnVector[] vectors = new ColumnVector[columns];
+    for (int i = 0; i < vectors.length; i++) {
+      vectors[i] = new ArrowColumnVector(own.getVector(i));
+    }
+    batch = new ColumnarBatch(vectors, own.getRowCount());
+  }
+
   @Override
   public ColumnarBatch get() {
     return batch;
@@ -66,6 +91,9 @@ final class PythonReader implements PartitionReader<ColumnarBatch> {
   @Override
   public void close() throws IOException {
     try {
+      if (own != null) {
+        own.close();
+      }
       if (reader != null) {
         reader.close();
       }
