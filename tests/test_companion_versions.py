@@ -237,21 +237,14 @@ def compare(spark: Any, work: Path) -> dict[str, Any]:
 
 
 def main() -> None:
-    """The script's side (module docstring): a session of its own with the companion."""
-    import os
-
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    """The script's side (module docstring): a session of its own with the companion
+    (`persistshard.configure_spark` names this interpreter for Spark's Python workers)."""
     from pyspark.sql import SparkSession
 
     import persistshard as ps
 
-    builder = (
-        SparkSession.builder.master("local[2]")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-    )
-    spark = ps.configure_spark(builder).getOrCreate()
+    local = SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+    spark = ps.configure_spark(local).getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     try:
         result = compare(spark, Path(sys.argv[1]))
