@@ -27,7 +27,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from test_jvm_companion import jar_cache, jdk, run_session  # noqa: F401  (fixtures)
+from test_jvm_companion import run_session
 
 pytestmark = [pytest.mark.spark, pytest.mark.subprocess]
 
