@@ -222,6 +222,8 @@ SLOWEST_FILES: tuple[str, ...] = (
     "test_spark.py",
     "test_jvm_scan.py",
     "test_companion_rowlevel.py",
+    "test_companion_sql.py",
+    "test_companion_versions.py",
     "test_sql.py",
     "test_sql_provenance.py",
     "test_jvm_companion.py",
