@@ -120,6 +120,10 @@ def _shown_path(path: Path) -> str:
 
 
 def stop_spark() -> None:
+    """Stop this process's active Spark session: only in a benchmark's own child process
+    (`_run_here`), which started it. The invoking process never starts one (every benchmark
+    runs in a child), so it never stops one either: a session there is its caller's (the test
+    suite's shared session, when the harness is tested)."""
     if "pyspark" not in sys.modules:
         return
     from pyspark.sql import SparkSession
@@ -153,10 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             fresh = {n: r for n, r in fresh.items() if not args.names or n in names}
             failed: list[str] = []
         else:
-            try:
-                results, failed = run_all(names, size, rounds)
-            finally:
-                stop_spark()
+            results, failed = run_all(names, size, rounds)
             fresh = {r["name"]: r for r in results}
             suspects = sorted(
                 {c.benchmark for c in h.compare(record["runs"][size], fresh) if c.worse()}
@@ -165,10 +166,7 @@ def main(argv: list[str] | None = None) -> int:
                 # A ratio worse beyond the spread of three rounds happens by chance about
                 # once in twenty: confirm on the rounds of a second run, pooled.
                 print(f"confirming {', '.join(suspects)}: a second run, rounds pooled")
-                try:
-                    again, failed_again = run_all(suspects, size, rounds)
-                finally:
-                    stop_spark()
+                again, failed_again = run_all(suspects, size, rounds)
                 failed += failed_again
                 for r in again:
                     fresh[r["name"]] = h.pool(fresh[r["name"]], r)
@@ -186,10 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         print(h.check_report(comparisons))
         worse = any(c.worse() for c in comparisons)
         return 1 if worse or failed else 0
-    try:
-        results, failed = run_all(names, size, rounds)
-    finally:
-        stop_spark()
+    results, failed = run_all(names, size, rounds)
     if results:
         # Re-read: a run takes long, and others may have recorded other benchmarks meanwhile.
         record = h.merge(h.load_record(args.record), results)

@@ -315,3 +315,15 @@ def test_page_keeps_earlier_plots_when_matplotlib_is_missing(tmp_path, fake_modu
     text = page.read_text()
     assert "![t](img/fake_tput.png)" in text
     assert "fake_gone.png" not in text
+
+
+def test_the_harness_leaves_the_callers_spark_session_running(spark, tmp_path, monkeypatch):
+    """The harness never stops a Spark session it did not start: every benchmark runs (and
+    stops its session) in a child, so a session in the invoking process is its caller's. It
+    once stopped it, and under pytest-xdist every later Spark test of that worker failed."""
+    import benchmarks.__main__ as entry
+
+    monkeypatch.setattr(entry, "_run_isolated", lambda name, size, rounds: None)
+    record, page = tmp_path / "r.json", tmp_path / "p.md"
+    assert main(["format", "--size", "quick", "--record", str(record), "--page", str(page)]) == 1
+    assert spark.range(3).count() == 3
