@@ -281,10 +281,17 @@ WITHOUT_GC = tuple(f for f in DEFAULT_FAULTS if f != "gc")
 @pytest.mark.parametrize("faults", ["without-gc", "with-gc-at-retention-0"])
 def test_local_files(tmp_path, faults):
     names = WITHOUT_GC if faults == "without-gc" else DEFAULT_FAULTS
-    rec = run_and_check(Target(f"{tmp_path}/shard"), seed=1, faults=names, workers=3, ops=30)
+    # Every recording is checked; the test also wants one with an open-ended operation. A
+    # kill lands at a random moment, usually inside an operation but not always: on a loaded
+    # machine all of one seed's kills fell between operations once. So up to three seeds.
+    for seed in (1, 2, 3):
+        target = Target(f"{tmp_path}/shard-{seed}")
+        rec = run_and_check(target, seed=seed, faults=names, workers=3, ops=30)
+        if rec.count(outcome="unknown") > 0:
+            break
     assert rec.count(outcome="ok") > 20 and rec.count(outcome="refused") > 0
     assert rec.kills > 0 and rec.pauses > 0 and rec.injected > 0
-    assert rec.count(outcome="unknown") > 0
+    assert rec.count(outcome="unknown") > 0, "three recordings, none with an open operation"
     assert (rec.gc_runs > 0) == ("gc" in names)
     # The same recording with one acknowledged row missing from the final read fails, and
     # says the seed and a minimal excerpt.

@@ -154,8 +154,9 @@ def test_slow_names_tests_that_exist_and_the_fast_selection_leaves_them_out(coll
     assert len(slow) >= len(SLOW) >= 10
 
 
-#: The README's full test command, as .ci/run runs it: every test, in one process.
-FULL = ".venv/bin/python -m pytest -p no:cacheprovider"
+#: The README's full test command, as .ci/run runs it: every test, on two pytest-xdist
+#: workers, each file on one worker.
+FULL = ".venv/bin/python -m pytest -p no:cacheprovider -n 2 --dist loadfile --no-loadscope-reorder"
 
 
 def _pytest_lines(text: str) -> list[str]:
