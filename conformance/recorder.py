@@ -417,13 +417,13 @@ def _gc_loop(target: Target, stop: str, events: str, skew_seconds: float, seed: 
     rng = random.Random(seed)
     clock = SkewedClock(rng, skew_seconds) if skew_seconds else None
     shard = target.shard()
-    runs = 0
     while not os.path.exists(stop):
         if clock is not None and rng.random() < 0.1:
             clock.jump()
         try:
             shard.maintenance.gc(dry_run=False, retention_seconds=0)
-            runs += 1
+            # Counted as it happens: a killed incarnation's runs count too.
+            _emit(fd, {"e": "stats", "gc_runs": 1})
         except errors.CorruptData as e:
             _emit(fd, {"e": "error", "t": time.monotonic(), "note": f"gc: {type(e).__name__}: {e}"})
         except (errors.PersistShardError, OSError):
@@ -431,7 +431,6 @@ def _gc_loop(target: Target, stop: str, events: str, skew_seconds: float, seed: 
         except Exception as e:  # recorded
             _emit(fd, {"e": "error", "t": time.monotonic(), "note": f"gc: {type(e).__name__}: {e}"})
         time.sleep(0.02)
-    _emit(fd, {"e": "stats", "gc_runs": runs})
     os.close(fd)
 
 
