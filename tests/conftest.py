@@ -62,6 +62,16 @@ def _import_the_tree() -> str:
 
 TREE_SHIM = _import_the_tree()
 
+#: The options of every JVM the suite starts (the shared session's, the subprocess sessions',
+#: Spark's launcher's), unless ``JDK_JAVA_OPTIONS`` is already set: only the C1 compiler and
+#: the serial collector. A test JVM lives for minutes on tiny data, so C2's compilations and
+#: the parallel collector's threads are mostly spent CPU that never pays back; measured on
+#: the Spark read files and the companion's session files, they cost the run's JVMs about
+#: half again as much CPU (docs: README, "Development"). They change no behaviour a test
+#: sees. ``java`` reads the variable itself (JDK 9+); ``javac`` does not.
+TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+os.environ.setdefault("JDK_JAVA_OPTIONS", TEST_JVM_OPTIONS)
+
 import persistshard  # noqa: E402  (after the redirection above, on purpose)
 
 if os.path.realpath(os.path.dirname(persistshard.__file__ or "")) != ROOT:  # pragma: no cover

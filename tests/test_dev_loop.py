@@ -51,3 +51,18 @@ def test_a_test_that_stops_the_shared_session_fails_by_name(spark):
     with pytest.raises(RuntimeError, match="stopped the suite's shared SparkSession"):
         spark.stop()
     assert spark.range(3).count() == 3
+
+
+def test_the_suites_jvms_run_with_the_test_options(spark):
+    """conftest's `TEST_JVM_OPTIONS` reach the shared session's JVM (through
+    ``JDK_JAVA_OPTIONS``, which ``java`` reads itself): the suite's CPU budget counts on
+    them, and a session launched some other way would silently lose them."""
+    from conftest import TEST_JVM_OPTIONS
+
+    assert os.environ.get("JDK_JAVA_OPTIONS"), "conftest did not set JDK_JAVA_OPTIONS"
+    bean = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
+    arguments = list(bean.getInputArguments())
+    wanted = os.environ["JDK_JAVA_OPTIONS"].split()
+    assert all(option in arguments for option in wanted), arguments
+    if os.environ["JDK_JAVA_OPTIONS"] == TEST_JVM_OPTIONS:
+        assert "-XX:TieredStopAtLevel=1" in arguments and "-XX:+UseSerialGC" in arguments
