@@ -17,7 +17,9 @@ of the state machine and of read planning, this one:
 - ``serve``: requests one per line on stdin, answers one per line on stdout (``{"error":
   text}`` for a failed one), until stdin ends: the JVM keeps one such process per
   interpreter, so planning a scan starts no interpreter. A request is a ``plan`` unless its
-  ``kind`` is ``time_at`` (`time_at`: the session catalog's ``TIMESTAMP AS OF``) or names
+  ``kind`` is ``time_at`` (`time_at`: the session catalog's ``TIMESTAMP AS OF``),
+  ``table_options`` (`table_options`: the session catalog's check, before it stores a
+  table, that its OPTIONS hold no secret) or names
   one of `persistshard.datasource.rowlevel`'s driver steps of a row-level operation
   (``delta_begin``, ``delta_commit``, ``delta_abort``).
 - ``read``: the request holds the options, ``required`` and one ``python`` partition; the
@@ -52,6 +54,7 @@ from persistshard.core.read.instant import time_at_instant
 from persistshard.core.shard import direct_read_slices
 from persistshard.datasource.options import (
     find_location,
+    refuse_catalog_secrets,
     require_location,
     shard_address,
     storage_errors,
@@ -146,6 +149,16 @@ def time_at(request: dict[str, Any]) -> dict[str, Any]:
         return {"as_of": time_at_instant(shard, int(request["micros"]))}
 
 
+def table_options(request: dict[str, Any]) -> dict[str, Any]:
+    """``{}`` when a table created with ``options`` keeps no secret in Spark's catalog, else
+    the Python source's refusal (`refuse_catalog_secrets`): the session catalog asks before
+    it stores a persistshard table, whatever columns the CREATE declares."""
+    options: dict[str, str] = dict(request["options"])
+    location = require_location(options)
+    refuse_catalog_secrets(shard_address(options, None, location), location)
+    return {}
+
+
 def answer(request: dict[str, Any]) -> dict[str, Any]:
     """One ``serve`` request's answer, by its ``kind`` (module docstring)."""
     kind = request.get("kind", "plan")
@@ -153,6 +166,8 @@ def answer(request: dict[str, Any]) -> dict[str, Any]:
         return plan(request)
     if kind == "time_at":
         return time_at(request)
+    if kind == "table_options":
+        return table_options(request)
     from persistshard.datasource import rowlevel
 
     return rowlevel.driver_step(kind, request)

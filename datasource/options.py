@@ -68,6 +68,7 @@ from persistshard.core.config import KNOBS, MEMORY_BUDGET, ShardConfig
 from persistshard.core.shard import ShardAddress
 from persistshard.core.storage.blob import as_storage_error
 from persistshard.core.storage.layout import canonical_location
+from persistshard.core.storage.sqlconsensus import redact_url, url_has_password
 from persistshard.errors import (
     InvalidOption,
     InvalidUpdates,
@@ -216,6 +217,35 @@ def shard_address(options: Mapping[str, Any], schema: Any, location: str) -> Sha
         consensus_url(options, schema, location),
         shard_config(options, location),
     )
+
+
+def refuse_catalog_secrets(address: ShardAddress, location: str) -> None:
+    """Raise `InvalidOption` when a table created with ``address``'s options would keep a
+    secret in Spark's catalog, which stores a table's OPTIONS as given and shows them
+    (``SHOW CREATE TABLE``, ``DESCRIBE``): a consensus URL with a password, or any storage
+    option (credentials). The message never holds the secret (the URL redacted, only the
+    storage options' names). Checked before anything is stored, by the Python source's
+    ``schema`` of a CREATE and by the JVM companion's session catalog for every CREATE of a
+    persistshard table (`persistshard.datasource.bridge`, ``table_options``)."""
+    consensus = address.consensus
+    if consensus and url_has_password(consensus):
+        raise InvalidOption(
+            "a table's OPTIONS are stored in Spark's catalog, so a consensus URL with a "
+            f"password ({redact_url(consensus)}) is refused there; give the password "
+            "through the database's own configuration (PGPASSWORD, ~/.pgpass), or pass "
+            "consensus per statement: WITH ('consensus' = '...')",
+            location=location,
+        )
+    fsspec_names = sorted(address.storage_options)
+    if fsspec_names:
+        # fsspec's own configuration reaches every statement instead.
+        raise InvalidOption(
+            f"a table's OPTIONS are stored in Spark's catalog, so storage options "
+            f"({', '.join(fsspec_names)}) are refused there; configure the storage "
+            "through fsspec instead (FSSPEC_<PROTOCOL>_<NAME> environment variables or an "
+            "fsspec config file), or pass storage.<name> options per statement",
+            location=location,
+        )
 
 
 def consensus_url(

@@ -34,12 +34,12 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import LongType, StructField, StructType
 
 from persistshard.core.rows import DIFF, TIME
-from persistshard.core.storage.sqlconsensus import redact_url, url_has_password
 from persistshard.datasource.options import (
     LOCATION_KEY,
     ReadOptions,
     check_shared,
     find_location,
+    refuse_catalog_secrets,
     require_location,
     shard_address,
     storage_errors,
@@ -74,25 +74,8 @@ class PersistShardDataSource(DataSource):
         creating = "location" in options or "provider" in options
         address = shard_address(options, None, location)
         consensus = address.consensus
-        if creating and consensus and url_has_password(consensus):
-            raise InvalidOption(
-                "a table's OPTIONS are stored in Spark's catalog, so a consensus URL with a "
-                f"password ({redact_url(consensus)}) is refused there; give the password "
-                "through the database's own configuration (PGPASSWORD, ~/.pgpass), or pass "
-                "consensus per statement: WITH ('consensus' = '...')",
-                location=location,
-            )
-        fsspec_names = sorted(address.storage_options)
-        if creating and fsspec_names:
-            # Spark keeps a table's OPTIONS in its catalog: storage options (credentials) must
-            # not go there. fsspec's own configuration reaches every statement instead.
-            raise InvalidOption(
-                f"a table's OPTIONS are stored in Spark's catalog, so storage options "
-                f"({', '.join(fsspec_names)}) are refused there; configure the storage "
-                "through fsspec instead (FSSPEC_<PROTOCOL>_<NAME> environment variables or an "
-                "fsspec config file), or pass storage.<name> options per statement",
-                location=location,
-            )
+        if creating:
+            refuse_catalog_secrets(address, location)
         with storage_errors(location, "read the shard"):
             shard = address.open()
             stored = shard.schema

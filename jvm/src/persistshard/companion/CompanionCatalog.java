@@ -48,6 +48,9 @@ import org.apache.spark.sql.util.CaseInsensitiveStringMap;
  *   <li>{@link #createTable} requires a location (LOCATION, or option {@code path}) and
  *       fails otherwise with an error that says how to create the table, before anything is
  *       stored or written: a persistshard table never lives at a managed default location.
+ *       It refuses OPTIONS that would keep a secret in the catalog (a consensus URL with a
+ *       password, storage options), as the Python source's CREATE does, also when the
+ *       statement declares its columns (the Python source is then never asked by Spark).
  *       Without a column list the columns are the Python source's (the shard's, or the
  *       {@code columns} option for a new one); declared or CTAS columns lose any persistshard
  *       metadata a scan of another table put on them.</li>
@@ -186,6 +189,14 @@ public class CompanionCatalog extends DelegatingCatalogExtension {
           + location + ": persistshard tables take no PARTITIONED BY or CLUSTERED BY (a "
           + "shard orders its rows by time itself); nothing was created");
     }
+    // The catalog stores OPTIONS as given and shows them (SHOW CREATE TABLE, DESCRIBE): the
+    // Python source refuses a secret among them (a consensus password, storage options)
+    // before anything is stored, whether or not the statement declares its columns.
+    ObjectNode check = JSON.createObjectNode();
+    check.put("kind", "table_options");
+    ObjectNode given = check.putObject("options");
+    options.forEach(given::put);
+    PlanServer.plan(Planner.python(), check.toString());
     Map<String, String> stored = new HashMap<>(properties);
     stored.put(TableCatalog.PROP_LOCATION, location);
     Column[] kept;
