@@ -42,6 +42,42 @@ from hypothesis import settings
 ROOT = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 
 
+#: The shim's ``sitecustomize.py``, which every Python process of the run imports at start
+#: (the shim is on ``PYTHONPATH``): it takes Spark's ``pyspark.zip`` off ``sys.path``. Spark
+#: puts ``$SPARK_HOME/python/lib/pyspark.zip`` first on its Python workers' path; the zip
+#: holds no bytecode, so each interpreter Spark starts compiles pyspark's modules anew (2 s
+#: of CPU for a streaming source's runner, 15 s of wall time at load 9 on 2 cores), and
+#: Spark 4.3 waits a fixed 10 s, no setting raises it, for a worker it starts directly (a
+#: streaming source's runner) to connect back: "Python worker failed to connect back". The
+#: zip is the installed pyspark's own, so the workers import the same code, from the
+#: package's compiled modules. Another ``sitecustomize`` on the path still runs after it.
+_SITECUSTOMIZE = """\
+# Written by persistshard's tests/conftest.py for one test run (see _SITECUSTOMIZE there).
+import importlib.machinery, importlib.util, os, sys
+
+_ZIP = {zip!r}
+sys.path[:] = [p for p in sys.path if os.path.realpath(p or os.curdir) != _ZIP]
+_here = os.path.dirname(os.path.realpath(__file__))
+_rest = [p for p in sys.path if os.path.realpath(p or os.curdir) != _here]
+_spec = importlib.machinery.PathFinder.find_spec("sitecustomize", _rest)
+if _spec is not None and _spec.loader is not None:
+    _module = importlib.util.module_from_spec(_spec)
+    sys.modules["sitecustomize"] = _module
+    _spec.loader.exec_module(_module)
+"""
+
+
+def _spark_pyspark_zip() -> str:
+    """The ``pyspark.zip`` Spark puts on its workers' path: the installed pyspark's own."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("pyspark")
+    if spec is None or spec.origin is None:  # pragma: no cover - pyspark is a dependency
+        raise RuntimeError("pyspark is not installed")
+    home = os.path.dirname(os.path.realpath(spec.origin))
+    return os.path.join(home, "python", "lib", "pyspark.zip")
+
+
 def _import_the_tree() -> str:
     if "persistshard" in sys.modules:  # pragma: no cover - a plugin imported it first
         raise RuntimeError("persistshard was imported before tests/conftest.py could redirect it")
@@ -53,6 +89,8 @@ def _import_the_tree() -> str:
         os.path.join(ROOT, "entry", "pyspark_persistshard.py"),
         os.path.join(shim, "pyspark_persistshard.py"),
     )
+    with open(os.path.join(shim, "sitecustomize.py"), "w") as f:
+        f.write(_SITECUSTOMIZE.format(zip=_spark_pyspark_zip()))
     sys.path[:] = [p for p in sys.path if os.path.realpath(p or os.curdir) != ROOT]
     sys.path.insert(0, shim)
     previous = os.environ.get("PYTHONPATH")
@@ -87,12 +125,16 @@ settings.register_profile("dev", settings.get_profile("default"), max_examples=2
 settings.register_profile("ci", settings.get_profile("ci"), max_examples=100)
 
 
+def _in_ci() -> bool:
+    """Whether ``CI`` says this is a CI run (any value but empty, "0", "false", "no")."""
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
 def _hypothesis_profile() -> str:
     chosen = os.environ.get("PERSISTSHARD_HYPOTHESIS_PROFILE", "")
     if chosen:
         return chosen
-    in_ci = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
-    return "ci" if in_ci else "dev"
+    return "ci" if _in_ci() else "dev"
 
 
 settings.load_profile(_hypothesis_profile())
@@ -245,7 +287,7 @@ SLOWEST_FILES: tuple[str, ...] = (
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark every test by what it starts (module docstring), before ``-m`` deselects:
-    ``python_source`` also on the Spark tests of `WITHOUT_COMPANION`; then, on pytest-xdist's
+    ``python_source`` also on the Spark tests `WITHOUT_COMPANION` names; then, on pytest-xdist's
     workers, put the files of `SLOWEST_FILES` first (a stable sort: each file's tests stay
     together, in their order). A serial run keeps pytest's order."""
     for item in items:
@@ -253,7 +295,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         used = getattr(item, "fixturenames", ())
         wanted = {FIXTURE_MARKERS[f] for f in used if f in FIXTURE_MARKERS}
         wanted.update(_explicit_markers(item))
-        if "spark" in have | wanted and os.path.basename(str(item.path)) in WITHOUT_COMPANION:
+        if "spark" in have | wanted and _without_companion(item):
             wanted.add("python_source")
         for name in sorted(wanted - have):
             item.add_marker(name)
@@ -291,38 +333,63 @@ def _memory_store_left_as_found():
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
-#: Whether the run's SparkSession has the JVM companion on its classpath, with its session
-#: catalog: unset, "0" (or "false", "no") runs the Spark tests against the Python source alone;
-#: any other value requires the companion (built here; a missing JDK or a failed build fails
-#: the run at its start). The pytest header says in one line which the run uses. Not the
-#: default yet: with the companion's session, streaming reads fail ("Python worker failed to
-#: connect back": test_spark's, test_ux_spark's and test_where's stream tests; issue 38); every
-#: test of test_sql passes both ways. The companion's own tests (test_jvm_scan,
-#: test_companion_sql, test_companion_rowlevel, test_jvm_companion) need it either way.
+#: Which SparkSession the run shares: unset (or empty), the JVM companion with its session
+#: catalog whenever a JDK (javac) is found, and the Python source alone when none is, except
+#: under ``CI=true``, where a missing JDK fails the run at its start (CI installs one, so a
+#: fallback would only hide that the companion went untested); "0" (or "false", "no"), the
+#: Python source alone; any other value requires the companion (no JDK fails the run). The
+#: jar is built here, a failed build fails the run. The pytest header says in one line which
+#: the run uses. The companion's own tests (test_jvm_scan, test_companion_sql,
+#: test_companion_rowlevel, test_companion_versions) use the shared session when it has the
+#: companion and start a session of their own in a subprocess when it has not.
 COMPANION_ENV = "PERSISTSHARD_TEST_COMPANION"
 
-#: The test files whose Spark tests are marked ``python_source``: the Spark reads (batch
-#: snapshots, pushdown, pruning, views, every read option) and SQL tables, the paths the
-#: companion takes over from the Python source. A run with the companion runs them again
-#: without it: ``PERSISTSHARD_TEST_COMPANION=0 pytest -m python_source``.
+#: The Spark tests marked ``python_source``: those of the Python source's batch reads (read
+#: options, time travel, pushdown, pruning, ``where``, views) and SQL tables, the paths the
+#: companion takes over from it, as ``fnmatch`` patterns over "file::function" (as
+#: `EXPLICIT_MARKERS` spells them). Writes, streams and tests that start sessions of their
+#: own run once, in the companion's session (its writes and streams are the Python source's
+#: own). The README's command runs them a second time without the companion:
+#: ``PERSISTSHARD_TEST_COMPANION=0 pytest -m python_source``.
 WITHOUT_COMPANION: tuple[str, ...] = (
-    "test_spark.py",
-    "test_sql.py",
-    "test_sql_provenance.py",
-    "test_spark_pushdown.py",
-    "test_column_pruning.py",
-    "test_where.py",
-    "test_ux_spark.py",
+    "test_spark.py::test_registered_without_register_call",
+    "test_spark.py::test_round_trip_of_every_type",
+    "test_spark.py::test_time_travel_across_appends",
+    "test_spark.py::test_cdc_input_against_pandas_model",
+    "test_spark.py::test_unsealed_rows_wait_for_upper",
+    "test_spark.py::test_negative_net_diff_is_an_error",
+    "test_spark.py::test_reads_stay_consistent_while_committing",
+    "test_spark.py::test_key_range_partitions_consolidate_correctly",
+    "test_spark.py::test_duplicate_rows_across_tasks_count_correctly",
+    "test_spark.py::test_sql_*",
+    "test_sql.py::*",
+    "test_sql_provenance.py::*",
+    "test_sqlconsensus_spark.py::test_sql_*",
+    "test_sqlconsensus_spark.py::test_table_options_*",
+    "test_spark_pushdown.py::*",
+    "test_column_pruning.py::*",
+    "test_where.py::test_the_where_option_returns_what_spark_filtering_returns",
+    "test_where.py::test_a_float_column_in_where_is_refused_through_spark",
+    "test_where.py::test_where_in_sql_statements_and_views",
+    "test_ux_spark.py::test_hold_false_with_a_reader_id_is_refused",
+    "test_ux_spark.py::test_what_the_catalog_shows_of_a_table",
 )
+
+
+def _without_companion(item: pytest.Item) -> bool:
+    """Whether `WITHOUT_COMPANION` names ``item`` (by "file::function", no parameters)."""
+    name, _ = _names(item)
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in WITHOUT_COMPANION)
 
 
 def _companion_session() -> tuple[bool, str]:
     """(whether this run's session gets the companion, the pytest header's line saying what
     it uses), after putting the jar and its session catalog into ``PYSPARK_SUBMIT_ARGS`` when
-    it does (`COMPANION_ENV`). Raises when the companion is asked for and cannot be had."""
+    it does (`COMPANION_ENV`). Raises when the companion is required (asked for, or by
+    default under ``CI=true``) and cannot be had."""
     chosen = os.environ.get(COMPANION_ENV, "").strip().lower()
-    if chosen in ("", "0", "false", "no"):
-        return False, f"the Python source alone ({COMPANION_ENV}={chosen or 'unset'})"
+    if chosen in ("0", "false", "no"):
+        return False, f"the Python source alone ({COMPANION_ENV}={chosen})"
     from persistshard.datasource.companion import (
         companion_jar,
         find_javac,
@@ -330,16 +397,19 @@ def _companion_session() -> tuple[bool, str]:
     )
 
     if find_javac() is None:
-        raise RuntimeError(
-            f"{COMPANION_ENV}={chosen}: the Spark tests run with the JVM companion, but no "
-            "javac was found (install a JDK, e.g. apt-get install openjdk-17-jdk-headless, "
-            f"or unset {COMPANION_ENV})"
-        )
+        if chosen or _in_ci():
+            why = f"{COMPANION_ENV}={chosen}" if chosen else "CI=true"
+            raise RuntimeError(
+                f"{why}: the Spark tests run with the JVM companion, but no javac was found "
+                "(install a JDK, e.g. apt-get install openjdk-17-jdk-headless, or set "
+                f"{COMPANION_ENV}=0 for the Python source alone)"
+            )
+        return False, f"the Python source alone (no javac found; {COMPANION_ENV}=unset)"
     jar = companion_jar()
     if jar is None:
         raise RuntimeError(
-            f"{COMPANION_ENV}={chosen}: the Spark tests run with the JVM companion, but its jar "
-            "could not be built (CompanionUnavailable above says why)"
+            f"{COMPANION_ENV}={chosen or 'unset'}: the Spark tests run with the JVM companion, "
+            "but its jar could not be built (CompanionUnavailable above says why)"
         )
     os.environ["PYSPARK_SUBMIT_ARGS"] = f"--jars {jar} {session_catalog_conf()} pyspark-shell"
     return True, f"the JVM companion ({os.path.basename(jar)}) and its session catalog"
@@ -531,7 +601,7 @@ def jdk() -> str:
 
     javac = companion.find_javac()
     if javac is None:
-        if os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no"):
+        if _in_ci():
             pytest.fail("CI=true but no javac (JAVA_HOME/bin or PATH): install a JDK 17+")
         pytest.skip("no javac on this machine: the companion's JVM tests need a JDK 17+")
     return javac

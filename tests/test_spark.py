@@ -600,3 +600,17 @@ def test_the_shared_sessions_catalog_lives_in_memory(spark):
     next run to trip over, as a ``metastore_db`` in the working directory did."""
     url = spark.sparkContext.getConf().get("spark.hadoop.javax.jdo.option.ConnectionURL")
     assert url is not None and url.startswith("jdbc:derby:memory:")
+
+
+def test_python_workers_import_the_installed_pyspark(spark):
+    """The Python processes Spark starts import pyspark from the installed package's compiled
+    modules, not from Spark's ``pyspark.zip`` (conftest's ``sitecustomize``): compiling the
+    zip's sources at each start took a streaming source's runner past the 10 s Spark waits
+    for it to connect back on loaded cores."""
+    where = (
+        spark.sparkContext.parallelize([0], 1)
+        .map(lambda _: (__import__("pyspark").__file__, __import__("sys").path))
+        .collect()
+    )
+    ((module, path),) = where
+    assert "pyspark.zip" not in module and not any(p.endswith("pyspark.zip") for p in path), where

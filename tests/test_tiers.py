@@ -8,6 +8,7 @@ records each test's fixtures, markers and whether ``-m`` kept it)."""
 from __future__ import annotations
 
 import ast
+import fnmatch
 import json
 import os
 import re
@@ -154,9 +155,13 @@ def test_slow_names_tests_that_exist_and_the_fast_selection_leaves_them_out(coll
     assert len(slow) >= len(SLOW) >= 10
 
 
-#: The README's full test command, as .ci/run runs it: every test, on two pytest-xdist
-#: workers, each file on one worker.
+#: The README's full test command, as .ci/run runs it, in two passes. The first runs every
+#: test, on two pytest-xdist workers, each file on one worker, with the session conftest
+#: picks (the JVM companion in CI); the second reruns the ``python_source`` tests (the Python
+#: source's read and SQL paths) without the companion, and only when the first passed.
 FULL = ".venv/bin/python -m pytest -p no:cacheprovider -n 2 --dist loadfile --no-loadscope-reorder"
+SECOND = f"PERSISTSHARD_TEST_COMPANION=0 {FULL} -m python_source"
+COMMAND = f"{FULL} && {SECOND}"
 
 
 def _pytest_lines(text: str) -> list[str]:
@@ -164,28 +169,48 @@ def _pytest_lines(text: str) -> list[str]:
 
 
 def test_the_full_command_deselects_nothing():
-    """CI runs README's full command through .ci/run: it selects by neither marker nor
-    keyword (nor do pytest's configured options), so every test, slow ones included, runs
-    in CI."""
+    """CI runs README's full command through .ci/run: its first pass selects by neither marker
+    nor keyword (nor do pytest's configured options), so every test, slow ones included, runs
+    in CI; its second pass selects ``python_source`` without the companion and runs only
+    when the first passed, and a failure of either (exit 5, no test collected, included)
+    fails the run."""
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
     addopts = config["tool"]["pytest"]["ini_options"]["addopts"].split()
     assert not {"-m", "-k"} & set(addopts), addopts
     run = (ROOT / ".ci" / "run").read_text()
-    (only,) = _pytest_lines(run)
-    assert only.startswith(FULL + " ||"), only
-    assert " -m " not in only.split("pytest", 1)[1] and " -k " not in only, only
+    first, second = _pytest_lines(run)
+    assert first.startswith(FULL + " ||"), first
+    assert " -m " not in first.split("pytest", 1)[1] and " -k " not in first, first
+    assert second.startswith(SECOND + " ||"), second
+    assert " -k " not in second, second
+    lines = run.splitlines()
+    guard = lines[[line.strip() for line in lines].index(second) - 1].strip()
+    assert guard == 'if [ "$status" -eq 0 ]; then', guard
+    assert run.index('if [ "$status" -eq 5 ]') > run.index(second)
 
 
 def test_python_source_marks_the_read_and_sql_tests(collected):
-    """``python_source`` marks exactly the Spark tests of `conftest.WITHOUT_COMPANION`, which
-    names files that exist: a run with the companion reruns them without it."""
+    """``python_source`` marks exactly the Spark tests `conftest.WITHOUT_COMPANION` names, each
+    of its patterns names collected Spark tests, and none of them starts a session of its own
+    or reads a stream: the second pass reruns the Python source's read and SQL paths, and
+    nothing else."""
     from conftest import WITHOUT_COMPANION
 
-    assert all((TESTS / name).is_file() for name in WITHOUT_COMPANION)
+    named: dict[str, list[dict[str, Any]]] = {pattern: [] for pattern in WITHOUT_COMPANION}
     for row in collected:
-        wanted = "spark" in row["markers"] and row["file"] in WITHOUT_COMPANION
+        name = _short_id(row["id"])[0]
+        matches = [p for p in WITHOUT_COMPANION if fnmatch.fnmatchcase(name, p)]
+        for pattern in matches:
+            named[pattern].append(row)
+        wanted = "spark" in row["markers"] and bool(matches)
         assert ("python_source" in row["markers"]) == wanted, row["id"]
-    assert sum("python_source" in r["markers"] for r in collected) >= 80
+        if wanted:
+            assert "subprocess" not in row["markers"], row["id"]
+            assert "stream" not in name.split("::")[-1], row["id"]
+    assert not [p for p, rows in named.items() if not any("spark" in r["markers"] for r in rows)]
+    marked = sum("python_source" in r["markers"] for r in collected)
+    spark = sum("spark" in r["markers"] for r in collected)
+    assert 80 <= marked < spark // 2, (marked, spark)
 
 
 def _session_header(tmp_path: Path, **env_changes: str) -> tuple[int, str]:
@@ -214,10 +239,12 @@ def _session_header(tmp_path: Path, **env_changes: str) -> tuple[int, str]:
     return child.returncode, child.stdout + child.stderr
 
 
-def test_the_session_has_the_companion_when_asked_and_says_which(tmp_path):
-    """The shared SparkSession uses the Python source alone unless ``PERSISTSHARD_TEST_COMPANION``
-    asks for the JVM companion; the pytest header says which in one line. Asked for without a
-    JDK (a ``JAVA_HOME`` with no javac) the run fails at its start, in CI or not."""
+def test_the_session_has_the_companion_by_default_and_says_which(tmp_path):
+    """The shared SparkSession has the JVM companion whenever a JDK is found, unless
+    ``PERSISTSHARD_TEST_COMPANION=0`` asks for the Python source alone; the pytest header says
+    which in one line. Without a JDK (a ``JAVA_HOME`` with no javac) the default falls back to
+    the Python source, except under ``CI=true``, where the run fails at its start, as it does
+    whenever the companion is asked for."""
     from conftest import COMPANION_ENV
 
     from persistshard.datasource.companion import find_javac
@@ -225,17 +252,24 @@ def test_the_session_has_the_companion_when_asked_and_says_which(tmp_path):
     no_jdk = str(tmp_path / "no-jdk")
     os.mkdir(no_jdk)
     header = "persistshard Spark session: "
+    companion = f"{header}the JVM companion ("
     code, out = _session_header(tmp_path, **{COMPANION_ENV: "0"})
     assert code == 5 and f"{header}the Python source alone ({COMPANION_ENV}=0)" in out, out
-    code, out = _session_header(tmp_path, **{COMPANION_ENV: ""})
-    assert code == 5 and f"{header}the Python source alone ({COMPANION_ENV}=unset)" in out, out
     assert out.count(header) == 1
     if find_javac() is not None:
-        code, out = _session_header(tmp_path, **{COMPANION_ENV: "1"})
-        assert code == 5 and f"{header}the JVM companion (" in out, out
-    for ci in ("true", "false"):
-        code, out = _session_header(tmp_path, **{COMPANION_ENV: "1", "CI": ci, "JAVA_HOME": no_jdk})
-        assert code not in (0, 5) and "no javac was found" in out and header not in out, out
+        for chosen in ("", "1"):
+            code, out = _session_header(tmp_path, **{COMPANION_ENV: chosen})
+            assert code == 5 and companion in out and out.count(header) == 1, out
+    code, out = _session_header(tmp_path, **{COMPANION_ENV: "", "CI": "", "JAVA_HOME": no_jdk})
+    fallback = f"{header}the Python source alone (no javac found; {COMPANION_ENV}=unset)"
+    assert code == 5 and fallback in out, out
+    refused = [({COMPANION_ENV: "", "CI": "true"}, "CI=true")] + [
+        ({COMPANION_ENV: "1", "CI": ci}, f"{COMPANION_ENV}=1") for ci in ("true", "false")
+    ]
+    for env, why in refused:
+        code, out = _session_header(tmp_path, **env, JAVA_HOME=no_jdk)
+        assert code not in (0, 5) and f"{why}: " in out and "no javac was found" in out, out
+        assert header not in out, out
 
 
 def test_every_marker_used_is_declared(collected):
@@ -255,8 +289,8 @@ def test_the_readme_gives_the_fast_command_beside_the_full_one():
     development = readme.split("## Development", 1)[1]
     assert f'-m "{FAST}"' in development
     setup = readme.split("## Two commands", 1)[1].split("\n## ", 1)[0]
-    assert f"{FULL}\n" in setup
-    assert f"{FULL}\n" in development
+    assert f"&& {COMMAND}\n" in setup
+    assert f"\n{COMMAND}\n" in development
     assert ".venv/bin/python -m pytest -p no:cacheprovider\n" in development  # serial
 
 
