@@ -73,7 +73,7 @@ def run_session(script: Path, work: Path, jar_cache: Path) -> dict[str, Any]:
 def has_the_companion(spark: Any) -> bool:
     """Whether ``spark`` resolves the format ``persistshard`` to the companion's provider and
     has its session catalog (a session built with ``configure_spark``, or the run's shared
-    session under ``PERSISTSHARD_TEST_COMPANION``)."""
+    session when it has the companion, conftest's ``PERSISTSHARD_TEST_COMPANION``)."""
     from persistshard.datasource.companion import SESSION_CATALOG, SESSION_CATALOG_KEY
 
     conf = spark._jsparkSession.sessionState().conf()

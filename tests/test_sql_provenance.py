@@ -6,9 +6,9 @@ driven through every statement form that moves rows from one to the other. Each 
 land in ``t`` or be refused; ``u`` never changes. Run in both table orders (``t`` created first,
 and ``u`` created first), so no form passes because of which table Spark saw last.
 
-With the companion's session catalog (``ps.configure_spark``; the suite run with
-``PERSISTSHARD_TEST_COMPANION=1``) every table statement carries the table's own location, so
-the refused forms work instead: each runs, and ``u`` still never changes
+With the companion's session catalog (``ps.configure_spark``; the suite's session by default,
+see ``PERSISTSHARD_TEST_COMPANION`` in conftest) every table statement carries the table's
+own location, so the refused forms work instead: each runs, and ``u`` still never changes
 (tests/test_companion_sql.py checks where their rows land).
 
 These are also the canaries of the Spark behaviour the rule relies on: if an upgrade stops
