@@ -175,3 +175,26 @@ def test_a_read_of_no_columns_streams_the_row_count(tmp_path):
         assert table.schema.names == [bridge.ROWS]
         total += table.num_rows
     assert total == 35
+
+
+@pytest.mark.parametrize(
+    "option, value",
+    [
+        ("consensus", "postgresql://user:hunter2pw@127.0.0.1:1/db"),
+        ("consensus", "postgresql://user@127.0.0.1:1/db?sslpassword=hunter2pw"),
+        ("storage.key", "hunter2pw"),
+    ],
+)
+def test_table_options_refuses_what_would_keep_a_secret_in_the_catalog(tmp_path, option, value):
+    """``table_options``, the session catalog's check before it stores a table: a consensus
+    URL with a password or a storage option is refused as the Python source's CREATE refuses
+    it, the message naming the cause and never the secret; other options pass, and nothing
+    is written at the location."""
+    loc = str(tmp_path / "t")
+    asked = {"kind": "table_options", "options": {"path": loc, option: value}}
+    with pytest.raises(Exception, match=r"InvalidOption: a table's OPTIONS are stored") as e:
+        bridge.answer(asked)
+    assert "hunter2pw" not in bridge.error_text(e.value)
+    fine = {"path": loc, "consensus": f"sqlite:///{tmp_path}/log.db", "columns": "id BIGINT"}
+    assert bridge.answer({"kind": "table_options", "options": fine}) == {}
+    assert not (tmp_path / "t").exists() and not (tmp_path / "log.db").exists()
