@@ -166,12 +166,13 @@ def test_partition_by_is_refused_by_spark_before_the_source_is_asked(spark, tmp_
         assert ps.open_shard(location).inspect.state() == before
 
 
-def test_what_the_catalog_shows_of_a_table(spark, tmp_path):
+def test_what_the_catalog_shows_of_a_table(spark, tmp_path, has_companion_catalog):
     """Canary for the README (What the catalog shows): DESCRIBE TABLE EXTENDED and SHOW
     CREATE TABLE of a Python source's table show neither USING persistshard nor the LOCATION
     (Spark 4.3 builds them from the Python table's properties, which
     PythonDataSourceV2.getTable leaves empty), but SHOW TABLE EXTENDED reads the catalog entry
-    and shows both; DROP TABLE keeps the shard."""
+    and shows both; DROP TABLE keeps the shard. The companion's session catalog hands Spark
+    the catalog's properties, so there DESCRIBE and SHOW CREATE TABLE show both too."""
     location = str(tmp_path / "t")
     spark.sql(
         f"CREATE TABLE ux_t USING persistshard LOCATION '{location}' "
@@ -180,9 +181,14 @@ def test_what_the_catalog_shows_of_a_table(spark, tmp_path):
     try:
         spark.sql("INSERT INTO ux_t VALUES (1, 'a')")
         described = {r[0]: r[1] for r in spark.sql("DESCRIBE TABLE EXTENDED ux_t").collect()}
-        assert "Location" not in described and "Provider" not in described
         ddl = spark.sql("SHOW CREATE TABLE ux_t").collect()[0][0]
-        assert "USING" not in ddl and "LOCATION" not in ddl
+        if has_companion_catalog:
+            assert described["Provider"] == "persistshard", described
+            assert location in described["Location"], described
+            assert "USING persistshard" in ddl and "LOCATION" in ddl and location in ddl, ddl
+        else:
+            assert "Location" not in described and "Provider" not in described
+            assert "USING" not in ddl and "LOCATION" not in ddl
         info = spark.sql("SHOW TABLE EXTENDED LIKE 'ux_t'").collect()[0]["information"]
         assert "Provider: persistshard" in info and "Type: EXTERNAL" in info
         assert f"Location: file:{location}" in info
