@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import sys
 from collections import Counter
-from datetime import date, datetime, timezone
+from datetime import date, datetime, timedelta, timezone
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -78,6 +79,10 @@ MORE: dict[str, dict[str, Read]] = {
     "evolved": {
         "as_of 0": ({"as_of": "0"}, None),
         "one column": ({}, lambda df: df.select("extra")),
+    },
+    "fixed": {
+        "filtered decimals": ({}, lambda df: df.filter("dec < 0 AND i32 IS NOT NULL")),
+        "sums": ({}, lambda df: df.selectExpr("sum(dec)", "sum(big)", "sum(i32)", "max(day)")),
     },
 }
 
@@ -181,6 +186,56 @@ def collect(spark: Any, work: Path) -> dict[str, Any]:
         "persistshard"
     ).option("merge_schema", "true").mode("append").save(evolved)
     shards["evolved"] = evolved
+
+    # Fixed-width columns the reader decodes into Java arrays (ints, dates, bigints, doubles,
+    # decimals of precision <= 18) and one it does not (a decimal of precision 30), with nulls,
+    # negatives, extremes, random values (stored plain: they do not compress) and chunks whose
+    # row counts are not multiples of 8.
+    fixed = str(work / "fixed")
+    n = 2003
+    rng = random.Random(38)
+
+    def maybe(i: int, v: Any) -> Any:
+        return None if i % 7 == 3 else v
+
+    limit = 10**18 - 1
+    table = pa.table(
+        {
+            "i32": pa.array(
+                [maybe(i, rng.randint(-(2**31), 2**31 - 1)) for i in range(n)], pa.int32()
+            ),
+            "day": pa.array(
+                [maybe(i + 1, date(1992, 1, 1) + timedelta(days=i % 2500)) for i in range(n)],
+                pa.date32(),
+            ),
+            "big": pa.array(
+                [maybe(i + 2, rng.randint(-(2**62), 2**62)) for i in range(n)], pa.int64()
+            ),
+            "dbl": pa.array([maybe(i + 3, rng.uniform(-1e9, 1e9)) for i in range(n)], pa.float64()),
+            "dec": pa.array(
+                [
+                    maybe(
+                        i + 4,
+                        Decimal(rng.choice((-limit, limit, rng.randint(-limit, limit)))).scaleb(-3),
+                    )
+                    for i in range(n)
+                ],
+                pa.decimal128(18, 3),
+            ),
+            "small": pa.array(
+                [maybe(i + 5, Decimal(i % 200 - 100).scaleb(-2)) for i in range(n)],
+                pa.decimal128(9, 2),
+            ),
+            "wide": pa.array(
+                [maybe(i + 6, Decimal(-(10**28) + i).scaleb(-4)) for i in range(n)],
+                pa.decimal128(30, 4),
+            ),
+            "_time": pa.array([0] * n, pa.int64()),
+            "_diff": pa.array([1] * n, pa.int64()),
+        }
+    )
+    ps.open_shard(fixed, inline_bytes=0, chunk_bytes=12_000).append(table, new_upper=1)
+    shards["fixed"] = fixed
 
     # Nested columns over many chunks: a struct (with null structs), a list and a map. Every
     # chunk after the first is decoded into the vectors of the chunk before it unless the

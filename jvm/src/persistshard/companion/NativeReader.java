@@ -7,10 +7,9 @@ import java.io.UncheckedIOException;
 import java.nio.file.NoSuchFileException;
 import java.nio.file.Path;
 import java.util.Arrays;
+import java.util.stream.IntStream;
 import org.apache.arrow.memory.BufferAllocator;
 import org.apache.arrow.memory.RootAllocator;
-import org.apache.arrow.vector.DecimalVector;
-import org.apache.arrow.vector.FieldVector;
 import org.apache.arrow.vector.VectorSchemaRoot;
 import org.apache.spark.sql.connector.read.PartitionReader;
 import org.apache.spark.sql.types.StructType;
@@ -18,15 +17,18 @@ import org.apache.spark.sql.vectorized.ArrowColumnVector;
 import org.apache.spark.sql.vectorized.ColumnVector;
 import org.apache.spark.sql.vectorized.ColumnarBatch;
 import persistshard.companion.format.ChunkFilter;
+import persistshard.companion.format.FlatValues;
 import persistshard.companion.format.PartFile;
 import persistshard.companion.format.RangeSource;
 
 /**
  * Reads a {@link NativePartition}: one {@link ColumnarBatch} per chunk, its columns the
- * decoded Arrow vectors of the part ({@link PartFile#readChunk}: every byte checksummed).
+ * decoded columns of the part ({@link PartFile#readChunk}: every byte checksummed): top-level
+ * ints, dates, bigints, doubles and decimals of precision at most 18 straight into Java arrays
+ * ({@link FlatColumn}), every other column into an Arrow vector.
  *
  * <p>Invariants: a batch is valid until the next call of {@link #next} (its vectors are
- * reloaded for the next chunk); {@link #close} frees every buffer. A part file that is gone
+ * reloaded, its arrays refilled, for the next chunk); {@link #close} frees every buffer. A part file that is gone
  * is {@code CorruptData} (the state names it: something deleted it), as in Python.
  */
 final class NativeReader implements PartitionReader<ColumnarBatch> {
@@ -40,6 +42,10 @@ final class NativeReader implements PartitionReader<ColumnarBatch> {
   private RangeSource source;
   private PartFile part;
   private int[] cols;
+  /** Per column of {@code cols}, its array holder, or null: it takes an Arrow vector. */
+  private FlatValues[] flat;
+  /** The columns of {@code cols} that take an Arrow vector, in order. */
+  private int[] arrowCols;
   private int[] chunks = new int[0];
   private int next;
   private VectorSchemaRoot root;
@@ -68,7 +74,7 @@ final class NativeReader implements PartitionReader<ColumnarBatch> {
     // "should have as many children as in the schema"). Spark is done with the previous
     // batch when it asks for the next one.
     newBatch();
-    part.readChunk(chunk, cols, root, allocator);
+    part.readChunk(chunk, cols, flat, root, allocator);
     return true;
   }
 
@@ -77,12 +83,13 @@ final class NativeReader implements PartitionReader<ColumnarBatch> {
     if (root != null) {
       root.close();
     }
-    root = VectorSchemaRoot.create(part.projectedSchema(cols), allocator);
+    root = VectorSchemaRoot.create(part.projectedSchema(arrowCols), allocator);
     ColumnVector[] vectors = new ColumnVector[cols.length];
+    int a = 0;
     for (int i = 0; i < cols.length; i++) {
-      FieldVector v = root.getVector(i);
-      vectors[i] = LongDecimalColumn.serves(v)
-          ? new LongDecimalColumn((DecimalVector) v) : new ArrowColumnVector(v);
+      vectors[i] = flat[i] != null
+          ? new FlatColumn(part.schema.getFields().get(cols[i]), flat[i])
+          : new ArrowColumnVector(root.getVector(a++));
     }
     batch = new ColumnarBatch(vectors);
   }
@@ -97,6 +104,9 @@ final class NativeReader implements PartitionReader<ColumnarBatch> {
     source = s.inline != null ? bytes(s.inline) : file(s);
     part = PartFile.open(s.key, source);
     cols = part.columns(partition.columns);
+    flat = part.flatColumns(cols);
+    arrowCols = IntStream.range(0, cols.length).filter(k -> flat[k] == null)
+        .map(k -> cols[k]).toArray();
     int[] wanted = s.chunks;
     if (wanted == null) {
       wanted = new int[part.chunks.size()];

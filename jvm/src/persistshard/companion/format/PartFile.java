@@ -380,27 +380,62 @@ public final class PartFile {
    */
   public void readChunk(int chunk, int[] cols, VectorSchemaRoot root, BufferAllocator allocator)
       throws IOException {
+    readChunk(chunk, cols, new FlatValues[cols.length], root, allocator);
+  }
+
+  /**
+   * The holders of columns {@code cols} that decode without an Arrow vector ({@link
+   * FlatValues#of}; null for the others), for {@link #readChunk(int, int[], FlatValues[],
+   * VectorSchemaRoot, BufferAllocator)}.
+   */
+  public FlatValues[] flatColumns(int[] cols) {
+    FlatValues[] out = new FlatValues[cols.length];
+    for (int k = 0; k < cols.length; k++) {
+      Layout layout = layouts.get(cols[k]);
+      out[k] = layout.kind == Layout.FIXED ? FlatValues.of(layout.field) : null;
+    }
+    return out;
+  }
+
+  /**
+   * As {@link #readChunk(int, int[], VectorSchemaRoot, BufferAllocator)}, except that column
+   * {@code cols[k]} is decoded into {@code flat[k]} where that is not null ({@link
+   * #flatColumns}), and {@code root}'s schema is the projected schema of the other columns, in
+   * their order. The same checks, before anything is decoded; on failure the holders may hold
+   * some of the chunk's values (a reader that failed does not hand them out).
+   */
+  public void readChunk(int chunk, int[] cols, FlatValues[] flat, VectorSchemaRoot root,
+      BufferAllocator allocator) throws IOException {
     Chunk info = chunks.get(chunk);
     byte[][] stored = fetch(chunk, cols);
+    for (int k = 0; k < cols.length; k++) {
+      Segment seg = info.segments.get(cols[k]);
+      CRC32C crc = new CRC32C();
+      crc.update(stored[k]);
+      if (crc.getValue() != seg.crc32c) {
+        throw new CorruptData("checksum mismatch in column '" + layouts.get(cols[k]).field.getName() + "'", name, chunk);
+      }
+    }
     List<ArrowFieldNode> nodes = new ArrayList<>();
     List<ArrowBuf> buffers = new ArrayList<>();
     try {
       for (int k = 0; k < cols.length; k++) {
         Segment seg = info.segments.get(cols[k]);
         byte[] bytes = stored[k];
-        CRC32C crc = new CRC32C();
-        crc.update(bytes);
-        if (crc.getValue() != seg.crc32c) {
-          throw new CorruptData("checksum mismatch in column '" + layouts.get(cols[k]).field.getName() + "'", name, chunk);
-        }
         Layout layout = layouts.get(cols[k]);
         try {
+          byte[] payload = bytes;
+          int at = (int) (seg.length - seg.rawLength);
           if (seg.plain) {
-            int pad = (int) (seg.length - seg.rawLength);
-            Payload.decode(bytes, pad, (int) seg.rawLength, layout.unshuffled(), info.numRows, allocator, nodes, buffers);
+            layout = layout.unshuffled();
           } else {
-            byte[] payload = decompress(bytes, seg.rawLength);
-            Payload.decode(payload, 0, payload.length, layout, info.numRows, allocator, nodes, buffers);
+            payload = decompress(bytes, seg.rawLength);
+            at = 0;
+          }
+          if (flat[k] != null) {
+            Payload.decodeFlat(payload, at, (int) seg.rawLength, layout, info.numRows, flat[k]);
+          } else {
+            Payload.decode(payload, at, (int) seg.rawLength, layout, info.numRows, allocator, nodes, buffers);
           }
         } catch (Payload.SegmentError e) {
           throw new CorruptData("column '" + layout.field.getName() + "': " + e.getMessage(), name, chunk, e);
@@ -420,17 +455,29 @@ public final class PartFile {
 
   private static final ThreadLocal<ZstdDecompressCtx> ZSTD = ThreadLocal.withInitial(ZstdDecompressCtx::new);
 
+  /**
+   * Per thread, the array payloads are decompressed into, reused: a payload is only read
+   * while its segment is decoded (the decoders copy what they keep), and a thread decodes
+   * one segment at a time.
+   */
+  private static final ThreadLocal<byte[][]> SCRATCH = ThreadLocal.withInitial(() -> new byte[1][0]);
+
+  /** The payload of a zstd frame, in {@code [0, rawLength)} of a per-thread array. */
   private static byte[] decompress(byte[] frame, long rawLength) throws Payload.SegmentError {
     if (rawLength > Integer.MAX_VALUE - 8) {
       throw new Payload.SegmentError("payload of " + rawLength + " bytes is too large for the JVM reader");
     }
-    byte[] out = new byte[(int) rawLength];
+    byte[][] scratch = SCRATCH.get();
+    if (scratch[0].length < rawLength) {
+      scratch[0] = new byte[(int) rawLength];
+    }
+    byte[] out = scratch[0];
     if (rawLength == 0 && frame.length == 0) {
       return out;
     }
     int got;
     try {
-      got = ZSTD.get().decompressByteArray(out, 0, out.length, frame, 0, frame.length);
+      got = ZSTD.get().decompressByteArray(out, 0, (int) rawLength, frame, 0, frame.length);
     } catch (ZstdException e) {
       throw new Payload.SegmentError("zstd frame does not decompress: " + e.getMessage());
     }

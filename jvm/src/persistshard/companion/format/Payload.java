@@ -68,7 +68,41 @@ final class Payload {
     }
     Payload p = new Payload(data, start, length, words, allocator, nodes, buffers);
     p.node(layout, numRows);
-    if (p.word != words || p.pos != p.end) {
+    p.finish();
+  }
+
+  /**
+   * Decodes the top-level fixed-width column of {@code numRows} rows stored in {@code
+   * data[start, start + length)} into {@code out} (its kind is {@link FlatValues#of} of
+   * {@code layout}'s field), with the same checks as {@link #decode}.
+   */
+  static void decodeFlat(byte[] data, int start, int length, Layout layout, long numRows,
+      FlatValues out) throws SegmentError {
+    int words = layout.tableWords;
+    if (length < 8L * words) {
+      throw new SegmentError("payload of " + length + " bytes is shorter than its node table");
+    }
+    Payload p = new Payload(data, start, length, words, null, null, null);
+    long[] counts = p.counts(layout, numRows);
+    long n = counts[0];
+    long nulls = counts[1];
+    long[] sizes = p.slotSizes(layout, n, nulls);
+    int validityAt = p.take(sizes[0]);
+    int w = layout.width;
+    if (sizes[1] != n * w) {
+      throw new SegmentError(sizes[1] + " bytes of values for " + n + " rows of width " + w);
+    }
+    int at = p.take(sizes[1]);
+    p.finish();
+    out.reset((int) n, (int) nulls);
+    if (nulls > 0) {
+      System.arraycopy(data, validityAt, out.validity, 0, (int) sizes[0]);
+    }
+    flatValues(data, at, (int) n, w, layout.shuffle, out);
+  }
+
+  private void finish() throws SegmentError {
+    if (word != words || pos != end) {
       throw new SegmentError("payload has trailing bytes");
     }
   }
@@ -106,7 +140,8 @@ final class Payload {
     return buf;
   }
 
-  private void node(Layout layout, long expected) throws SegmentError {
+  /** A node's row count (which must be {@code expected}) and null count. */
+  private long[] counts(Layout layout, long expected) throws SegmentError {
     long n = next();
     long nulls = next();
     if (n != expected) {
@@ -115,13 +150,11 @@ final class Payload {
     if (nulls > n) {
       throw new SegmentError(nulls + " nulls in " + n + " rows");
     }
-    if (layout.kind == Layout.NULL) {
-      if (nulls != n) {
-        throw new SegmentError("null column with non-null values");
-      }
-      nodes.add(new ArrowFieldNode(n, n));
-      return;
-    }
+    return new long[] {n, nulls};
+  }
+
+  /** The byte lengths of a node's buffer slots; the validity's checked against the counts. */
+  private long[] slotSizes(Layout layout, long n, long nulls) throws SegmentError {
     long[] sizes = new long[layout.slots()];
     for (int i = 0; i < sizes.length; i++) {
       sizes[i] = next();
@@ -130,6 +163,22 @@ final class Payload {
     if (sizes[0] != (nulls > 0 ? bitmapBytes : 0)) {
       throw new SegmentError("validity of " + sizes[0] + " bytes for " + n + " rows with " + nulls + " nulls");
     }
+    return sizes;
+  }
+
+  private void node(Layout layout, long expected) throws SegmentError {
+    long[] counts = counts(layout, expected);
+    long n = counts[0];
+    long nulls = counts[1];
+    if (layout.kind == Layout.NULL) {
+      if (nulls != n) {
+        throw new SegmentError("null column with non-null values");
+      }
+      nodes.add(new ArrowFieldNode(n, n));
+      return;
+    }
+    long[] sizes = slotSizes(layout, n, nulls);
+    long bitmapBytes = (n + 7) / 8;
     nodes.add(new ArrowFieldNode(n, nulls));
     int validityAt = take(sizes[0]);
     if (nulls > 0) {
@@ -230,64 +279,25 @@ final class Payload {
    * i's byte j at {@code i * stride + j}; bytes {@code [w, stride)} of each value untouched.
    *
    * <p>Eight planes at a time (four, then one, for what is left of {@code w}), eight values
-   * at a time: one 8-byte load per plane, an 8 x 8 byte transpose in registers, one store per
-   * value. The last {@code n % 8} values go byte by byte.
+   * at a time ({@link #transpose}), one store per value. The last {@code n % 8} values go byte
+   * by byte.
    */
   static void unshuffle(byte[] src, int at, int n, int w, byte[] dst, int stride) {
     int whole = n & ~7;
+    long[] x = new long[8];
     int j = 0;
     for (; j + 4 <= w; j += j + 8 <= w ? 8 : 4) {
       boolean eight = j + 8 <= w;
       int p = at + j * n;
       for (int i = 0; i < whole; i += 8) {
-        long x0 = (long) LONGS.get(src, p + i);
-        long x1 = (long) LONGS.get(src, p + n + i);
-        long x2 = (long) LONGS.get(src, p + 2 * n + i);
-        long x3 = (long) LONGS.get(src, p + 3 * n + i);
-        long x4 = 0;
-        long x5 = 0;
-        long x6 = 0;
-        long x7 = 0;
-        if (eight) {
-          x4 = (long) LONGS.get(src, p + 4 * n + i);
-          x5 = (long) LONGS.get(src, p + 5 * n + i);
-          x6 = (long) LONGS.get(src, p + 6 * n + i);
-          x7 = (long) LONGS.get(src, p + 7 * n + i);
-        }
-        // Row k holds byte k of values i..i+7; swap blocks of 4, 2, then 1 byte so that row
-        // m holds the bytes of value i + m.
-        long t;
-        t = ((x0 >>> 32) ^ x4) & 0xFFFFFFFFL; x0 ^= t << 32; x4 ^= t;
-        t = ((x1 >>> 32) ^ x5) & 0xFFFFFFFFL; x1 ^= t << 32; x5 ^= t;
-        t = ((x2 >>> 32) ^ x6) & 0xFFFFFFFFL; x2 ^= t << 32; x6 ^= t;
-        t = ((x3 >>> 32) ^ x7) & 0xFFFFFFFFL; x3 ^= t << 32; x7 ^= t;
-        t = ((x0 >>> 16) ^ x2) & 0x0000FFFF0000FFFFL; x0 ^= t << 16; x2 ^= t;
-        t = ((x1 >>> 16) ^ x3) & 0x0000FFFF0000FFFFL; x1 ^= t << 16; x3 ^= t;
-        t = ((x4 >>> 16) ^ x6) & 0x0000FFFF0000FFFFL; x4 ^= t << 16; x6 ^= t;
-        t = ((x5 >>> 16) ^ x7) & 0x0000FFFF0000FFFFL; x5 ^= t << 16; x7 ^= t;
-        t = ((x0 >>> 8) ^ x1) & 0x00FF00FF00FF00FFL; x0 ^= t << 8; x1 ^= t;
-        t = ((x2 >>> 8) ^ x3) & 0x00FF00FF00FF00FFL; x2 ^= t << 8; x3 ^= t;
-        t = ((x4 >>> 8) ^ x5) & 0x00FF00FF00FF00FFL; x4 ^= t << 8; x5 ^= t;
-        t = ((x6 >>> 8) ^ x7) & 0x00FF00FF00FF00FFL; x6 ^= t << 8; x7 ^= t;
+        transpose(src, p, n, i, eight, x, 0);
         int o = i * stride + j;
-        if (eight) {
-          LONGS.set(dst, o, x0);
-          LONGS.set(dst, o + stride, x1);
-          LONGS.set(dst, o + 2 * stride, x2);
-          LONGS.set(dst, o + 3 * stride, x3);
-          LONGS.set(dst, o + 4 * stride, x4);
-          LONGS.set(dst, o + 5 * stride, x5);
-          LONGS.set(dst, o + 6 * stride, x6);
-          LONGS.set(dst, o + 7 * stride, x7);
-        } else {
-          INTS.set(dst, o, (int) x0);
-          INTS.set(dst, o + stride, (int) x1);
-          INTS.set(dst, o + 2 * stride, (int) x2);
-          INTS.set(dst, o + 3 * stride, (int) x3);
-          INTS.set(dst, o + 4 * stride, (int) x4);
-          INTS.set(dst, o + 5 * stride, (int) x5);
-          INTS.set(dst, o + 6 * stride, (int) x6);
-          INTS.set(dst, o + 7 * stride, (int) x7);
+        for (int m = 0; m < 8; m++) {
+          if (eight) {
+            LONGS.set(dst, o + m * stride, x[m]);
+          } else {
+            INTS.set(dst, o + m * stride, (int) x[m]);
+          }
         }
       }
       for (int k = 0; k < (eight ? 8 : 4); k++) {
@@ -300,6 +310,115 @@ final class Payload {
       int p = at + j * n;
       for (int i = 0; i < n; i++) {
         dst[i * stride + j] = src[p + i];
+      }
+    }
+  }
+
+  /**
+   * Values {@code i .. i + 7} of the byte planes starting at {@code src[p]} ({@code n} bytes
+   * apart): eight planes ({@code eight}) or four (the upper four bytes then 0), as
+   * little-endian words into {@code out[o .. o + 7]}. One 8-byte load per plane and an 8 x 8
+   * byte transpose in registers.
+   */
+  private static void transpose(byte[] src, int p, int n, int i, boolean eight, long[] out, int o) {
+    long x0 = (long) LONGS.get(src, p + i);
+    long x1 = (long) LONGS.get(src, p + n + i);
+    long x2 = (long) LONGS.get(src, p + 2 * n + i);
+    long x3 = (long) LONGS.get(src, p + 3 * n + i);
+    long x4 = 0;
+    long x5 = 0;
+    long x6 = 0;
+    long x7 = 0;
+    if (eight) {
+      x4 = (long) LONGS.get(src, p + 4 * n + i);
+      x5 = (long) LONGS.get(src, p + 5 * n + i);
+      x6 = (long) LONGS.get(src, p + 6 * n + i);
+      x7 = (long) LONGS.get(src, p + 7 * n + i);
+    }
+    // Row k holds byte k of values i..i+7; swap blocks of 4, 2, then 1 byte so that row
+    // m holds the bytes of value i + m.
+    long t;
+    t = ((x0 >>> 32) ^ x4) & 0xFFFFFFFFL; x0 ^= t << 32; x4 ^= t;
+    t = ((x1 >>> 32) ^ x5) & 0xFFFFFFFFL; x1 ^= t << 32; x5 ^= t;
+    t = ((x2 >>> 32) ^ x6) & 0xFFFFFFFFL; x2 ^= t << 32; x6 ^= t;
+    t = ((x3 >>> 32) ^ x7) & 0xFFFFFFFFL; x3 ^= t << 32; x7 ^= t;
+    t = ((x0 >>> 16) ^ x2) & 0x0000FFFF0000FFFFL; x0 ^= t << 16; x2 ^= t;
+    t = ((x1 >>> 16) ^ x3) & 0x0000FFFF0000FFFFL; x1 ^= t << 16; x3 ^= t;
+    t = ((x4 >>> 16) ^ x6) & 0x0000FFFF0000FFFFL; x4 ^= t << 16; x6 ^= t;
+    t = ((x5 >>> 16) ^ x7) & 0x0000FFFF0000FFFFL; x5 ^= t << 16; x7 ^= t;
+    t = ((x0 >>> 8) ^ x1) & 0x00FF00FF00FF00FFL; x0 ^= t << 8; x1 ^= t;
+    t = ((x2 >>> 8) ^ x3) & 0x00FF00FF00FF00FFL; x2 ^= t << 8; x3 ^= t;
+    t = ((x4 >>> 8) ^ x5) & 0x00FF00FF00FF00FFL; x4 ^= t << 8; x5 ^= t;
+    t = ((x6 >>> 8) ^ x7) & 0x00FF00FF00FF00FFL; x6 ^= t << 8; x7 ^= t;
+    out[o] = x0;
+    out[o + 1] = x1;
+    out[o + 2] = x2;
+    out[o + 3] = x3;
+    out[o + 4] = x4;
+    out[o + 5] = x5;
+    out[o + 6] = x6;
+    out[o + 7] = x7;
+  }
+
+  /**
+   * The {@code n} values of {@code w} bytes at {@code src[at, at + n * w)}, byte planes when
+   * {@code shuffled} (else value i at {@code at + i * w}), into {@code out}'s array: the low
+   * {@code min(w, 8)} bytes of each value, two's complement, sign-extended to the array's
+   * width (the stored bytes above the eighth are a decimal's sign extension at the precisions
+   * {@link FlatValues} takes, and are not read).
+   */
+  static void flatValues(byte[] src, int at, int n, int w, boolean shuffled, FlatValues out) {
+    int planes = Math.min(w, 8);
+    if (planes != 4 && planes != 8) {
+      throw new IllegalStateException("no flat decoding for values of " + w + " bytes");
+    }
+    boolean eight = planes == 8;
+    boolean ints = out.kind == FlatValues.INT;
+    if (ints && eight) {
+      throw new IllegalStateException("no flat int decoding for values of " + w + " bytes");
+    }
+    long[] longs = out.longs;
+    int[] intOut = out.ints;
+    if (!shuffled) {
+      for (int i = 0; i < n; i++) {
+        int o = at + i * w;
+        if (eight) {
+          longs[i] = (long) LONGS.get(src, o);
+        } else if (ints) {
+          intOut[i] = (int) INTS.get(src, o);
+        } else {
+          longs[i] = (int) INTS.get(src, o);
+        }
+      }
+      return;
+    }
+    int whole = n & ~7;
+    if (eight) {
+      for (int i = 0; i < whole; i += 8) {
+        transpose(src, at, n, i, true, longs, i);
+      }
+    } else {
+      long[] x = new long[8];
+      for (int i = 0; i < whole; i += 8) {
+        transpose(src, at, n, i, false, x, 0);
+        for (int m = 0; m < 8; m++) {
+          if (ints) {
+            intOut[i + m] = (int) x[m];
+          } else {
+            longs[i + m] = (int) x[m];
+          }
+        }
+      }
+    }
+    for (int i = whole; i < n; i++) {
+      long v = 0;
+      for (int j = planes - 1; j >= 0; j--) {
+        v = (v << 8) | (src[at + j * n + i] & 0xFF);
+      }
+      if (ints) {
+        intOut[i] = (int) v;
+      } else {
+        longs[i] = eight ? v : (int) v;
       }
     }
   }
