@@ -373,6 +373,7 @@ WITHOUT_COMPANION: tuple[str, ...] = (
     "test_where.py::test_where_in_sql_statements_and_views",
     "test_ux_spark.py::test_hold_false_with_a_reader_id_is_refused",
     "test_ux_spark.py::test_what_the_catalog_shows_of_a_table",
+    "test_jvm_companion.py::test_the_format_resolves_to_the_sessions_provider",
 )
 
 

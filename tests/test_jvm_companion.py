@@ -707,7 +707,12 @@ def test_the_service_file_names_a_provider_class_that_exists():
 
 
 @pytest.mark.spark
-def test_without_the_companion_the_format_is_sparks_python_provider(spark):
+def test_the_format_resolves_to_the_sessions_provider(spark):
+    """``persistshard`` is the companion's provider in a session with its jar, and Spark's
+    provider of Python data sources in one without (the README's second pass runs this)."""
+    from conftest import WITH_COMPANION
+
     conf = spark._jsparkSession.sessionState().conf()
     lookup = spark._jvm.org.apache.spark.sql.execution.datasources.DataSource
-    assert lookup.lookupDataSource("persistshard", conf).getName() == PYTHON_PROVIDER
+    wanted = COMPANION_PROVIDER if WITH_COMPANION else PYTHON_PROVIDER
+    assert lookup.lookupDataSource("persistshard", conf).getName() == wanted
