@@ -512,13 +512,60 @@ def _print_store(location: str, store: dict[str, Any]) -> None:
         print(f"  {label:<26} {value}")
 
 
+def _run_suite(pytest_args: list[str], collector: Any, target: Any, quiet: bool) -> int:
+    """pytest's exit code for the conformance suite, its own output swallowed when ``quiet``
+    (the JSON summary is then all the command prints)."""
+    import io
+
+    import pytest
+
+    if not quiet:
+        return int(pytest.main(pytest_args, plugins=[collector, target]))
+    with contextlib.redirect_stdout(io.StringIO()):
+        return int(pytest.main(pytest_args, plugins=[collector, target]))
+
+
+#: Where Hypothesis looks for its home directory when none was set in the process.
+HYPOTHESIS_HOME_VARIABLE = "HYPOTHESIS_STORAGE_DIRECTORY"
+
+
+@contextlib.contextmanager
+def _hypothesis_home_aside() -> Iterator[None]:
+    """Hypothesis's home directory (its example database and caches; by default
+    ``.hypothesis`` in the working directory) is a fresh temporary directory while the block
+    runs and is removed after it: a conformance run leaves nothing where the user started it,
+    and a process that had set a home (a test run calling `main`) has the same one afterwards.
+    Hypothesis is not imported here when it was not yet (pytest would then warn that it could
+    not rewrite the plugin's asserts); the variable it reads on first use covers that case."""
+    import shutil
+    import tempfile
+
+    home = tempfile.mkdtemp(prefix="persistshard-conformance-hypothesis-")
+    variable = os.environ.get(HYPOTHESIS_HOME_VARIABLE)
+    loaded = sys.modules.get("hypothesis.configuration")
+    previous = None
+    if loaded is not None:
+        previous = loaded.storage_directory(intent_to_write=False).home_directory
+        loaded.set_hypothesis_home_dir(home)
+    os.environ[HYPOTHESIS_HOME_VARIABLE] = home
+    try:
+        yield
+    finally:
+        if variable is None:
+            os.environ.pop(HYPOTHESIS_HOME_VARIABLE, None)
+        else:
+            os.environ[HYPOTHESIS_HOME_VARIABLE] = variable
+        loaded = sys.modules.get("hypothesis.configuration")
+        if loaded is not None:
+            # None (Hypothesis was first imported in the block): resolved again on next use.
+            loaded.set_hypothesis_home_dir(previous)
+        shutil.rmtree(home, ignore_errors=True)
+
+
 def cmd_conformance(args: argparse.Namespace, options: dict[str, Any]) -> int:
     """Run the storage and shard-semantics conformance suite at an empty location (exit 1 if
     a test fails): does this storage keep persistshard's contract?"""
-    import contextlib
     import importlib.util
-    import io
-    import os
 
     # Found, not imported: pytest loads hypothesis as a plugin and rewrites its asserts, which
     # it cannot do for a module imported before pytest.main (PytestAssertRewriteWarning).
@@ -529,8 +576,6 @@ def cmd_conformance(args: argparse.Namespace, options: dict[str, Any]) -> int:
             file=sys.stderr,
         )
         return 2
-    import pytest
-
     from persistshard.conformance import cleanup
     from persistshard.conformance.storage import probe_atomic_create
     from persistshard.conformance.target import ConformanceTarget
@@ -552,9 +597,9 @@ def cmd_conformance(args: argparse.Namespace, options: dict[str, Any]) -> int:
     try:
         probe = f"{cleanup.scratch_name(run)}/"
         probe_atomic_create(open_blob(args.location, **options), prefix=probe)
+        with _hypothesis_home_aside():
+            code = _run_suite(pytest_args, collector, target, args.json)
         if args.json:
-            with contextlib.redirect_stdout(io.StringIO()):
-                code = int(pytest.main(pytest_args, plugins=[collector, target]))
             failed = [o for o in collector.outcomes if o["outcome"] == "failed"]
             summary = {
                 "location": args.location,
@@ -566,7 +611,6 @@ def cmd_conformance(args: argparse.Namespace, options: dict[str, Any]) -> int:
             }
             print(json.dumps(summary, indent=2))
         else:
-            code = int(pytest.main(pytest_args, plugins=[collector, target]))
             _print_store(args.location, collector.store)
         if code == 5:  # pytest: nothing ran
             print(f"persistshard conformance: no check matches {args.select!r}", file=sys.stderr)

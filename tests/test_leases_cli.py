@@ -14,15 +14,28 @@ from persistshard.cli import main as cli
 
 
 def test_conformance_cleans_up_after_itself(tmp_path, capsys):
+    """Only what was there before is left at the location, and nothing in Hypothesis's home
+    directory (by default ``.hypothesis`` where the user ran the command: its example database
+    and caches), which is the same afterwards."""
+    from hypothesis import configuration
+
     place = tmp_path / "place"
     (place / "conformance-someone-else").mkdir(parents=True)
     (place / "notes.txt").write_text("mine")
-    code = cli(["conformance", str(place), "--json"])
+    before = configuration.storage_directory(intent_to_write=False).home_directory
+    home = tmp_path / "where-the-user-ran-it" / ".hypothesis"
+    configuration.set_hypothesis_home_dir(home)
+    try:
+        code = cli(["conformance", str(place), "--json"])
+        assert configuration.storage_directory(intent_to_write=False).home_directory == home
+    finally:
+        configuration.set_hypothesis_home_dir(before)
     summary = json.loads(capsys.readouterr().out)
     assert code == 0 and summary["ok"], summary
     assert summary["passed"] >= 15
     # Only what was there before: the suite's sub-locations (30 or so) are gone.
     assert sorted(os.listdir(place)) == ["conformance-someone-else", "notes.txt"]
+    assert not home.exists(), sorted(str(p) for p in home.rglob("*"))
 
 
 def test_conformance_refuses_to_run_inside_a_shard(tmp_path, capsys):
