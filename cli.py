@@ -512,7 +512,7 @@ def _print_store(location: str, store: dict[str, Any]) -> None:
         print(f"  {label:<26} {value}")
 
 
-def _run_suite(pytest_args: list[str], collector: Any, target: Any, quiet: bool) -> int:
+def _run_suite(pytest_args: list[str], plugins: list[Any], quiet: bool) -> int:
     """pytest's exit code for the conformance suite, its own output swallowed when ``quiet``
     (the JSON summary is then all the command prints)."""
     import io
@@ -520,52 +520,41 @@ def _run_suite(pytest_args: list[str], collector: Any, target: Any, quiet: bool)
     import pytest
 
     if not quiet:
-        return int(pytest.main(pytest_args, plugins=[collector, target]))
+        return int(pytest.main(pytest_args, plugins=plugins))
     with contextlib.redirect_stdout(io.StringIO()):
-        return int(pytest.main(pytest_args, plugins=[collector, target]))
+        return int(pytest.main(pytest_args, plugins=plugins))
 
 
-#: Where Hypothesis looks for its home directory when none was set in the process.
-HYPOTHESIS_HOME_VARIABLE = "HYPOTHESIS_STORAGE_DIRECTORY"
+class _HypothesisHome:
+    """A pytest plugin of the conformance run: while the suite runs, Hypothesis's home
+    directory (its example database and caches; by default ``.hypothesis`` in the working
+    directory) is ``home``, a temporary directory the command removes after the run, so a
+    run leaves nothing where the user started it; the process's home before the run is its
+    home again after it (a test run calling `main` keeps its own). Hypothesis is imported
+    here only once pytest has loaded it as a plugin (importing it earlier, pytest would warn
+    that it cannot rewrite its asserts), and nothing goes through the environment."""
 
+    def __init__(self, home: str) -> None:
+        self.home = home
+        self.previous: Any = None
 
-@contextlib.contextmanager
-def _hypothesis_home_aside() -> Iterator[None]:
-    """Hypothesis's home directory (its example database and caches; by default
-    ``.hypothesis`` in the working directory) is a fresh temporary directory while the block
-    runs and is removed after it: a conformance run leaves nothing where the user started it,
-    and a process that had set a home (a test run calling `main`) has the same one afterwards.
-    Hypothesis is not imported here when it was not yet (pytest would then warn that it could
-    not rewrite the plugin's asserts); the variable it reads on first use covers that case."""
-    import shutil
-    import tempfile
+    def pytest_configure(self, config: Any) -> None:
+        from hypothesis import configuration
 
-    home = tempfile.mkdtemp(prefix="persistshard-conformance-hypothesis-")
-    variable = os.environ.get(HYPOTHESIS_HOME_VARIABLE)
-    loaded = sys.modules.get("hypothesis.configuration")
-    previous = None
-    if loaded is not None:
-        previous = loaded.storage_directory(intent_to_write=False).home_directory
-        loaded.set_hypothesis_home_dir(home)
-    os.environ[HYPOTHESIS_HOME_VARIABLE] = home
-    try:
-        yield
-    finally:
-        if variable is None:
-            os.environ.pop(HYPOTHESIS_HOME_VARIABLE, None)
-        else:
-            os.environ[HYPOTHESIS_HOME_VARIABLE] = variable
-        loaded = sys.modules.get("hypothesis.configuration")
-        if loaded is not None:
-            # None (Hypothesis was first imported in the block): resolved again on next use.
-            loaded.set_hypothesis_home_dir(previous)
-        shutil.rmtree(home, ignore_errors=True)
+        self.previous = configuration.storage_directory(intent_to_write=False).home_directory
+        configuration.set_hypothesis_home_dir(self.home)
+
+    def pytest_unconfigure(self, config: Any) -> None:
+        from hypothesis import configuration
+
+        configuration.set_hypothesis_home_dir(self.previous)
 
 
 def cmd_conformance(args: argparse.Namespace, options: dict[str, Any]) -> int:
     """Run the storage and shard-semantics conformance suite at an empty location (exit 1 if
     a test fails): does this storage keep persistshard's contract?"""
     import importlib.util
+    import tempfile
 
     # Found, not imported: pytest loads hypothesis as a plugin and rewrites its asserts, which
     # it cannot do for a module imported before pytest.main (PytestAssertRewriteWarning).
@@ -597,8 +586,9 @@ def cmd_conformance(args: argparse.Namespace, options: dict[str, Any]) -> int:
     try:
         probe = f"{cleanup.scratch_name(run)}/"
         probe_atomic_create(open_blob(args.location, **options), prefix=probe)
-        with _hypothesis_home_aside():
-            code = _run_suite(pytest_args, collector, target, args.json)
+        with tempfile.TemporaryDirectory(prefix="persistshard-conformance-") as home:
+            plugins = [collector, target, _HypothesisHome(home)]
+            code = _run_suite(pytest_args, plugins, args.json)
         if args.json:
             failed = [o for o in collector.outcomes if o["outcome"] == "failed"]
             summary = {
