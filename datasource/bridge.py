@@ -1,5 +1,5 @@
 """The JVM companion's way into the Python source: ``python -m persistshard.datasource.bridge
-plan|read``, a JSON request on stdin (docs/design.md, "JVM companion").
+plan|serve|reads|write``, JSON requests on stdin (docs/design.md, "JVM companion").
 
 The companion's columnar scans (``jvm/src/persistshard/companion``) keep one implementation
 of the state machine and of read planning, this one:
@@ -22,18 +22,28 @@ of the state machine and of read planning, this one:
   table, that its OPTIONS hold no secret) or names
   one of `persistshard.datasource.rowlevel`'s driver steps of a row-level operation
   (``delta_begin``, ``delta_commit``, ``delta_abort``).
-- ``read``: the request holds the options, ``required`` and one ``python`` partition; the
-  answer is an Arrow IPC stream on stdout of exactly what the Python source's read of that
-  partition yields (`PersistShardReader.read`: consolidation, time rewriting, repetition);
-  a read of no columns (``count(*)``) streams one column of nulls, `ROWS`, for the counts.
+- ``reads``: partitions read one after another by one long-lived process (the JVM keeps a
+  pool of them per executor, so a partition read by Python starts no interpreter). A
+  request holds the options, ``required`` and one ``python`` partition, framed on stdin as
+  a 4-byte big-endian length and that many bytes of JSON (a zero length or the end of stdin
+  ends the process). Its answer on stdout is a sequence of frames, each a tag byte and a
+  4-byte big-endian length (`FRAME`): ``D`` frames carry, concatenated, an Arrow IPC stream
+  of exactly what the Python source's read of that partition yields (`read`:
+  `PersistShardReader.read`'s consolidation, time rewriting, repetition; a read of no
+  columns, ``count(*)``, streams one column of nulls, `ROWS`, for the counts); then one
+  ``E`` frame (empty: the read ended well) or ``X`` frame (JSON string: the error's text),
+  after which the process takes the next request.
 - ``write``: one task of a row-level operation (`persistshard.datasource.rowlevel.write`): a
   JSON line naming the pickled writer, then an Arrow IPC stream of rows with their diffs; the
   answer is the task's pickled commit message.
 
-Invariants: an error ends the process with status 1 after one line ``PERSISTSHARD-ERROR
-<json string>`` on stderr, the error's text (which starts with its class name), so the JVM
-raises it with the same class name as the Python source would show; nothing else is written
-to stdout on failure than what a consumer of a partial answer must discard anyway. Option
+Invariants: an error of ``plan`` or ``write`` ends the process with status 1 after one line
+``PERSISTSHARD-ERROR <json string>`` on stderr, the error's text (which starts with its class
+name), so the JVM raises it with the same class name as the Python source would show;
+nothing else is written to stdout on failure than what a consumer of a partial answer must
+discard anyway. An error of one ``reads`` request is its ``X`` frame, with the same text,
+and the process goes on; a request's answer always ends with exactly one ``E`` or ``X``
+frame, so a reader that consumed it may send the next request. Option
 checks and errors are the Python source's, for the relation's whole schema (pruning changes
 no error). Logging goes to stderr.
 """
@@ -44,6 +54,7 @@ import base64
 import json
 import logging
 import pickle
+import struct
 import sys
 from typing import Any, BinaryIO, TextIO
 
@@ -173,7 +184,7 @@ def answer(request: dict[str, Any]) -> dict[str, Any]:
     return rowlevel.driver_step(kind, request)
 
 
-def read(request: dict[str, Any], sink: BinaryIO) -> None:
+def read(request: dict[str, Any], sink: BinaryIO | FramedAnswer) -> None:
     """``read``: the Python source's rows of one partition as an Arrow IPC stream on
     ``sink``, in the Arrow schema of ``required`` (module docstring)."""
     options: dict[str, str] = dict(request["options"])
@@ -191,6 +202,80 @@ def read(request: dict[str, Any], sink: BinaryIO) -> None:
                     table = pa.table({ROWS: pa.nulls(table.num_rows)})
                 for batch in table.to_batches(max_chunksize=BATCH_ROWS):
                     stream.write_batch(batch)
+
+
+#: A ``reads`` answer frame's header: its tag (`DATA`, `END`, `FAILED`), its payload's length.
+FRAME = struct.Struct(">cI")
+DATA, END, FAILED = b"D", b"E", b"X"
+#: A ``reads`` request's header: the JSON's length.
+REQUEST = struct.Struct(">I")
+
+
+class FramedAnswer:
+    """The stdout of one ``reads`` answer, as the file Arrow's stream writer writes: its bytes
+    go out as `DATA` frames of up to `FRAME_BYTES` (small writes buffered together). `end`
+    and `fail` write the answer's last frame and flush."""
+
+    FRAME_BYTES = 1 << 20
+
+    def __init__(self, out: BinaryIO) -> None:
+        self._out = out
+        self._pending = bytearray()
+        self.closed = False
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        self._pending += data
+        if len(self._pending) >= self.FRAME_BYTES:
+            self._send_pending()
+        return len(data)
+
+    def flush(self) -> None:
+        """Arrow's writer may flush; frames go out by size and at the end."""
+
+    def close(self) -> None:
+        """Arrow's writer may close its file; the answer ends with `end` or `fail`."""
+
+    def _send_pending(self) -> None:
+        if self._pending:
+            self._out.write(FRAME.pack(DATA, len(self._pending)))
+            self._out.write(self._pending)
+            self._pending = bytearray()
+
+    def end(self) -> None:
+        self._send_pending()
+        self._out.write(FRAME.pack(END, 0))
+        self._out.flush()
+
+    def fail(self, text: str) -> None:
+        """The request failed: what was written of its stream is dropped by the reader."""
+        payload = json.dumps(text).encode()
+        self._pending = bytearray()
+        self._out.write(FRAME.pack(FAILED, len(payload)))
+        self._out.write(payload)
+        self._out.flush()
+
+
+def serve_reads(source: BinaryIO, sink: BinaryIO) -> None:
+    """``reads``: one partition read per framed request of ``source``, each answered on
+    ``sink`` as `FramedAnswer` frames, until ``source`` ends or a request of length 0."""
+    while True:
+        header = source.read(REQUEST.size)
+        if len(header) < REQUEST.size:
+            return
+        (length,) = REQUEST.unpack(header)
+        if length == 0:
+            return
+        body = source.read(length)
+        if len(body) < length:
+            return  # the JVM went away mid-request: nobody reads an answer
+        answer_ = FramedAnswer(sink)
+        try:
+            read(json.loads(body), answer_)
+        except Exception as e:
+            log.debug("bridge read failed", exc_info=True)
+            answer_.fail(error_text(e))
+        else:
+            answer_.end()
 
 
 def error_text(e: Exception) -> str:
@@ -222,10 +307,13 @@ def main(argv: list[str] | None = None) -> int:
     if args == ["serve"]:
         serve(sys.stdin, sys.stdout)
         return 0
+    if args == ["reads"]:
+        serve_reads(sys.stdin.buffer, sys.stdout.buffer)
+        return 0
     try:
-        if args not in (["plan"], ["read"], ["write"]):
+        if args not in (["plan"], ["write"]):
             raise ValueError(
-                f"usage: python -m {__name__} plan|read|write|serve (JSON requests on stdin)"
+                f"usage: python -m {__name__} plan|serve|reads|write (JSON requests on stdin)"
             )
         if args == ["write"]:
             from persistshard.datasource import rowlevel
@@ -234,12 +322,8 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.flush()
             return 0
         request = json.loads(sys.stdin.buffer.read())
-        if args == ["plan"]:
-            sys.stdout.write(json.dumps(plan(request)))
-            sys.stdout.flush()
-        else:
-            read(request, sys.stdout.buffer)
-            sys.stdout.buffer.flush()
+        sys.stdout.write(json.dumps(plan(request)))
+        sys.stdout.flush()
     except Exception as e:
         log.debug("bridge %s failed", args, exc_info=True)
         sys.stderr.write(ERROR_PREFIX + json.dumps(error_text(e)) + "\n")

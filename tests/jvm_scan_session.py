@@ -333,7 +333,58 @@ def collect(spark: Any, work: Path) -> dict[str, Any]:
         .collect()
     )
     shutil.rmtree(work / "checkpoint", ignore_errors=True)
+    result["workers"] = python_reads_and_their_workers(spark, retractions, work)
     return result
+
+
+def bridge_readers(spark: Any) -> list[int]:
+    """The process ids of the ``bridge reads`` workers the session's JVM runs (its children:
+    in local mode the executors are the driver's JVM)."""
+    bean = spark._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
+    jvm = int(bean.getPid())
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue  # ended meanwhile
+        if parent == jvm and b"persistshard.datasource.bridge" in argv and b"reads" in argv:
+            found.append(int(entry))
+    return sorted(found)
+
+
+def python_reads_and_their_workers(spark: Any, retractions: str, work: Path) -> dict[str, Any]:
+    """Partitions the Python source reads for the companion (a shard with retractions), read
+    again and again: which ``bridge reads`` workers served them, around a read that failed in
+    Python (a negative count) and one abandoned early (``LIMIT 1`` of a large partition)."""
+    import persistshard as ps
+
+    def snapshot() -> list[list[Any]]:
+        return rows_of(spark.read.format("persistshard").load(retractions))
+
+    out: dict[str, Any] = {"rows": snapshot(), "after_first": bridge_readers(spark)}
+    out["again"] = snapshot()
+    out["after_again"] = bridge_readers(spark)
+
+    negative = str(work / "negative")
+    ps.open_shard(negative).append(pa.table({"id": [1], "_time": [0], "_diff": [-1]}), new_upper=1)
+    out["failed"] = outcome(lambda: spark.read.format("persistshard").load(negative))
+    out["after_failed"] = bridge_readers(spark)
+
+    big = str(work / "big")
+    n = 200_000
+    ps.open_shard(big, inline_bytes=0).append(
+        pa.table({"id": list(range(n)), "_time": [0] * n, "_diff": [2] * n}), new_upper=1
+    )
+    out["limited"] = len(spark.read.format("persistshard").load(big).limit(1).collect())
+    out["after_limited"] = snapshot()
+    out["workers_at_end"] = bridge_readers(spark)
+    return out
 
 
 def main() -> None:

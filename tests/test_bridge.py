@@ -198,3 +198,66 @@ def test_table_options_refuses_what_would_keep_a_secret_in_the_catalog(tmp_path,
     fine = {"path": loc, "consensus": f"sqlite:///{tmp_path}/log.db", "columns": "id BIGINT"}
     assert bridge.answer({"kind": "table_options", "options": fine}) == {}
     assert not (tmp_path / "t").exists() and not (tmp_path / "log.db").exists()
+
+
+def frames_of(data: bytes) -> list[tuple[bytes, bytes]]:
+    """A ``reads`` answer's frames: (tag, payload) pairs."""
+    out, at = [], 0
+    while at < len(data):
+        tag, length = bridge.FRAME.unpack_from(data, at)
+        at += bridge.FRAME.size
+        out.append((tag, data[at : at + length]))
+        at += length
+    return out
+
+
+def test_one_reads_worker_answers_request_after_request(tmp_path):
+    """``bridge reads`` (the JVM's pooled workers): each framed request gets its Arrow stream
+    in ``D`` frames and one ``E``; a request that fails gets one ``X`` frame with the error
+    named as the Python source names it, and the worker goes on to the next; a zero length
+    ends it."""
+    path = str(tmp_path / "shard")
+    shard = ps.open_shard(path, inline_bytes=0)
+    shard.append(rows(20, diff=2), new_upper=1)
+    shard.append(rows(5, time=1, diff=-1), new_upper=2)
+    negative = str(tmp_path / "negative")
+    ps.open_shard(negative).append(rows(1, diff=-1), new_upper=1)
+    schema = StructType([ID, V])
+    good = request(path, schema, StructType([V]))
+    (partition,) = [p["python"] for p in bridge.plan(good)["partitions"]]
+    bad = request(negative, schema)
+    (bad_partition,) = [p["python"] for p in bridge.plan(bad)["partitions"]]
+    stdin = b""
+    for body in ({**good, "partition": partition}, {**bad, "partition": bad_partition}):
+        data = json.dumps(body).encode()
+        stdin += bridge.REQUEST.pack(len(data)) + data
+    stdin *= 2  # both again: the worker goes on after a failure
+    stdin += bridge.REQUEST.pack(0) + b"never read"
+    sink = io.BytesIO()
+    bridge.serve_reads(io.BytesIO(stdin), sink)
+    frames = frames_of(sink.getvalue())
+    answers: list[list[tuple[bytes, bytes]]] = [[]]
+    for tag, payload in frames:
+        answers[-1].append((tag, payload))
+        if tag in (bridge.END, bridge.FAILED):
+            answers.append([])
+    assert answers.pop() == []
+    assert len(answers) == 4
+    want = sorted([f"v{i}" for i in range(5)] + [f"v{i}" for i in range(5, 20)] * 2)
+    for good_answer in (answers[0], answers[2]):
+        *data, last = good_answer
+        assert last == (bridge.END, b"") and all(tag == bridge.DATA for tag, _ in data)
+        table = ipc.open_stream(b"".join(payload for _, payload in data)).read_all()
+        assert sorted(table.column("v").to_pylist()) == want
+    for bad_answer in (answers[1], answers[3]):
+        tag, payload = bad_answer[-1]
+        assert tag == bridge.FAILED
+        assert json.loads(payload).startswith("NegativeDiff: "), payload
+
+
+def test_a_reads_worker_ends_with_its_input(tmp_path):
+    """The JVM's end (its pipe closed, even mid-request) ends the worker quietly."""
+    for stdin in (b"", bridge.REQUEST.pack(100) + b"{", b"\x00\x00"):
+        sink = io.BytesIO()
+        bridge.serve_reads(io.BytesIO(stdin), sink)
+        assert sink.getvalue() == b""

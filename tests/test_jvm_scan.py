@@ -97,3 +97,20 @@ def test_the_optimizer_sees_the_stored_bytes_scaled_to_the_scans_columns(session
     sizes = session["optimizer_bytes"]
     assert sizes["all"] == sizes["stored"], sizes
     assert 0 < sizes["id"] < sizes["all"] / 4, sizes
+
+
+def test_partitions_read_by_python_reuse_the_jvms_workers(session):
+    """A partition the Python source reads for the companion is served by a long-lived
+    ``bridge reads`` worker from the JVM's pool: reading again starts no interpreter, a read
+    that failed in Python (its error named as the Python source names it) gives its worker
+    back, and a read abandoned early (``LIMIT 1``) ends its worker, after which reads still
+    answer exactly."""
+    w = session["workers"]
+    want = session["cases"]["retractions: snapshot"]["python"]["rows"]
+    assert w["rows"] == want and w["again"] == want and w["after_limited"] == want
+    assert w["after_first"], "no bridge reads worker served the partitions read by Python"
+    assert w["after_again"] == w["after_first"], "the second read started interpreters"
+    assert w["failed"]["error"].startswith("NegativeDiff: "), w["failed"]
+    assert w["after_failed"] == w["after_first"], "the failed read's worker was not kept"
+    assert w["limited"] == 1
+    assert w["workers_at_end"], w

@@ -13,16 +13,15 @@ import org.apache.spark.SparkEnv;
 
 /**
  * One run of persistshard's JVM bridge in Python ({@code python -m
- * persistshard.datasource.bridge COMMAND}): the request written to its stdin, its answer
- * read from its stdout, its stderr kept for the error.
+ * persistshard.datasource.bridge COMMAND}): its caller writes the request to {@link #stdin}
+ * and closes it, then reads the answer from {@link #stdout}; its stderr is kept for the
+ * error.
  *
- * <p>Invariants: stdin is written and stderr drained by threads of their own, so neither
- * pipe can fill up and stall the other; {@link #finish} waits for the process and turns a
- * failure into {@link PythonFailure} carrying the error line the bridge wrote ({@code
- * PERSISTSHARD-ERROR <json string>}: the Python error's text, its class name first), or the
- * end of stderr when the bridge wrote none; {@link #close} kills a process still running. A
- * process made without a request ({@link #PythonProcess(String, String)}) is fed by its
- * caller through {@link #stdin}, which the caller closes before {@link #finish}.
+ * <p>Invariants: stderr is drained by a thread of its own, so it cannot fill up and stall
+ * the process; {@link #finish} waits for the process and turns a failure into {@link
+ * PythonFailure} carrying the error line the bridge wrote ({@code PERSISTSHARD-ERROR <json
+ * string>}: the Python error's text, its class name first), or the end of stderr when the
+ * bridge wrote none; {@link #close} kills a process still running.
  */
 final class PythonProcess implements AutoCloseable {
   static final String MODULE = "persistshard.datasource.bridge";
@@ -30,29 +29,12 @@ final class PythonProcess implements AutoCloseable {
   private static final ObjectMapper JSON = new ObjectMapper();
 
   private final Process process;
-  private final Thread writer;
   private final Thread drainer;
   private final ByteArrayOutputStream stderr = new ByteArrayOutputStream();
-  private volatile IOException writeError;
-
-  PythonProcess(String python, String command, byte[] request) {
-    process = start(python, command);
-    writer = new Thread(() -> {
-      try (OutputStream in = process.getOutputStream()) {
-        in.write(request);
-      } catch (IOException e) {
-        writeError = e; // the process ended early: its stderr says why
-      }
-    }, "persistshard-bridge-stdin");
-    writer.setDaemon(true);
-    writer.start();
-    drainer = drain();
-  }
 
   /** A process whose stdin its caller writes ({@link #stdin}) and closes. */
   PythonProcess(String python, String command) {
     process = start(python, command);
-    writer = null;
     drainer = drain();
   }
 
@@ -80,7 +62,7 @@ final class PythonProcess implements AutoCloseable {
     return t;
   }
 
-  /** The process's stdin (only for a process made without a request). */
+  /** The process's stdin: the request. */
   OutputStream stdin() {
     return process.getOutputStream();
   }
@@ -95,9 +77,6 @@ final class PythonProcess implements AutoCloseable {
     int code;
     try {
       code = process.waitFor();
-      if (writer != null) {
-        writer.join();
-      }
       drainer.join();
     } catch (InterruptedException e) {
       Thread.currentThread().interrupt();
@@ -106,10 +85,6 @@ final class PythonProcess implements AutoCloseable {
     }
     if (code != 0) {
       throw new PythonFailure(errorText(code));
-    }
-    if (writeError != null) {
-      throw new PythonFailure("the persistshard companion could not send its request to Python: "
-          + writeError.getMessage(), writeError);
     }
   }
 

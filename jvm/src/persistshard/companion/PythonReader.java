@@ -16,16 +16,19 @@ import org.apache.spark.sql.vectorized.ColumnVector;
 import org.apache.spark.sql.vectorized.ColumnarBatch;
 
 /**
- * Reads a {@link PythonPartition}: the Python source reads it ({@code bridge read}: exactly
- * its own partition read, consolidation and all) and streams Arrow record batches in Spark's
- * read schema, which this hands on as {@link ColumnarBatch}es.
+ * Reads a {@link PythonPartition}: the Python source reads it (a {@link ReadWorker}, {@code
+ * bridge reads}: exactly its own partition read, consolidation and all) and streams Arrow
+ * record batches in Spark's read schema, which this hands on as {@link ColumnarBatch}es.
  *
  * <p>Invariants: a batch is valid until the next {@link #next}; the end of the stream is the
- * end of the partition only when the process also ended well (else {@link PythonFailure}
- * with Python's error text); {@link #close} ends the process if it still runs.
+ * end of the partition only when the answer also ended well (else {@link PythonFailure}
+ * with Python's error text); {@link #close} returns the worker to its pool when its answer
+ * was read to the end, and ends it otherwise.
  */
 final class PythonReader implements PartitionReader<ColumnarBatch> {
-  private final PythonProcess process;
+  private final String python;
+  private final ReadWorker worker;
+  private final ReadWorker.Answer answer;
   private final BufferAllocator allocator = new RootAllocator(Long.MAX_VALUE);
   private ArrowStreamReader reader;
   private VectorSchemaRoot own;
@@ -35,25 +38,21 @@ final class PythonReader implements PartitionReader<ColumnarBatch> {
 
   PythonReader(String python, PythonPartition partition, int columns) {
     this.columns = columns;
-    this.process = new PythonProcess(python, "read",
-        partition.request.getBytes(StandardCharsets.UTF_8));
+    this.python = python;
+    this.worker = ReadWorker.borrow(python);
+    this.answer = worker.request(partition.request.getBytes(StandardCharsets.UTF_8));
   }
 
   @Override
   public boolean next() throws IOException {
-    try {
-      if (reader == null) {
-        reader = new ArrowStreamReader(process.stdout(), allocator);
-      }
-      if (reader.loadNextBatch()) {
-        ownBatch(reader.getVectorSchemaRoot());
-        return true;
-      }
-    } catch (IOException e) {
-      process.finish(); // a failed read explains itself first
-      throw e;
+    if (reader == null) {
+      reader = new ArrowStreamReader(answer, allocator);
     }
-    process.finish();
+    if (reader.loadNextBatch()) {
+      ownBatch(reader.getVectorSchemaRoot());
+      return true;
+    }
+    answer.finish(); // the answer's last frame: an error after the stream's end is raised
     return false;
   }
 
@@ -98,7 +97,11 @@ final class PythonReader implements PartitionReader<ColumnarBatch> {
         reader.close();
       }
     } finally {
-      process.close();
+      if (answer.complete()) {
+        worker.release(python);
+      } else {
+        worker.end();
+      }
       allocator.close();
     }
   }
