@@ -239,12 +239,14 @@ def _session_header(tmp_path: Path, **env_changes: str) -> tuple[int, str]:
     return child.returncode, child.stdout + child.stderr
 
 
-def test_the_session_has_the_companion_by_default_and_says_which(tmp_path):
+def test_the_session_has_the_companion_by_default_and_says_which(tmp_path, monkeypatch):
     """The shared SparkSession has the JVM companion whenever a JDK is found, unless
     ``PERSISTSHARD_TEST_COMPANION=0`` asks for the Python source alone; the pytest header says
     which in one line. Without a JDK (a ``JAVA_HOME`` with no javac) the default falls back to
     the Python source, except under ``CI=true``, where the run fails at its start, as it does
-    whenever the companion is asked for."""
+    whenever the companion is asked for. Each choice is conftest's `_companion_session` under
+    that environment; two child pytest runs check the header and the failed start."""
+    import conftest
     from conftest import COMPANION_ENV
 
     from persistshard.datasource.companion import find_javac
@@ -252,24 +254,34 @@ def test_the_session_has_the_companion_by_default_and_says_which(tmp_path):
     no_jdk = str(tmp_path / "no-jdk")
     os.mkdir(no_jdk)
     header = "persistshard Spark session: "
-    companion = f"{header}the JVM companion ("
     code, out = _session_header(tmp_path, **{COMPANION_ENV: "0"})
     assert code == 5 and f"{header}the Python source alone ({COMPANION_ENV}=0)" in out, out
     assert out.count(header) == 1
+
+    def choice(**env: str) -> tuple[bool, str]:
+        with monkeypatch.context() as m:
+            m.setenv("PYSPARK_SUBMIT_ARGS", "as before")
+            for name, value in env.items():
+                m.setenv(name, value)
+            made = conftest._companion_session()
+            submit = os.environ["PYSPARK_SUBMIT_ARGS"]
+        assert (submit != "as before") == made[0], submit  # the jar goes to the session
+        return made
+
     if find_javac() is not None:
         for chosen in ("", "1"):
-            code, out = _session_header(tmp_path, **{COMPANION_ENV: chosen})
-            assert code == 5 and companion in out and out.count(header) == 1, out
-    code, out = _session_header(tmp_path, **{COMPANION_ENV: "", "CI": "", "JAVA_HOME": no_jdk})
-    fallback = f"{header}the Python source alone (no javac found; {COMPANION_ENV}=unset)"
-    assert code == 5 and fallback in out, out
+            assert choice(**{COMPANION_ENV: chosen})[1].startswith("the JVM companion (")
+    fallback = f"the Python source alone (no javac found; {COMPANION_ENV}=unset)"
+    assert choice(**{COMPANION_ENV: "", "CI": "", "JAVA_HOME": no_jdk}) == (False, fallback)
     refused = [({COMPANION_ENV: "", "CI": "true"}, "CI=true")] + [
         ({COMPANION_ENV: "1", "CI": ci}, f"{COMPANION_ENV}=1") for ci in ("true", "false")
     ]
     for env, why in refused:
-        code, out = _session_header(tmp_path, **env, JAVA_HOME=no_jdk)
-        assert code not in (0, 5) and f"{why}: " in out and "no javac was found" in out, out
-        assert header not in out, out
+        with pytest.raises(RuntimeError, match=f"{why}: .*no javac was found"):
+            choice(**env, JAVA_HOME=no_jdk)
+    code, out = _session_header(tmp_path, **refused[0][0], JAVA_HOME=no_jdk)
+    assert code not in (0, 5) and "CI=true: " in out and "no javac was found" in out, out
+    assert header not in out, out
 
 
 def test_every_marker_used_is_declared(collected):
