@@ -13,6 +13,7 @@ their short names (``t``, ``u``, ...).
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import time
@@ -41,8 +42,9 @@ def error_text(e: BaseException) -> str:
 
 #: The tables `_replacing` creates (or tries to): ``r``, replaced by every form in turn; the
 #: others, created by a CTAS form (or a CREATE OR REPLACE of no table) that fails, then
-#: succeeds; ``rn``, a CREATE OR REPLACE without a location.
-REPLACE_TABLES = ("r", "k_sql", "k_write_to", "k_or_replace", "k_save", "rn")
+#: succeeds; ``rn``, a CREATE OR REPLACE without a location; ``k_other``, a CTAS of another
+#: provider (the Python source under another name), which the catalog does not stage.
+REPLACE_TABLES = ("r", "k_sql", "k_write_to", "k_or_replace", "k_save", "rn", "k_other")
 #: Shard history kinds that change a shard's contents (the rest is maintenance and holds).
 DATA_KINDS = frozenset({"append", "overwrite", "upsert", "stream append", "seal"})
 
@@ -311,27 +313,32 @@ def _replacing(
 
     # Every replacing form, failing then succeeding, on r: each success is rows(k).
     using = f"USING persistshard LOCATION '{loc('r')}'"
-    forms: list[tuple[str, Callable[[str], Callable[[], Any]]]] = [
-        ("replace_sql", lambda q: sql(f"REPLACE TABLE {r} {using} AS {q}")),
-        ("create_or_replace_sql", lambda q: sql(f"CREATE OR REPLACE TABLE {r} {using} AS {q}")),
-        (
-            "write_to_replace",
-            lambda q: lambda: spark.sql(q).writeTo(r).using("persistshard").replace(),
-        ),
-        (
-            "write_to_create_or_replace",
-            lambda q: lambda: spark.sql(q).writeTo(r).using("persistshard").createOrReplace(),
-        ),
-        (
-            "save_as_table_overwrite",
-            lambda q: lambda: (
-                spark.sql(q).write.format("persistshard").mode("overwrite").saveAsTable(r)
-            ),
-        ),
-    ]
-    for k, (name, form) in enumerate(forms, start=1):
-        step(f"{name}_failing", "r", form(failing))
-        step(f"{name}", "r", form(rows(10 * k)))
+
+    def replace_sql(q: str) -> None:
+        spark.sql(f"REPLACE TABLE {r} {using} AS {q}").collect()
+
+    def create_or_replace_sql(q: str) -> None:
+        spark.sql(f"CREATE OR REPLACE TABLE {r} {using} AS {q}").collect()
+
+    def write_to_replace(q: str) -> None:
+        spark.sql(q).writeTo(r).using("persistshard").replace()
+
+    def write_to_create_or_replace(q: str) -> None:
+        spark.sql(q).writeTo(r).using("persistshard").createOrReplace()
+
+    def save_as_table_overwrite(q: str) -> None:
+        spark.sql(q).write.format("persistshard").mode("overwrite").saveAsTable(r)
+
+    forms = (
+        replace_sql,
+        create_or_replace_sql,
+        write_to_replace,
+        write_to_create_or_replace,
+        save_as_table_overwrite,
+    )
+    for k, form in enumerate(forms, start=1):
+        step(f"{form.__name__}_failing", "r", functools.partial(form, failing))
+        step(form.__name__, "r", functools.partial(form, rows(10 * k)))
 
     # A schema the shard cannot take (a column dropped): refused, nothing changes.
     step("replace_dropping_a_column", "r", sql(f"REPLACE TABLE {r} {using} AS SELECT id FROM {u}"))
@@ -349,39 +356,39 @@ def _replacing(
     def located(short: str) -> str:
         return f"USING persistshard LOCATION '{loc(short)}'"
 
-    creating: list[tuple[str, Callable[[str], Callable[[], Any]]]] = [
-        ("k_sql", lambda q: sql(f"CREATE TABLE {n['k_sql']} {located('k_sql')} AS {q}")),
-        (
-            "k_write_to",
-            lambda q: lambda: (
-                spark.sql(q)
-                .writeTo(n["k_write_to"])
-                .using("persistshard")
-                .tableProperty("location", loc("k_write_to"))
-                .create()
-            ),
-        ),
-        (
-            "k_or_replace",
-            lambda q: sql(
-                f"CREATE OR REPLACE TABLE {n['k_or_replace']} {located('k_or_replace')} AS {q}"
-            ),
-        ),
-        (
-            "k_save",
-            lambda q: lambda: (
-                spark.sql(q)
-                .write.format("persistshard")
-                .option("path", loc("k_save"))
-                .mode("overwrite")
-                .saveAsTable(n["k_save"])
-            ),
-        ),
-    ]
-    for short, form in creating:
-        step(f"{short}_failing", short, form(failing))
-        step(short, short, form(rows(0)))
+    def k_sql(q: str) -> None:
+        spark.sql(f"CREATE TABLE {n['k_sql']} {located('k_sql')} AS {q}").collect()
+
+    def k_write_to(q: str) -> None:
+        writer = spark.sql(q).writeTo(n["k_write_to"]).using("persistshard")
+        writer.tableProperty("location", loc("k_write_to")).create()
+
+    def k_or_replace(q: str) -> None:
+        table = n["k_or_replace"]
+        spark.sql(f"CREATE OR REPLACE TABLE {table} {located('k_or_replace')} AS {q}").collect()
+
+    def k_save(q: str) -> None:
+        writer = spark.sql(q).write.format("persistshard").option("path", loc("k_save"))
+        writer.mode("overwrite").saveAsTable(n["k_save"])
+
+    for create in (k_sql, k_write_to, k_or_replace, k_save):
+        short = create.__name__
+        step(f"{short}_failing", short, functools.partial(create, failing))
+        step(short, short, functools.partial(create, rows(0)))
     step("rn", "rn", sql(f"CREATE OR REPLACE TABLE {n['rn']} USING persistshard AS {rows(0)}"))
+
+    # Another provider: Spark's own CTAS (create, write, drop if the write fails). The Python
+    # source alone gets no location from a CTAS, so its write fails: no table is left.
+    from persistshard.datasource.source import PersistShardDataSource
+
+    class Unstaged(PersistShardDataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "persistshard_unstaged"
+
+    spark.dataSource.register(Unstaged)
+    other = f"CREATE TABLE {n['k_other']} USING persistshard_unstaged AS {rows(0)}"
+    step("k_other", "k_other", sql(other))
     return out
 
 

@@ -189,7 +189,9 @@ def test_a_replace_that_adds_a_column_adds_it_to_the_shard(session):
     assert step["after"]["shard"] == [["(5, 'fig', 'new')", 1], ["(6, 'kiwi', 'new')", 1]]
     assert [c[0] for c in step["after"]["table"]["columns"]] == ["id", "item", "note"]
     assert new_data_commits(step) == ["overwrite"], step["after"]["history"]
-    assert step["previous"] == step["before"]["reads"], "VERSION AS OF the previous time"
+    # The previous time's rows, with the table's columns now: the new one reads as null.
+    previous = [[row[:-1] + ", None)", n] for row, n in step["before"]["reads"]]
+    assert step["previous"] == previous, "VERSION AS OF the previous time"
 
 
 def test_a_replace_with_a_secret_in_its_options_is_refused(session):
@@ -222,4 +224,13 @@ def test_a_create_or_replace_without_a_location_is_refused(session):
     step = session["rn"]
     error = step.get("error", "")
     assert error.startswith("InvalidOption: no shard location"), error
+    assert step["after"] == {"shard": None, "table": None}
+
+
+def test_a_ctas_of_another_provider_is_sparks_own(session):
+    """The catalog stages only persistshard tables: another provider's CTAS creates the table,
+    writes, and drops it when the write fails (here the Python source's, which gets no
+    location from a CTAS)."""
+    step = session["k_other"]
+    assert "InvalidOption: " in step.get("error", ""), step.get("error")
     assert step["after"] == {"shard": None, "table": None}
