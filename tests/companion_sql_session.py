@@ -290,6 +290,9 @@ def _replacing(
             run()
         except Exception as e:
             result["error"] = error_text(e)
+            java = getattr(e, "java_exception", None)  # a Py4J error: the JVM's own, too
+            if java is not None:
+                result["java_error"] = str(java).splitlines()[0]
         result["after"] = state(short)
         if before.get("upper"):
             previous = before["upper"] - 1
@@ -377,8 +380,8 @@ def _replacing(
         step(short, short, functools.partial(create, rows(0)))
     step("rn", "rn", sql(f"CREATE OR REPLACE TABLE {n['rn']} USING persistshard AS {rows(0)}"))
 
-    # Another provider: Spark's own CTAS (create, write, drop if the write fails). The Python
-    # source alone gets no location from a CTAS, so its write fails: no table is left.
+    # Another provider: Spark's own CTAS (create, write, drop if the write fails). Spark
+    # cannot write the Python source's table by a CTAS: no table is left.
     from persistshard.datasource.source import PersistShardDataSource
 
     class Unstaged(PersistShardDataSource):

@@ -21,6 +21,7 @@ import org.apache.spark.sql.connector.catalog.StagedTable;
 import org.apache.spark.sql.connector.catalog.StagingTableCatalog;
 import org.apache.spark.sql.connector.catalog.Table;
 import org.apache.spark.sql.connector.catalog.TableCatalog;
+import org.apache.spark.sql.connector.catalog.TableWritePrivilege;
 import org.apache.spark.sql.connector.expressions.Transform;
 import org.apache.spark.sql.types.StructType;
 import org.apache.spark.sql.util.CaseInsensitiveStringMap;
@@ -250,8 +251,7 @@ public class CompanionCatalog extends DelegatingCatalogExtension
       Map<String, String> properties)
       throws TableAlreadyExistsException, NoSuchNamespaceException {
     if (!ours(properties)) {
-      return Unstaged.created(this, ident, super.createTable(ident, columns, partitions,
-          properties));
+      return unstagedCreate(ident, columns, partitions, properties);
     }
     if (tableExists(ident)) {
       throw new TableAlreadyExistsException(ident);
@@ -324,12 +324,27 @@ public class CompanionCatalog extends DelegatingCatalogExtension
       Transform[] partitions, Map<String, String> properties) throws NoSuchNamespaceException {
     super.dropTable(ident);
     try {
-      return Unstaged.created(this, ident, super.createTable(ident, columns, partitions,
-          properties));
+      return unstagedCreate(ident, columns, partitions, properties);
     } catch (TableAlreadyExistsException e) {
       throw new IllegalStateException("table " + qualified(ident) + " was created by another "
           + "statement while this one replaced it", e);
     }
+  }
+
+  /** Spark's own CTAS for a table of another provider: created now, dropped on abort. */
+  private StagedTable unstagedCreate(Identifier ident, Column[] columns,
+      Transform[] partitions, Map<String, String> properties)
+      throws TableAlreadyExistsException, NoSuchNamespaceException {
+    Table created = super.createTable(ident, columns, partitions, properties);
+    if (created == null) { // the built-in catalog may return none: the stored table, then
+      try {
+        created = loadTable(ident, Set.of(TableWritePrivilege.INSERT));
+      } catch (NoSuchTableException e) {
+        throw new IllegalStateException("table " + qualified(ident) + " vanished while "
+            + "created", e);
+      }
+    }
+    return Unstaged.created(this, ident, created);
   }
 
   /** The built-in catalog's CREATE: a staged table's entry, stored at its commit. */
