@@ -290,9 +290,7 @@ def _replacing(
             run()
         except Exception as e:
             result["error"] = error_text(e)
-            java = getattr(e, "java_exception", None)  # a Py4J error: the JVM's own, too
-            if java is not None:
-                result["java_error"] = str(java).splitlines()[0]
+            result["error_class"] = type(e).__name__
         result["after"] = state(short)
         if before.get("upper"):
             previous = before["upper"] - 1
