@@ -1,16 +1,12 @@
 package persistshard.companion;
 
 import java.util.Map;
-import java.util.Set;
 import org.apache.spark.sql.catalyst.analysis.NoSuchNamespaceException;
 import org.apache.spark.sql.catalyst.analysis.NoSuchTableException;
 import org.apache.spark.sql.catalyst.analysis.TableAlreadyExistsException;
 import org.apache.spark.sql.connector.catalog.Column;
 import org.apache.spark.sql.connector.catalog.Identifier;
-import org.apache.spark.sql.connector.catalog.StagedTable;
-import org.apache.spark.sql.connector.catalog.SupportsWrite;
 import org.apache.spark.sql.connector.catalog.Table;
-import org.apache.spark.sql.connector.catalog.TableCapability;
 import org.apache.spark.sql.connector.expressions.Transform;
 import org.apache.spark.sql.connector.metric.CustomMetric;
 import org.apache.spark.sql.connector.metric.CustomTaskMetric;
@@ -23,7 +19,6 @@ import org.apache.spark.sql.connector.write.Write;
 import org.apache.spark.sql.connector.write.WriteBuilder;
 import org.apache.spark.sql.connector.write.WriteSummary;
 import org.apache.spark.sql.connector.write.WriterCommitMessage;
-import org.apache.spark.sql.types.StructType;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
@@ -53,7 +48,7 @@ import org.slf4j.LoggerFactory;
  * dropped): the shard then holds the new contents, the old entry is stored again if it can
  * be, and the error says so.
  */
-final class StagedCompanionTable implements StagedTable, SupportsWrite {
+final class StagedCompanionTable extends ForwardingStagedTable {
   private static final Logger LOG = LoggerFactory.getLogger(StagedCompanionTable.class);
 
   /** Which statement staged the table. */
@@ -65,13 +60,14 @@ final class StagedCompanionTable implements StagedTable, SupportsWrite {
   private final Column[] columns;
   private final Transform[] partitions;
   private final Map<String, String> stored;
-  /** The new table as writes see it: its location, OPTIONS and columns. */
+  /** The new table as writes see it (also {@link #table}): location, OPTIONS, columns. */
   private final CompanionTable target;
   /** The write Spark ran into this table, its commit held back; null before it ran. */
   private HeldCommit held;
 
   StagedCompanionTable(CompanionCatalog catalog, Identifier ident, Kind kind, Column[] columns,
       Transform[] partitions, Map<String, String> stored, CompanionTable target) {
+    super(target);
     this.catalog = catalog;
     this.ident = ident;
     this.kind = kind;
@@ -79,32 +75,6 @@ final class StagedCompanionTable implements StagedTable, SupportsWrite {
     this.partitions = partitions.clone();
     this.stored = Map.copyOf(stored);
     this.target = target;
-  }
-
-  @Override
-  public String name() {
-    return target.name();
-  }
-
-  @Override
-  @SuppressWarnings("deprecation") // Table.schema(): the write's columns are the table's
-  public StructType schema() {
-    return target.schema();
-  }
-
-  @Override
-  public Column[] columns() {
-    return columns.clone();
-  }
-
-  @Override
-  public Map<String, String> properties() {
-    return stored;
-  }
-
-  @Override
-  public Set<TableCapability> capabilities() {
-    return target.capabilities();
   }
 
   @Override
@@ -189,8 +159,8 @@ final class StagedCompanionTable implements StagedTable, SupportsWrite {
       Write write = python.build();
       return new Write() {
         @Override
-        public String description() {
-          return write.description();
+        public CustomMetric[] supportedCustomMetrics() {
+          return write.supportedCustomMetrics();
         }
 
         @Override
@@ -201,13 +171,14 @@ final class StagedCompanionTable implements StagedTable, SupportsWrite {
         }
 
         @Override
-        public CustomMetric[] supportedCustomMetrics() {
-          return write.supportedCustomMetrics();
-        }
-
-        @Override
         public CustomTaskMetric[] reportDriverMetrics() {
           return write.reportDriverMetrics();
+        }
+
+        // What Spark shows of the write (its plan, the UI): the Python write's, held.
+        @Override
+        public String description() {
+          return "held commit of " + write.description();
         }
       };
     }

@@ -1,68 +1,30 @@
 package persistshard.companion;
 
-import java.util.Map;
-import java.util.Set;
-import org.apache.spark.sql.connector.catalog.Column;
 import org.apache.spark.sql.connector.catalog.Identifier;
 import org.apache.spark.sql.connector.catalog.StagedTable;
 import org.apache.spark.sql.connector.catalog.SupportsWrite;
 import org.apache.spark.sql.connector.catalog.Table;
-import org.apache.spark.sql.connector.catalog.TableCapability;
-import org.apache.spark.sql.connector.expressions.Transform;
 import org.apache.spark.sql.connector.write.LogicalWriteInfo;
 import org.apache.spark.sql.connector.write.WriteBuilder;
-import org.apache.spark.sql.types.StructType;
 
 /**
  * A table of another provider that {@link CompanionCatalog} "stages" as Spark does for a
  * catalog that stages nothing: the table is already created (and, for a replace, the old one
  * dropped); committing changes nothing; aborting drops the new table. Writes are the table's.
  */
-final class Unstaged implements StagedTable, SupportsWrite {
+final class Unstaged extends ForwardingStagedTable {
   private final CompanionCatalog catalog;
   private final Identifier ident;
-  private final Table table;
 
   private Unstaged(CompanionCatalog catalog, Identifier ident, Table table) {
+    super(table);
     this.catalog = catalog;
     this.ident = ident;
-    this.table = table;
   }
 
   /** {@code table}, just created as {@code ident}, as Spark's CTAS or REPLACE writes it. */
   static StagedTable created(CompanionCatalog catalog, Identifier ident, Table table) {
     return new Unstaged(catalog, ident, table);
-  }
-
-  @Override
-  public String name() {
-    return table.name();
-  }
-
-  @Override
-  @SuppressWarnings("deprecation") // Table.schema(): the table's own
-  public StructType schema() {
-    return table.schema();
-  }
-
-  @Override
-  public Column[] columns() {
-    return table.columns();
-  }
-
-  @Override
-  public Transform[] partitioning() {
-    return table.partitioning();
-  }
-
-  @Override
-  public Map<String, String> properties() {
-    return table.properties();
-  }
-
-  @Override
-  public Set<TableCapability> capabilities() {
-    return table.capabilities();
   }
 
   @Override
