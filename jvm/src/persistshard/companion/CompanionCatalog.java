@@ -57,6 +57,13 @@ import org.apache.spark.sql.util.CaseInsensitiveStringMap;
  *       Without a column list the columns are the Python source's (the shard's, or the
  *       {@code columns} option for a new one); declared or CTAS columns lose any persistshard
  *       metadata a scan of another table put on them.</li>
+ *   <li>CTAS and REPLACE (SQL, {@code writeTo}, {@code saveAsTable}) are staged ({@code
+ *       StagingTableCatalog}): {@link #stageCreate}, {@link #stageReplace} and {@link
+ *       #stageCreateOrReplace} check what {@link #createTable} checks and store nothing; the
+ *       {@link StagedCompanionTable} commits the query's rows and stores the entry together
+ *       when the query has run, so a failed query leaves table and shard as they were. A
+ *       REPLACE that names no location keeps the table's. Another provider's statements get
+ *       Spark's own non-atomic sequence ({@link Unstaged}).</li>
  * </ul>
  * A managed persistshard table (created without a location by a session without this
  * catalog) gets no {@code path}: its statements fail in Python with the error that says how
