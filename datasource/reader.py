@@ -474,20 +474,25 @@ def check_columns(
     return [f.name for f in wanted]
 
 
-def check_table_columns(schema: StructType, stored: pa.Schema, location: str) -> None:
+def check_table_columns(
+    schema: StructType, stored: pa.Schema, location: str, table: str | None = None
+) -> None:
     """A SQL table's columns must be the shard's, plus (after ``ALTER TABLE ... ADD COLUMNS``)
     nullable columns the shard does not have yet, which read as nulls. Anything else (a
-    dropped or renamed column) is refused, saying what differs."""
+    dropped or renamed column) is refused, saying what differs and how to re-create the table
+    (named ``table``, the companion catalog's name of it, when given: e.g. a REPLACE TABLE
+    whose query drops a column)."""
     wanted = [f for f in schema.fields if f.name not in (TIME, DIFF)]
     names = {f.name for f in wanted}
     lost = [f.name for f in stored if f.name not in names]
     if lost:
+        t = table or "t"
         raise InvalidOption(
             f"the table's columns ({', '.join(names_in_order(wanted))}) no longer include the "
             f"shard's column{'s' if len(lost) > 1 else ''} {', '.join(lost)}: persistshard "
             "can only add nullable columns (ALTER TABLE ... ADD COLUMNS); dropping or renaming "
-            "is not supported. Re-create the table over the shard: DROP TABLE t; CREATE TABLE "
-            f"t USING persistshard LOCATION '{location}'",
+            f"is not supported. Re-create the table over the shard: DROP TABLE {t}; CREATE "
+            f"TABLE {t} USING persistshard LOCATION '{location}'",
             location=location,
         )
 

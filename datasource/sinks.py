@@ -67,7 +67,7 @@ class PersistShardWriter(DataSourceArrowWriter):
             if stored is not None:
                 from persistshard.datasource.reader import check_table_columns
 
-                check_table_columns(schema, stored, shard.location)
+                check_table_columns(schema, stored, shard.location, options.get(TABLE_KEY))
         evolve = self.opts.merge_schema or from_table
         self.reclock: Any = None
         if self.opts.remap is not None:

@@ -13,6 +13,7 @@ their short names (``t``, ``u``, ...).
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import time
@@ -39,8 +40,16 @@ def error_text(e: BaseException) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
+#: The tables `_replacing` creates (or tries to): ``r``, replaced by every form in turn; the
+#: others, created by a CTAS form (or a CREATE OR REPLACE of no table) that fails, then
+#: succeeds; ``rn``, a CREATE OR REPLACE without a location; ``k_other``, a CTAS of another
+#: provider (the Python source under another name), which the catalog does not stage.
+REPLACE_TABLES = ("r", "k_sql", "k_write_to", "k_or_replace", "k_save", "rn", "k_other")
+#: Shard history kinds that change a shard's contents (the rest is maintenance and holds).
+DATA_KINDS = frozenset({"append", "overwrite", "upsert", "stream append", "seal"})
+
 #: The tables `collect` creates (or tries to), by short name.
-TABLES = ("t", "u", "c", "s", "tt", "nowhere", "nowhere2", "nowhere3")
+TABLES = ("t", "u", "c", "s", "tt", "nowhere", "nowhere2", "nowhere3", *REPLACE_TABLES)
 
 
 @contextmanager
@@ -229,6 +238,158 @@ def _statements(spark: Any, work: Path, n: dict[str, str]) -> dict[str, Any]:
     # Compacted history: a version before since is SinceViolation, as with the read option.
     shard.advance_since(2)
     case("version_before_since", query(f"SELECT * FROM {tt} VERSION AS OF 0"))
+    out.update(_replacing(spark, work, n, shard_rows, spark_rows))
+    return out
+
+
+def _replacing(
+    spark: Any,
+    work: Path,
+    n: dict[str, str],
+    shard_rows: Callable[[str], Any],
+    spark_rows: Callable[[Any], list[list[Any]]],
+) -> dict[str, Any]:
+    """CTAS and REPLACE in every form, each run once with a query that fails in its tasks
+    (``raise_error`` on the rows of ``u``) and once with one that succeeds. A step's result:
+    its error, and the table's ``state`` after it (`state`); a replace's step also the state
+    before and what ``VERSION AS OF`` the previous time reads after it."""
+    import persistshard as ps
+
+    out: dict[str, Any] = {}
+    u, r = n["u"], n["r"]
+    failing = f"SELECT id, IF(id > 0, CAST(raise_error('boom') AS STRING), item) AS item FROM {u}"
+
+    def loc(short: str) -> str:
+        return str(work / short)
+
+    def state(short: str) -> dict[str, Any]:
+        """The catalog's entry for table ``short`` (location, provider, columns), what Spark
+        reads from it, what its shard holds, and the shard's history (kinds)."""
+        found: dict[str, Any] = {"shard": shard_rows(loc(short))}
+        if found["shard"] is not None:
+            history = ps.open_shard(loc(short)).history()
+            found["history"] = [h["kind"] for h in history]
+            found["upper"] = ps.open_shard(loc(short)).upper
+        if not spark.catalog.tableExists(n[short]):
+            found["table"] = None
+            return found
+        rows = spark.sql(f"DESCRIBE TABLE EXTENDED {n[short]}").collect()
+        described = {x[0]: x[1] for x in rows}
+        found["table"] = {
+            "location": described.get("Location"),
+            "provider": described.get("Provider"),
+            "columns": [[c.name, c.dataType] for c in spark.catalog.listColumns(n[short])],
+        }
+        found["reads"] = spark_rows(spark.table(n[short]))
+        return found
+
+    def step(name: str, short: str, run: Callable[[], Any]) -> None:
+        before = state(short)
+        result: dict[str, Any] = {"before": before}
+        try:
+            run()
+        except Exception as e:
+            result["error"] = error_text(e)
+            result["error_class"] = type(e).__name__
+        result["after"] = state(short)
+        if before.get("upper"):
+            previous = before["upper"] - 1
+            try:
+                result["previous"] = spark_rows(
+                    spark.sql(f"SELECT * FROM {n[short]} VERSION AS OF {previous}")
+                )
+            except Exception as e:
+                result["previous"] = error_text(e)
+        out[name] = result
+
+    def sql(statement: str) -> Callable[[], None]:
+        return lambda: spark.sql(statement).collect() and None
+
+    def rows(k: int) -> str:
+        return f"SELECT id + {k} AS id, item FROM {u}"
+
+    cols = "id BIGINT, item STRING"
+    spark.sql(f"CREATE TABLE {r} ({cols}) USING persistshard LOCATION '{loc('r')}'")
+    spark.sql(f"INSERT INTO {r} VALUES (1, 'apple'), (2, 'pear')")
+
+    # Every replacing form, failing then succeeding, on r: each success is rows(k).
+    using = f"USING persistshard LOCATION '{loc('r')}'"
+
+    def replace_sql(q: str) -> None:
+        spark.sql(f"REPLACE TABLE {r} {using} AS {q}").collect()
+
+    def create_or_replace_sql(q: str) -> None:
+        spark.sql(f"CREATE OR REPLACE TABLE {r} {using} AS {q}").collect()
+
+    def write_to_replace(q: str) -> None:
+        spark.sql(q).writeTo(r).using("persistshard").replace()
+
+    def write_to_create_or_replace(q: str) -> None:
+        spark.sql(q).writeTo(r).using("persistshard").createOrReplace()
+
+    def save_as_table_overwrite(q: str) -> None:
+        spark.sql(q).write.format("persistshard").mode("overwrite").saveAsTable(r)
+
+    forms = (
+        replace_sql,
+        create_or_replace_sql,
+        write_to_replace,
+        write_to_create_or_replace,
+        save_as_table_overwrite,
+    )
+    for k, form in enumerate(forms, start=1):
+        step(f"{form.__name__}_failing", "r", functools.partial(form, failing))
+        step(form.__name__, "r", functools.partial(form, rows(10 * k)))
+
+    # A schema the shard cannot take (a column dropped): refused, nothing changes.
+    step("replace_dropping_a_column", "r", sql(f"REPLACE TABLE {r} {using} AS SELECT id FROM {u}"))
+    # A new nullable column: the shard gains it, as after ALTER TABLE ... ADD COLUMNS.
+    step(
+        "replace_adding_a_column",
+        "r",
+        sql(f"REPLACE TABLE {r} {using} AS SELECT id, item, 'new' AS note FROM {u}"),
+    )
+    # OPTIONS with a secret: refused before anything runs.
+    secret = "OPTIONS ('storage.key' = 'hunter2')"
+    step("replace_with_a_secret", "r", sql(f"REPLACE TABLE {r} {using} {secret} AS {rows(0)}"))
+
+    # Every creating form, failing then succeeding: no table, nothing written, after a failure.
+    def located(short: str) -> str:
+        return f"USING persistshard LOCATION '{loc(short)}'"
+
+    def k_sql(q: str) -> None:
+        spark.sql(f"CREATE TABLE {n['k_sql']} {located('k_sql')} AS {q}").collect()
+
+    def k_write_to(q: str) -> None:
+        writer = spark.sql(q).writeTo(n["k_write_to"]).using("persistshard")
+        writer.tableProperty("location", loc("k_write_to")).create()
+
+    def k_or_replace(q: str) -> None:
+        table = n["k_or_replace"]
+        spark.sql(f"CREATE OR REPLACE TABLE {table} {located('k_or_replace')} AS {q}").collect()
+
+    def k_save(q: str) -> None:
+        writer = spark.sql(q).write.format("persistshard").option("path", loc("k_save"))
+        writer.mode("overwrite").saveAsTable(n["k_save"])
+
+    for create in (k_sql, k_write_to, k_or_replace, k_save):
+        short = create.__name__
+        step(f"{short}_failing", short, functools.partial(create, failing))
+        step(short, short, functools.partial(create, rows(0)))
+    step("rn", "rn", sql(f"CREATE OR REPLACE TABLE {n['rn']} USING persistshard AS {rows(0)}"))
+
+    # Another provider: Spark's own CTAS (create, write, drop if the write fails). Spark
+    # cannot write the Python source's table by a CTAS: no table is left.
+    from persistshard.datasource.source import PersistShardDataSource
+
+    class Unstaged(PersistShardDataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "persistshard_unstaged"
+
+    spark.dataSource.register(Unstaged)
+    other = f"CREATE TABLE {n['k_other']} USING persistshard_unstaged AS {rows(0)}"
+    step("k_other", "k_other", sql(other))
     return out
 
 

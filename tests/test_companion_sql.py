@@ -118,3 +118,120 @@ def test_timestamp_as_of_is_the_newest_time_committed_by_then(session):
     assert session["timestamp_future"].get("value") == rows, "an hour from now"
     error = session["timestamp_before"].get("error", "")
     assert error.startswith("SinceViolation: ") and "before the oldest commit" in error, error
+
+
+# --- CTAS and REPLACE: atomic (the session catalog is a StagingTableCatalog) ---------------
+
+OLD = [[APPLE, 1], ["(2, 'pear')", 1]]  # table r's rows before the first replace
+REPLACING = (
+    "replace_sql",
+    "create_or_replace_sql",
+    "write_to_replace",
+    "write_to_create_or_replace",
+    "save_as_table_overwrite",
+)
+CREATING = ("k_sql", "k_write_to", "k_or_replace", "k_save")
+
+
+def new_data_commits(step: dict[str, Any]) -> list[str]:
+    """The history kinds a step added to its table's shard that change contents."""
+    before, after = step["before"]["history"], step["after"]["history"]
+    assert after[: len(before)] == before, "the shard's history was rewritten"
+    return [k for k in after[len(before) :] if k in companion_sql_session.DATA_KINDS]
+
+
+def unchanged(step: dict[str, Any], name: str) -> None:
+    """The step failed and left the table's catalog entry, data and history as they were."""
+    assert step["before"]["table"] is not None, f"{name}: no table before"
+    assert step["after"] == step["before"], f"{name}: the table changed"
+
+
+def shifted(k: int) -> list[list[Any]]:
+    """u's rows with ``id + k``: what ``rows(k)`` of companion_sql_session selects."""
+    return [[f"({5 + k}, 'fig')", 1], [f"({6 + k}, 'kiwi')", 1]]
+
+
+@pytest.mark.parametrize("form", REPLACING)
+def test_a_replace_whose_query_fails_changes_nothing(session, form):
+    step = session[f"{form}_failing"]
+    assert "boom" in step.get("error", ""), f"{form}: {step.get('error')!r}"
+    unchanged(step, form)
+
+
+@pytest.mark.parametrize("form", REPLACING)
+def test_a_replace_is_one_overwrite_commit_and_the_old_version_stays_readable(session, form):
+    k = 10 * (REPLACING.index(form) + 1)
+    step = session[form]
+    assert "error" not in step, f"{form}: {step['error']}"
+    before, after = step["before"], step["after"]
+    assert after["shard"] == shifted(k), f"{form}: the shard's rows"
+    assert after["reads"] == shifted(k), f"{form}: what Spark reads"
+    assert new_data_commits(step) == ["overwrite"], f"{form}: {after['history']}"
+    assert after["upper"] == before["upper"] + 1, f"{form}: more than one new time"
+    assert step["previous"] == before["reads"], f"{form}: VERSION AS OF the previous time"
+    assert after["table"]["location"] == before["table"]["location"], f"{form}: moved"
+    assert after["table"]["provider"] == "persistshard", form
+    if form == REPLACING[0]:
+        assert before["reads"] == OLD
+
+
+def test_a_replace_that_drops_a_column_is_refused_naming_the_table(session):
+    step = session["replace_dropping_a_column"]
+    error = step.get("error", "")
+    assert error.startswith("InvalidOption: "), error
+    assert "companion_sql_r_" in error and "item" in error, error
+    unchanged(step, "replace_dropping_a_column")
+
+
+def test_a_replace_that_adds_a_column_adds_it_to_the_shard(session):
+    step = session["replace_adding_a_column"]
+    assert "error" not in step, step["error"]
+    assert step["after"]["shard"] == [["(5, 'fig', 'new')", 1], ["(6, 'kiwi', 'new')", 1]]
+    assert [c[0] for c in step["after"]["table"]["columns"]] == ["id", "item", "note"]
+    assert new_data_commits(step) == ["overwrite"], step["after"]["history"]
+    # The previous time's rows, with the table's columns now: the new one reads as null.
+    previous = [[row[:-1] + ", None)", n] for row, n in step["before"]["reads"]]
+    assert step["previous"] == previous, "VERSION AS OF the previous time"
+
+
+def test_a_replace_with_a_secret_in_its_options_is_refused(session):
+    step = session["replace_with_a_secret"]
+    error = step.get("error", "")
+    assert error.startswith("InvalidOption: ") and "storage options" in error, error
+    assert "hunter2" not in error, error
+    unchanged(step, "replace_with_a_secret")
+
+
+@pytest.mark.parametrize("form", CREATING)
+def test_a_ctas_whose_query_fails_leaves_no_table_and_nothing_written(session, form):
+    step = session[f"{form}_failing"]
+    assert "boom" in step.get("error", ""), f"{form}: {step.get('error')!r}"
+    assert step["after"]["table"] is None, f"{form}: a table is in the catalog"
+    assert step["after"]["shard"] is None, f"{form}: a shard was written"
+
+
+@pytest.mark.parametrize("form", CREATING)
+def test_a_ctas_after_a_failed_one_creates_the_table(session, form):
+    step = session[form]
+    assert "error" not in step, f"{form}: {step['error']}"
+    assert step["after"]["shard"] == shifted(0), form
+    assert step["after"]["reads"] == shifted(0), form
+    location = step["after"]["table"]["location"]
+    assert location.startswith("file:") and location.endswith(f"/{form}"), location
+
+
+def test_a_create_or_replace_without_a_location_is_refused(session):
+    step = session["rn"]
+    error = step.get("error", "")
+    assert error.startswith("InvalidOption: no shard location"), error
+    assert step["after"] == {"shard": None, "table": None}
+
+
+def test_a_ctas_of_another_provider_is_sparks_own(session):
+    """The catalog stages only persistshard tables: another provider's CTAS creates the table,
+    writes, and drops it when the write fails (here the Python source's table, which Spark
+    cannot write by a CTAS): an error, and no table left."""
+    step = session["k_other"]
+    assert step.get("error"), "the CTAS did not fail"
+    assert step["error_class"] == "AnalysisException", step  # not Spark's internal error
+    assert step["after"] == {"shard": None, "table": None}

@@ -480,7 +480,9 @@ def test_overwrite_save_as_table_with_a_path_replaces_the_tables_rows(spark, two
     assert shard_state(other_loc) == other_before
 
 
-def test_create_or_replace_table_as_select_replaces_the_tables_rows(spark, two_tables):
+def test_create_or_replace_table_as_select_replaces_the_tables_rows(
+    spark, two_tables, has_companion_catalog
+):
     name, loc, other_loc = two_tables
     other_before = shard_state(other_loc)
     replace = f"CREATE OR REPLACE TABLE {name} USING persistshard LOCATION '{loc}' AS "
@@ -491,10 +493,13 @@ def test_create_or_replace_table_as_select_replaces_the_tables_rows(spark, two_t
     before = shard_state(loc)
     with pytest.raises(Exception, match="boom"):
         spark.sql(replace + FAILING_SELECT.format(src=f"{name}_rows"))
-    # Spark's replace is not atomic in the session catalog: the failed statement dropped the
-    # table's entry (never its data, the table is external); the shard is as it was.
+    # The shard is as it was. The companion's catalog stages the replace, so the table is
+    # too; Spark's own session catalog does not: the failed statement dropped the table's
+    # entry there (never its data, the table is external).
     assert shard_state(loc) == before
     assert shard_state(other_loc) == other_before
+    if has_companion_catalog:
+        assert counts(spark.table(name)) == Counter({(3, "plum"): 1})
 
 
 def test_insert_overwrite_select_replaces_the_tables_rows(spark, two_tables):

@@ -17,8 +17,11 @@ import org.apache.spark.sql.connector.catalog.CatalogV2Util;
 import org.apache.spark.sql.connector.catalog.Column;
 import org.apache.spark.sql.connector.catalog.DelegatingCatalogExtension;
 import org.apache.spark.sql.connector.catalog.Identifier;
+import org.apache.spark.sql.connector.catalog.StagedTable;
+import org.apache.spark.sql.connector.catalog.StagingTableCatalog;
 import org.apache.spark.sql.connector.catalog.Table;
 import org.apache.spark.sql.connector.catalog.TableCatalog;
+import org.apache.spark.sql.connector.catalog.TableWritePrivilege;
 import org.apache.spark.sql.connector.expressions.Transform;
 import org.apache.spark.sql.types.StructType;
 import org.apache.spark.sql.util.CaseInsensitiveStringMap;
@@ -54,12 +57,20 @@ import org.apache.spark.sql.util.CaseInsensitiveStringMap;
  *       Without a column list the columns are the Python source's (the shard's, or the
  *       {@code columns} option for a new one); declared or CTAS columns lose any persistshard
  *       metadata a scan of another table put on them.</li>
+ *   <li>CTAS and REPLACE (SQL, {@code writeTo}, {@code saveAsTable}) are staged ({@code
+ *       StagingTableCatalog}): {@link #stageCreate}, {@link #stageReplace} and {@link
+ *       #stageCreateOrReplace} check what {@link #createTable} checks and store nothing; the
+ *       {@link StagedCompanionTable} commits the query's rows and stores the entry together
+ *       when the query has run, so a failed query leaves table and shard as they were. A
+ *       REPLACE that names no location keeps the table's. Another provider's statements get
+ *       Spark's own non-atomic sequence ({@link Unstaged}).</li>
  * </ul>
  * A managed persistshard table (created without a location by a session without this
  * catalog) gets no {@code path}: its statements fail in Python with the error that says how
  * to create the table.
  */
-public class CompanionCatalog extends DelegatingCatalogExtension {
+public class CompanionCatalog extends DelegatingCatalogExtension
+    implements StagingTableCatalog {
   private static final ObjectMapper JSON = new ObjectMapper();
   /** The read option a time-travel statement becomes. */
   static final String AS_OF = "as_of";
@@ -116,7 +127,7 @@ public class CompanionCatalog extends DelegatingCatalogExtension {
     return out;
   }
 
-  private String qualified(Identifier ident) {
+  String qualified(Identifier ident) {
     StringBuilder out = new StringBuilder(name());
     for (String part : ident.namespace()) {
       out.append('.').append(part);
@@ -130,11 +141,17 @@ public class CompanionCatalog extends DelegatingCatalogExtension {
     if (!ours(properties)) {
       return table;
     }
+    return companionTable(ident, table.schema(), properties, extra);
+  }
+
+  /** The persistshard table {@code ident} whose entry holds {@code properties}. */
+  private CompanionTable companionTable(Identifier ident, StructType schema,
+      Map<String, String> properties, Map<String, String> extra) {
     Map<String, String> options = options(properties);
     Set<String> fromTable = new TreeSet<>(options.keySet());
     fromTable.remove("path");
     options.putAll(extra);
-    return new CompanionTable(qualified(ident), table.schema(), options, fromTable, properties);
+    return new CompanionTable(qualified(ident), schema, options, fromTable, properties);
   }
 
   @Override
@@ -173,6 +190,37 @@ public class CompanionCatalog extends DelegatingCatalogExtension {
     if (!ours(properties)) {
       return super.createTable(ident, columns, partitions, properties);
     }
+    Map<String, String> stored = checked(ident, partitions, properties);
+    Column[] kept;
+    if (columns.length == 0) {
+      // The Python source's schema, with the options a CREATE hands it (its checks of what
+      // may be stored in a catalog apply).
+      Map<String, String> creating = new HashMap<>(options(properties));
+      creating.put("location", stored.get(TableCatalog.PROP_LOCATION));
+      creating.put(TableCatalog.PROP_PROVIDER, CompanionProvider.PYTHON_NAME);
+      StructType schema = CompanionProvider.fresh()
+          .inferSchema(new CaseInsensitiveStringMap(creating));
+      kept = CatalogV2Util.structTypeToV2Columns(schema, false);
+    } else {
+      kept = withoutScanMetadata(columns);
+    }
+    super.createTable(ident, kept, partitions, stored);
+    try {
+      return loadTable(ident);
+    } catch (NoSuchTableException e) {
+      throw new IllegalStateException("table " + qualified(ident) + " vanished while created",
+          e);
+    }
+  }
+
+  /**
+   * What the catalog stores for a persistshard table created (or replaced) with {@code
+   * properties}: them, with the location as {@link TableCatalog#PROP_LOCATION}. Refuses,
+   * before anything is stored or written, a table without a location, with PARTITIONED BY,
+   * or with OPTIONS that would keep a secret in the catalog.
+   */
+  private Map<String, String> checked(Identifier ident, Transform[] partitions,
+      Map<String, String> properties) {
     Map<String, String> options = options(properties);
     String location = options.get("path");
     if (location == null || location.isEmpty()) {
@@ -199,29 +247,137 @@ public class CompanionCatalog extends DelegatingCatalogExtension {
     PlanServer.plan(Planner.python(), check.toString());
     Map<String, String> stored = new HashMap<>(properties);
     stored.put(TableCatalog.PROP_LOCATION, location);
-    Column[] kept;
-    if (columns.length == 0) {
-      // The Python source's schema, with the options a CREATE hands it (its checks of what
-      // may be stored in a catalog apply).
-      Map<String, String> creating = new HashMap<>(options);
-      creating.put("location", location);
-      creating.put(TableCatalog.PROP_PROVIDER, CompanionProvider.PYTHON_NAME);
-      StructType schema = CompanionProvider.fresh()
-          .inferSchema(new CaseInsensitiveStringMap(creating));
-      kept = CatalogV2Util.structTypeToV2Columns(schema, false);
-    } else {
-      kept = new Column[columns.length];
-      for (int i = 0; i < columns.length; i++) {
-        kept[i] = withoutScanMetadata(columns[i]);
+    return stored;
+  }
+
+  // --- CTAS and REPLACE (StagingTableCatalog) --------------------------------------------
+
+  @Override
+  @SuppressWarnings("deprecation") // the TableInfo variant (Spark's default) calls it
+  public StagedTable stageCreate(Identifier ident, Column[] columns, Transform[] partitions,
+      Map<String, String> properties)
+      throws TableAlreadyExistsException, NoSuchNamespaceException {
+    if (!ours(properties)) {
+      return unstagedCreate(ident, columns, partitions, properties);
+    }
+    if (tableExists(ident)) {
+      throw new TableAlreadyExistsException(ident);
+    }
+    return staged(ident, StagedCompanionTable.Kind.CREATE, columns, partitions, properties);
+  }
+
+  @Override
+  @SuppressWarnings("deprecation") // the TableInfo variant (Spark's default) calls it
+  public StagedTable stageReplace(Identifier ident, Column[] columns, Transform[] partitions,
+      Map<String, String> properties) throws NoSuchNamespaceException, NoSuchTableException {
+    Table old = super.loadTable(ident);
+    if (!ours(properties)) {
+      return unstagedReplace(ident, columns, partitions, properties);
+    }
+    return staged(ident, StagedCompanionTable.Kind.REPLACE, columns, partitions,
+        locatedAsBefore(old, properties));
+  }
+
+  @Override
+  @SuppressWarnings("deprecation") // the TableInfo variant (Spark's default) calls it
+  public StagedTable stageCreateOrReplace(Identifier ident, Column[] columns,
+      Transform[] partitions, Map<String, String> properties) throws NoSuchNamespaceException {
+    Table old;
+    try {
+      old = super.loadTable(ident);
+    } catch (NoSuchTableException e) {
+      old = null;
+    }
+    if (!ours(properties)) {
+      return unstagedReplace(ident, columns, partitions, properties);
+    }
+    return staged(ident, StagedCompanionTable.Kind.CREATE_OR_REPLACE, columns, partitions,
+        old == null ? properties : locatedAsBefore(old, properties));
+  }
+
+  private StagedTable staged(Identifier ident, StagedCompanionTable.Kind kind,
+      Column[] columns, Transform[] partitions, Map<String, String> properties) {
+    Map<String, String> stored = checked(ident, partitions, properties);
+    Column[] kept = withoutScanMetadata(columns);
+    StructType schema = CatalogV2Util.v2ColumnsToStructType(kept);
+    return new StagedCompanionTable(this, ident, kind, kept, partitions, stored,
+        companionTable(ident, schema, stored, Map.of()));
+  }
+
+  /**
+   * {@code properties} of a REPLACE of {@code old}: with {@code old}'s location when the
+   * statement names none and {@code old} is a persistshard table with one (a replace
+   * replaces the contents of the table's shard, as {@code INSERT OVERWRITE} does).
+   */
+  private static Map<String, String> locatedAsBefore(Table old, Map<String, String> properties) {
+    if (options(properties).get("path") != null || !ours(old.properties())) {
+      return properties;
+    }
+    String location = options(old.properties()).get("path");
+    if (location == null) {
+      return properties;
+    }
+    Map<String, String> located = new HashMap<>(properties);
+    located.put(TableCatalog.PROP_LOCATION, location);
+    return located;
+  }
+
+  /**
+   * Spark's own replace for a table of another provider, which this catalog cannot stage
+   * (the built-in catalog stages nothing): the old table dropped, the new one created now,
+   * and dropped again if the write fails.
+   */
+  private StagedTable unstagedReplace(Identifier ident, Column[] columns,
+      Transform[] partitions, Map<String, String> properties) throws NoSuchNamespaceException {
+    super.dropTable(ident);
+    try {
+      return unstagedCreate(ident, columns, partitions, properties);
+    } catch (TableAlreadyExistsException e) {
+      throw new IllegalStateException("table " + qualified(ident) + " was created by another "
+          + "statement while this one replaced it", e);
+    }
+  }
+
+  /** Spark's own CTAS for a table of another provider: created now, dropped on abort. */
+  private StagedTable unstagedCreate(Identifier ident, Column[] columns,
+      Transform[] partitions, Map<String, String> properties)
+      throws TableAlreadyExistsException, NoSuchNamespaceException {
+    Table created = super.createTable(ident, columns, partitions, properties);
+    if (created == null) { // the built-in catalog may return none: the stored table, then
+      try {
+        created = loadTable(ident, Set.of(TableWritePrivilege.INSERT));
+      } catch (NoSuchTableException e) {
+        throw new IllegalStateException("table " + qualified(ident) + " vanished while "
+            + "created", e);
       }
     }
-    super.createTable(ident, kept, partitions, stored);
-    try {
-      return loadTable(ident);
-    } catch (NoSuchTableException e) {
-      throw new IllegalStateException("table " + qualified(ident) + " vanished while created",
-          e);
+    return Unstaged.created(this, ident, created);
+  }
+
+  /** The built-in catalog's CREATE: a staged table's entry, stored at its commit. */
+  void createEntry(Identifier ident, Column[] columns, Transform[] partitions,
+      Map<String, String> properties)
+      throws TableAlreadyExistsException, NoSuchNamespaceException {
+    super.createTable(ident, columns, partitions, properties);
+  }
+
+  /** The built-in catalog's DROP TABLE (a table with a location keeps its data). */
+  boolean dropEntry(Identifier ident) {
+    return super.dropTable(ident);
+  }
+
+  /** The built-in catalog's entry for {@code ident}, as stored. */
+  Table entry(Identifier ident) throws NoSuchTableException {
+    return super.loadTable(ident);
+  }
+
+  /** {@code columns} without persistshard scan metadata (`withoutScanMetadata`). */
+  static Column[] withoutScanMetadata(Column[] columns) {
+    Column[] kept = new Column[columns.length];
+    for (int i = 0; i < columns.length; i++) {
+      kept[i] = withoutScanMetadata(columns[i]);
     }
+    return kept;
   }
 
   /**
