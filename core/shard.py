@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Unpack
 
@@ -1102,11 +1102,14 @@ def iter_read_task(
 
 
 def direct_read_slices(
-    shard: Shard, task: ReadTask, accepts: Callable[[pa.Schema], bool]
+    shard: Shard,
+    task: ReadTask,
+    accepts: Callable[[pa.Schema], bool],
+    hadoop_schemes: Collection[str] = (),
 ) -> list[DirectSlice] | None:
     """The slices of a read task a reader may hand over as stored
     (`persistshard.core.read.plan.direct_slices`), on ``shard``'s storage; None if none."""
-    return direct_slices(shard._blob, task, accepts)
+    return direct_slices(shard._blob, task, accepts, hadoop_schemes)
 
 
 def read_state(shard: Shard) -> ShardState:

@@ -8,9 +8,11 @@ of the state machine and of read planning, this one:
   scan needs (``required``, Spark's JSON schemas). The answer (JSON on stdout) is what
   `PersistShardReader.partitions` plans for those columns, one entry per Spark partition:
   ``{"native": [slice, ...], "columns": [...]}`` when every slice of it may be decoded by the
-  JVM as stored (`persistshard.core.read.plan.direct_slices`: a local part file or inline
-  bytes, diffs proven 1, no time filter, every column stored with the Arrow type Spark reads;
-  a slice is ``{"key", "path" | "inline" (base64), "chunks"}``), else ``{"python": ...}``, the
+  JVM as stored (`persistshard.core.read.plan.direct_slices`: a local part file, inline
+  bytes, or a part at a Hadoop URL whose scheme the request's ``hadoop_schemes`` lists (the
+  schemes the driver's JVM found a Hadoop file system for); diffs proven 1, no time filter,
+  every column stored with the Arrow type Spark reads; a slice is ``{"key", "path" | "url" |
+  "inline" (base64), "chunks"}``, a URL never with credentials), else ``{"python": ...}``, the
   Python source's own partition, pickled (base64). Also ``size_bytes`` and ``num_rows``, the
   relevant parts' sizes and update counts (each part once, however many partitions read
   it), for Spark's optimizer (the JVM scales the size to the scan's columns).
@@ -112,6 +114,7 @@ def plan(request: dict[str, Any]) -> dict[str, Any]:
         partitions = reader.partitions()
         shard = reader.opts.address.open() if partitions else None
     target = arrow_schema_of(required)
+    hadoop = frozenset(request.get("hadoop_schemes", ()))
 
     def accepts(stored: pa.Schema) -> bool:
         return all(
@@ -130,7 +133,7 @@ def plan(request: dict[str, Any]) -> dict[str, Any]:
                 rows += s.ref.num_rows
         direct = None
         if p.result_filter is None and shard is not None:
-            direct = direct_read_slices(shard, p.task, accepts)
+            direct = direct_read_slices(shard, p.task, accepts, hadoop)
         if direct is None:
             payload = base64.b64encode(pickle.dumps(p)).decode("ascii")
             out.append({"python": payload})
@@ -139,6 +142,7 @@ def plan(request: dict[str, Any]) -> dict[str, Any]:
             {
                 "key": d.key,
                 "path": d.path,
+                "url": d.url,
                 "inline": None if d.inline is None else base64.b64encode(d.inline).decode(),
                 "chunks": list(d.chunks),
             }

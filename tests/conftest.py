@@ -164,6 +164,7 @@ EXPLICIT_MARKERS: dict[str, tuple[str, ...]] = {
     "test_jvm_scan.py::*": ("spark", "subprocess"),
     "test_companion_rowlevel.py::*": ("spark", "subprocess"),
     "test_companion_sql.py::*": ("spark", "subprocess"),
+    "test_s3.py::test_the_companion_*": ("spark", "subprocess"),
     # Racing workers of the storage contracts (processes when the store is shared).
     "*::test_put_if_absent_race": ("subprocess",),
     "*::test_cas_race": ("subprocess",),

@@ -18,6 +18,7 @@ import pytest
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 import persistshard as ps
+from persistshard.core.storage.blob import FsspecBlob, hadoop_url_of
 from persistshard.datasource import bridge
 from persistshard.format import PartReader
 
@@ -60,6 +61,36 @@ def test_unit_diffs_at_or_before_the_snapshot_are_decoded_by_the_jvm(tmp_path):
         part = PartReader.from_bytes(piece["key"], data)
         assert piece["chunks"] == list(range(len(part.chunks)))
         assert part.read(["v"]).column("v").to_pylist() == [f"v{i}" for i in range(50)]
+
+
+@pytest.mark.parametrize(
+    ("location", "url"),
+    [
+        ("s3://bucket/a/b/", "s3a://bucket/a/b/parts/p-1.part"),
+        ("S3A://bucket", "s3a://bucket/parts/p-1.part"),
+        ("gcs://bucket/x", "gs://bucket/x/parts/p-1.part"),
+        ("gs://bucket/x", "gs://bucket/x/parts/p-1.part"),
+        ("hdfs://namenode:8020/data/t", "hdfs://namenode:8020/data/t/parts/p-1.part"),
+        # Not for Hadoop: no twin (memory, Azure: adlfs names the account elsewhere), user
+        # info (credentials never go into a plan), a query, a chained URL, escapes.
+        ("memory://bucket/x", None),
+        ("abfs://container/x", None),
+        ("az://container/x", None),
+        ("s3://KEY:SECRET@bucket/x", None),
+        ("s3://bucket/x?versionId=1", None),
+        ("simplecache::s3://bucket/x", None),
+        ("s3://bucket/a b", None),
+        ("s3://bucket/a%20b", None),
+        ("/local/path", None),
+    ],
+)
+def test_a_part_s_hadoop_url_names_the_same_object_without_credentials(location, url):
+    assert hadoop_url_of(location, "parts/p-1.part") == url
+
+
+def test_local_and_memory_stores_have_no_hadoop_url(tmp_path):
+    assert ps.open_shard(str(tmp_path / "s"))._blob.hadoop_url("parts/x") is None  # type: ignore[attr-defined]
+    assert FsspecBlob("memory://hadoop-url-test").hadoop_url("parts/x") is None
 
 
 def test_a_part_split_over_partitions_counts_once_in_the_size_and_rows(tmp_path):

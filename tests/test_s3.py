@@ -9,13 +9,21 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import subprocess
 import uuid
+import zipfile
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
+import boto3
+import hadoop_session
 import pyarrow as pa
 import pytest
 from conformance_helpers import examples, rows_of
+from pyspark.sql.types import LongType, StringType, StructField, StructType
+from test_jvm_companion import companion_results, run_session
 
 import persistshard as ps
 from persistshard.cli import main as cli
@@ -23,6 +31,7 @@ from persistshard.conformance.model import make_shard_machine
 from persistshard.conformance.s3server import moto_server
 from persistshard.conformance.storage import BlobContract, ConsensusContract, Store
 from persistshard.core.storage.blob import BlobWrapper, open_blob
+from persistshard.datasource import bridge, companion
 
 BUCKET = "persistshard-test"
 #: The secret key the tests use: it must never appear in a stored object or a message.
@@ -287,3 +296,134 @@ def test_fsspec_configuration_applies_without_options(s3_location, s3_options, m
     shard.append(pa.table({"id": [1], "_time": [0], "_diff": [1]}))
     monkeypatch.delitem(fsspec.config.conf, "s3")
     assert ps.open_shard(s3_location, **s3_options).upper == 1
+
+
+# --- the JVM companion: parts on S3 ------------------------------------------------------------
+
+HADOOP_SESSION = Path(__file__).resolve().parent / "hadoop_session.py"
+#: The test-only Hadoop file system for ``s3a://`` (plain HTTP range GETs against moto).
+TEST_FS = Path(__file__).resolve().parent / "hadoop_fs" / "HttpRangeFileSystem.java"
+JVM_PARTITIONS = re.compile(r"\((\d+) of (\d+) partitions decoded in the JVM\)")
+
+
+def two_part_shard(location: str, options: dict[str, Any]) -> ps.Shard:
+    """A shard of two part files (no inline parts) on S3: 80 rows at times 0 and 1."""
+    shard = ps.open_shard(location, inline_bytes=0, **options)
+    for t in (0, 1):
+        ids = list(range(40 * t, 40 * t + 40))
+        batch = {"id": ids, "item": [f"i{i}" for i in ids], "_time": [t] * 40, "_diff": [1] * 40}
+        shard.append(pa.table(batch), new_upper=t + 1)
+    return shard
+
+
+def read_request(location: str, options: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    schema = StructType([StructField("id", LongType()), StructField("item", StringType())])
+    return {
+        "options": {"path": location, **spark_options(options)},
+        "schema": json.loads(schema.json()),
+        "required": json.loads(schema.json()),
+        **extra,
+    }
+
+
+def test_the_jvm_is_planned_to_read_s3_parts_at_s3a_urls_only_where_it_opens_s3a(
+    s3_location, s3_options
+):
+    """A part on S3 is named to the JVM by its ``s3a://`` URL when the driver's JVM has a
+    file system for s3a, never with a credential; without one, the partition is Python's."""
+    shard = two_part_shard(s3_location, s3_options)
+    keys = {p.key for p in shard.inspect.state().parts()}
+    assert len(keys) == 2
+    without = bridge.plan(read_request(s3_location, s3_options))
+    assert without["partitions"] and all("python" in p for p in without["partitions"])
+    planned = bridge.plan(read_request(s3_location, s3_options, hadoop_schemes=["s3a", "gs"]))
+    slices = [s for p in planned["partitions"] for s in p["native"]]
+    prefix = s3_location.removeprefix("s3://")
+    assert {s["url"] for s in slices} == {f"s3a://{prefix}/{k}" for k in keys}
+    assert all(s["path"] is None and s["inline"] is None for s in slices)
+    assert SECRET not in json.dumps(planned)
+    other = bridge.plan(read_request(s3_location, s3_options, hadoop_schemes=["gs", "hdfs"]))
+    assert all("python" in p for p in other["partitions"])
+
+
+def write_read_request(work: Path, location: str, options: dict[str, Any], **conf: str) -> None:
+    request = {"location": location, "options": spark_options(options), "conf": conf}
+    (work / hadoop_session.REQUEST).write_text(json.dumps(request))
+
+
+def jvm_partitions(plan: str) -> tuple[int, int]:
+    found = JVM_PARTITIONS.search(plan)
+    assert found is not None, f"no companion scan in the plan: {plan}"
+    return int(found.group(1)), int(found.group(2))
+
+
+@pytest.mark.spark
+def test_the_companion_reads_s3_parts_through_python_without_s3a(
+    request, spark, s3_location, s3_options, tmp_path
+):
+    """pyspark ships no S3A (hadoop-aws): the companion's scan of a shard on S3 hands every
+    partition to Python, no error, and reads what the Python source reads."""
+    two_part_shard(s3_location, s3_options)
+    write_read_request(tmp_path, s3_location, s3_options)
+    result = companion_results(request, spark, hadoop_session.collect, HADOOP_SESSION, tmp_path)
+    assert result["companion"] == result["python"]
+    assert sum(n for _, n in result["python"]) == 80
+    jvm, partitions = jvm_partitions(result["plan"])
+    assert jvm == 0 and partitions > 0, result["plan"]
+    assert SECRET not in result["plan"]
+
+
+def file_system_jar(javac: str, out: Path) -> Path:
+    """`TEST_FS` compiled against pyspark's jars into ``out``/testfs.jar."""
+    classes = out / "classes"
+    jars = companion.pyspark_jars()
+    assert jars is not None
+    subprocess.run(
+        [javac, "--release", "17", "-cp", f"{jars}/*", "-d", str(classes), str(TEST_FS)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    jar = out / "testfs.jar"
+    with zipfile.ZipFile(jar, "w") as z:
+        for f in sorted(classes.rglob("*.class")):
+            z.write(f, f.relative_to(classes).as_posix())
+    return jar
+
+
+def test_the_companion_decodes_s3_parts_through_a_hadoop_file_system(
+    jdk, jar_cache, s3_endpoint, s3_location, s3_options, tmp_path
+):
+    """With a file system for s3a in the session (a test one standing in for hadoop-aws,
+    `TEST_FS`, configured by ``spark.hadoop.fs.s3a.*`` as S3A is), every partition of the
+    scan is decoded in the JVM from the parts' bytes read through Hadoop's API on the
+    executors, and the answer is the Python source's."""
+    shard = two_part_shard(s3_location, s3_options)
+    # The test file system sends unsigned requests: moto serves them for public objects.
+    client = boto3.client(
+        "s3",
+        endpoint_url=s3_endpoint,
+        aws_access_key_id=s3_options["key"],
+        aws_secret_access_key=SECRET,
+        region_name="us-east-1",
+    )
+    prefix = s3_location.removeprefix(f"s3://{BUCKET}/")
+    for ref in shard.inspect.state().parts():
+        client.put_object_acl(Bucket=BUCKET, Key=f"{prefix}/{ref.key}", ACL="public-read")
+    jar = file_system_jar(jdk, tmp_path)
+    write_read_request(
+        tmp_path,
+        s3_location,
+        s3_options,
+        **{
+            "spark.jars": str(jar),
+            "spark.hadoop.fs.s3a.impl": "persistshard.testfs.HttpRangeFileSystem",
+            "spark.hadoop.fs.s3a.endpoint": s3_endpoint,
+        },
+    )
+    result = run_session(HADOOP_SESSION, tmp_path, jar_cache)
+    assert result["companion"] == result["python"]
+    assert sum(n for _, n in result["python"]) == 80
+    jvm, partitions = jvm_partitions(result["plan"])
+    assert jvm == partitions > 0, result["plan"]
+    assert SECRET not in result["plan"]

@@ -38,7 +38,7 @@ import functools
 import logging
 import mmap
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -811,27 +811,35 @@ def run_ahead(jobs: Sequence[Job[_T]], ahead: int = READ_AHEAD) -> Iterator[_T]:
 class DirectSlice:
     """A part slice whose stored rows *are* its share of a snapshot read's answer: what a
     reader without consolidation (the JVM companion) may decode and hand over as is.
-    ``path`` is the part's file on this machine (None for an inline part: ``inline`` holds
-    its bytes); ``chunks`` the chunks to read, in file order."""
+    Exactly one of: ``path``, the part's file on this machine; ``url``, the part's URL for
+    Hadoop's file systems (`FsspecBlob.hadoop_url`, never with credentials); ``inline``, the
+    bytes of an inline part. ``chunks`` the chunks to read, in file order."""
 
     key: str
     path: str | None
     inline: bytes | None
     chunks: tuple[int, ...]
+    url: str | None = None
 
 
 def direct_slices(
-    blob: Blob, task: ReadTask, accepts: Callable[[pa.Schema], bool]
+    blob: Blob,
+    task: ReadTask,
+    accepts: Callable[[pa.Schema], bool],
+    hadoop_schemes: Collection[str] = (),
 ) -> list[DirectSlice] | None:
     """The slices of ``task`` as `DirectSlice`s when its answer, rows repeated by their
     counts, is exactly the rows its chunks store (restricted to its output columns); None
     when it needs anything more. That holds for a snapshot without ``with_diff``, key range,
     filter or expression, whose every part is at or before the snapshot's time (no time
-    filter), a local file or inline (a part of another shard: None), and whose chunks'
+    filter), a local file, inline, or at a Hadoop URL whose scheme is in ``hadoop_schemes``
+    (the schemes the reader can open; a part of another shard: None), and whose chunks'
     statistics prove every diff is exactly 1 (no repetition, no consolidation). ``accepts``
     decides, from a part's stored schema, whether its columns can be handed over as stored
     (the task's output columns must all be in the part: a column added later reads as
-    nulls, which only the Python reader does). Opens the task's footers (in ``blob``)."""
+    nulls, which only the Python reader does). Opens the task's footers (in ``blob``) only
+    when every part can be opened by the reader: a read that goes to Python anyway costs no
+    request more."""
     q = task.query
     if (
         q.mode != "snapshot"
@@ -842,21 +850,30 @@ def direct_slices(
     ):
         return None
     local = getattr(blob, "local_file", None)
-    out: list[DirectSlice] = []
+    hadoop = getattr(blob, "hadoop_url", None)
+    where: list[tuple[str | None, str | None]] = []
     for s in task.slices:
         ref = s.ref
         if ref.max_time > q.as_of or ref.source is not None:
             return None
-        path = None
+        path = url = None
         if ref.inline is None:
             path = local(ref.key) if local is not None else None
-            if path is None:
+            url = hadoop(ref.key) if path is None and hadoop is not None else None
+            if url is not None and url.partition(":")[0] not in hadoop_schemes:
+                log.debug("part %s: no Hadoop file system for %s here", ref.key, url)
                 return None
+            if path is None and url is None:
+                return None
+        where.append((path, url))
+    out: list[DirectSlice] = []
+    for s, (path, url) in zip(task.slices, where, strict=True):
+        ref = s.ref
         reader = _open(blob, ref, None)
         chunks = _wanted_chunks(reader, ref, s.chunks, q, None)
         if not _unit_diffs(reader, chunks) or not accepts(reader.schema):
             return None
-        out.append(DirectSlice(ref.key, path, ref.inline, tuple(chunks)))
+        out.append(DirectSlice(ref.key, path, ref.inline, tuple(chunks), url))
     return out
 
 

@@ -39,6 +39,7 @@ import errno
 import logging
 import os
 import posixpath
+import re
 import threading
 import time
 import uuid
@@ -72,6 +73,33 @@ ATOMIC_CREATE_PROTOCOLS = frozenset({"file", "local", "memory", "s3", "s3a"})
 MIN_S3FS = (2025, 7, 0)
 #: Prefix of the temporary objects a put writes before publishing them.
 TMP_PREFIX = ".tmp-"
+#: The Hadoop file system scheme that opens the same objects as a location's URL scheme
+#: (`FsspecBlob.hadoop_url`): s3fs's ``s3://bucket/key`` is S3A's ``s3a://bucket/key``,
+#: gcsfs's ``gs://bucket/key`` the GCS connector's, and an ``hdfs://`` URL names the same
+#: file to pyarrow and to Hadoop. Azure is left out: adlfs names the storage account in its
+#: storage options, Hadoop's ABFS in the URL's host, so one URL does not name one object.
+HADOOP_SCHEMES = {"s3": "s3a", "s3a": "s3a", "gs": "gs", "gcs": "gs", "hdfs": "hdfs"}
+#: What a URL's host and path may hold to be handed to Hadoop as it is: no user info (so no
+#: credentials), no query, no character Hadoop's ``Path`` would escape.
+_HADOOP_HOST = re.compile(r"[A-Za-z0-9._-]+(:[0-9]+)?")
+_HADOOP_PATH = re.compile(r"[A-Za-z0-9._~=+/-]*")
+
+
+def hadoop_url_of(location: str, key: str) -> str | None:
+    """The URL Hadoop's file systems open object ``key`` of the store at ``location`` by
+    (`HADOOP_SCHEMES`), or None: a scheme without a Hadoop twin, or a location that is not a
+    plain ``scheme://host/path`` of safe characters (a chained URL, a query, user info).
+    It never holds credentials (a URL with user info gives None), and names only the object:
+    what Hadoop needs to reach it (endpoint, keys) is the session's Hadoop configuration."""
+    scheme, sep, rest = location.partition("://")
+    hadoop = HADOOP_SCHEMES.get(scheme.lower())
+    host, _, path = rest.partition("/")
+    if not sep or hadoop is None or not _HADOOP_HOST.fullmatch(host):
+        return None
+    path = "/".join(p for p in f"{path}/{key}".split("/") if p)
+    if not _HADOOP_PATH.fullmatch(path):
+        return None
+    return f"{hadoop}://{host}/{path}"
 
 
 def _version_tuple(text: str) -> tuple[int, ...]:
@@ -585,6 +613,13 @@ class FsspecBlob(Blob):
         reader may then map it into memory, `persistshard.core.storage.parts.open_part`);
         None elsewhere. Wrappers do not forward it: what they wrap sees every read."""
         return self._path(key) if self._local else None
+
+    def hadoop_url(self, key: str) -> str | None:
+        """The URL through which Hadoop's file systems open ``key`` (`hadoop_url_of` of the
+        store's URL; the JVM companion reads the part there when its session has a file
+        system for that scheme), or None, as for a local directory (`local_file` names its
+        files). Wrappers do not forward it, as `local_file`."""
+        return None if self._local else hadoop_url_of(self.url, key)
 
     def get(self, key: str) -> bytes | None:
         try:

@@ -91,7 +91,7 @@ final class ColumnarScan implements Scan, Batch, SupportsReportStatistics {
 
   @Override
   public PartitionReaderFactory createReaderFactory() {
-    return new ColumnarReaderFactory(Planner.python(), required.json());
+    return new ColumnarReaderFactory(Planner.python(), required.json(), plan().hadoopConf);
   }
 
   /**

@@ -13,17 +13,23 @@ import org.apache.spark.sql.connector.read.InputPartition;
 final class NativePartition implements InputPartition {
   private static final long serialVersionUID = 1L;
 
-  /** One part: a local file ({@code path}) or inline bytes, and the chunks to read (null: all). */
+  /**
+   * One part: a local file ({@code path}), a URL Hadoop's file systems open ({@code url}, its
+   * scheme one the driver found a file system for; never with credentials) or inline bytes,
+   * exactly one of them; and the chunks to read (null: all).
+   */
   static final class Slice implements Serializable {
-    private static final long serialVersionUID = 1L;
+    private static final long serialVersionUID = 2L;
     final String key;
     final String path;
+    final String url;
     final byte[] inline;
     final int[] chunks;
 
-    Slice(String key, String path, byte[] inline, int[] chunks) {
+    Slice(String key, String path, String url, byte[] inline, int[] chunks) {
       this.key = key;
       this.path = path;
+      this.url = url;
       this.inline = inline;
       this.chunks = chunks;
     }

@@ -2,6 +2,7 @@ package persistshard.companion;
 
 import com.fasterxml.jackson.databind.ObjectMapper;
 import java.io.EOFException;
+import java.io.FileNotFoundException;
 import java.io.IOException;
 import java.io.UncheckedIOException;
 import java.nio.file.NoSuchFileException;
@@ -11,6 +12,7 @@ import java.util.stream.IntStream;
 import org.apache.arrow.memory.BufferAllocator;
 import org.apache.arrow.memory.RootAllocator;
 import org.apache.arrow.vector.VectorSchemaRoot;
+import org.apache.hadoop.conf.Configuration;
 import org.apache.spark.sql.connector.read.PartitionReader;
 import org.apache.spark.sql.types.StructType;
 import org.apache.spark.sql.vectorized.ArrowColumnVector;
@@ -18,6 +20,7 @@ import org.apache.spark.sql.vectorized.ColumnVector;
 import org.apache.spark.sql.vectorized.ColumnarBatch;
 import persistshard.companion.format.ChunkFilter;
 import persistshard.companion.format.FlatValues;
+import persistshard.companion.format.HadoopRangeSource;
 import persistshard.companion.format.PartFile;
 import persistshard.companion.format.RangeSource;
 
@@ -29,7 +32,9 @@ import persistshard.companion.format.RangeSource;
  *
  * <p>Invariants: a batch is valid until the next call of {@link #next} (its vectors are
  * reloaded, its arrays refilled, for the next chunk); {@link #close} frees every buffer. A part file that is gone
- * is {@code CorruptData} (the state names it: something deleted it), as in Python.
+ * is {@code CorruptData} (the state names it: something deleted it), as in Python. A slice at
+ * a URL is read through Hadoop's file systems ({@link HadoopRangeSource}) with the session's
+ * Hadoop configuration, local files through a {@code FileChannel}, inline parts from memory.
  */
 final class NativeReader implements PartitionReader<ColumnarBatch> {
   private static final ObjectMapper JSON = new ObjectMapper();
@@ -37,6 +42,8 @@ final class NativeReader implements PartitionReader<ColumnarBatch> {
   private final NativePartition partition;
   private final StructType schema;
   private final ChunkFilter filter;
+  /** The session's Hadoop configuration, for slices at a URL (null: the scan has none). */
+  private final Configuration hadoopConf;
   private final BufferAllocator allocator = new RootAllocator(Long.MAX_VALUE);
   private int slice = -1;
   private RangeSource source;
@@ -51,9 +58,10 @@ final class NativeReader implements PartitionReader<ColumnarBatch> {
   private VectorSchemaRoot root;
   private ColumnarBatch batch;
 
-  NativeReader(NativePartition partition, StructType schema) {
+  NativeReader(NativePartition partition, StructType schema, Configuration hadoopConf) {
     this.partition = partition;
     this.schema = schema;
+    this.hadoopConf = hadoopConf;
     try {
       this.filter = partition.filter == null ? null : ChunkFilter.fromJson(JSON.readTree(partition.filter));
     } catch (IOException e) {
@@ -101,7 +109,7 @@ final class NativeReader implements PartitionReader<ColumnarBatch> {
       return false;
     }
     NativePartition.Slice s = partition.slices.get(slice);
-    source = s.inline != null ? bytes(s.inline) : file(s);
+    source = s.inline != null ? bytes(s.inline) : s.url != null ? hadoop(s) : file(s);
     part = PartFile.open(s.key, source);
     cols = part.columns(partition.columns);
     flat = part.flatColumns(cols);
@@ -127,6 +135,19 @@ final class NativeReader implements PartitionReader<ColumnarBatch> {
     } catch (NoSuchFileException e) {
       throw new PythonFailure("CorruptData: part " + s.key + " is referenced by the shard's "
           + "state but missing from storage (" + s.path + ")", e);
+    }
+  }
+
+  private RangeSource hadoop(NativePartition.Slice s) throws IOException {
+    if (hadoopConf == null) {
+      throw new IllegalStateException("part " + s.key + " is at " + s.url
+          + " but the scan shipped no Hadoop configuration");
+    }
+    try {
+      return HadoopRangeSource.open(s.url, hadoopConf);
+    } catch (FileNotFoundException e) {
+      throw new PythonFailure("CorruptData: part " + s.key + " is referenced by the shard's "
+          + "state but missing from storage (" + s.url + ")", e);
     }
   }
 

@@ -2,21 +2,30 @@ package persistshard.companion;
 
 import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
+import com.fasterxml.jackson.databind.node.ArrayNode;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 import java.io.IOException;
 import java.util.ArrayList;
 import java.util.Base64;
 import java.util.List;
+import org.apache.hadoop.conf.Configuration;
+import org.apache.hadoop.fs.FileSystem;
+import org.apache.spark.broadcast.Broadcast;
+import org.apache.spark.sql.SparkSession;
 import org.apache.spark.sql.connector.read.InputPartition;
 import org.apache.spark.sql.types.StructType;
 import org.apache.spark.sql.util.CaseInsensitiveStringMap;
+import org.apache.spark.util.SerializableConfiguration;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
 
 /**
  * The plan of a snapshot read, asked of Python: the one implementation of the state machine
  * and of read planning is the Python source's ({@code persistshard.datasource.bridge plan}).
  *
  * <p>Asked of the driver's {@link PlanServer}. The answer names, per Spark partition, either the part slices to decode here (local
- * part files and inline parts, every chunk's diffs proven to be 1 by its statistics, every
+ * part files, inline parts, and parts at Hadoop URLs whose scheme this session has a file
+ * system for, {@link #hadoopSchemes}; every chunk's diffs proven to be 1 by its statistics, every
  * time at or before the snapshot, every column stored with the type Spark reads) or the
  * Python source's own partition (pickled), which {@link PythonReader} has Python read and
  * hand over as Arrow batches. The read's option checks and errors are Python's.
@@ -24,16 +33,31 @@ import org.apache.spark.sql.util.CaseInsensitiveStringMap;
 final class Planner {
   private static final ObjectMapper JSON = new ObjectMapper();
 
-  /** A planned read: its partitions and the size and rows Spark's optimizer sees. */
+  private static final Logger LOG = LoggerFactory.getLogger(Planner.class);
+  /**
+   * The Hadoop schemes a plan may name parts by: those of the Python side's
+   * {@code HADOOP_SCHEMES} ({@code persistshard.core.storage.blob}). A scheme missing here
+   * only sends its parts to Python.
+   */
+  static final List<String> HADOOP_SCHEMES = List.of("s3a", "gs", "hdfs");
+
+  /**
+   * A planned read: its partitions, the size and rows Spark's optimizer sees, and the
+   * session's Hadoop configuration broadcast for the executors when a partition reads a part
+   * through Hadoop's file systems (else null).
+   */
   static final class Plan {
     final InputPartition[] partitions;
     final long sizeInBytes;
     final long numRows;
+    final Broadcast<SerializableConfiguration> hadoopConf;
 
-    Plan(InputPartition[] partitions, long sizeInBytes, long numRows) {
+    Plan(InputPartition[] partitions, long sizeInBytes, long numRows,
+        Broadcast<SerializableConfiguration> hadoopConf) {
       this.partitions = partitions;
       this.sizeInBytes = sizeInBytes;
       this.numRows = numRows;
+      this.hadoopConf = hadoopConf;
     }
   }
 
@@ -58,10 +82,35 @@ final class Planner {
     return req;
   }
 
+  /**
+   * The schemes of {@link #HADOOP_SCHEMES} that {@code conf} has a file system class for
+   * ({@link FileSystem#getFileSystemClass}, which throws when there is none, or when the
+   * class it names is not on the classpath: {@code s3a} without hadoop-aws). Decided on the
+   * driver for each scan; the parts of the others are read through Python.
+   */
+  static List<String> hadoopSchemes(Configuration conf) {
+    List<String> out = new ArrayList<>();
+    for (String scheme : HADOOP_SCHEMES) {
+      try {
+        FileSystem.getFileSystemClass(scheme, conf);
+        out.add(scheme);
+      } catch (IOException | RuntimeException | LinkageError e) {
+        LOG.debug("persistshard: no Hadoop file system for {}:// in this session ({}); parts "
+            + "there are read through Python", scheme, e.toString());
+      }
+    }
+    return out;
+  }
+
   static Plan plan(CaseInsensitiveStringMap options, StructType schema, StructType required,
       String filter) {
     ObjectNode req = request(options, schema, required);
+    SparkSession session = SparkSession.active();
+    Configuration conf = session.sessionState().newHadoopConf();
+    ArrayNode schemes = req.putArray("hadoop_schemes");
+    hadoopSchemes(conf).forEach(schemes::add);
     JsonNode plan = PlanServer.plan(python(), req.toString());
+    boolean hadoop = false;
     List<InputPartition> out = new ArrayList<>();
     for (JsonNode p : plan.get("partitions")) {
       if (p.has("native")) {
@@ -77,7 +126,10 @@ final class Planner {
           byte[] inline = s.hasNonNull("inline")
               ? Base64.getDecoder().decode(s.get("inline").textValue()) : null;
           String path = s.hasNonNull("path") ? s.get("path").textValue() : null;
-          slices.add(new NativePartition.Slice(s.get("key").textValue(), path, inline, chunks));
+          String url = s.hasNonNull("url") ? s.get("url").textValue() : null;
+          hadoop |= url != null;
+          slices.add(
+              new NativePartition.Slice(s.get("key").textValue(), path, url, inline, chunks));
         }
         List<String> columns = new ArrayList<>();
         p.get("columns").forEach(c -> columns.add(c.textValue()));
@@ -90,7 +142,9 @@ final class Planner {
         out.add(new PythonPartition(read.toString()));
       }
     }
+    Broadcast<SerializableConfiguration> shipped = hadoop
+        ? SerializableConfiguration.broadcast(session.sparkContext(), conf) : null;
     return new Plan(out.toArray(new InputPartition[0]), plan.get("size_bytes").longValue(),
-        plan.get("num_rows").longValue());
+        plan.get("num_rows").longValue(), shipped);
   }
 }
