@@ -30,7 +30,6 @@ import org.apache.hadoop.util.Progressable;
 public final class HttpRangeFileSystem extends FileSystem {
   private URI uri;
   private String endpoint;
-  private Path cwd = new Path("/");
 
   @Override
   public void initialize(URI name, Configuration conf) throws IOException {
@@ -195,14 +194,15 @@ public final class HttpRangeFileSystem extends FileSystem {
     throw new IOException("HttpRangeFileSystem does not list");
   }
 
+  /** Paths are absolute: the bucket's root is the only working directory. */
   @Override
   public void setWorkingDirectory(Path dir) {
-    cwd = dir;
+    throw new UnsupportedOperationException("HttpRangeFileSystem works at the bucket's root");
   }
 
   @Override
   public Path getWorkingDirectory() {
-    return cwd;
+    return new Path(uri.toString() + "/");
   }
 
   @Override
