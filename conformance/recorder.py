@@ -10,8 +10,11 @@ SIGKILL loses no line it wrote) with a ``time.monotonic()`` stamp, which on Linu
 for every process of the machine.
 
 The faults (`FaultPlan`, built from a list of names by `fault_plan`, so callers choose them):
-- ``kill``: the parent SIGKILLs a random worker at a random moment (usually in the middle of
-  an operation) and starts a replacement; the killed operation is open-ended ("unknown");
+- ``kill``: the parent SIGKILLs a random worker at a random moment inside one of its writes
+  (it waits up to a second for the worker's event file to end with a write's call, then
+  signals within 20 ms: a kill between operations, during a read, which observes nothing
+  once killed, or while a process still starts would open nothing) and starts a
+  replacement; the killed write is open-ended ("unknown");
 - ``pause``: the parent SIGSTOPs a worker for up to 0.4 s (a long GC pause, a stalled VM);
 - ``gc``: a process runs gc at retention 0 in a loop beside the workers (it is killed and
   paused like them);
@@ -635,6 +638,24 @@ def record(
         except FileNotFoundError:
             return 0
 
+    def inside_a_write(events: str) -> bool:
+        try:
+            with open(events, "rb") as f:
+                lines = f.read().splitlines()
+            last = json.loads(lines[-1]) if lines else {}
+        except (FileNotFoundError, ValueError):  # not started, or a line being written
+            return False
+        return bool(last.get("e") == "call" and last.get("kind") != "read")
+
+    def wait_for_a_write(p: Any, events: str) -> bool:
+        give_up = time.monotonic() + 1.0
+        while p.is_alive() and time.monotonic() < give_up:
+            if inside_a_write(events):
+                time.sleep(rng.uniform(0.0, 0.02))
+                return True
+            time.sleep(0.005)
+        return False
+
     if plan.gc:
         start("gc", 0)
     for i in range(workers):
@@ -662,6 +683,8 @@ def record(
         if rng.random() < plan.kills / rate:
             if kills >= max_kills or p.pid is None:
                 continue
+            if slot != "gc" and not wait_for_a_write(p, events):
+                continue  # it ended, or wrote nothing for a second
             if not _signal(p.pid, signal.SIGKILL):
                 continue  # it had ended (and was reaped) since it was seen alive
             killed.add(id(p))

@@ -282,8 +282,8 @@ WITHOUT_GC = tuple(f for f in DEFAULT_FAULTS if f != "gc")
 def test_local_files(tmp_path, faults):
     names = WITHOUT_GC if faults == "without-gc" else DEFAULT_FAULTS
     # Every recording is checked; the test also wants one with an open-ended operation. A
-    # kill lands at a random moment, usually inside an operation but not always: on a loaded
-    # machine all of one seed's kills fell between operations once. So up to three seeds.
+    # kill lands inside a write (the recorder waits for one to be open), but the write may
+    # still return before the signal does, so up to three seeds.
     for seed in (1, 2, 3):
         target = Target(f"{tmp_path}/shard-{seed}")
         rec = run_and_check(target, seed=seed, faults=names, workers=3, ops=30)
