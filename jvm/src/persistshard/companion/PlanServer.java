@@ -4,11 +4,9 @@ import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
 import java.io.BufferedReader;
 import java.io.IOException;
-import java.io.InputStream;
 import java.io.InputStreamReader;
 import java.io.OutputStream;
 import java.nio.charset.StandardCharsets;
-import java.util.ArrayDeque;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
@@ -31,7 +29,7 @@ final class PlanServer {
   private final Process process;
   private final OutputStream requests;
   private final BufferedReader answers;
-  private final ArrayDeque<String> stderr = new ArrayDeque<>();
+  private final StderrTail stderr;
 
   private PlanServer(String python) {
     try {
@@ -44,25 +42,7 @@ final class PlanServer {
     requests = process.getOutputStream();
     answers = new BufferedReader(
         new InputStreamReader(process.getInputStream(), StandardCharsets.UTF_8));
-    Thread drainer = new Thread(() -> {
-      try (InputStream err = process.getErrorStream();
-          BufferedReader lines = new BufferedReader(
-              new InputStreamReader(err, StandardCharsets.UTF_8))) {
-        String line;
-        while ((line = lines.readLine()) != null) {
-          synchronized (stderr) {
-            stderr.addLast(line);
-            if (stderr.size() > STDERR_LINES) {
-              stderr.removeFirst();
-            }
-          }
-        }
-      } catch (IOException e) {
-        // the process is gone: what it said is kept
-      }
-    }, "persistshard-planner-stderr");
-    drainer.setDaemon(true);
-    drainer.start();
+    stderr = new StderrTail(process, STDERR_LINES, "persistshard-planner-stderr");
   }
 
   /** The bridge's answer to one plan request (JSON text). */
@@ -84,12 +64,8 @@ final class PlanServer {
     } catch (IOException e) {
       SERVERS.remove(python);
       server.process.destroyForcibly();
-      String said;
-      synchronized (server.stderr) {
-        said = String.join("\n", server.stderr);
-      }
       throw new PythonFailure("the persistshard companion's planner failed (" + e.getMessage()
-          + "): " + said, e);
+          + "): " + server.stderr.text(), e);
     }
     if (answer.has("error")) {
       throw new PythonFailure(answer.get("error").textValue());

@@ -8,7 +8,6 @@ import java.io.OutputStream;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
 import java.util.List;
-import java.util.concurrent.TimeUnit;
 import org.apache.spark.SparkEnv;
 
 /**
@@ -107,14 +106,7 @@ final class PythonProcess implements AutoCloseable {
 
   @Override
   public void close() {
-    if (process.isAlive()) {
-      process.destroyForcibly();
-      try {
-        process.waitFor(10, TimeUnit.SECONDS);
-      } catch (InterruptedException e) {
-        Thread.currentThread().interrupt();
-      }
-    }
+    StderrTail.kill(process);
   }
 
   /** The Python that runs the bridge: Spark's workers' interpreter. */

@@ -3,19 +3,15 @@ package persistshard.companion;
 import com.fasterxml.jackson.databind.ObjectMapper;
 import java.io.BufferedInputStream;
 import java.io.BufferedOutputStream;
-import java.io.BufferedReader;
 import java.io.DataInputStream;
 import java.io.DataOutputStream;
 import java.io.EOFException;
 import java.io.IOException;
 import java.io.InputStream;
-import java.io.InputStreamReader;
-import java.nio.charset.StandardCharsets;
 import java.util.ArrayDeque;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
-import java.util.concurrent.TimeUnit;
 
 /**
  * A long-lived {@code python -m persistshard.datasource.bridge reads} that reads partitions
@@ -48,7 +44,7 @@ final class ReadWorker {
   private final Process process;
   private final DataOutputStream requests;
   private final DataInputStream answers;
-  private final ArrayDeque<String> stderr = new ArrayDeque<>();
+  private final StderrTail stderr;
 
   private ReadWorker(String python) {
     try {
@@ -60,24 +56,7 @@ final class ReadWorker {
     }
     requests = new DataOutputStream(new BufferedOutputStream(process.getOutputStream()));
     answers = new DataInputStream(new BufferedInputStream(process.getInputStream(), 1 << 16));
-    Thread drainer = new Thread(() -> {
-      try (BufferedReader lines = new BufferedReader(
-          new InputStreamReader(process.getErrorStream(), StandardCharsets.UTF_8))) {
-        String line;
-        while ((line = lines.readLine()) != null) {
-          synchronized (stderr) {
-            stderr.addLast(line);
-            if (stderr.size() > STDERR_LINES) {
-              stderr.removeFirst();
-            }
-          }
-        }
-      } catch (IOException e) {
-        // the process is gone: what it said is kept
-      }
-    }, "persistshard-reads-stderr");
-    drainer.setDaemon(true);
-    drainer.start();
+    stderr = new StderrTail(process, STDERR_LINES, "persistshard-reads-stderr");
   }
 
   /** An idle worker of {@code python} from the pool, else a new one. */
@@ -139,22 +118,12 @@ final class ReadWorker {
     } catch (IOException e) {
       // ending anyway
     }
-    if (process.isAlive()) {
-      process.destroyForcibly();
-      try {
-        process.waitFor(10, TimeUnit.SECONDS);
-      } catch (InterruptedException e) {
-        Thread.currentThread().interrupt();
-      }
-    }
+    StderrTail.kill(process);
   }
 
   private PythonFailure died(String what, Exception cause) {
     end();
-    String said;
-    synchronized (stderr) {
-      said = String.join("\n", stderr);
-    }
+    String said = stderr.text();
     String exit = process.isAlive() ? "" : " (exit " + process.exitValue() + ")";
     return new PythonFailure("the persistshard companion's Python reader " + what + exit
         + (said.isEmpty() ? "" : ": " + said), cause);
