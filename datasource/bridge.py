@@ -189,8 +189,8 @@ def answer(request: dict[str, Any]) -> dict[str, Any]:
 
 
 def read(request: dict[str, Any], sink: BinaryIO | FramedAnswer) -> None:
-    """``read``: the Python source's rows of one partition as an Arrow IPC stream on
-    ``sink``, in the Arrow schema of ``required`` (module docstring)."""
+    """The Python source's rows of one partition as an Arrow IPC stream on ``sink``, in the
+    Arrow schema of ``required``: one ``reads`` request's answer (module docstring)."""
     options: dict[str, str] = dict(request["options"])
     required = _schema(request["required"])
     partition = pickle.loads(base64.b64decode(request["partition"]))

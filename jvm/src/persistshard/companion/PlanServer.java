@@ -8,7 +8,6 @@ import java.io.InputStreamReader;
 import java.io.OutputStream;
 import java.nio.charset.StandardCharsets;
 import java.util.HashMap;
-import java.util.List;
 import java.util.Map;
 
 /**
@@ -32,13 +31,7 @@ final class PlanServer {
   private final StderrTail stderr;
 
   private PlanServer(String python) {
-    try {
-      process = new ProcessBuilder(List.of(python, "-m", PythonProcess.MODULE, "serve")).start();
-    } catch (IOException e) {
-      throw new PythonFailure("CompanionUnavailable: cannot start " + python + " for the "
-          + "persistshard companion's planner (set spark.pyspark.python or PYSPARK_PYTHON to "
-          + "a Python with persistshard): " + e.getMessage(), e);
-    }
+    process = PythonProcess.start(python, "serve", "planner");
     requests = process.getOutputStream();
     answers = new BufferedReader(
         new InputStreamReader(process.getInputStream(), StandardCharsets.UTF_8));

@@ -38,12 +38,20 @@ final class PythonProcess implements AutoCloseable {
   }
 
   private static Process start(String python, String command) {
+    return start(python, command, command);
+  }
+
+  /**
+   * {@code python -m persistshard.datasource.bridge COMMAND} started, or {@link
+   * PythonFailure} ({@code CompanionUnavailable}, naming {@code what} it was for).
+   */
+  static Process start(String python, String command, String what) {
     List<String> argv = new ArrayList<>(List.of(python, "-m", MODULE, command));
     try {
       return new ProcessBuilder(argv).start();
     } catch (IOException e) {
       throw new PythonFailure("CompanionUnavailable: cannot start " + python + " for the "
-          + "persistshard companion's " + command + " (set spark.pyspark.python or "
+          + "persistshard companion's " + what + " (set spark.pyspark.python or "
           + "PYSPARK_PYTHON to a Python with persistshard): " + e.getMessage(), e);
     }
   }

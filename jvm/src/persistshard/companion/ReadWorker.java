@@ -10,7 +10,6 @@ import java.io.IOException;
 import java.io.InputStream;
 import java.util.ArrayDeque;
 import java.util.HashMap;
-import java.util.List;
 import java.util.Map;
 
 /**
@@ -47,13 +46,7 @@ final class ReadWorker {
   private final StderrTail stderr;
 
   private ReadWorker(String python) {
-    try {
-      process = new ProcessBuilder(List.of(python, "-m", PythonProcess.MODULE, "reads")).start();
-    } catch (IOException e) {
-      throw new PythonFailure("CompanionUnavailable: cannot start " + python + " for the "
-          + "persistshard companion's reads (set spark.pyspark.python or PYSPARK_PYTHON to a "
-          + "Python with persistshard): " + e.getMessage(), e);
-    }
+    process = PythonProcess.start(python, "reads", "reads");
     requests = new DataOutputStream(new BufferedOutputStream(process.getOutputStream()));
     answers = new DataInputStream(new BufferedInputStream(process.getInputStream(), 1 << 16));
     stderr = new StderrTail(process, STDERR_LINES, "persistshard-reads-stderr");
