@@ -591,7 +591,8 @@ class WriteOptions:
     memory_budget: int
     #: Option ``maintenance``: the driver's bounded compaction and gc after its commit.
     maintenance: bool = True
-    #: Option ``retention`` (`parse_retention`): set on the shard when the write starts.
+    #: Option ``retention`` (`parse_retention`): set on the shard by the write's own commit,
+    #: with its data (`persistshard.datasource.writer.BatchDescription.retention`).
     retention: tuple[int | None, int | None] | None = None
     #: What opens the shard (storage options, consensus URL, configuration).
     address: ShardAddress = field(default_factory=lambda: ShardAddress(""))

@@ -37,7 +37,6 @@ from persistshard.datasource.replay import (
 from persistshard.datasource.view import commit_complete
 from persistshard.datasource.writer import (
     TaskWritten,
-    apply_retention,
     check_location,
     commit_write,
     describe_write,
@@ -57,7 +56,7 @@ class PersistShardWriter(DataSourceArrowWriter):
         self.opts = WriteOptions.parse(options, schema)
         shard = self.opts.address.open()
         check_location(shard)
-        apply_retention(shard, self.opts.retention)
+        # Option retention is set by the write's commit, with its data (describe_write).
         # A SQL table's location comes from its catalog columns (or, with the companion's
         # catalog, from the table's LOCATION: TABLE_KEY); catalog columns the shard lacks were
         # added by ALTER TABLE ... ADD COLUMNS, which the shard follows.
@@ -213,8 +212,6 @@ class PersistShardStreamWriter(DataSourceStreamArrowWriter):
 
     def __init__(self, options: dict[str, str], schema: StructType, overwrite: bool) -> None:
         self.opts = WriteOptions.parse(options, schema)
-        if self.opts.retention is not None:
-            apply_retention(self.opts.address.open(), self.opts.retention)
         if self.opts.writer_id is None:
             raise InvalidOption(
                 "a streaming write needs option writer_id: a stable name for this writer, "

@@ -69,7 +69,6 @@ from persistshard.datasource.replay import DigestedTask, Digesting, identity_of,
 from persistshard.datasource.writer import (
     BatchDescription,
     TaskWritten,
-    apply_retention,
     as_updates,
     check_location,
     describe_write,
@@ -101,7 +100,6 @@ def plan_upsert(
     opts = WriteOptions.parse(options, schema)
     shard = opts.address.open()
     check_location(shard)
-    apply_retention(shard, opts.retention)
     location = shard.location
     keys = up.parse_key_columns(options["key_columns"], location)
     if overwrite:
@@ -290,6 +288,7 @@ def _apply(
                     commit_id=delta.write_id,
                     writer=writer,
                     label="upsert",
+                    retention=d.retention,
                 )
             return delta
         except UpperMismatch:

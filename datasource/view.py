@@ -105,6 +105,7 @@ def commit_complete(
                             commit_id=diff.write_id,
                             writer=writer,
                             label="overwrite",
+                            retention=d.retention,
                         )
                 except UpperMismatch as e:  # another writer moved the upper: diff again
                     log.info(

@@ -43,6 +43,7 @@ from pyspark.sql.types import StructType
 
 from persistshard.core.rows import DIFF, TIME, consolidation_indices, row_columns
 from persistshard.core.shard import Shard, ShardAddress, WrittenUpdates, write_transaction
+from persistshard.core.statemachine.retention import RetentionChange
 from persistshard.core.statemachine.state import PartRef
 from persistshard.core.storage import layout, metrics
 from persistshard.core.storage.parts import PutsBehind
@@ -105,6 +106,8 @@ class BatchDescription:
     target: pa.Schema | None = None
     sources: tuple[str, ...] = ()
     plain: bool = False
+    #: Option ``retention``, set by the write's own commit (None: the option was not given).
+    retention: RetentionChange | None = None
 
 
 def find_column(names: list[str], wanted: str | None) -> str | None:
@@ -190,6 +193,7 @@ def describe_write(
         target=target,
         sources=tuple(sources),
         plain=opts.plain and time_column is None and not overwrite,
+        retention=retention_change(opts.retention, shard.location),
     )
 
 
@@ -482,15 +486,27 @@ def commit_write(
     txn.maintain(compact=compact)
 
 
-def apply_retention(shard: Shard, wanted: tuple[int | None, int | None] | None) -> None:
-    """Set the shard's retention to option ``retention``'s ``(seconds, versions)``
-    (`persistshard.datasource.options.parse_retention`) unless it already is; nothing when
-    the option was not given. One ``set_retention`` commit, only when it changes."""
+def retention_change(
+    wanted: tuple[int | None, int | None] | None, location: str
+) -> RetentionChange | None:
+    """Option ``retention``'s ``(seconds, versions)``
+    (`persistshard.datasource.options.parse_retention`) as the change a write's commit makes
+    with its data (`WriteTransaction.commit`); None when the option was not given. An invalid
+    one is `InvalidOption` here, when the write is minted, before anything is written."""
     if wanted is None:
-        return
+        return None
     from persistshard.core.shard import retention_of
 
-    if retention_of(wanted[0], wanted[1], shard.location) != shard.inspect.retention():
+    return RetentionChange(retention_of(wanted[0], wanted[1], location))
+
+
+def apply_retention(shard: Shard, wanted: tuple[int | None, int | None] | None) -> None:
+    """Set the shard's retention to option ``retention``'s ``(seconds, versions)`` unless it
+    already is, in a ``set_retention`` commit of its own: for a table created without a write
+    (``CREATE TABLE ... OPTIONS (retention ...)``). A write sets it in its own commit instead
+    (`BatchDescription.retention`)."""
+    change = retention_change(wanted, shard.location)
+    if wanted is not None and change is not None and change.to != shard.inspect.retention():
         shard.set_retention(seconds=wanted[0], versions=wanted[1])
 
 
@@ -542,6 +558,7 @@ def _commit_write(
             writer=writer,
             rebase=d.plain and writer is None,
             label="overwrite" if d.overwrite else None,
+            retention=d.retention,
         )
     finally:
         txn.sweep_write(d.write_id, written.keys())

@@ -7,8 +7,9 @@ encode back to exactly the same bytes, and be described the same way in `Shard.h
 same commits built with the typed kinds must encode to the same bytes; every kind round-trips
 through its stored form; and a kind is registered by declaring its class alone. Kinds added
 since (``fork``, ``add_fork``, ``release_fork``, ``drop``, and the transactions' kinds
-``register_txns``, ``unregister_txns``, ``stage_txn``, ``release_txn``, ``apply_txn``) have
-entries written by their first typed code, held to the same bytes from then on.
+``register_txns``, ``unregister_txns``, ``stage_txn``, ``release_txn``, ``apply_txn``, and
+``append_set_retention``) have entries written by their first typed code, held to the same
+bytes from then on.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from persistshard.core.statemachine.commits.add_fork import AddFork
 from persistshard.core.statemachine.commits.advance_consumer import AdvanceConsumer
 from persistshard.core.statemachine.commits.advance_since import AdvanceSince
 from persistshard.core.statemachine.commits.append import Append
+from persistshard.core.statemachine.commits.append_set_retention import AppendSetRetention
 from persistshard.core.statemachine.commits.apply_txn import ApplyTxn
 from persistshard.core.statemachine.commits.compact import Compact
 from persistshard.core.statemachine.commits.create_consumer import CreateConsumer
@@ -149,6 +151,25 @@ def typed_commits() -> dict[str, tuple[Commit, tuple[int, str | None]]]:
         ),
         "release_txn": (ReleaseTxn("t1", id="c28"), none),
         "unregister_txns": (UnregisterTxns("0190a1b2c3d4dddd", 9, id="c29"), none),
+        "append_set_retention": (
+            AppendSetRetention(
+                3, 4, Batch("c30-t", 3, 4, (p1,)), retention=Retention(ms=604_800_000), id="c30"
+            ),
+            none,
+        ),
+        "append_set_retention-clear-overwrite-stream": (
+            AppendSetRetention(
+                4,
+                5,
+                Batch("c31-t", 4, 5, (p1,)),
+                schema=schema,
+                writer=stream,
+                label="overwrite",
+                retention=None,
+                id="c31",
+            ),
+            none,
+        ),
     }
 
 
@@ -205,6 +226,7 @@ def test_every_commit_kind_has_a_golden_entry():
             "stage_txn",
             "release_txn",
             "apply_txn",
+            "append_set_retention",
         }
     )
     assert {type(c).kind for c, _ in typed_commits().values()} == set(KINDS)

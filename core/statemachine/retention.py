@@ -84,6 +84,15 @@ class Retention:
         return " and ".join(parts)
 
 
+@dataclass(frozen=True)
+class RetentionChange:
+    """A write's request to set the shard's retention to ``to`` (None: clear it) in the same
+    commit as its data (`persistshard.core.write.transaction.WriteTransaction.commit`, commit
+    kind ``append_set_retention``); no change at all is None, not a `RetentionChange`."""
+
+    to: Retention | None
+
+
 def format_window(ms: int) -> str:
     """A window as the largest unit that divides it (``7d``, ``12h``, ``90m``, ``3600s``)."""
     for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):

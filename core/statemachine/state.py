@@ -980,7 +980,8 @@ class Step(Protocol):
     (`persistshard.core.statemachine.commits.Commit`, which imports this module)."""
 
     kind: ClassVar[str]
-    #: Whether the commit may change the retention (only ``set_retention`` does).
+    #: Whether the commit may change the retention (``set_retention`` and
+    #: ``append_set_retention`` do).
     changes_retention: ClassVar[bool]
 
     @property
@@ -997,9 +998,10 @@ def check_transition(
     ``new`` must be ``apply(old, commit)`` and hold every invariant of `ShardState.check`
     (canonical part keys inside the shard, consistent counts, contiguous trace); on top, the
     step from ``old``: the version moves by one, upper and since never move back, only a
-    commit that declares it (``set_retention``) changes the retention, the retention and its
-    marks are valid (`persistshard.core.statemachine.retention`), and the commit's own check
-    of the step passes (``check_step``: an append adds no unsealed update below the new
+    commit that declares it (``set_retention``, ``append_set_retention``) changes the
+    retention, the retention and its marks are valid
+    (`persistshard.core.statemachine.retention`), and the commit's own check of the step
+    passes (``check_step``: an append adds no unsealed update below the new
     upper, which would change snapshots that are already readable).
     """
 
@@ -1022,7 +1024,8 @@ def check_transition(
         )
     if not commit.changes_retention and new.retention != old.retention:
         raise refuse(
-            f"only set_retention changes the retention ({old.retention} -> {new.retention})"
+            f"only set_retention and append_set_retention change the retention "
+            f"({old.retention} -> {new.retention})"
         )
     problem = commit.check_step(old, new)
     if problem is not None:

@@ -10,7 +10,8 @@ compaction) goes through a `WriteTransaction`, which owns its four steps:
    tasks, staged rows) while a driver gathers them.
 2. *Parts*: parts written under ``parts/<write id>/`` (or inline, within the shard's
    ``inline_bytes``), never overwriting anything.
-3. *Commit*: one compare-and-append (`commit`) naming the parts; parts written by another
+3. *Commit*: one compare-and-append (`commit`) naming the parts (and, for a write that
+   sets the retention, the retention: it lands with them); parts written by another
    process are checked first (``check=True``: present with their recorded sizes, times
    inside their batch).
 4. *Sweep*: parts nothing will name are deleted: the parts of a commit refused for certain,
@@ -50,8 +51,10 @@ from persistshard.core.maintenance.trace import MergePlan
 from persistshard.core.read.plan import KeyRange
 from persistshard.core.rows import TIME, consolidate
 from persistshard.core.statemachine.commits.append import Append
+from persistshard.core.statemachine.commits.append_set_retention import AppendSetRetention
 from persistshard.core.statemachine.leases import WriteLease, holding
 from persistshard.core.statemachine.machine import DETERMINATE_REFUSALS, StateMachine
+from persistshard.core.statemachine.retention import RetentionChange
 from persistshard.core.statemachine.state import Batch, PartRef, ShardState
 from persistshard.core.storage import metrics
 from persistshard.core.storage import parts as part_store
@@ -82,12 +85,14 @@ __all__ = ["CommitOptions", "WriteTransaction", "WrittenUpdates", "split_at"]
 class CommitOptions(TypedDict, total=False):
     """What a commit of written parts may also say (`WriteTransaction.commit`): its id
     (default: a fresh one), the streaming writer and batch it records, whether a plain append
-    may land at a newer upper (``rebase``), and the history's name for it (``label``)."""
+    may land at a newer upper (``rebase``), the history's name for it (``label``) and the
+    retention it sets with its data (``retention``)."""
 
     commit_id: str | None
     writer: tuple[str, int] | None
     rebase: bool
     label: str | None
+    retention: RetentionChange | None
 
 
 @dataclass
@@ -419,6 +424,7 @@ class WriteTransaction:
         writer: tuple[str, int] | None = None,
         rebase: bool = False,
         label: str | None = None,
+        retention: RetentionChange | None = None,
         check: bool = False,
     ) -> ShardState:
         """Append ``written`` with one compare-and-append (`commits.append.Append`), in an
@@ -439,6 +445,12 @@ class WriteTransaction:
         ``rebase``: a plain append (every update at ``expected_upper``, ``new_upper =
         expected_upper + 1``) that lands at whatever the upper is when it commits, never
         failing with `UpperMismatch`; its parts are not rewritten.
+
+        ``retention``: set the shard's retention to ``retention.to`` (None: clear it) in the
+        same compare-and-append (`commits.append_set_retention.AppendSetRetention`), so it
+        lands with the data or not at all. When the state the commit is planned on already
+        has that retention, the commit is a plain append that leaves the retention alone (a
+        ``set_retention`` landing between that read and the compare-and-set then stays).
         """
         if check:
             self.check(written, expected_upper=expected_upper, new_upper=new_upper)
@@ -472,6 +484,8 @@ class WriteTransaction:
             label=label,
             id=commit_id,
         )
+        if retention is not None and retention.to != base.retention:
+            commit = AppendSetRetention.of(commit, retention.to)
         self.since_before = self._machine.known().since
         try:
             return self._machine.commit(commit, base=base)

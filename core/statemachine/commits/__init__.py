@@ -8,6 +8,8 @@
 - `register_reader`, `downgrade_since`, `heartbeat`, `expire_reader`: reader holds.
 - `renew_lease` (`RenewLease`), `sweep_leases` (`SweepLeases`): write leases and gc's fence.
 - `set_retention` (`SetRetention`): the history retention.
+- `append_set_retention` (`AppendSetRetention`): an append that also sets the retention
+  (a Spark write's option ``retention``), in one commit.
 - `create_consumer`, `advance_consumer`, `drop_consumer`: durable consumers.
 
 Each kind's module states its precondition and effect, and holds its typed fields, its
