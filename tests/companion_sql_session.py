@@ -42,9 +42,19 @@ def error_text(e: BaseException) -> str:
 
 #: The tables `_replacing` creates (or tries to): ``r``, replaced by every form in turn; the
 #: others, created by a CTAS form (or a CREATE OR REPLACE of no table) that fails, then
-#: succeeds; ``rn``, a CREATE OR REPLACE without a location; ``k_other``, a CTAS of another
-#: provider (the Python source under another name), which the catalog does not stage.
-REPLACE_TABLES = ("r", "k_sql", "k_write_to", "k_or_replace", "k_save", "rn", "k_other")
+#: succeeds (``k_retention``: a CTAS with OPTIONS (retention ...)); ``rn``, a CREATE OR
+#: REPLACE without a location; ``k_other``, a CTAS of another provider (the Python source
+#: under another name), which the catalog does not stage.
+REPLACE_TABLES = (
+    "r",
+    "k_sql",
+    "k_write_to",
+    "k_or_replace",
+    "k_save",
+    "k_retention",
+    "rn",
+    "k_other",
+)
 #: Shard history kinds that change a shard's contents (the rest is maintenance and holds).
 DATA_KINDS = frozenset({"append", "overwrite", "upsert", "stream append", "seal"})
 
@@ -264,12 +274,16 @@ def _replacing(
 
     def state(short: str) -> dict[str, Any]:
         """The catalog's entry for table ``short`` (location, provider, columns), what Spark
-        reads from it, what its shard holds, and the shard's history (kinds)."""
+        reads from it, what its shard holds, the shard's history (kinds and commit kinds),
+        and its retention."""
         found: dict[str, Any] = {"shard": shard_rows(loc(short))}
         if found["shard"] is not None:
             history = ps.open_shard(loc(short)).history()
             found["history"] = [h["kind"] for h in history]
+            found["commits"] = [h["commit"] for h in history]
             found["upper"] = ps.open_shard(loc(short)).upper
+            kept = ps.open_shard(loc(short)).inspect.retention()
+            found["retention"] = kept.describe() if kept is not None else None
         if not spark.catalog.tableExists(n[short]):
             found["table"] = None
             return found
@@ -341,6 +355,11 @@ def _replacing(
         step(f"{form.__name__}_failing", "r", functools.partial(form, failing))
         step(form.__name__, "r", functools.partial(form, rows(10 * k)))
 
+    # OPTIONS (retention ...): set by the replace's own commit, so a failed one sets nothing.
+    kept = f"{using} OPTIONS (retention '2 versions')"
+    step("replace_with_retention_failing", "r", sql(f"REPLACE TABLE {r} {kept} AS {failing}"))
+    step("replace_with_retention", "r", sql(f"REPLACE TABLE {r} {kept} AS {rows(60)}"))
+
     # A schema the shard cannot take (a column dropped): refused, nothing changes.
     step("replace_dropping_a_column", "r", sql(f"REPLACE TABLE {r} {using} AS SELECT id FROM {u}"))
     # A new nullable column: the shard gains it, as after ALTER TABLE ... ADD COLUMNS.
@@ -372,7 +391,12 @@ def _replacing(
         writer = spark.sql(q).write.format("persistshard").option("path", loc("k_save"))
         writer.mode("overwrite").saveAsTable(n["k_save"])
 
-    for create in (k_sql, k_write_to, k_or_replace, k_save):
+    def k_retention(q: str) -> None:
+        options = "OPTIONS (retention '2 versions')"
+        table = n["k_retention"]
+        spark.sql(f"CREATE TABLE {table} {located('k_retention')} {options} AS {q}").collect()
+
+    for create in (k_sql, k_write_to, k_or_replace, k_save, k_retention):
         short = create.__name__
         step(f"{short}_failing", short, functools.partial(create, failing))
         step(short, short, functools.partial(create, rows(0)))

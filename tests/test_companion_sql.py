@@ -130,7 +130,7 @@ REPLACING = (
     "write_to_create_or_replace",
     "save_as_table_overwrite",
 )
-CREATING = ("k_sql", "k_write_to", "k_or_replace", "k_save")
+CREATING = ("k_sql", "k_write_to", "k_or_replace", "k_save", "k_retention")
 
 
 def new_data_commits(step: dict[str, Any]) -> list[str]:
@@ -218,6 +218,29 @@ def test_a_ctas_after_a_failed_one_creates_the_table(session, form):
     assert step["after"]["reads"] == shifted(0), form
     location = step["after"]["table"]["location"]
     assert location.startswith("file:") and location.endswith(f"/{form}"), location
+
+
+def test_a_replace_with_a_retention_sets_it_in_its_commit_and_a_failed_one_does_not(session):
+    """OPTIONS (retention ...) on a REPLACE: a failed query leaves the retention (and the rest)
+    as it was; the replace that lands sets it in its one overwrite commit."""
+    failed = session["replace_with_retention_failing"]
+    assert "boom" in failed.get("error", ""), failed.get("error")
+    unchanged(failed, "replace_with_retention_failing")
+    assert failed["after"]["retention"] is None
+    step = session["replace_with_retention"]
+    assert "error" not in step, step["error"]
+    assert new_data_commits(step) == ["overwrite"], step["after"]["history"]
+    added = step["after"]["commits"][len(step["before"]["commits"]) :]
+    assert [c for c in added if "append" in c or "retention" in c] == ["append_set_retention"]
+    assert step["after"]["retention"] == "2 versions"
+
+
+def test_a_ctas_with_a_retention_sets_it_in_its_commit(session):
+    """(Its failed run leaves no table and no shard: the CREATING tests above.)"""
+    step = session["k_retention"]
+    assert "error" not in step, step["error"]
+    assert step["after"]["commits"] == ["append_set_retention"], step["after"]["commits"]
+    assert step["after"]["retention"] == "2 versions"
 
 
 def test_a_create_or_replace_without_a_location_is_refused(session):

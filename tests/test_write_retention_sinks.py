@@ -212,9 +212,7 @@ def test_a_batch_write_of_refused_columns_leaves_the_retention_as_it_was(locatio
     [(False, {}), (True, {}), (False, {"key_columns": "id"})],
     ids=["append", "overwrite", "upsert"],
 )
-def test_a_batch_write_whose_task_raises_leaves_the_retention_as_it_was(
-    location, overwrite, more
-):
+def test_a_batch_write_whose_task_raises_leaves_the_retention_as_it_was(location, overwrite, more):
     before = look(location)
     with pytest.raises(Boom):
         batch_write(location, failing([7, 8]), overwrite=overwrite, retention="7d", **more)
@@ -225,9 +223,9 @@ def test_a_batch_write_refused_at_its_commit_leaves_the_retention_as_it_was(loca
     """An ``expected_upper`` another writer moved: `UpperMismatch` at the commit; the only
     new entry is the other writer's."""
     version = ps.open_shard(location).inspect.state().version
-    writer = PersistShardDataSource(
-        options(location, retention="7d", expected_upper="3")
-    ).writer(SCHEMA, False)
+    writer = PersistShardDataSource(options(location, retention="7d", expected_upper="3")).writer(
+        SCHEMA, False
+    )
     message = writer.write(iter([rows([7])]))
     ps.open_shard(location).append(pa.table({"id": pa.array([9], pa.int64()), "v": ["v9"]}))
     before = look(location)
@@ -304,9 +302,7 @@ def test_a_micro_batch_sets_the_retention_with_its_data(location, complete, more
     [(False, {}), (True, {}), (False, {"key_columns": "id"})],
     ids=["append", "complete", "upsert"],
 )
-def test_a_micro_batch_whose_task_raises_leaves_the_retention_as_it_was(
-    location, complete, more
-):
+def test_a_micro_batch_whose_task_raises_leaves_the_retention_as_it_was(location, complete, more):
     before = look(location)
     with pytest.raises(Boom):
         stream_write(location, 0, failing([7, 8]), complete=complete, retention="7d", **more)
