@@ -6,34 +6,20 @@ tests/test_write_retention_sinks.py.)"""
 
 from __future__ import annotations
 
-import pyarrow as pa
 import pytest
+import test_write_retention_sinks as sinks
 
 import persistshard as ps
 from persistshard.core.statemachine.retention import Retention
 
 pytestmark = pytest.mark.spark
 
+#: The fixture (a shard of three versions with a one-hour retention) and what a failed write
+#: must leave as it was, as in the tests without a JVM.
+location = sinks.location
+look = sinks.look
+
 FAILING = "id, IF(id > 1, CAST(raise_error('boom') AS STRING), v) AS v"
-
-
-@pytest.fixture
-def location(tmp_path) -> str:
-    """A shard of three versions (ids 1, 2, 3) with a one-hour retention."""
-    loc = str(tmp_path / "s")
-    shard = ps.open_shard(loc, maintenance=False)
-    for i in (1, 2, 3):
-        shard.append(pa.table({"id": pa.array([i], pa.int64()), "v": pa.array([f"v{i}"])}))
-    shard.set_retention(seconds=3600)
-    return loc
-
-
-def look(location: str) -> tuple:
-    shard = ps.open_shard(location, maintenance=False)
-    state = shard.inspect.state()
-    history = [(h["version"], h["commit"], h["id"]) for h in shard.inspect.history()]
-    rows = sorted((r["id"], r["v"], r["_diff"]) for r in shard.snapshot().to_pylist())
-    return state.retention, state.retention_marks, state.since, state.upper, history, rows
 
 
 @pytest.mark.parametrize(
@@ -84,19 +70,18 @@ def test_a_stream_whose_tasks_fail_changes_nothing_and_one_that_runs_sets_it(
     src = tmp_path / "src"
     append_records(str(src), "t", 0, ["x", "y", "z"])
 
+    source = (
+        spark.readStream.format("partitioned_log")
+        .load(str(src))
+        .selectExpr("offset + 1 AS id", "CAST(value AS STRING) AS v")
+    )
+
     def run(select: str, checkpoint: str) -> BaseException | None:
-        q = (
-            spark.readStream.format("partitioned_log")
-            .load(str(src))
-            .selectExpr("offset + 1 AS id", "CAST(value AS STRING) AS v")
-            .selectExpr(*select.split(", ", 1))
-            .writeStream.format("persistshard")
-            .option("writer_id", "ingest")
-            .option("retention", "7d")
-            .option("checkpointLocation", str(tmp_path / checkpoint))
-            .trigger(availableNow=True)
-            .start(location)
-        )
+        """The stream of ``select`` over the records, to its end; its error, or None."""
+        sink = source.selectExpr(*select.split(", ", 1)).writeStream.format("persistshard")
+        chk = str(tmp_path / checkpoint)
+        sink = sink.options(writer_id="ingest", retention="7d", checkpointLocation=chk)
+        q = sink.trigger(availableNow=True).start(location)
         try:
             q.awaitTermination(180)
         except Exception as e:  # a failed query raises here

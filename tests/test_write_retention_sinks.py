@@ -138,6 +138,26 @@ def reclock_rows(ids: list[int]) -> pa.RecordBatch:
     )
 
 
+#: Every write path (but the reclocked ones: tested on their own), writing ``ids`` with
+#: options ``more`` into the shard at a location.
+PATHS: dict[str, Any] = {
+    "append": lambda loc, ids, **more: batch_write(loc, ids, **more),
+    "overwrite": lambda loc, ids, **more: batch_write(loc, ids, overwrite=True, **more),
+    "upsert": lambda loc, ids, **more: batch_write(loc, ids, key_columns="id", **more),
+    "stream-append": lambda loc, ids, **more: stream_write(loc, 0, ids, **more),
+    "stream-complete": lambda loc, ids, **more: stream_write(loc, 0, ids, complete=True, **more),
+    "stream-upsert": lambda loc, ids, **more: stream_write(loc, 0, ids, key_columns="id", **more),
+}
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+def test_a_write_whose_task_raises_leaves_the_retention_as_it_was(location, path):
+    before = look(location)
+    with pytest.raises(Boom):
+        PATHS[path](location, failing([7, 8]), retention="7d")
+    assert look(location) == before
+
+
 # --- batch writes -----------------------------------------------------------------------------
 
 
@@ -204,18 +224,6 @@ def test_a_batch_write_of_refused_columns_leaves_the_retention_as_it_was(locatio
     other = StructType([StructField("id", StringType()), StructField("v", StringType())])
     with pytest.raises(InvalidUpdates):
         PersistShardDataSource(options(location, retention="7d")).writer(other, False)
-    assert look(location) == before
-
-
-@pytest.mark.parametrize(
-    ("overwrite", "more"),
-    [(False, {}), (True, {}), (False, {"key_columns": "id"})],
-    ids=["append", "overwrite", "upsert"],
-)
-def test_a_batch_write_whose_task_raises_leaves_the_retention_as_it_was(location, overwrite, more):
-    before = look(location)
-    with pytest.raises(Boom):
-        batch_write(location, failing([7, 8]), overwrite=overwrite, retention="7d", **more)
     assert look(location) == before
 
 
@@ -294,18 +302,6 @@ def test_a_micro_batch_sets_the_retention_with_its_data(location, complete, more
     # A replayed micro-batch commits nothing, and sets nothing either.
     before = look(location)
     stream_write(location, 1, [7, 8], complete=complete, retention="2 versions", **more)
-    assert look(location) == before
-
-
-@pytest.mark.parametrize(
-    ("complete", "more"),
-    [(False, {}), (True, {}), (False, {"key_columns": "id"})],
-    ids=["append", "complete", "upsert"],
-)
-def test_a_micro_batch_whose_task_raises_leaves_the_retention_as_it_was(location, complete, more):
-    before = look(location)
-    with pytest.raises(Boom):
-        stream_write(location, 0, failing([7, 8]), complete=complete, retention="7d", **more)
     assert look(location) == before
 
 
