@@ -324,8 +324,9 @@ class Shard:
         commit naming a missing part, a part of another size than recorded, or a part whose
         times lie outside its batch is refused (`CorruptData`, `InvalidUpdates`) with nothing
         applied and nothing deleted. ``options``: ``commit_id``, ``writer``, ``rebase``,
-        ``label`` (`persistshard.core.write.transaction.CommitOptions`). A refused commit
-        deletes the parts; see `persistshard.core.write.transaction.WriteTransaction.commit`."""
+        ``label``, ``retention`` (`persistshard.core.write.transaction.CommitOptions`). A
+        refused commit deletes the parts; see
+        `persistshard.core.write.transaction.WriteTransaction.commit`."""
         return write_transaction(self).commit(
             written,
             expected_upper=expected_upper,

@@ -337,3 +337,32 @@ def test_a_reclocked_micro_batch_sets_the_retention_with_its_data(tmp_path):
     (entry,) = new_entries(loc, 0)
     assert entry["commit"] == "append_set_retention"
     assert ps.open_shard(loc).inspect.retention() == WEEK
+
+
+# --- writes that commit nothing, or nothing but the upper -------------------------------------
+
+
+def test_a_write_of_no_rows_sets_the_retention_with_the_seal_it_commits(location):
+    """A batch write of no rows still commits (the upper moves by one: a seal), and its
+    retention lands with that commit."""
+    version = ps.open_shard(location).inspect.state().version
+    batch_write(location, [], retention="7d")
+    (entry,) = new_entries(location, version)
+    assert (entry["commit"], entry["kind"]) == ("append_set_retention", "seal")
+    assert ps.open_shard(location).inspect.retention() == WEEK
+
+
+def test_a_reclocked_write_with_nothing_to_seal_sets_nothing(tmp_path):
+    """A reclocked write whose records bind nothing new commits nothing to its output: its
+    retention waits for a write that commits, as Delta sets table properties only with a
+    commit."""
+    loc = str(tmp_path / "r")
+    more = reclocked(loc, tmp_path, [0])
+    writer = PersistShardDataSource(options(loc, **more)).writer(RECLOCK_SCHEMA, False)
+    writer.commit([writer.write(iter([reclock_rows([0])]))])
+    before = look(loc)
+    opts = options(loc, retention="7d", remap=more["remap"], source_frontier="{}")
+    writer = PersistShardDataSource(opts).writer(RECLOCK_SCHEMA, False)
+    writer.commit([writer.write(iter([reclock_rows([])]))])
+    assert look(loc) == before
+    assert before[0] is None
