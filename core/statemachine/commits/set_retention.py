@@ -43,10 +43,9 @@ def retained(
     return follow_retention(replace(state, retention=retention, retention_marks=marks), at_ms)
 
 
-def describe_change(retention: ret.Retention | None) -> str:
-    """What setting ``retention`` did, for `Shard.history`: ``retention 7d`` or ``retention
-    cleared``."""
-    return f"retention {retention.describe()}" if retention is not None else "retention cleared"
+def retention_json(retention: ret.Retention | None) -> dict[str, Any] | None:
+    """The stored form of a retention argument (null: cleared)."""
+    return retention.to_json() if retention is not None else None
 
 
 @dataclass(frozen=True)
@@ -69,9 +68,5 @@ class SetRetention(Commit):
         return retained(state, self.retention, self.at_ms, self.kind, location)
 
     def summary(self) -> str:
-        return describe_change(self.retention)
-
-
-def retention_json(retention: ret.Retention | None) -> dict[str, Any] | None:
-    """The stored form of a retention argument (null: cleared)."""
-    return retention.to_json() if retention is not None else None
+        kept = self.retention
+        return f"retention {kept.describe()}" if kept is not None else "retention cleared"
