@@ -22,6 +22,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 import persistshard as ps
 from persistshard.core.statemachine.retention import Retention
 from persistshard.datasource import reclock
+from persistshard.datasource.options import TABLE_KEY
 from persistshard.datasource.source import PersistShardDataSource
 from persistshard.datasource.upsert import upsert_stream_task
 from persistshard.datasource.writer import describe_write
@@ -224,6 +225,12 @@ def test_a_batch_write_of_refused_columns_leaves_the_retention_as_it_was(locatio
     other = StructType([StructField("id", StringType()), StructField("v", StringType())])
     with pytest.raises(InvalidUpdates):
         PersistShardDataSource(options(location, retention="7d")).writer(other, False)
+    assert look(location) == before
+    # A SQL table whose columns dropped one of the shard's (`check_table_columns`).
+    table = options(location, retention="7d", **{TABLE_KEY: "t"})
+    dropped = StructType([StructField("id", LongType())])
+    with pytest.raises(InvalidOption, match="no longer include the shard's column v"):
+        PersistShardDataSource(table).writer(dropped, False)
     assert look(location) == before
 
 
