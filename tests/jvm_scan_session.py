@@ -337,9 +337,9 @@ def collect(spark: Any, work: Path) -> dict[str, Any]:
     return result
 
 
-def bridge_readers(spark: Any) -> list[int]:
-    """The process ids of the ``bridge reads`` workers the session's JVM runs (its children:
-    in local mode the executors are the driver's JVM)."""
+def bridge_readers(spark: Any, command: bytes = b"reads") -> list[int]:
+    """The process ids of the ``bridge reads`` (or ``command``) workers the session's JVM
+    runs (its children: in local mode the executors are the driver's JVM)."""
     bean = spark._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
     jvm = int(bean.getPid())
     found = []
@@ -353,7 +353,7 @@ def bridge_readers(spark: Any) -> list[int]:
                 argv = f.read().split(b"\0")
         except (OSError, IndexError, ValueError):
             continue  # ended meanwhile
-        if parent == jvm and b"persistshard.datasource.bridge" in argv and b"reads" in argv:
+        if parent == jvm and b"persistshard.datasource.bridge" in argv and command in argv:
             found.append(int(entry))
     return sorted(found)
 

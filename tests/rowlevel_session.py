@@ -117,7 +117,7 @@ def _statements(spark: Any, work: Path, named: Callable[[str, str], str]) -> dic
             spark.sql(sql).collect()
         except Exception as e:
             text = str(e)
-            for name in ("UpperMismatch", "ValueError", "InvalidOption"):
+            for name in ("UpperMismatch", "ValueError", "InvalidOption", "InvalidUpdates"):
                 if f"{name}: " in text:
                     return text[text.index(f"{name}: ") :].splitlines()[0]
             return text.splitlines()[0]
@@ -232,7 +232,107 @@ def _statements(spark: Any, work: Path, named: Callable[[str, str], str]) -> dic
 
     spark.udf.register(booming := named("function", "boom"), udf(boom, BooleanType()))
     case("failure", f, f"DELETE FROM {tf} WHERE {booming}(id)", model, fails=True)
+
+    # Pooled writers, one write task per statement (one partition each, no shuffle of more).
+    shuffle = spark.conf.get("spark.sql.shuffle.partitions")
+    spark.conf.set("spark.sql.shuffle.partitions", "1")
+    try:
+        cases["pool"] = _pooled_writers(spark, work, named, create, case, cases)
+    finally:
+        spark.conf.set("spark.sql.shuffle.partitions", shuffle)
     return {"cases": cases}
+
+
+def _pooled_writers(
+    spark: Any,
+    work: Path,
+    named: Callable[[str, str], str],
+    create: Callable[..., tuple[Any, str]],
+    case: Callable[..., None],
+    cases: dict[str, dict[str, Any]],
+) -> dict[str, Any]:
+    """Statements one after another, each of one write task, and the ``bridge writes``
+    workers of the session's JVM after each (`bridge_readers`): a DELETE, a MERGE, a DELETE
+    whose write fails in Python (a shard storing nanosecond timestamps, which Spark's rows
+    cannot be stored as), a DELETE whose task Spark aborts after handing rows to its worker
+    (a Python UDF raising on the task's 15,000th row), then a DELETE on the first table again.
+    Each statement's outcome is a case of its own (`case`)."""
+    from jvm_scan_session import bridge_readers
+    from pyspark.sql.functions import udf
+    from pyspark.sql.types import BooleanType
+
+    import persistshard as ps
+
+    def workers() -> list[int]:
+        return bridge_readers(spark, b"writes")
+
+    model = rows(40)
+    p, tp = create("pool", model)
+    model = Counter({k: v for k, v in model.items() if k[0] is None or k[0] % 3 != 0})
+    case("pool delete", p, f"DELETE FROM {tp} WHERE id % 3 = 0", model)
+    pool: dict[str, Any] = {"first": workers()}
+
+    spark.createDataFrame([(1, "m1"), (600, "m600")], "id BIGINT, s STRING").coalesce(
+        1
+    ).createOrReplaceTempView(src := named("view", "pool_src"))
+    merged: Counter[Row] = Counter()
+    for k, v in model.items():
+        merged[(1, "m1") if k[0] == 1 else k] += v
+    merged[(600, "m600")] += 1
+    case(
+        "pool merge",
+        p,
+        f"MERGE INTO {tp} AS t USING {src} AS src ON t.id = src.id "
+        "WHEN MATCHED THEN UPDATE SET s = src.s WHEN NOT MATCHED THEN INSERT *",
+        merged,
+    )
+    pool["merge"] = workers()
+
+    location = str(work / "pool-ns")
+    ns = ps.open_shard(location, inline_bytes=0)
+    ns.append(
+        pa.table(
+            {
+                "id": pa.array([1, 2], pa.int64()),
+                "s": pa.array(["a", "b"], pa.string()),
+                "t": pa.array([10, 20], pa.timestamp("ns", tz="UTC")),
+                "_time": pa.array([0, 0], pa.int64()),
+                "_diff": pa.array([1, 1], pa.int64()),
+            }
+        ),
+        new_upper=1,
+    )
+    spark.sql(
+        f"CREATE TABLE {(tn := named('table', 'pool_ns'))} USING persistshard "
+        f"LOCATION '{location}' OPTIONS (inline_bytes '0')"
+    )
+    case(
+        "pool python failure",
+        ns,
+        f"DELETE FROM {tn} WHERE id = 1",
+        Counter({(1, "a"): 1, (2, "b"): 1}),
+        fails=True,
+    )
+    pool["failed"] = workers()
+
+    big_model: Counter[Row] = Counter({(i, "big"): 1 for i in range(20_000)})
+    big, tbig = create("pool_big", big_model)
+    seen = [0]
+
+    def aborting(i: int | None) -> bool:
+        seen[0] += 1
+        if seen[0] == 15_000:
+            raise ValueError("abort at the task's row 15000")
+        return True
+
+    spark.udf.register(fn := named("function", "pool_abort"), udf(aborting, BooleanType()))
+    case("pool abort", big, f"DELETE FROM {tbig} WHERE {fn}(id)", big_model, fails=True)
+    pool["aborted"] = workers()
+
+    model = Counter({k: v for k, v in merged.items() if k[0] is None or k[0] % 3 != 1})
+    case("pool after abort", p, f"DELETE FROM {tp} WHERE id % 3 = 1", model)
+    pool["after"] = workers()
+    return pool
 
 
 def main() -> None:

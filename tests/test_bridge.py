@@ -292,3 +292,54 @@ def test_a_reads_worker_ends_with_its_input(tmp_path):
         sink = io.BytesIO()
         bridge.serve_reads(io.BytesIO(stdin), sink)
         assert sink.getvalue() == b""
+
+
+def test_one_writes_worker_writes_task_after_task(tmp_path):
+    """``bridge writes`` (the JVM's pooled workers for DELETE, UPDATE and MERGE): each framed
+    request (its header, then its body of Arrow frames up to an ``E`` frame) is answered
+    with its commit message; a task whose write fails in Python (a zero diff, refused after
+    its first batch) is answered with one ``X`` frame naming the error as the Python source
+    does, its body read to the end, and the worker goes on with the next task. The messages
+    of the tasks that ended well commit exactly their rows; a zero length ends the worker."""
+    from test_rowlevel_bridge import answers, begin, contents, seed, stream
+    from test_rowlevel_bridge import request as write_request
+
+    path = str(tmp_path / "t")
+    seed(path)
+    writer = begin(path)["writer"]
+    stdin = write_request(writer, stream([(1, "a", -1), (9, "new", 1)]))
+    stdin += write_request(writer, stream([(2, None, 0)] + [(7, "x", 1)] * 50))
+    stdin += write_request(writer, stream([(3, "c", -1), (None, "n", -1)]))
+    stdin += bridge.REQUEST.pack(0) + b"never read"
+    sink = io.BytesIO()
+    bridge.serve_writes(io.BytesIO(stdin), sink)
+    first, failed, third = answers(sink.getvalue())
+    assert first[0] == third[0] == bridge.END
+    assert failed[0] == bridge.FAILED
+    assert json.loads(failed[1]).startswith("InvalidUpdates: _diff has 1 zero values"), failed
+    messages = [json.loads(first[1])["message"], json.loads(third[1])["message"]]
+    from persistshard.datasource import rowlevel
+
+    rowlevel.driver_step("delta_commit", {"writer": writer, "messages": messages})
+    assert contents(path) == {(1, "a"): 2, (2, None): 1, (None, "n"): 1, (9, "new"): 1}
+    report = ps.open_shard(path).gc(dry_run=True, retention_seconds=0)
+    assert not report.orphaned_parts and report.leased_parts == 0
+
+
+def test_a_writes_worker_ends_when_its_task_is_abandoned(tmp_path):
+    """A task the JVM abandons (Spark aborted it: the JVM ends the worker, so its input ends
+    before the body's ``E`` frame, after a request or in the middle of a frame) is never
+    answered and ends the worker; the requests before it were answered."""
+    from test_rowlevel_bridge import answers, begin, seed, stream
+    from test_rowlevel_bridge import request as write_request
+
+    path = str(tmp_path / "t")
+    seed(path)
+    writer = begin(path)["writer"]
+    good = write_request(writer, stream([(1, "a", -1)]))
+    cut = write_request(writer, stream([(2, None, -1)] * 40), end=False)
+    for stdin in (good + cut, good + cut[:-3], good + cut + bridge.FRAME.pack(b"?", 0) + good):
+        sink = io.BytesIO()
+        bridge.serve_writes(io.BytesIO(stdin), sink)
+        ((tag, _),) = answers(sink.getvalue())
+        assert tag == bridge.END

@@ -11,7 +11,7 @@ session if it has the companion; without it, a session of the script's own start
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import rowlevel_session
@@ -29,7 +29,10 @@ def cases(request, spark, tmp_path_factory) -> dict[str, Any]:
     return cases
 
 
-@pytest.mark.parametrize("name", STATEMENTS)
+POOLED = ("pool delete", "pool merge", "pool after abort")
+
+
+@pytest.mark.parametrize("name", STATEMENTS + POOLED)
 def test_a_statement_commits_its_changes_at_one_new_time(cases, name):
     case = cases[name]
     assert case["error"] is None, f"{name} failed: {case['error']}"
@@ -82,3 +85,28 @@ def test_a_statement_failing_in_its_tasks_writes_nothing(cases):
     assert case["rows"] == case["model"], "the failed statement changed the shard"
     assert case["upper_after"] == case["upper_before"], "the failed statement committed"
     assert case["orphans"] == 0, f"{case['orphans']} unreferenced parts left"
+
+
+def test_statements_tasks_reuse_the_jvms_write_workers(cases):
+    """A task's rows go to a long-lived ``bridge writes`` worker from the JVM's pool: the next
+    statements (a MERGE after a DELETE, a DELETE whose write failed in Python with the error
+    named as the Python source names it) start no interpreter; a task Spark aborts after it
+    handed its worker rows ends that worker (never reused), starts no other, and a statement
+    after it commits exactly its changes, the aborted one nothing."""
+    pool = cast(dict[str, Any], cases["pool"])
+    assert pool["first"], "no bridge writes worker served the DELETE"
+    assert pool["merge"] == pool["first"], f"the MERGE started interpreters: {pool}"
+    failed = cases["pool python failure"]
+    assert (failed["error"] or "").startswith("InvalidUpdates: "), failed["error"]
+    assert "timestamp[ns" in failed["error"], failed["error"]
+    assert failed["rows"] == failed["model"] and failed["upper_after"] == failed["upper_before"]
+    assert failed["orphans"] == 0, f"{failed['orphans']} unreferenced parts left"
+    assert pool["failed"] == pool["first"], f"the failed write's worker was not kept: {pool}"
+    aborted = cases["pool abort"]
+    assert "abort at the task's row 15000" in (aborted["error"] or ""), aborted["error"]
+    assert aborted["rows"] == aborted["model"], "the aborted statement changed the shard"
+    assert aborted["upper_after"] == aborted["upper_before"], "the aborted statement committed"
+    assert aborted["orphans"] == 0, f"{aborted['orphans']} unreferenced parts left"
+    ended = set(pool["first"]) - set(pool["aborted"])
+    assert ended and set(pool["aborted"]) < set(pool["first"]), f"aborted task's worker: {pool}"
+    assert not ended & set(pool["after"]), f"an ended worker served again: {pool}"

@@ -1,6 +1,6 @@
 """The Python side of the companion's DELETE, UPDATE and MERGE (`persistshard.datasource.
 rowlevel`), driven as the JVM drives it but without Spark: ``delta_begin`` pins the upper,
-each task's rows with diffs go through ``bridge write`` as an Arrow stream, and
+each task's rows with diffs go through a ``bridge writes`` worker as an Arrow stream, and
 ``delta_commit`` lands every task's parts in one compare-and-append at the pinned time; a
 writer committing in between makes it `UpperMismatch` with nothing applied and no part left.
 """
@@ -39,9 +39,8 @@ def seed(path: str) -> Any:
     return shard
 
 
-def task(writer: str, rows: list[tuple[int | None, str | None, int]]) -> str:
-    """One task as `DeltaTaskWriter` sends it: a header line, then an Arrow stream."""
-    schema = rowlevel.write_schema(SCHEMA)
+def stream(rows: list[tuple[int | None, str | None, int]]) -> bytes:
+    """The Arrow IPC stream of a task's rows as `DeltaTaskWriter` sends them."""
     table = pa.table(
         {
             "id": pa.array([r[0] for r in rows], pa.int64()),
@@ -50,12 +49,50 @@ def task(writer: str, rows: list[tuple[int | None, str | None, int]]) -> str:
         }
     )
     sink = io.BytesIO()
-    header = {"writer": writer, "schema": json.loads(schema.json())}
-    sink.write((json.dumps(header) + "\n").encode())
-    with pa.ipc.new_stream(sink, table.schema) as stream:
-        stream.write_table(table)
-    sink.seek(0)
-    return rowlevel.write(sink)["message"]
+    with pa.ipc.new_stream(sink, table.schema) as out:
+        for batch in table.to_batches(max_chunksize=2):
+            out.write_batch(batch)
+    return sink.getvalue()
+
+
+def request(writer: str, body: bytes, *, frame_bytes: int = 64, end: bool = True) -> bytes:
+    """One ``bridge writes`` request as `DeltaTaskWriter` frames it: the JSON header, the
+    body in ``D`` frames of ``frame_bytes``, then (unless not ``end``) the ``E`` frame."""
+    header = json.dumps(
+        {"writer": writer, "schema": json.loads(rowlevel.write_schema(SCHEMA).json())}
+    ).encode()
+    out = bridge.REQUEST.pack(len(header)) + header
+    for at in range(0, len(body), frame_bytes):
+        piece = body[at : at + frame_bytes]
+        out += bridge.FRAME.pack(bridge.DATA, len(piece)) + piece
+    return out + (bridge.FRAME.pack(bridge.END, 0) if end else b"")
+
+
+def answers(data: bytes) -> list[tuple[bytes, bytes]]:
+    """A ``writes`` worker's answers: (last frame's tag, the data frames' payload or the
+    error's text)."""
+    out, payload, at = [], b"", 0
+    while at < len(data):
+        tag, length = bridge.FRAME.unpack_from(data, at)
+        at += bridge.FRAME.size
+        if tag == bridge.DATA:
+            payload += data[at : at + length]
+        else:
+            out.append((tag, payload if tag == bridge.END else data[at : at + length]))
+            payload = b""
+        at += length
+    assert payload == b"", "an answer without its last frame"
+    return out
+
+
+def task(writer: str, rows: list[tuple[int | None, str | None, int]]) -> str:
+    """One task as `DeltaTaskWriter` sends it to a ``bridge writes`` worker; its message."""
+    sink = io.BytesIO()
+    bridge.serve_writes(io.BytesIO(request(writer, stream(rows))), sink)
+    ((tag, payload),) = answers(sink.getvalue())
+    assert tag == bridge.END, payload
+    message: str = json.loads(payload)["message"]
+    return message
 
 
 def contents(path: str) -> Counter[tuple[Any, Any]]:
