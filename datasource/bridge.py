@@ -1,5 +1,5 @@
 """The JVM companion's way into the Python source: ``python -m persistshard.datasource.bridge
-plan|serve|reads|write``, JSON requests on stdin (docs/design.md, "JVM companion").
+plan|serve|reads|writes``, JSON requests on stdin (docs/design.md, "JVM companion").
 
 The companion's columnar scans (``jvm/src/persistshard/companion``) keep one implementation
 of the state machine and of read planning, this one:
@@ -35,16 +35,24 @@ of the state machine and of read planning, this one:
   columns, ``count(*)``, streams one column of nulls, `ROWS`, for the counts); then one
   ``E`` frame (empty: the read ended well) or ``X`` frame (JSON string: the error's text),
   after which the process takes the next request.
-- ``write``: one task of a row-level operation (`persistshard.datasource.rowlevel.write`): a
-  JSON line naming the pickled writer, then an Arrow IPC stream of rows with their diffs; the
-  answer is the task's pickled commit message.
+- ``writes``: tasks of row-level operations written one after another by one long-lived
+  process (the JVM keeps a pool of them per interpreter, as of ``reads``, so a task starts
+  no interpreter). A request is framed as a ``reads`` request, its JSON naming the pickled
+  writer and the rows' schema, followed by a body: ``D`` frames carrying, concatenated, an
+  Arrow IPC stream of the task's rows with their diffs, then one ``E`` frame (`FramedBody`).
+  The task's parts are written as the task's (`persistshard.datasource.rowlevel.write`); the
+  answer is framed as a ``reads`` answer: ``D`` frames carrying the JSON ``{"message":
+  pickled commit message}``, then ``E``, or one ``X`` frame. A request whose input ends
+  before its ``E`` frame (the JVM ended the worker: Spark aborted the task) ends the
+  process; what it wrote carries the write's id and is swept by the driver.
 
-Invariants: an error of ``plan`` or ``write`` ends the process with status 1 after one line
+Invariants: an error of ``plan`` ends the process with status 1 after one line
 ``PERSISTSHARD-ERROR <json string>`` on stderr, the error's text (which starts with its class
 name), so the JVM raises it with the same class name as the Python source would show;
 nothing else is written to stdout on failure than what a consumer of a partial answer must
-discard anyway. An error of one ``reads`` request is its ``X`` frame, with the same text,
-and the process goes on; a request's answer always ends with exactly one ``E`` or ``X``
+discard anyway. An error of one ``reads`` or ``writes`` request is its ``X`` frame, with the
+same text, and the process goes on (a ``writes`` request's body read to its ``E`` frame
+first); a request's answer always ends with exactly one ``E`` or ``X``
 frame, so a reader that consumed it may send the next request. Option
 checks and errors are the Python source's, for the relation's whole schema (pruning changes
 no error). Logging goes to stderr.
@@ -58,6 +66,7 @@ import logging
 import pickle
 import struct
 import sys
+from collections.abc import Callable
 from typing import Any, BinaryIO, TextIO
 
 import pyarrow as pa
@@ -208,17 +217,18 @@ def read(request: dict[str, Any], sink: BinaryIO | FramedAnswer) -> None:
                     stream.write_batch(batch)
 
 
-#: A ``reads`` answer frame's header: its tag (`DATA`, `END`, `FAILED`), its payload's length.
+#: An answer frame's header (and a ``writes`` request body's): its tag (`DATA`, `END`,
+#: `FAILED`), its payload's length.
 FRAME = struct.Struct(">cI")
 DATA, END, FAILED = b"D", b"E", b"X"
-#: A ``reads`` request's header: the JSON's length.
+#: A ``reads`` or ``writes`` request's header: the JSON's length.
 REQUEST = struct.Struct(">I")
 
 
 class FramedAnswer:
-    """The stdout of one ``reads`` answer, as the file Arrow's stream writer writes: its bytes
-    go out as `DATA` frames of up to `FRAME_BYTES` (small writes buffered together). `end`
-    and `fail` write the answer's last frame and flush."""
+    """The stdout of one ``reads`` or ``writes`` answer, as the file Arrow's stream writer
+    writes: its bytes go out as `DATA` frames of up to `FRAME_BYTES` (small writes buffered
+    together). `end` and `fail` write the answer's last frame and flush."""
 
     FRAME_BYTES = 1 << 20
 
@@ -259,9 +269,97 @@ class FramedAnswer:
         self._out.flush()
 
 
-def serve_reads(source: BinaryIO, sink: BinaryIO) -> None:
-    """``reads``: one partition read per framed request of ``source``, each answered on
-    ``sink`` as `FramedAnswer` frames, until ``source`` ends or a request of length 0."""
+class Abandoned(Exception):
+    """The JVM's end of the pipe closed in the middle of a request: nobody reads an answer
+    (the JVM ended this worker, say for a task Spark aborted), so the worker ends."""
+
+
+class FramedBody:
+    """The body of one ``writes`` request, as the file Arrow's stream reader reads: the
+    payloads of its `DATA` frames, concatenated, ending at its `END` frame. `drain` reads to
+    that frame (what Arrow's reader left, or all of it after a failure), so the next request
+    starts where it should. The input ending before the `END` frame is `Abandoned`."""
+
+    def __init__(self, source: BinaryIO) -> None:
+        self._source = source
+        self._left = 0
+        self.ended = False
+        self.abandoned = False
+        self.closed = False
+
+    def readable(self) -> bool:
+        return True
+
+    def _take(self, n: int) -> bytes:
+        data = self._source.read(n)
+        if len(data) < n:
+            self.abandoned = True
+            raise Abandoned(f"the request's body ended after {len(data)} of {n} bytes")
+        return data
+
+    def _more(self) -> bool:
+        """Positions at data (True) or the body's end (False)."""
+        while self._left == 0 and not self.ended:
+            tag, length = FRAME.unpack(self._take(FRAME.size))
+            if tag == END:
+                self.ended = True
+            elif tag == DATA:
+                self._left = length
+            else:
+                self.abandoned = True
+                raise Abandoned(f"frame tag {tag!r} in a request's body")
+        return not self.ended
+
+    def read(self, n: int = -1) -> bytes:
+        out = bytearray()
+        while (n < 0 or len(out) < n) and self._more():
+            want = self._left if n < 0 else min(self._left, n - len(out))
+            out += self._take(want)
+            self._left -= want
+        return bytes(out)
+
+    def drain(self) -> None:
+        while self._more():
+            self._take(self._left)
+            self._left = 0
+
+    def close(self) -> None:
+        """Arrow's reader may close its file; the body is read to its end by `drain`."""
+
+
+def write_task(request: dict[str, Any], source: BinaryIO, answer_: FramedAnswer) -> None:
+    """One ``writes`` request: the task's rows, the Arrow stream in the request's body, written
+    by the request's writer (`persistshard.datasource.rowlevel.write`); the answer's one data
+    frame is the JSON ``{"message": pickled commit message}``. The body is read to its end
+    whether or not the write failed, so a failure is answered and the worker goes on."""
+    from persistshard.datasource import rowlevel
+
+    body = FramedBody(source)
+    try:
+        written = rowlevel.write(request, body)
+    except Exception:
+        if body.abandoned:
+            raise Abandoned("the JVM ended the request") from None
+        body.drain()
+        raise
+    body.drain()
+    answer_.write(json.dumps(written).encode())
+
+
+def read_task(request: dict[str, Any], source: BinaryIO, answer_: FramedAnswer) -> None:
+    """One ``reads`` request (`read`): the request has no body."""
+    read(request, answer_)
+
+
+def serve_framed(
+    source: BinaryIO,
+    sink: BinaryIO,
+    task: Callable[[dict[str, Any], BinaryIO, FramedAnswer], None],
+) -> None:
+    """``reads`` and ``writes``: one ``task`` per framed request of ``source``, each answered
+    on ``sink`` as `FramedAnswer` frames (an error: one `FAILED` frame with its text, and the
+    next request is served), until ``source`` ends, a request of length 0, or a request whose
+    input ends in the middle (`Abandoned`)."""
     while True:
         header = source.read(REQUEST.size)
         if len(header) < REQUEST.size:
@@ -274,12 +372,25 @@ def serve_reads(source: BinaryIO, sink: BinaryIO) -> None:
             return  # the JVM went away mid-request: nobody reads an answer
         answer_ = FramedAnswer(sink)
         try:
-            read(json.loads(body), answer_)
+            task(json.loads(body), source, answer_)
+        except Abandoned:
+            log.debug("bridge request abandoned by the JVM", exc_info=True)
+            return
         except Exception as e:
-            log.debug("bridge read failed", exc_info=True)
+            log.debug("bridge request failed", exc_info=True)
             answer_.fail(error_text(e))
         else:
             answer_.end()
+
+
+def serve_reads(source: BinaryIO, sink: BinaryIO) -> None:
+    """``reads``: one partition read per framed request (`serve_framed`, `read_task`)."""
+    serve_framed(source, sink, read_task)
+
+
+def serve_writes(source: BinaryIO, sink: BinaryIO) -> None:
+    """``writes``: one row-level task per framed request (`serve_framed`, `write_task`)."""
+    serve_framed(source, sink, write_task)
 
 
 def error_text(e: Exception) -> str:
@@ -314,17 +425,14 @@ def main(argv: list[str] | None = None) -> int:
     if args == ["reads"]:
         serve_reads(sys.stdin.buffer, sys.stdout.buffer)
         return 0
+    if args == ["writes"]:
+        serve_writes(sys.stdin.buffer, sys.stdout.buffer)
+        return 0
     try:
-        if args not in (["plan"], ["write"]):
+        if args != ["plan"]:
             raise ValueError(
-                f"usage: python -m {__name__} plan|serve|reads|write (JSON requests on stdin)"
+                f"usage: python -m {__name__} plan|serve|reads|writes (JSON requests on stdin)"
             )
-        if args == ["write"]:
-            from persistshard.datasource import rowlevel
-
-            sys.stdout.write(json.dumps(rowlevel.write(sys.stdin.buffer)))
-            sys.stdout.flush()
-            return 0
         request = json.loads(sys.stdin.buffer.read())
         sys.stdout.write(json.dumps(plan(request)))
         sys.stdout.flush()

@@ -17,8 +17,9 @@ write uses (`persistshard.datasource.writer`: mint, write parts, compare-and-app
   expects ``U``: another writer committing in between makes the commit `UpperMismatch`,
   never a retraction of rows that are no longer there (a plain append would rebase; this
   never does).
-- `write` (every task, ``bridge write``): the task's rows with their ``_diff`` as Arrow,
-  written as the task's parts under the write id; the answer is the pickled commit message.
+- `write` (every task, a request to a pooled ``bridge writes`` worker): the task's rows with
+  their ``_diff`` as Arrow, written as the task's parts under the write id; the answer is the
+  pickled commit message.
 - `commit` (driver): every task's parts in one compare-and-append at time ``U`` (new upper
   ``U + 1``); a refusal sweeps the write's parts, as does `abort`.
 
@@ -29,7 +30,6 @@ leaves it as it was, with no part of the write left behind.
 from __future__ import annotations
 
 import base64
-import json
 import logging
 import pickle
 from collections.abc import Iterator
@@ -126,12 +126,12 @@ def driver_step(kind: str, request: dict[str, Any]) -> dict[str, Any]:
     return {"done": kind}
 
 
-def write(source: BinaryIO) -> dict[str, str]:
-    """One task (``bridge write``): a JSON line ``{"writer", "schema"}`` on ``source``, then
-    an Arrow IPC stream of the task's rows in `write_schema` order; the task's parts are
-    written under the write's id and the answer is ``{"message": pickled commit message}``.
-    Batches are cast to the Arrow types Spark's Python writers see (`arrow_schema_of`)."""
-    header = json.loads(source.readline())
+def write(header: dict[str, Any], source: BinaryIO) -> dict[str, str]:
+    """One task (a ``bridge writes`` request): ``header`` is ``{"writer", "schema"}``,
+    ``source`` an Arrow IPC stream of the task's rows in `write_schema` order; the task's parts
+    are written under the write's id and the answer is ``{"message": pickled commit
+    message}``. Batches are cast to the Arrow types Spark's Python writers see
+    (`arrow_schema_of`)."""
     writer = _decode(header["writer"])
     assert isinstance(writer, PersistShardWriter)
     target = arrow_schema_of(_schema(header["schema"]))

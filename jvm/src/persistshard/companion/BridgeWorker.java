@@ -8,81 +8,98 @@ import java.io.DataOutputStream;
 import java.io.EOFException;
 import java.io.IOException;
 import java.io.InputStream;
+import java.io.OutputStream;
 import java.util.ArrayDeque;
 import java.util.HashMap;
 import java.util.Map;
 
 /**
- * A long-lived {@code python -m persistshard.datasource.bridge reads} that reads partitions
- * for {@link PythonReader}, one request at a time, kept in a pool per interpreter in each JVM:
- * a partition read by Python starts no interpreter (which costs more, in CPU, than reading a
- * small partition: Python, pyarrow and persistshard imported again).
+ * A long-lived {@code python -m persistshard.datasource.bridge reads} or {@code writes}: it
+ * reads partitions for {@link PythonReader} ({@code reads}) or writes the tasks of row-level
+ * operations for {@link DeltaTaskWriter} ({@code writes}), one request at a time, kept in a
+ * pool per command and interpreter in each JVM: a partition read by Python, or a task's
+ * write, starts no interpreter (which costs more, in CPU, than reading or writing a small
+ * partition: Python, pyarrow and persistshard imported again).
  *
  * <p>Protocol (the bridge's module docstring): a request is a 4-byte big-endian length and
- * that many bytes of JSON; its answer is frames of a tag byte and a 4-byte length: {@code D}
- * frames carry the Arrow IPC stream, then exactly one {@code E} (ended well) or {@code X}
- * (JSON string: the error's text, class name first) frame.
+ * that many bytes of JSON; a {@code writes} request goes on with its body ({@link #body}:
+ * {@code D} frames of a tag byte and a 4-byte length carrying the Arrow IPC stream of the
+ * task's rows, then one {@code E} frame). The answer is frames as well: {@code D} frames carry
+ * the Arrow IPC stream (or the task's commit message), then exactly one {@code E} (ended
+ * well) or {@code X} (JSON string: the error's text, class name first) frame.
  *
- * <p>Invariants: a worker serves one {@link Answer} at a time, from {@link #borrow} until
- * {@link #release}; it goes back to the pool only when its answer was read to its last frame
- * (an answer abandoned before that, say by a {@code LIMIT}, leaves frames in the pipe: that
- * worker is ended, never reused), and at most {@link #MAX_IDLE} wait there per interpreter
- * (more are ended). A worker that died or broke the protocol is ended and its stderr's end
- * is in the error. Workers end with the JVM: their stdin closes and the bridge returns.
+ * <p>Invariants: a worker serves one request at a time, from {@link #borrow} until {@link
+ * #release} or {@link #end}; it goes back to the pool only when its answer was read to its
+ * last frame (an answer abandoned before that, say by a {@code LIMIT}, leaves frames in the
+ * pipe; a request abandoned before its body's end, say a task Spark aborted, leaves Python
+ * waiting for the rest: that worker is ended, never reused), and at most {@link #MAX_IDLE}
+ * wait there per command and interpreter (more are ended). A worker that died or broke the
+ * protocol is ended and its stderr's end is in the error. Workers end with the JVM: their
+ * stdin closes and the bridge returns.
  */
-final class ReadWorker {
+final class BridgeWorker {
   private static final ObjectMapper JSON = new ObjectMapper();
-  private static final Map<String, ArrayDeque<ReadWorker>> IDLE = new HashMap<>();
-  /** Idle workers kept per interpreter: about as many as tasks run at once in a JVM. */
+  private static final Map<String, ArrayDeque<BridgeWorker>> IDLE = new HashMap<>();
+  /** Idle workers kept per command and interpreter: about as many as tasks run at once. */
   static final int MAX_IDLE = Math.max(2, Runtime.getRuntime().availableProcessors());
   private static final int STDERR_LINES = 40;
+  /** The largest {@code D} frame of a request's body. */
+  private static final int FRAME_BYTES = 1 << 20;
   private static final int DATA = 'D';
   private static final int END = 'E';
   private static final int FAILED = 'X';
 
+  private final String pool;
+  private final String command;
   private final Process process;
   private final DataOutputStream requests;
   private final DataInputStream answers;
   private final StderrTail stderr;
 
-  private ReadWorker(String python) {
-    process = PythonProcess.start(python, "reads", "reads");
-    requests = new DataOutputStream(new BufferedOutputStream(process.getOutputStream()));
+  private BridgeWorker(String command, String python) {
+    this.pool = key(command, python);
+    this.command = command;
+    process = PythonProcess.start(python, command, command);
+    requests = new DataOutputStream(new BufferedOutputStream(process.getOutputStream(), 1 << 16));
     answers = new DataInputStream(new BufferedInputStream(process.getInputStream(), 1 << 16));
-    stderr = new StderrTail(process, STDERR_LINES, "persistshard-reads-stderr");
+    stderr = new StderrTail(process, STDERR_LINES, "persistshard-" + command + "-stderr");
   }
 
-  /** An idle worker of {@code python} from the pool, else a new one. */
-  static ReadWorker borrow(String python) {
+  private static String key(String command, String python) {
+    return command + " " + python;
+  }
+
+  /** An idle {@code command} worker of {@code python} from the pool, else a new one. */
+  static BridgeWorker borrow(String command, String python) {
     synchronized (IDLE) {
-      ArrayDeque<ReadWorker> idle = IDLE.get(python);
+      ArrayDeque<BridgeWorker> idle = IDLE.get(key(command, python));
       while (idle != null && !idle.isEmpty()) {
-        ReadWorker worker = idle.pollLast();
+        BridgeWorker worker = idle.pollLast();
         if (worker.process.isAlive()) {
           return worker;
         }
         worker.end();
       }
     }
-    return new ReadWorker(python);
+    return new BridgeWorker(command, python);
   }
 
-  /** Idle workers of {@code python} in the pool (for tests). */
-  static int idle(String python) {
+  /** Idle {@code command} workers of {@code python} in the pool (for tests). */
+  static int idle(String command, String python) {
     synchronized (IDLE) {
-      ArrayDeque<ReadWorker> idle = IDLE.get(python);
+      ArrayDeque<BridgeWorker> idle = IDLE.get(key(command, python));
       return idle == null ? 0 : idle.size();
     }
   }
 
   /**
-   * Sends one request; its answer's Arrow IPC stream is read from the returned stream.
-   * {@link PythonFailure} (this worker ended) when the request cannot be sent.
+   * Sends one request without a body ({@code reads}); its answer's Arrow IPC stream is read
+   * from the returned stream. {@link PythonFailure} (this worker ended) when the request
+   * cannot be sent.
    */
   Answer request(byte[] json) {
+    send(json);
     try {
-      requests.writeInt(json.length);
-      requests.write(json);
       requests.flush();
     } catch (IOException e) {
       throw died("could not send its request", e);
@@ -90,11 +107,29 @@ final class ReadWorker {
     return new Answer();
   }
 
-  /** Back to the pool of {@code python} (or ended, when the pool is full or it died). */
-  void release(String python) {
+  /**
+   * Starts a request with a body ({@code writes}): its JSON sent, its body to be written to
+   * the returned stream, and {@link Body#answer} ending it.
+   */
+  Body requestWithBody(byte[] json) {
+    send(json);
+    return new Body();
+  }
+
+  private void send(byte[] json) {
+    try {
+      requests.writeInt(json.length);
+      requests.write(json);
+    } catch (IOException e) {
+      throw died("could not send its request", e);
+    }
+  }
+
+  /** Back to its pool (or ended, when the pool is full or it died). */
+  void release() {
     if (process.isAlive()) {
       synchronized (IDLE) {
-        ArrayDeque<ReadWorker> idle = IDLE.computeIfAbsent(python, k -> new ArrayDeque<>());
+        ArrayDeque<BridgeWorker> idle = IDLE.computeIfAbsent(pool, k -> new ArrayDeque<>());
         if (idle.size() < MAX_IDLE) {
           idle.addLast(this);
           return;
@@ -104,7 +139,7 @@ final class ReadWorker {
     end();
   }
 
-  /** Ends the process (a worker whose answer was abandoned, or one that failed). */
+  /** Ends the process (a worker whose request or answer was abandoned, or one that failed). */
   void end() {
     try {
       requests.close();
@@ -118,13 +153,82 @@ final class ReadWorker {
     end();
     String said = stderr.text();
     String exit = process.isAlive() ? "" : " (exit " + process.exitValue() + ")";
-    return new PythonFailure("the persistshard companion's Python reader " + what + exit
+    return new PythonFailure("the persistshard companion's Python " + command + " worker " + what + exit
         + (said.isEmpty() ? "" : ": " + said), cause);
   }
 
   /**
-   * The Arrow IPC stream of one answer: the payload of its {@code D} frames, ending where its
-   * {@code E} frame is; an {@code X} frame is {@link PythonFailure} with Python's error text.
+   * The body of a request ({@code writes}): what is written goes out as {@code D} frames of up
+   * to {@link #FRAME_BYTES} (small writes gathered); {@link #answer} sends the last ones and
+   * the {@code E} frame. Flushing and closing it do nothing (Arrow's writer may do both; the
+   * pipe is the worker's). A failed send is {@link PythonFailure}, this worker ended.
+   */
+  final class Body extends OutputStream {
+    private final byte[] pending = new byte[FRAME_BYTES];
+    private int size;
+
+    @Override
+    public void write(int b) {
+      pending[size++] = (byte) b;
+      if (size == pending.length) {
+        sendPending();
+      }
+    }
+
+    @Override
+    public void write(byte[] from, int offset, int length) {
+      while (length > 0) {
+        int n = Math.min(length, pending.length - size);
+        System.arraycopy(from, offset, pending, size, n);
+        size += n;
+        offset += n;
+        length -= n;
+        if (size == pending.length) {
+          sendPending();
+        }
+      }
+    }
+
+    private void sendPending() {
+      try {
+        if (size > 0) {
+          requests.writeByte(DATA);
+          requests.writeInt(size);
+          requests.write(pending, 0, size);
+          size = 0;
+        }
+      } catch (IOException e) {
+        throw died("could not send its request", e);
+      }
+    }
+
+    /** Ends the body ({@code E} frame) and sends the request; its answer. */
+    Answer answer() {
+      sendPending();
+      try {
+        requests.writeByte(END);
+        requests.writeInt(0);
+        requests.flush();
+      } catch (IOException e) {
+        throw died("could not send its request", e);
+      }
+      return new Answer();
+    }
+
+    @Override
+    public void flush() {
+      // frames go out by size and at the end
+    }
+
+    @Override
+    public void close() {
+      // the pipe belongs to the worker
+    }
+  }
+
+  /**
+   * One answer: the payload of its {@code D} frames (an Arrow IPC stream, or a task's commit
+   * message), ending where its {@code E} frame is; an {@code X} frame is {@link PythonFailure} with Python's error text.
    * Closing it closes nothing (Arrow's reader closes its stream; the pipe is the worker's).
    */
   final class Answer extends InputStream {

@@ -4,7 +4,6 @@ import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 import java.io.IOException;
-import java.io.OutputStream;
 import java.nio.channels.Channels;
 import java.nio.charset.StandardCharsets;
 import org.apache.arrow.vector.ipc.ArrowStreamWriter;
@@ -20,13 +19,16 @@ import org.apache.spark.sql.types.StructType;
 /**
  * One task of a {@link DeltaOperation}'s write: each deleted row (its row id) as the row with
  * diff {@code -1}, each inserted row with {@code +1}, an update as both, streamed as Arrow
- * batches to a {@code bridge write} process, which writes the task's parts with Python's
- * write protocol and answers with the task's commit message.
+ * batches in the body of one request to a {@code bridge writes} worker ({@link
+ * BridgeWorker}, from the JVM's pool), which writes the task's parts with Python's write
+ * protocol and answers with the task's commit message.
  *
- * <p>Invariants: the process starts with the task's first row (a task without rows starts
- * none and reports no parts); {@link #commit} returns only after Python ended well (else
- * {@link PythonFailure} with Python's error); {@link #abort} and {@link #close} end a process
- * still running; whatever it wrote carries the write id and is swept by the driver.
+ * <p>Invariants: the worker is borrowed with the task's first row (a task without rows uses
+ * none and reports no parts); {@link #commit} returns only after Python's write ended well
+ * (else {@link PythonFailure} with Python's error text, class name first), and gives the
+ * worker back only when its answer was read to the end ({@code E} or {@code X}); {@link
+ * #abort} and {@link #close} end a worker still held (its request unfinished: never reused);
+ * whatever it wrote carries the write id and is swept by the driver.
  */
 final class DeltaTaskWriter implements DeltaWriter<InternalRow> {
   private static final ObjectMapper JSON = new ObjectMapper();
@@ -49,7 +51,8 @@ final class DeltaTaskWriter implements DeltaWriter<InternalRow> {
   private final String writeSchemaJson;
   private final int columns;
   private final JoinedRow joined = new JoinedRow();
-  private PythonProcess process;
+  private BridgeWorker worker;
+  private BridgeWorker.Body body;
   private ArrowWriter arrow;
   private ArrowStreamWriter stream;
   private int pending;
@@ -62,30 +65,24 @@ final class DeltaTaskWriter implements DeltaWriter<InternalRow> {
   }
 
   private void start() throws IOException {
-    process = new PythonProcess(python, "write");
-    OutputStream in = process.stdin();
     ObjectNode header = JSON.createObjectNode();
     header.put("writer", writer);
     header.set("schema", JSON.readTree(writeSchemaJson));
-    in.write((header.toString() + "\n").getBytes(StandardCharsets.UTF_8));
+    worker = BridgeWorker.borrow("writes", python);
+    body = worker.requestWithBody(header.toString().getBytes(StandardCharsets.UTF_8));
     StructType schema = (StructType) DataType.fromJson(writeSchemaJson);
     arrow = ArrowWriter.create(schema, "UTC", true, false);
-    stream = new ArrowStreamWriter(arrow.root(), null, Channels.newChannel(in));
+    stream = new ArrowStreamWriter(arrow.root(), null, Channels.newChannel(body));
     stream.start();
   }
 
   private void add(InternalRow row, InternalRow diff) throws IOException {
-    if (process == null) {
+    if (worker == null) {
       start();
     }
     arrow.write(joined.apply(row, diff));
     if (++pending >= BATCH_ROWS) {
-      try {
-        flush();
-      } catch (IOException e) {
-        process.finish(); // Python stopped reading: its error explains why
-        throw e;
-      }
+      flush();
     }
   }
 
@@ -121,37 +118,42 @@ final class DeltaTaskWriter implements DeltaWriter<InternalRow> {
 
   @Override
   public WriterCommitMessage commit() throws IOException {
-    if (process == null) {
+    if (worker == null) {
       return new Message(null);
     }
-    String answer;
+    flush();
+    stream.end();
+    BridgeWorker.Answer answer = body.answer();
+    byte[] answered;
     try {
-      flush();
-      stream.end();
-      process.stdin().close();
-      answer = new String(process.stdout().readAllBytes(), StandardCharsets.UTF_8);
-    } catch (IOException e) {
-      process.finish(); // a failed write explains itself first
-      throw e;
+      answered = answer.readAllBytes(); // an X frame: PythonFailure with Python's error
+    } finally {
+      if (answer.complete()) {
+        worker.release();
+        worker = null;
+      }
     }
-    process.finish();
-    JsonNode parsed = JSON.readTree(answer);
+    JsonNode parsed = JSON.readTree(answered);
     return new Message(parsed.get("message").textValue());
   }
 
   @Override
   public void abort() {
-    if (process != null) {
-      process.close();
+    endWorker();
+  }
+
+  /** Ends a worker still held: its request was not answered to the end. */
+  private void endWorker() {
+    if (worker != null) {
+      worker.end();
+      worker = null;
     }
   }
 
   @Override
   public void close() {
     try {
-      if (process != null) {
-        process.close();
-      }
+      endWorker();
     } finally {
       if (arrow != null) {
         arrow.root().close();

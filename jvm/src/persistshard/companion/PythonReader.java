@@ -16,7 +16,7 @@ import org.apache.spark.sql.vectorized.ColumnVector;
 import org.apache.spark.sql.vectorized.ColumnarBatch;
 
 /**
- * Reads a {@link PythonPartition}: the Python source reads it (a {@link ReadWorker}, {@code
+ * Reads a {@link PythonPartition}: the Python source reads it (a {@link BridgeWorker}, {@code
  * bridge reads}: exactly its own partition read, consolidation and all) and streams Arrow
  * record batches in Spark's read schema, which this hands on as {@link ColumnarBatch}es.
  *
@@ -26,9 +26,8 @@ import org.apache.spark.sql.vectorized.ColumnarBatch;
  * was read to the end, and ends it otherwise.
  */
 final class PythonReader implements PartitionReader<ColumnarBatch> {
-  private final String python;
-  private final ReadWorker worker;
-  private final ReadWorker.Answer answer;
+  private final BridgeWorker worker;
+  private final BridgeWorker.Answer answer;
   private final BufferAllocator allocator = new RootAllocator(Long.MAX_VALUE);
   private ArrowStreamReader reader;
   private VectorSchemaRoot own;
@@ -38,8 +37,7 @@ final class PythonReader implements PartitionReader<ColumnarBatch> {
 
   PythonReader(String python, PythonPartition partition, int columns) {
     this.columns = columns;
-    this.python = python;
-    this.worker = ReadWorker.borrow(python);
+    this.worker = BridgeWorker.borrow("reads", python);
     this.answer = worker.request(partition.request.getBytes(StandardCharsets.UTF_8));
   }
 
@@ -98,7 +96,7 @@ final class PythonReader implements PartitionReader<ColumnarBatch> {
       }
     } finally {
       if (answer.complete()) {
-        worker.release(python);
+        worker.release();
       } else {
         worker.end();
       }
