@@ -22,7 +22,7 @@ import java.util.Map;
  * partition: Python, pyarrow and persistshard imported again).
  *
  * <p>Protocol (the bridge's module docstring): a request is a 4-byte big-endian length and
- * that many bytes of JSON; a {@code writes} request goes on with its body ({@link #body}:
+ * that many bytes of JSON; a {@code writes} request goes on with its body ({@link #requestWithBody}:
  * {@code D} frames of a tag byte and a 4-byte length carrying the Arrow IPC stream of the
  * task's rows, then one {@code E} frame). The answer is frames as well: {@code D} frames carry
  * the Arrow IPC stream (or the task's commit message), then exactly one {@code E} (ended
