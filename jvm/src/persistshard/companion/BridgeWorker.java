@@ -22,11 +22,11 @@ import java.util.Map;
  * partition: Python, pyarrow and persistshard imported again).
  *
  * <p>Protocol (the bridge's module docstring): a request is a 4-byte big-endian length and
- * that many bytes of JSON; a {@code writes} request goes on with its body ({@link #requestWithBody}:
- * {@code D} frames of a tag byte and a 4-byte length carrying the Arrow IPC stream of the
- * task's rows, then one {@code E} frame). The answer is frames as well: {@code D} frames carry
- * the Arrow IPC stream (or the task's commit message), then exactly one {@code E} (ended
- * well) or {@code X} (JSON string: the error's text, class name first) frame.
+ * that many bytes of JSON; a {@code writes} request goes on with its body ({@link
+ * #requestWithBody}: {@code D} frames of a tag byte and a 4-byte length carrying the Arrow IPC
+ * stream of the task's rows, then one {@code E} frame). The answer is frames as well: {@code
+ * D} frames carry the Arrow IPC stream (or the task's commit message), then exactly one
+ * {@code E} (ended well) or {@code X} (JSON string: the error's text, class name first) frame.
  *
  * <p>Invariants: a worker serves one request at a time, from {@link #borrow} until {@link
  * #release} or {@link #end}; it goes back to the pool only when its answer was read to its
@@ -153,8 +153,8 @@ final class BridgeWorker {
     end();
     String said = stderr.text();
     String exit = process.isAlive() ? "" : " (exit " + process.exitValue() + ")";
-    return new PythonFailure("the persistshard companion's Python " + command + " worker " + what + exit
-        + (said.isEmpty() ? "" : ": " + said), cause);
+    return new PythonFailure("the persistshard companion's Python " + command + " worker "
+        + what + exit + (said.isEmpty() ? "" : ": " + said), cause);
   }
 
   /**
@@ -228,8 +228,9 @@ final class BridgeWorker {
 
   /**
    * One answer: the payload of its {@code D} frames (an Arrow IPC stream, or a task's commit
-   * message), ending where its {@code E} frame is; an {@code X} frame is {@link PythonFailure} with Python's error text.
-   * Closing it closes nothing (Arrow's reader closes its stream; the pipe is the worker's).
+   * message), ending where its {@code E} frame is; an {@code X} frame is {@link PythonFailure}
+   * with Python's error text. Closing it closes nothing (Arrow's reader closes its stream; the
+   * pipe is the worker's).
    */
   final class Answer extends InputStream {
     private int left;
