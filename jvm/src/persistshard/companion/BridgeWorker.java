@@ -141,12 +141,12 @@ final class BridgeWorker {
 
   /** Ends the process (a worker whose request or answer was abandoned, or one that failed). */
   void end() {
+    StderrTail.kill(process); // first: closing flushes what a request left, which could block
     try {
       requests.close();
     } catch (IOException e) {
-      // ending anyway
+      // the process is gone
     }
-    StderrTail.kill(process);
   }
 
   private PythonFailure died(String what, Exception cause) {
