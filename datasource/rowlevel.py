@@ -33,7 +33,7 @@ import base64
 import logging
 import pickle
 from collections.abc import Iterator
-from typing import Any, BinaryIO
+from typing import Any, Protocol
 
 import pyarrow as pa
 from pyspark.sql.types import LongType, StructField, StructType
@@ -126,7 +126,13 @@ def driver_step(kind: str, request: dict[str, Any]) -> dict[str, Any]:
     return {"done": kind}
 
 
-def write(header: dict[str, Any], source: BinaryIO) -> dict[str, str]:
+class ByteSource(Protocol):
+    """What `write` reads its task's Arrow stream from (a ``bridge writes`` request's body)."""
+
+    def read(self, n: int = -1, /) -> bytes: ...
+
+
+def write(header: dict[str, Any], source: ByteSource) -> dict[str, str]:
     """One task (a ``bridge writes`` request): ``header`` is ``{"writer", "schema"}``,
     ``source`` an Arrow IPC stream of the task's rows in `write_schema` order; the task's parts
     are written under the write's id and the answer is ``{"message": pickled commit
