@@ -3,6 +3,8 @@ retractions and insertions it means (duplicates retracted as often as they occur
 columns and null keys included) at one new time, checked against a model and read back with
 the Python API; a writer committing while a statement runs makes it `UpperMismatch` with
 nothing applied; a statement failing in its tasks applies nothing; neither leaves a part.
+Tasks hand their rows to pooled ``bridge writes`` workers: consecutive statements reuse the
+same processes, also after a write failing in Python; a task Spark aborts ends its worker.
 
 Where the statements run (`rowlevel_session.collect`, once for the module): the run's shared
 session if it has the companion; without it, a session of the script's own started with it.

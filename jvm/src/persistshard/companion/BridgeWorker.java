@@ -84,14 +84,6 @@ final class BridgeWorker {
     return new BridgeWorker(command, python);
   }
 
-  /** Idle {@code command} workers of {@code python} in the pool (for tests). */
-  static int idle(String command, String python) {
-    synchronized (IDLE) {
-      ArrayDeque<BridgeWorker> idle = IDLE.get(key(command, python));
-      return idle == null ? 0 : idle.size();
-    }
-  }
-
   /**
    * Sends one request without a body ({@code reads}); its answer's Arrow IPC stream is read
    * from the returned stream. {@link PythonFailure} (this worker ended) when the request
