@@ -136,6 +136,22 @@ class PassThroughIPC(DataSource):
 # --- Spark ---------------------------------------------------------------------------------
 
 
+def _entry_dir() -> list[str]:
+    """The directory of ``pyspark_persistshard`` when it is not on ``sys.path`` itself (an
+    editable install serves it through an import hook): Spark finds Python data sources by
+    scanning the workers' path (README, "Spark finds the format"), so the benchmarks' workers
+    get that directory, and the format ``persistshard`` resolves with or without the
+    companion (whose writes go to the Python source of that name)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("pyspark_persistshard")
+    if spec is None or spec.origin is None:
+        return []
+    where = os.path.dirname(os.path.abspath(spec.origin))
+    on_path = {os.path.abspath(p or os.curdir) for p in sys.path}
+    return [] if where in on_path else [where]
+
+
 def spark_session(
     master: str = "local[2]", driver_memory: str = "4g", companion: bool = False
 ) -> SparkSession:
@@ -146,7 +162,11 @@ def spark_session(
     on the classpath, when a JDK is found), so the format ``persistshard`` is the companion."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    paths = [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    paths = [
+        str(ROOT),
+        *_entry_dir(),
+        *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep)),
+    ]
     os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     from pyspark.sql import SparkSession
 

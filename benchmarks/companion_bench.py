@@ -16,9 +16,7 @@ format ``persistshard`` is the companion); the Python source is registered again
 from __future__ import annotations
 
 import math
-import os
 import re
-import sys
 import tempfile
 from collections.abc import Callable
 from typing import Any
@@ -37,24 +35,12 @@ TARGET_PRUNED = 0.4
 
 
 def session() -> Any:
-    """The benchmark's session: the benchmarks' settings plus the companion."""
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
-
-    import persistshard as ps
+    """The benchmarks' session (`benchmarks.anchors.spark_session`) built through
+    ``ps.configure_spark``, the Python source registered again as ``persistshard_python``."""
+    from benchmarks import anchors
     from persistshard.datasource.source import PersistShardDataSource
 
-    builder = ps.configure_spark(
-        SparkSession.builder.master("local[2]")
-        .appName("persistshard-companion-benchmark")
-        .config("spark.driver.memory", "4g")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-    )
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = anchors.spark_session(companion=True)
 
     class PythonSource(PersistShardDataSource):
         @classmethod
