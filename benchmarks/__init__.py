@@ -42,7 +42,7 @@ REGISTRY: tuple[Benchmark, ...] = (
         "Python source (read + sum; one column of five)",
         sizes={
             "quick": {"rows_sum": 1_000_000, "rows_five": 200_000},
-            "full": {"rows_sum": 16_000_000, "rows_five": 2_000_000},
+            "full": {"rows_sum": 16_000_000, "rows_five": 2_000_000, "rows_five_large": 16_000_000},
         },
         headings=("jvm companion",),
         uses_spark=True,
