@@ -1,11 +1,12 @@
 """The JVM companion's way into the Python source: ``python -m persistshard.datasource.bridge
-plan|serve|reads|writes``, JSON requests on stdin (docs/design.md, "JVM companion").
+serve|reads|writes``, JSON requests on stdin (docs/design.md, "JVM companion").
 
 The companion's columnar scans (``jvm/src/persistshard/companion``) keep one implementation
 of the state machine and of read planning, this one:
 
-- ``plan``: the request holds the read's options, the relation's schema and the columns the
-  scan needs (``required``, Spark's JSON schemas). The answer (JSON on stdout) is what
+- A plan (``serve``'s request of no other ``kind``): the request holds the read's options, the
+  relation's schema and the columns the scan needs (``required``, Spark's JSON schemas). The
+  answer is what
   `PersistShardReader.partitions` plans for those columns, one entry per Spark partition:
   ``{"native": [slice, ...], "columns": [...]}`` when every slice of it may be decoded by the
   JVM as stored (`persistshard.core.read.plan.direct_slices`: a local part file, inline
@@ -46,12 +47,12 @@ of the state machine and of read planning, this one:
   before its ``E`` frame (the JVM ended the worker: Spark aborted the task) ends the
   process; what it wrote carries the write's id and is swept by the driver.
 
-Invariants: an error of ``plan`` ends the process with status 1 after one line
-``PERSISTSHARD-ERROR <json string>`` on stderr, the error's text (which starts with its class
-name), so the JVM raises it with the same class name as the Python source would show;
-nothing else is written to stdout on failure than what a consumer of a partial answer must
-discard anyway. An error of one ``reads`` or ``writes`` request is its ``X`` frame, with the
-same text, and the process goes on (a ``writes`` request's body read to its ``E`` frame
+Invariants: an error of a ``serve`` request is its answer ``{"error": text}``, the error's
+text (which starts with its class name), so the JVM raises it with the same class name as the
+Python source would show, and the process goes on; nothing else is written to stdout on
+failure than what a consumer of a partial answer must discard anyway. An error of one
+``reads`` or ``writes`` request is its ``X`` frame, with the same text, and the process goes
+on (a ``writes`` request's body read to its ``E`` frame
 first); a request's answer always ends with exactly one ``E`` or ``X``
 frame, so a reader that consumed it may send the next request. Option
 checks and errors are the Python source's, for the relation's whole schema (pruning changes
@@ -88,10 +89,9 @@ log = logging.getLogger("persistshard.datasource.bridge")
 
 #: The one column (of nulls) of a read that needs no column: its batches carry row counts.
 ROWS = "_rows"
+
+
 #: The prefix of the error line the JVM looks for on stderr.
-ERROR_PREFIX = "PERSISTSHARD-ERROR "
-
-
 def _schema(value: Any) -> StructType:
     parsed = StructType.fromJson(value)
     assert isinstance(parsed, StructType)
@@ -416,31 +416,19 @@ def serve(source: TextIO, sink: TextIO) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Runs one command (module docstring); the status: 0, or 1 after an error line."""
+    """Runs one command (module docstring) until its input ends; status 0, or 2 after a usage
+    line for an unknown command."""
     args = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     if args == ["serve"]:
         serve(sys.stdin, sys.stdout)
-        return 0
-    if args == ["reads"]:
+    elif args == ["reads"]:
         serve_reads(sys.stdin.buffer, sys.stdout.buffer)
-        return 0
-    if args == ["writes"]:
+    elif args == ["writes"]:
         serve_writes(sys.stdin.buffer, sys.stdout.buffer)
-        return 0
-    try:
-        if args != ["plan"]:
-            raise ValueError(
-                f"usage: python -m {__name__} plan|serve|reads|writes (JSON requests on stdin)"
-            )
-        request = json.loads(sys.stdin.buffer.read())
-        sys.stdout.write(json.dumps(plan(request)))
-        sys.stdout.flush()
-    except Exception as e:
-        log.debug("bridge %s failed", args, exc_info=True)
-        sys.stderr.write(ERROR_PREFIX + json.dumps(error_text(e)) + "\n")
-        sys.stderr.flush()
-        return 1
+    else:
+        sys.stderr.write(f"usage: python -m {__name__} serve|reads|writes (requests on stdin)\n")
+        return 2
     return 0
 
 

@@ -145,18 +145,14 @@ def test_a_python_partition_streams_the_python_sources_rows(tmp_path):
     assert sorted(got) == want
 
 
-def test_errors_reach_the_jvm_as_one_line_naming_the_class(tmp_path, monkeypatch, capsys):
-    path = str(tmp_path / "shard")
-    ps.open_shard(path).append(rows(3), new_upper=1)
-    schema = StructType([ID, V])
-    monkeypatch.setattr(
-        "sys.stdin",
-        io.TextIOWrapper(io.BytesIO(json.dumps(request(path, schema, as_of="5")).encode())),
+@pytest.mark.parametrize("argv", [["plan"], ["write"], [], ["serve", "extra"]])
+def test_an_unknown_command_is_a_usage_error(argv, capsys):
+    # The companion runs serve, reads and writes only: a plan is a serve request, and its
+    # error the answer's text naming the class (test_serve_answers_each_plan_...).
+    assert bridge.main(argv) == 2
+    assert "usage: python -m persistshard.datasource.bridge serve|reads|writes" in (
+        capsys.readouterr().err
     )
-    assert bridge.main(["plan"]) == 1
-    err = capsys.readouterr().err
-    (line,) = [x for x in err.splitlines() if x.startswith(bridge.ERROR_PREFIX)]
-    assert json.loads(line[len(bridge.ERROR_PREFIX) :]).startswith("NotSealed: as_of 5")
 
 
 def test_pruning_changes_no_error_of_the_relations_schema(tmp_path):

@@ -21,7 +21,8 @@ import org.slf4j.LoggerFactory;
 
 /**
  * The plan of a snapshot read, asked of Python: the one implementation of the state machine
- * and of read planning is the Python source's ({@code persistshard.datasource.bridge plan}).
+ * and of read planning is the Python source's (a plan request of {@code
+ * persistshard.datasource.bridge serve}).
  *
  * <p>Asked of the driver's {@link PlanServer}. The answer names, per Spark partition, either the part slices to decode here (local
  * part files, inline parts, and parts at Hadoop URLs whose scheme this session has a file
