@@ -62,7 +62,7 @@ from persistshard.core.rows import DIFF, TIME, consolidate
 from persistshard.core.shard import WrittenUpdates, write_transaction
 from persistshard.core.statemachine.state import WriterBatch, WriterVerdict, judge_writer_batch
 from persistshard.core.write.transaction import WriteTransaction
-from persistshard.core.write.validate import update_schema
+from persistshard.core.write.validate import stored_columns, update_schema
 from persistshard.datasource import replay
 from persistshard.datasource.options import WriteOptions, storage_errors
 from persistshard.datasource.replay import DigestedTask, Digesting, identity_of, task_query_id
@@ -199,16 +199,21 @@ def _stage(
         return TaskWritten(rows_in=rows_in)
     incoming = pa.concat_tables(pieces)
     up.check_unique_keys(incoming, spec.keys, d.location)
-    staged = _at_time(incoming, target, d.lower)
+    staged = _at_time(incoming, target, d.lower, d.location)
     parts = txn.write_parts(consolidate(staged))
     return TaskWritten(sealed=parts, rows_in=rows_in)
 
 
-def _at_time(incoming: pa.Table, schema: pa.Schema, time: int) -> pa.Table:
+def _at_time(
+    incoming: pa.Table, schema: pa.Schema, time: int, location: str | None
+) -> pa.Table:
+    """``incoming`` (``schema``'s columns by name + ``_diff``) as updates at ``time``, its
+    columns cast to the stored types (`stored_columns`), so staged keys compare with the
+    shard's."""
     times = pa.array(np.full(incoming.num_rows, time, dtype=np.int64))
-    user = incoming.select(schema.names)
+    user = stored_columns(incoming, schema.names, schema, location)
     return pa.Table.from_arrays(
-        [*user.columns, times, incoming.column(DIFF).cast(pa.int64())],
+        [*user, times, incoming.column(DIFF).cast(pa.int64())],
         schema=update_schema(schema),
     )
 

@@ -11,6 +11,13 @@ the problem. The normal form:
   of its first write, extended only by appending nullable columns (schema evolution).
 - Columns are matched to the shard's by name, in any order, case-insensitively by default
   (`match_columns`); a mismatch names every missing, extra, retyped and ambiguous column.
+- A written column whose (normal) type converts to the stored one without loss for every
+  value of its type (`widens`: a wider integer, float or decimal precision, date32 into
+  date64, a finer timestamp unit in the same zone) is cast to the stored type by
+  `stored_columns`, the one place every write path casts; any other type difference is
+  "retyped". Stored data always has the shard's types: parts never carry a written type.
+  A timestamp outside the finer unit's range (nanoseconds: years 1677 to 2262) is
+  `InvalidUpdates` naming the column and the first such value, before anything is written.
 """
 
 from __future__ import annotations
@@ -47,6 +54,38 @@ def normalize_type(t: pa.DataType) -> pa.DataType:
             normalize_type(t.key_type), normalize_field(t.item_field), keys_sorted=t.keys_sorted
         )
     return t
+
+
+#: Timestamp units from the coarsest to the finest.
+_UNITS = ("s", "ms", "us", "ns")
+
+
+def widens(written: pa.DataType, stored: pa.DataType) -> bool:
+    """Whether every value of type ``written`` converts to ``stored`` without loss (types in
+    their normal form or not: both are normalised first), so a write of it is cast rather than
+    refused. Only conversions within one kind count: integers to wider integers of a sign
+    that holds them all, floats to wider floats, decimals to a larger precision at the same
+    scale, date32 to date64, timestamps to a finer unit with the same zone (naive stays
+    naive; a unit widening can overflow far from today: `stored_columns` refuses such values).
+    Nested types (lists, structs, maps) widen only when equal."""
+    written, stored = normalize_type(written), normalize_type(stored)
+    if written == stored:
+        return True
+    if pa.types.is_integer(written) and pa.types.is_integer(stored):
+        if pa.types.is_signed_integer(written):
+            return pa.types.is_signed_integer(stored) and written.bit_width < stored.bit_width
+        return bool(written.bit_width < stored.bit_width)  # unsigned: either sign holds it
+    if pa.types.is_floating(written) and pa.types.is_floating(stored):
+        return bool(written.bit_width < stored.bit_width)
+    if pa.types.is_decimal(written) and pa.types.is_decimal(stored):
+        return bool(written.scale == stored.scale and written.precision <= stored.precision)
+    if pa.types.is_date32(written) and pa.types.is_date64(stored):
+        return True
+    if pa.types.is_timestamp(written) and pa.types.is_timestamp(stored):
+        return bool(
+            written.tz == stored.tz and _UNITS.index(written.unit) < _UNITS.index(stored.unit)
+        )
+    return False
 
 
 def normalize_field(f: pa.Field) -> pa.Field:
@@ -139,7 +178,8 @@ def match_columns(
     exact match wins over a match that differs in case).
 
     `InvalidUpdates` lists every missing, extra (unless ``allow_new``), retyped and ambiguous
-    column at once. Types are compared in their normal form (`normalize_type`).
+    column at once. Types are compared in their normal form (`normalize_type`); a column whose
+    type `widens` to the shard's is not retyped (`stored_columns` casts it).
     """
     exact = {f.name: f for f in incoming}
     folded: dict[str, list[pa.Field]] = {}
@@ -163,7 +203,7 @@ def match_columns(
             continue
         used.add(found.name)
         sources.append(found.name)
-        if normalize_type(found.type) != f.type:
+        if not widens(found.type, f.type):
             retyped.append(f"{f.name} is {normalize_type(found.type)}, the shard has {f.type}")
     extra = [f"{f.name} {f.type}" for f in incoming if f.name not in used]
     if allow_new:
@@ -181,6 +221,12 @@ def match_columns(
         hint = ""
         if extra and not (missing or retyped or ambiguous):
             hint = "; to add the extra columns to the shard, write with option merge_schema"
+        if retyped:
+            hint += (
+                " (a column is cast to the shard's type only when every value of its type "
+                "converts without loss: a wider integer, float or decimal, a finer timestamp "
+                "unit in the same time zone)"
+            )
         raise InvalidUpdates(
             f"columns {_describe(incoming)} do not match the shard's columns "
             f"{_describe(schema)}: {'; '.join(problems)}{hint}",
@@ -216,8 +262,10 @@ def stored_columns(
     table: pa.Table, sources: Sequence[str], schema: pa.Schema, location: str | None
 ) -> list[pa.ChunkedArray]:
     """The columns of ``table`` named by ``sources`` (one per field of ``schema``, as
-    `match_columns` pairs them), each cast to its field's type; a value the type cannot hold
-    is `InvalidUpdates` naming the column."""
+    `match_columns` pairs them), each cast to its field's type: the one place a write's
+    columns become the stored types (normal forms and `widens`). A value the type cannot hold
+    is `InvalidUpdates` naming the column (a timestamp beyond the stored unit's range: the
+    column and the first such value)."""
     columns = []
     for f, source in zip(schema, sources, strict=True):
         col = table.column(source)
@@ -225,9 +273,46 @@ def stored_columns(
             try:
                 col = col.cast(f.type)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+                if pa.types.is_timestamp(col.type) and pa.types.is_timestamp(f.type):
+                    _refuse_out_of_range(col, f, location)
                 raise InvalidUpdates(
                     f"column {f.name} of type {col.type} cannot be stored as {f.type}: {e}",
                     location=location,
                 ) from e
         columns.append(col)
     return columns
+
+
+def _refuse_out_of_range(col: pa.ChunkedArray, f: pa.Field, location: str | None) -> None:
+    """`InvalidUpdates` naming the first value of ``col`` (timestamps) that ``f``'s finer unit
+    cannot hold (int64 overflow: nanoseconds reach only the years 1677 to 2262); returns if
+    every value fits (the cast failed for another reason)."""
+    factor = 10 ** (3 * (_UNITS.index(f.type.unit) - _UNITS.index(col.type.unit)))
+    if factor <= 1:
+        return
+    counts = pc.cast(col, pa.int64())
+    limit = (2**63 - 1) // factor
+    outside = pc.or_(pc.greater(counts, limit), pc.less(counts, -limit))
+    first = pc.index(outside, True).as_py()
+    if first < 0:
+        return
+    value = col[first]
+    try:
+        shown = str(value.as_py())
+    except (ValueError, OverflowError):  # beyond what Python's datetime shows
+        shown = f"{counts[first].as_py()} {col.type.unit} since the epoch"
+    raise InvalidUpdates(
+        f"column {f.name} holds {shown}, which the shard's type {f.type} cannot hold "
+        f"(timestamp[{f.type.unit}] reaches {_reach(f.type)})",
+        location=location,
+    )
+
+
+def _reach(t: pa.TimestampType) -> str:
+    """The range of instants a timestamp type holds, as text."""
+    bound = pa.scalar(2**63 - 1, pa.int64()).cast(pa.timestamp(t.unit))
+    low = pa.scalar(-(2**63) + 1, pa.int64()).cast(pa.timestamp(t.unit))
+    try:
+        return f"from {low.as_py()} to {bound.as_py()}"
+    except (ValueError, OverflowError):
+        return "beyond the years Python's datetime shows"
