@@ -253,8 +253,9 @@ def _pooled_writers(
 ) -> dict[str, Any]:
     """Statements one after another, each of one write task, and the ``bridge writes``
     workers of the session's JVM after each (`bridge_readers`): a DELETE, a MERGE, a DELETE
-    whose write fails in Python (a shard storing nanosecond timestamps, which Spark's rows
-    cannot be stored as), a DELETE whose task Spark aborts after handing rows to its worker
+    and a MERGE on a shard storing nanosecond timestamps (Spark's microsecond rows cast to
+    them), a DELETE whose write fails in Python (a shard storing second timestamps, which
+    Spark's microsecond rows cannot be stored as), a DELETE whose task Spark aborts after handing rows to its worker
     (a Python UDF raising on the task's 15,000th row), then a DELETE on the first table again.
     Each statement's outcome is a case of its own (`case`)."""
     from jvm_scan_session import bridge_readers
@@ -288,28 +289,64 @@ def _pooled_writers(
     )
     pool["merge"] = workers()
 
-    location = str(work / "pool-ns")
-    ns = ps.open_shard(location, inline_bytes=0)
-    ns.append(
-        pa.table(
-            {
-                "id": pa.array([1, 2], pa.int64()),
-                "s": pa.array(["a", "b"], pa.string()),
-                "t": pa.array([10, 20], pa.timestamp("ns", tz="UTC")),
-                "_time": pa.array([0, 0], pa.int64()),
-                "_diff": pa.array([1, 1], pa.int64()),
-            }
-        ),
-        new_upper=1,
-    )
-    spark.sql(
-        f"CREATE TABLE {(tn := named('table', 'pool_ns'))} USING persistshard "
-        f"LOCATION '{location}' OPTIONS (inline_bytes '0')"
+    def timestamped(short: str, unit: str, values: list[int]) -> tuple[Any, str]:
+        """A shard ``work/short`` of rows (i + 1, letter, ``values[i]``) with ``t`` a
+        ``timestamp[unit, UTC]`` column, as pandas data gives (the Python API's), and the
+        table over it."""
+        location = str(work / short)
+        shard = ps.open_shard(location, inline_bytes=0)
+        shard.append(
+            pa.table(
+                {
+                    "id": pa.array(range(1, len(values) + 1), pa.int64()),
+                    "s": pa.array([chr(ord("a") + i) for i in range(len(values))], pa.string()),
+                    "t": pa.array(values, pa.timestamp(unit, tz="UTC")),
+                    "_time": pa.array([0] * len(values), pa.int64()),
+                    "_diff": pa.array([1] * len(values), pa.int64()),
+                }
+            ),
+            new_upper=1,
+        )
+        name = named("table", short.replace("-", "_"))
+        spark.sql(
+            f"CREATE TABLE {name} USING persistshard LOCATION '{location}' "
+            "OPTIONS (inline_bytes '0')"
+        )
+        return shard, name
+
+    def stamps(shard: Any) -> list[list[Any]]:
+        """The shard's (id, t in its stored unit, diff), sorted: the exact stored values."""
+        snap = ps.open_shard(shard.location).snapshot()
+        ts = snap.column("t").cast(pa.int64()).to_pylist()
+        return sorted([r["id"], t, r["_diff"]] for r, t in zip(snap.to_pylist(), ts, strict=True))
+
+    # A shard storing nanoseconds (whole microseconds: what Spark's rows hold): Spark's
+    # microsecond rows are cast to the stored unit (core/write/validate.widens), and the
+    # rows a statement leaves keep their stored values.
+    ns, tn = timestamped("pool-ns", "ns", [10_000, 20_000, 30_000])
+    case("ns delete", ns, f"DELETE FROM {tn} WHERE id = 1", Counter({(2, "b"): 1, (3, "c"): 1}))
+    cases["ns delete"]["stamps"] = stamps(ns)
+    spark.createDataFrame(
+        [(2, "m2", 7), (9, "m9", 8)], "id BIGINT, s STRING, us BIGINT"
+    ).selectExpr("id", "s", "timestamp_micros(us) AS t").coalesce(1).createOrReplaceTempView(
+        nsrc := named("view", "pool_ns_src")
     )
     case(
-        "pool python failure",
+        "ns merge",
         ns,
-        f"DELETE FROM {tn} WHERE id = 1",
+        f"MERGE INTO {tn} AS t USING {nsrc} AS src ON t.id = src.id "
+        "WHEN MATCHED THEN UPDATE SET s = src.s WHEN NOT MATCHED THEN INSERT *",
+        Counter({(2, "m2"): 1, (3, "c"): 1, (9, "m9"): 1}),
+    )
+    cases["ns merge"]["stamps"] = stamps(ns)
+
+    # A shard storing seconds: Spark's microseconds cannot be stored as seconds without loss
+    # for every value, so the DELETE's write fails in Python, in the pooled worker.
+    seconds, tsec = timestamped("pool-s", "s", [10, 20])
+    case(
+        "pool python failure",
+        seconds,
+        f"DELETE FROM {tsec} WHERE id = 1",
         Counter({(1, "a"): 1, (2, "b"): 1}),
         fails=True,
     )
@@ -332,6 +369,18 @@ def _pooled_writers(
     model = Counter({k: v for k, v in merged.items() if k[0] is None or k[0] % 3 != 1})
     case("pool after abort", p, f"DELETE FROM {tp} WHERE id % 3 = 1", model)
     pool["after"] = workers()
+
+    # Nanoseconds Spark cannot see (its rows hold microseconds): the statement's rows would
+    # not be the stored ones, so it must fail, changing nothing.
+    fine, tfine = timestamped("pool-ns-fine", "ns", [10_001, 20_000])
+    case(
+        "ns sub-microsecond",
+        fine,
+        f"DELETE FROM {tfine} WHERE id = 2",
+        Counter({(1, "a"): 1, (2, "b"): 1}),
+        fails=True,
+    )
+    cases["ns sub-microsecond"]["stamps"] = stamps(fine)
     return pool
 
 

@@ -31,7 +31,7 @@ def cases(request, spark, tmp_path_factory) -> dict[str, Any]:
     return cases
 
 
-POOLED = ("pool delete", "pool merge", "pool after abort")
+POOLED = ("pool delete", "pool merge", "ns delete", "ns merge", "pool after abort")
 
 
 @pytest.mark.parametrize("name", STATEMENTS + POOLED)
@@ -91,8 +91,8 @@ def test_a_statement_failing_in_its_tasks_writes_nothing(cases):
 
 def test_statements_tasks_reuse_the_jvms_write_workers(cases):
     """A task's rows go to a long-lived ``bridge writes`` worker from the JVM's pool: the next
-    statements (a MERGE after a DELETE, a DELETE whose write failed in Python with the error
-    named as the Python source names it) start no interpreter; a task Spark aborts after it
+    statements (a MERGE after a DELETE, a DELETE and a MERGE on a shard storing nanoseconds,
+    a DELETE whose write failed in Python with the error named as the Python source names it) start no interpreter; a task Spark aborts after it
     handed its worker rows ends that worker (never reused), starts no other, and a statement
     after it commits exactly its changes, the aborted one nothing."""
     pool = cast(dict[str, Any], cases["pool"])
@@ -100,7 +100,9 @@ def test_statements_tasks_reuse_the_jvms_write_workers(cases):
     assert pool["merge"] == pool["first"], f"the MERGE started interpreters: {pool}"
     failed = cases["pool python failure"]
     assert (failed["error"] or "").startswith("InvalidUpdates: "), failed["error"]
-    assert "timestamp[ns" in failed["error"], failed["error"]
+    assert "retyped: t is timestamp[us, tz=UTC], the shard has timestamp[s, tz=UTC]" in (
+        failed["error"]
+    ), failed["error"]
     assert failed["rows"] == failed["model"] and failed["upper_after"] == failed["upper_before"]
     assert failed["orphans"] == 0, f"{failed['orphans']} unreferenced parts left"
     assert pool["failed"] == pool["first"], f"the failed write's worker was not kept: {pool}"
@@ -112,3 +114,27 @@ def test_statements_tasks_reuse_the_jvms_write_workers(cases):
     ended = set(pool["first"]) - set(pool["aborted"])
     assert ended and set(pool["aborted"]) < set(pool["first"]), f"aborted task's worker: {pool}"
     assert not ended & set(pool["after"]), f"an ended worker served again: {pool}"
+
+
+def test_statements_on_a_nanosecond_shard_keep_its_stored_values(cases):
+    """Spark's rows hold microseconds; a shard written from pandas stores nanoseconds. A DELETE
+    and a MERGE on it write Spark's rows cast to nanoseconds (core/write/validate.widens): the
+    rows they leave and insert hold exactly the stored and the inserted instants."""
+    assert cases["ns delete"]["stamps"] == [[2, 20_000, 1], [3, 30_000, 1]]
+    assert cases["ns merge"]["stamps"] == [[2, 20_000, 1], [3, 30_000, 1], [9, 8_000, 1]]
+    assert sorted(cases["ns merge"]["committed"]) == [
+        ["(2, 'b')", -1],
+        ["(2, 'm2')", 1],
+        ["(9, 'm9')", 1],
+    ]
+
+
+def test_a_statement_on_nanoseconds_spark_cannot_see_changes_nothing(cases):
+    """A stored instant with a fraction of a microsecond cannot be a Spark row: reading it
+    through Spark fails (the read's cast would lose data), so a DELETE never retracts a row
+    that differs from the stored one; it fails and the shard is as it was."""
+    case = cases["ns sub-microsecond"]
+    assert case["error"] is not None, "the DELETE ran on rows Spark cannot hold"
+    assert case["upper_after"] == case["upper_before"] and case["rows"] == case["model"]
+    assert case["stamps"] == [[1, 10_001, 1], [2, 20_000, 1]]
+    assert case["orphans"] == 0

@@ -103,15 +103,24 @@ def test_columns_match_by_name_in_any_order_and_case(tmp_path):
 def test_column_mismatch_lists_missing_extra_and_retyped(tmp_path):
     shard = ps.open_shard(str(tmp_path / "s"))
     shard.append(pa.table({"id": pa.array([1], pa.int64()), "item": ["a"], "qty": [1.0]}))
-    bad = pa.table({"id": pa.array([1], pa.int32()), "item": ["a"], "price": [2.0]})
+    bad = pa.table({"id": pa.array([1], pa.uint64()), "item": ["a"], "price": [2.0]})
     with pytest.raises(InvalidUpdates) as e:
         shard.append(bad)
     text = str(e.value)
     assert text.startswith("InvalidUpdates: ")
     assert "missing: qty double" in text
     assert "extra: price double" in text
-    assert "retyped: id is int32, the shard has int64" in text
+    assert "retyped: id is uint64, the shard has int64" in text
     assert shard.upper == 1
+
+
+def test_a_narrower_integer_column_is_cast_to_the_shards(tmp_path):
+    shard = ps.open_shard(str(tmp_path / "s"))
+    shard.append(_rows([1], "a"))
+    shard.append(pa.table({"id": pa.array([2**31 - 1], pa.int32()), "item": ["b"]}))
+    got = shard.snapshot()
+    assert got.schema.field("id").type == pa.int64()
+    assert sorted(got.column("id").to_pylist()) == [1, 2**31 - 1]
 
 
 def test_state_accepts_only_appended_nullable_columns():

@@ -10,6 +10,7 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator
 
+import pyarrow as pa
 import pytest
 
 import persistshard as ps
@@ -319,14 +320,27 @@ def test_dataframe_columns_by_name_any_order_and_case(spark, table):
 
 def test_column_mismatch_is_one_driver_side_line(spark, table):
     _, loc = table
-    df = spark.createDataFrame([(1, 2.0)], "id INT, price DOUBLE")
+    df = spark.createDataFrame([(1, 2.0)], "id SMALLINT, price DOUBLE")
     with pytest.raises(Exception) as e:
         df.write.format("persistshard").mode("append").save(loc)
     text = str(e.value)
     assert "missing: item string" in text
     assert "extra: price double" in text
-    assert "retyped: id is int32, the shard has int64" in text
+    assert "retyped" not in text  # SMALLINT into BIGINT is cast (core/write/validate.widens)
     assert "Task" not in text  # refused while planning, not in a failed task
+    narrow = spark.createDataFrame([(1.5, "x")], "id DOUBLE, item STRING")
+    with pytest.raises(Exception) as e:
+        narrow.write.format("persistshard").mode("append").save(loc)
+    assert "retyped: id is double, the shard has int64" in str(e.value)
+    assert "Task" not in str(e.value)
+
+
+def test_a_narrower_integer_column_is_cast_to_the_shards(spark, table):
+    _, loc = table
+    df = spark.createDataFrame([(2**31 - 1, "max")], "id INT, item STRING")
+    df.write.format("persistshard").mode("append").save(loc)
+    assert rows_of(loc) == Counter({(1, "apple"): 1, (2**31 - 1, "max"): 1})
+    assert ps.open_shard(loc).schema.field("id").type == pa.int64()
 
 
 def test_alter_table_add_columns(spark, table):
