@@ -204,9 +204,7 @@ def _stage(
     return TaskWritten(sealed=parts, rows_in=rows_in)
 
 
-def _at_time(
-    incoming: pa.Table, schema: pa.Schema, time: int, location: str | None
-) -> pa.Table:
+def _at_time(incoming: pa.Table, schema: pa.Schema, time: int, location: str | None) -> pa.Table:
     """``incoming`` (``schema``'s columns by name + ``_diff``) as updates at ``time``, its
     columns cast to the stored types (`stored_columns`), so staged keys compare with the
     shard's."""

@@ -255,9 +255,10 @@ def _pooled_writers(
     workers of the session's JVM after each (`bridge_readers`): a DELETE, a MERGE, a DELETE
     and a MERGE on a shard storing nanosecond timestamps (Spark's microsecond rows cast to
     them), a DELETE whose write fails in Python (a shard storing second timestamps, which
-    Spark's microsecond rows cannot be stored as), a DELETE whose task Spark aborts after handing rows to its worker
-    (a Python UDF raising on the task's 15,000th row), then a DELETE on the first table again.
-    Each statement's outcome is a case of its own (`case`)."""
+    Spark's microsecond rows cannot be stored as), a DELETE whose task Spark aborts after
+    handing rows to its worker (a Python UDF raising on the task's 15,000th row), then a
+    DELETE on the first table again; last, a DELETE on nanoseconds Spark cannot hold. Each
+    statement's outcome is a case of its own (`case`)."""
     from jvm_scan_session import bridge_readers
     from pyspark.sql.functions import udf
     from pyspark.sql.types import BooleanType

@@ -92,16 +92,18 @@ def test_a_statement_failing_in_its_tasks_writes_nothing(cases):
 def test_statements_tasks_reuse_the_jvms_write_workers(cases):
     """A task's rows go to a long-lived ``bridge writes`` worker from the JVM's pool: the next
     statements (a MERGE after a DELETE, a DELETE and a MERGE on a shard storing nanoseconds,
-    a DELETE whose write failed in Python with the error named as the Python source names it) start no interpreter; a task Spark aborts after it
-    handed its worker rows ends that worker (never reused), starts no other, and a statement
-    after it commits exactly its changes, the aborted one nothing."""
+    a DELETE whose write failed in Python with the error named as the Python source names
+    it) start no interpreter; a task Spark aborts after it handed its worker rows ends that
+    worker (never reused), starts no other, and a statement after it commits exactly its
+    changes, the aborted one nothing."""
     pool = cast(dict[str, Any], cases["pool"])
     assert pool["first"], "no bridge writes worker served the DELETE"
     assert pool["merge"] == pool["first"], f"the MERGE started interpreters: {pool}"
     failed = cases["pool python failure"]
     assert (failed["error"] or "").startswith("InvalidUpdates: "), failed["error"]
-    assert "retyped: t is timestamp[us, tz=UTC], the shard has timestamp[s, tz=UTC]" in (
-        failed["error"]
+    assert (
+        "retyped: t is timestamp[us, tz=UTC], the shard has timestamp[s, tz=UTC]"
+        in (failed["error"])
     ), failed["error"]
     assert failed["rows"] == failed["model"] and failed["upper_after"] == failed["upper_before"]
     assert failed["orphans"] == 0, f"{failed['orphans']} unreferenced parts left"

@@ -155,12 +155,11 @@ def test_sql_insert_into_a_table_over_a_nanosecond_shard(spark, location):
     name = "widen_ns_insert"
     spark.sql(f"CREATE TABLE {name} USING persistshard LOCATION '{location}'")
     try:
-        spark.createDataFrame([(6, T0, "f")], "id INT, ts TIMESTAMP, v STRING").createOrReplaceTempView(
-            "widen_src"
-        )
+        _frame(spark, [(6, T0, "f")]).createOrReplaceTempView("widen_src")
         spark.sql(f"INSERT INTO {name} SELECT id, ts, v FROM widen_src")
     finally:
         spark.sql(f"DROP TABLE IF EXISTS {name}")
+        spark.catalog.dropTempView("widen_src")
     assert (6, _ns(T0), "f", 1) in _contents(location)
 
 

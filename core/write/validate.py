@@ -66,14 +66,14 @@ def widens(written: pa.DataType, stored: pa.DataType) -> bool:
     refused. Only conversions within one kind count: integers to wider integers of a sign
     that holds them all, floats to wider floats, decimals to a larger precision at the same
     scale, date32 to date64, timestamps to a finer unit with the same zone (naive stays
-    naive; a unit widening can overflow far from today: `stored_columns` refuses such values).
-    Nested types (lists, structs, maps) widen only when equal."""
+    naive). A finer unit spans fewer years (nanoseconds: 1677 to 2262): `stored_columns`
+    refuses a value beyond them. Nested types (lists, structs, maps) widen only when equal."""
     written, stored = normalize_type(written), normalize_type(stored)
     if written == stored:
         return True
     if pa.types.is_integer(written) and pa.types.is_integer(stored):
         if pa.types.is_signed_integer(written):
-            return pa.types.is_signed_integer(stored) and written.bit_width < stored.bit_width
+            return bool(pa.types.is_signed_integer(stored) and written.bit_width < stored.bit_width)
         return bool(written.bit_width < stored.bit_width)  # unsigned: either sign holds it
     if pa.types.is_floating(written) and pa.types.is_floating(stored):
         return bool(written.bit_width < stored.bit_width)
