@@ -148,6 +148,28 @@ def test_everything_else_is_not_a_widening(written, stored):
     assert not widens(written, stored)
 
 
+@pytest.mark.parametrize(
+    ("values", "written", "stored"),
+    [
+        ([dt.date(1, 1, 1), dt.date(9999, 12, 31)], pa.date32(), pa.date64()),
+        ([0.5, -65504.0], pa.float16(), pa.float32()),
+        ([Decimal("-999.99"), Decimal("1.25")], pa.decimal128(5, 2), pa.decimal256(40, 2)),
+        ([0, 2**32 - 1], pa.uint32(), pa.int64()),
+        ([-(2**7), 2**7 - 1], pa.int8(), pa.int16()),
+        ([b"\x00", b"xy"], pa.binary(), pa.large_binary()),
+    ],
+)
+def test_values_read_back_exactly_with_the_stored_type(tmp_path, values, written, stored):
+    shard = ps.open_shard(str(tmp_path / "s"))
+    shard.append(pa.table({"c": pa.array([values[0]], stored)}))
+    stored = shard.schema.field("c").type  # its normal form (large_binary: binary)
+    shard.append(pa.table({"c": pa.array(values, written)}))
+    got = shard.snapshot()
+    assert got.schema.field("c").type == stored
+    rows = [r["c"] for r in got.to_pylist() for _ in range(r["_diff"])]
+    assert sorted(rows) == sorted([values[0], *values])
+
+
 def test_narrowing_is_refused_listing_every_retyped_column(tmp_path):
     shard = ps.open_shard(str(tmp_path / "s"))
     shard.append(
@@ -241,6 +263,23 @@ def test_upsert_keys_written_narrower_replace_the_stored_rows(tmp_path):
     ]
     shard.upsert(pa.table({"ts": pa.array([1], pa.timestamp("s")), "id": [9], "v": ["A"]}), "ts")
     assert sorted(r["v"] for r in shard.snapshot().to_pylist()) == ["A", "B", "D", "c"]
+
+
+def test_compare_and_append_with_times_casts_too(tmp_path):
+    shard = ps.open_shard(str(tmp_path / "s"))
+    shard.append(pa.table({"id": pa.array([1], pa.int64()), "_time": [0], "_diff": [1]}))
+    shard.compare_and_append(
+        pa.table({"id": pa.array([1, 2], pa.int8()), "_time": [1, 2], "_diff": [-1, 1]}),
+        expected_upper=1,
+        new_upper=3,
+    )
+    got = shard.updates(0, 3)
+    assert got.schema.field("id").type == pa.int64()
+    assert got.to_pylist() == [
+        {"id": 1, "_time": 0, "_diff": 1},
+        {"id": 1, "_time": 1, "_diff": -1},
+        {"id": 2, "_time": 2, "_diff": 1},
+    ]
 
 
 def test_merge_schema_keeps_a_new_columns_written_type(tmp_path):

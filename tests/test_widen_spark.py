@@ -208,3 +208,13 @@ def test_narrowing_is_still_refused_naming_every_column(spark, tmp_path):
         "ts is timestamp[us, tz=UTC], the shard has timestamp[us]"
     ) in text, text
     assert _state(loc) == before
+
+
+def test_merge_schema_adds_a_column_with_its_written_type(spark, location):
+    frame = spark.createDataFrame([(3, T0, "c", 5)], "id INT, ts TIMESTAMP, v STRING, n INT")
+    frame.write.format("persistshard").mode("append").option("merge_schema", "true").save(location)
+    shard = ps.open_shard(location)
+    assert shard.schema == pa.schema([*STORED, pa.field("n", pa.int32())])
+    got = shard.snapshot().sort_by("id")
+    assert got.column("n").to_pylist() == [None, None, 5]
+    assert got.column("ts").cast(pa.int64()).to_pylist() == [_ns(T0), _ns(T0) + 1000, _ns(T0)]
