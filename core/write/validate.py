@@ -17,7 +17,8 @@ the problem. The normal form:
   `stored_columns`, the one place every write path casts; any other type difference is
   "retyped". Stored data always has the shard's types: parts never carry a written type.
   A timestamp outside the finer unit's range (nanoseconds: years 1677 to 2262) is
-  `InvalidUpdates` naming the column and the first such value, before anything is written.
+  `InvalidUpdates` naming the column and the first such value: the write is refused and
+  nothing of it is committed (the parts its other tasks wrote are swept).
 """
 
 from __future__ import annotations
