@@ -20,7 +20,8 @@ of the state machine and of read planning, this one:
 - ``serve``: requests one per line on stdin, answers one per line on stdout (``{"error":
   text}`` for a failed one), until stdin ends: the JVM keeps one such process per
   interpreter, so planning a scan starts no interpreter. A request is a ``plan`` unless its
-  ``kind`` is ``time_at`` (`time_at`: the session catalog's ``TIMESTAMP AS OF``),
+  ``kind`` is ``schema`` (`schema`: the Python source's ``schema()``, the companion's
+  ``inferSchema``), ``time_at`` (`time_at`: the session catalog's ``TIMESTAMP AS OF``),
   ``table_options`` (`table_options`: the session catalog's check, before it stores a
   table, that its OPTIONS hold no secret) or names
   one of `persistshard.datasource.rowlevel`'s driver steps of a row-level operation
@@ -163,6 +164,20 @@ def plan(request: dict[str, Any]) -> dict[str, Any]:
     return {"partitions": out, "size_bytes": size, "num_rows": rows}
 
 
+def schema(request: dict[str, Any]) -> dict[str, Any]:
+    """``{"schema": json}``: what the Python source's ``schema()`` answers for the request's
+    ``options`` (`PersistShardDataSource.schema`, given the options as Spark's Python
+    worker gives them, case-insensitive), as Spark's JSON. The companion's ``inferSchema``
+    asks this instead of running the source in one of Spark's Python workers: the same
+    method and checks, one round trip to this long-lived process."""
+    from pyspark.sql.datasource import CaseInsensitiveDict
+
+    from persistshard.datasource.source import PersistShardDataSource
+
+    options = CaseInsensitiveDict(dict(request["options"]))
+    return {"schema": PersistShardDataSource(options).schema().json()}
+
+
 def time_at(request: dict[str, Any]) -> dict[str, Any]:
     """``{"as_of": t}``: the shard time of the instant ``micros`` (microseconds since the
     epoch) in the shard the table's ``options`` name (`time_at_instant`)."""
@@ -188,6 +203,8 @@ def answer(request: dict[str, Any]) -> dict[str, Any]:
     kind = request.get("kind", "plan")
     if kind == "plan":
         return plan(request)
+    if kind == "schema":
+        return schema(request)
     if kind == "time_at":
         return time_at(request)
     if kind == "table_options":

@@ -179,7 +179,7 @@ public class CompanionCatalog extends DelegatingCatalogExtension
     req.put("micros", timestamp);
     ObjectNode opts = req.putObject("options");
     options(table.properties()).forEach(opts::put);
-    JsonNode answer = PlanServer.plan(Planner.python(), req.toString());
+    JsonNode answer = PlanServer.plan(Planner.python(), req);
     return wrap(ident, table, Map.of(AS_OF, Long.toString(answer.get("as_of").longValue())));
   }
 
@@ -244,7 +244,7 @@ public class CompanionCatalog extends DelegatingCatalogExtension
     check.put("kind", "table_options");
     ObjectNode given = check.putObject("options");
     options.forEach(given::put);
-    PlanServer.plan(Planner.python(), check.toString());
+    PlanServer.plan(Planner.python(), check);
     Map<String, String> stored = new HashMap<>(properties);
     stored.put(TableCatalog.PROP_LOCATION, location);
     return stored;

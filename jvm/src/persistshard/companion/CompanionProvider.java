@@ -1,11 +1,16 @@
 package persistshard.companion;
 
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.ObjectMapper;
+import com.fasterxml.jackson.databind.node.ObjectNode;
 import java.util.Map;
 import org.apache.spark.sql.connector.catalog.Table;
 import org.apache.spark.sql.connector.catalog.TableProvider;
 import org.apache.spark.sql.connector.expressions.Transform;
+import org.apache.spark.sql.errors.QueryCompilationErrors;
 import org.apache.spark.sql.execution.datasources.v2.python.PythonDataSourceV2;
 import org.apache.spark.sql.sources.DataSourceRegister;
+import org.apache.spark.sql.types.DataType;
 import org.apache.spark.sql.types.StructType;
 import org.apache.spark.sql.util.CaseInsensitiveStringMap;
 
@@ -16,7 +21,9 @@ import org.apache.spark.sql.util.CaseInsensitiveStringMap;
  * only when none matches: with the companion jar on the classpath, {@code format("persistshard")}
  * resolves here, without it to the Python source. So this provider must serve every path:
  * <ul>
- *   <li>the schema is the Python source's ({@link #inferSchema} asks it);</li>
+ *   <li>the schema is the Python source's ({@link #inferSchema} asks the driver's long-lived
+ *       bridge, {@link PlanServer}, for its {@code schema()}: no Spark Python worker per
+ *       query);</li>
  *   <li>writes (batch and streaming) and streaming reads are the Python source's own builders,
  *       one fresh Python source per builder ({@link CompanionTable});</li>
  *   <li>batch snapshot reads are {@link ColumnarScanBuilder}: planned by the Python source's
@@ -41,8 +48,7 @@ public final class CompanionProvider implements TableProvider, DataSourceRegiste
   /** The companion's protocol version, the value of {@link #MARKER_KEY}. */
   public static final String MARKER_VALUE = "2";
 
-  /** Only for inferSchema: it memoizes the Python instance made from the given options. */
-  private final PythonDataSourceV2 inference = fresh();
+  private static final ObjectMapper JSON = new ObjectMapper();
 
   /** A Python source provider that has made nothing yet: no instance, no read info. */
   static PythonDataSourceV2 fresh() {
@@ -56,9 +62,53 @@ public final class CompanionProvider implements TableProvider, DataSourceRegiste
     return PYTHON_NAME;
   }
 
+  /**
+   * The Python source's {@code schema()} for {@code options}, asked of the bridge ({@code
+   * kind} {@code schema}): the same method Spark's Python data source would run in a Python
+   * worker, with the same options (keys lower-cased, as Spark hands them), read fresh for each
+   * call, so a query sees the shard's columns as of its analysis. A failure is what Spark
+   * raises when its Python worker fails there: an {@code AnalysisException} of condition
+   * {@code PYTHON_DATA_SOURCE_ERROR}, its message Python's text (which names the persistshard
+   * class, e.g. {@code NoShard: ...}).
+   */
   @Override
   public StructType inferSchema(CaseInsensitiveStringMap options) {
-    return inference.inferSchema(options);
+    ObjectNode req = JSON.createObjectNode();
+    req.put("kind", "schema");
+    ObjectNode opts = req.putObject("options");
+    options.asCaseSensitiveMap().forEach(opts::put);
+    JsonNode answer;
+    try {
+      answer = PlanServer.plan(PythonProcess.python(), req);
+    } catch (PythonFailure e) {
+      // Spark's own error for a Python data source that failed to be made (its cause slot
+      // is taken); Python's text is the message, as Spark's worker path reports it.
+      throw CompanionProvider.<RuntimeException>raise(
+          QueryCompilationErrors.pythonDataSourceError("create", "instance", e.getMessage()));
+    }
+    return (StructType) DataType.fromJson(answer.get("schema").textValue());
+  }
+
+  /**
+   * Throws {@code t} as it is: Spark's {@code AnalysisException} is a checked exception to
+   * Java, which Scala code (as Spark's own worker path) throws undeclared.
+   */
+  @SuppressWarnings("unchecked")
+  private static <E extends Throwable> E raise(Throwable t) throws E {
+    throw (E) t;
+  }
+
+  /**
+   * How many requests of {@code kind} ({@code schema}, {@code plan}, ...) this JVM sent to
+   * the driver's bridge so far: a query's round trips to Python, for tests and benchmarks.
+   */
+  public static long plannerRequests(String kind) {
+    return PlanServer.requests(kind);
+  }
+
+  /** The wall time (ns) this JVM spent waiting for the bridge's answers of {@code kind}. */
+  public static long plannerWaitedNanos(String kind) {
+    return PlanServer.waitedNanos(kind);
   }
 
   @Override

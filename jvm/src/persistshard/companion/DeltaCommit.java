@@ -71,7 +71,7 @@ final class DeltaCommit implements DeltaWrite, DeltaBatchWrite {
         out.add(text);
       }
     }
-    PlanServer.plan(python, req.toString());
+    PlanServer.plan(python, req);
   }
 
   @Override

@@ -61,7 +61,7 @@ final class DeltaOperation implements SupportsDelta {
     } catch (IOException e) {
       throw new IllegalStateException("Spark's schema JSON does not parse", e);
     }
-    JsonNode begun = PlanServer.plan(Planner.python(), req.toString());
+    JsonNode begun = PlanServer.plan(Planner.python(), req);
     this.writer = begun.get("writer").textValue();
     this.lower = begun.get("lower").longValue();
   }

@@ -2,6 +2,7 @@ package persistshard.companion;
 
 import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
+import com.fasterxml.jackson.databind.node.ObjectNode;
 import java.io.BufferedReader;
 import java.io.IOException;
 import java.io.InputStreamReader;
@@ -9,6 +10,8 @@ import java.io.OutputStream;
 import java.nio.charset.StandardCharsets;
 import java.util.HashMap;
 import java.util.Map;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.atomic.LongAdder;
 
 /**
  * A long-lived {@code python -m persistshard.datasource.bridge serve} per interpreter, in the
@@ -19,11 +22,16 @@ import java.util.Map;
  * answer {@code {"error": text}} is {@link PythonFailure} with that text (the server goes on);
  * a server that died or broke the protocol is discarded (its stderr's end in the error) and
  * the next plan starts a new one. The server ends when the JVM does (its stdin closes).
+ * Every request is counted by its {@code kind} ({@code plan} when it has none) with the wall
+ * time the JVM waited for its answer ({@link #requests}, {@link #waitedNanos}): what a query
+ * costs in round trips to Python is observable (tests, benchmarks).
  */
 final class PlanServer {
   private static final ObjectMapper JSON = new ObjectMapper();
   private static final Map<String, PlanServer> SERVERS = new HashMap<>();
   private static final int STDERR_LINES = 40;
+  private static final Map<String, LongAdder> REQUESTS = new ConcurrentHashMap<>();
+  private static final Map<String, LongAdder> WAITED = new ConcurrentHashMap<>();
 
   private final Process process;
   private final OutputStream requests;
@@ -38,8 +46,31 @@ final class PlanServer {
     stderr = new StderrTail(process, STDERR_LINES, "persistshard-planner-stderr");
   }
 
-  /** The bridge's answer to one plan request (JSON text). */
-  static synchronized JsonNode plan(String python, String request) {
+  /** How many requests of {@code kind} this JVM sent so far (answered or not). */
+  static long requests(String kind) {
+    LongAdder n = REQUESTS.get(kind);
+    return n == null ? 0 : n.sum();
+  }
+
+  /** The wall time (ns) this JVM spent in requests of {@code kind}, the server's start too. */
+  static long waitedNanos(String kind) {
+    LongAdder n = WAITED.get(kind);
+    return n == null ? 0 : n.sum();
+  }
+
+  /** The bridge's answer to one request (its {@code kind} names it; none: a plan). */
+  static JsonNode plan(String python, ObjectNode request) {
+    String kind = request.path("kind").asText("plan");
+    REQUESTS.computeIfAbsent(kind, k -> new LongAdder()).increment();
+    long start = System.nanoTime();
+    try {
+      return answer(python, request.toString());
+    } finally {
+      WAITED.computeIfAbsent(kind, k -> new LongAdder()).add(System.nanoTime() - start);
+    }
+  }
+
+  private static synchronized JsonNode answer(String python, String request) {
     PlanServer server = SERVERS.get(python);
     if (server == null || !server.process.isAlive()) {
       server = new PlanServer(python);

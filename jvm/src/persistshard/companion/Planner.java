@@ -110,7 +110,7 @@ final class Planner {
     Configuration conf = session.sessionState().newHadoopConf();
     ArrayNode schemes = req.putArray("hadoop_schemes");
     hadoopSchemes(conf).forEach(schemes::add);
-    JsonNode plan = PlanServer.plan(python(), req.toString());
+    JsonNode plan = PlanServer.plan(python(), req);
     boolean hadoop = false;
     List<InputPartition> out = new ArrayList<>();
     for (JsonNode p : plan.get("partitions")) {
