@@ -16,6 +16,7 @@ import json
 import os
 import random
 import shutil
+import subprocess
 import sys
 from collections import Counter
 from datetime import date, datetime, timedelta, timezone
@@ -334,7 +335,50 @@ def collect(spark: Any, work: Path) -> dict[str, Any]:
     )
     shutil.rmtree(work / "checkpoint", ignore_errors=True)
     result["workers"] = python_reads_and_their_workers(spark, retractions, work)
+    result["per_query"] = round_trips_and_freshness(spark, work)
     return result
+
+
+def round_trips_and_freshness(spark: Any, work: Path) -> dict[str, Any]:
+    """The companion's requests to the driver's bridge per query (`CompanionProvider`'s
+    counts by kind) for a load and sum, a load and full read, and a failed load; and what
+    two queries of one loaded frame see when another process appends in between."""
+    provider = spark._jvm.persistshard.companion.CompanionProvider
+    kinds = ("schema", "plan")
+
+    def asked(run: Any) -> dict[str, int]:
+        before = {k: int(provider.plannerRequests(k)) for k in kinds}
+        run()
+        return {k: int(provider.plannerRequests(k)) - before[k] for k in kinds}
+
+    path = str(work / "per-query")
+    spark.range(100).selectExpr("id", "id * 2 AS v").write.format("persistshard").mode(
+        "append"
+    ).save(path)
+    out: dict[str, Any] = {
+        "sum": asked(lambda: spark.read.format("persistshard").load(path).agg({"v": "sum"}).collect()),
+        "full": asked(lambda: spark.read.format("persistshard").load(path).collect()),
+    }
+    failed: dict[str, str] = {}
+
+    def missing() -> None:
+        try:
+            spark.read.format("persistshard").load(str(work / "never-written"))
+        except Exception as e:
+            failed["class"] = type(e).__name__
+            failed["text"] = str(e).splitlines()[0]
+
+    out["missing"] = asked(missing)
+    out["missing_error"] = failed
+    df = spark.read.format("persistshard").load(path)
+    out["counts"] = [df.count()]
+    appended = (
+        "import sys, pyarrow as pa, persistshard as ps; "
+        "ps.open_shard(sys.argv[1]).append(pa.table({'id': [100, 101], 'v': [200, 202]}))"
+    )
+    subprocess.run([sys.executable, "-c", appended, path], check=True, timeout=120)
+    out["counts"] += [df.count(), spark.read.format("persistshard").load(path).count()]
+    return out
 
 
 def bridge_readers(spark: Any, command: bytes = b"reads") -> list[int]:

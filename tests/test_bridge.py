@@ -187,6 +187,24 @@ def test_serve_answers_each_plan_on_its_line_and_goes_on_after_an_error(tmp_path
     assert [p.keys() for p in planned["partitions"]] == [{"native", "columns"}]
 
 
+def test_schema_is_the_python_sources_read_fresh_with_options_in_any_case(tmp_path):
+    """``schema``, the companion's ``inferSchema``: the Python source's ``schema()`` for the
+    options (keys in any case, as Spark hands them), asked anew each time (a shard written
+    between two asks is in the second answer), a missing shard being the source's own
+    error text."""
+    from persistshard.datasource.source import PersistShardDataSource
+
+    path = str(tmp_path / "shard")
+    asked = {"kind": "schema", "options": {"PATH": path, "With_Diff": "true"}}
+    sink = io.StringIO()
+    bridge.serve(io.StringIO(json.dumps(asked) + "\n"), sink)
+    assert json.loads(sink.getvalue())["error"].startswith("NoShard: no shard at")
+    ps.open_shard(path, inline_bytes=0).append(rows(3), new_upper=1)
+    answered = StructType.fromJson(json.loads(bridge.answer(asked)["schema"]))
+    assert answered.names == ["id", "v", "_diff"]
+    assert answered == PersistShardDataSource({"path": path, "with_diff": "true"}).schema()
+
+
 def test_a_read_of_no_columns_streams_the_row_count(tmp_path):
     """``count(*)`` through the companion: Spark asks for no column; a partition read by
     Python (here: counts of 2 and retractions) still hands over every row's existence."""

@@ -114,3 +114,24 @@ def test_partitions_read_by_python_reuse_the_jvms_workers(session):
     assert w["after_failed"] == w["after_first"], "the failed read's worker was not kept"
     assert w["limited"] == 1
     assert w["workers_at_end"], w
+
+
+def test_a_query_asks_the_bridge_once_for_the_schema_and_once_for_the_plan(session):
+    """The companion's round trips to Python per query: ``load`` asks the driver's bridge for
+    the schema (no Spark Python worker), the scan for its plan, once each, whether the query
+    reads one column or all; a load that fails asks once and plans nothing, and fails as
+    Spark's Python data source would (an ``AnalysisException`` naming the persistshard
+    class)."""
+    q = session["per_query"]
+    assert q["sum"] == {"schema": 1, "plan": 1}, q
+    assert q["full"] == {"schema": 1, "plan": 1}, q
+    assert q["missing"] == {"schema": 1, "plan": 0}, q
+    assert q["missing_error"]["class"] == "AnalysisException", q["missing_error"]
+    assert "NoShard: no shard at" in q["missing_error"]["text"], q["missing_error"]
+
+
+def test_each_query_reads_the_shards_state_afresh(session):
+    """Rows another process appends between two queries of one loaded frame are in the
+    second query's answer, and in a new load's: nothing of a shard's state is kept across
+    queries."""
+    assert session["per_query"]["counts"] == [100, 102, 102]

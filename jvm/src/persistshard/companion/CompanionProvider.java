@@ -82,9 +82,10 @@ public final class CompanionProvider implements TableProvider, DataSourceRegiste
       answer = PlanServer.plan(PythonProcess.python(), req);
     } catch (PythonFailure e) {
       // Spark's own error for a Python data source that failed to be made (its cause slot
-      // is taken); Python's text is the message, as Spark's worker path reports it.
-      throw CompanionProvider.<RuntimeException>raise(
-          QueryCompilationErrors.pythonDataSourceError("create", "instance", e.getMessage()));
+      // is taken); Python's text is the message, on a line of its own as in the traceback
+      // Spark's worker path reports (Spark appends the SQLSTATE after it).
+      throw CompanionProvider.<RuntimeException>raise(QueryCompilationErrors
+          .pythonDataSourceError("create", "instance", e.getMessage() + "\n"));
     }
     return (StructType) DataType.fromJson(answer.get("schema").textValue());
   }
