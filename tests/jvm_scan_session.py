@@ -355,9 +355,13 @@ def round_trips_and_freshness(spark: Any, work: Path) -> dict[str, Any]:
     spark.range(100).selectExpr("id", "id * 2 AS v").write.format("persistshard").mode(
         "append"
     ).save(path)
+
+    def load() -> Any:
+        return spark.read.format("persistshard").load(path)
+
     out: dict[str, Any] = {
-        "sum": asked(lambda: spark.read.format("persistshard").load(path).agg({"v": "sum"}).collect()),
-        "full": asked(lambda: spark.read.format("persistshard").load(path).collect()),
+        "sum": asked(lambda: load().agg({"v": "sum"}).collect()),
+        "full": asked(lambda: load().collect()),
     }
     failed: dict[str, str] = {}
 
@@ -377,7 +381,7 @@ def round_trips_and_freshness(spark: Any, work: Path) -> dict[str, Any]:
         "ps.open_shard(sys.argv[1]).append(pa.table({'id': [100, 101], 'v': [200, 202]}))"
     )
     subprocess.run([sys.executable, "-c", appended, path], check=True, timeout=120)
-    out["counts"] += [df.count(), spark.read.format("persistshard").load(path).count()]
+    out["counts"] += [df.count(), load().count()]
     return out
 
 
