@@ -428,17 +428,18 @@ def pytest_report_header(config: pytest.Config) -> str:
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config: pytest.Config) -> None:
     """Give this process's SparkSession a scratch directory of its own for its warehouse
-    (managed tables) and Derby's files (``derby.log``), instead of the working directory:
-    with ``-n 2`` each pytest-xdist worker has its own session, and two sessions sharing
-    ``./spark-warehouse`` would see each other's managed tables. After pytest-spark's own
-    hook (``trylast``), which builds the configuration from ``spark_options``."""
+    (managed tables) instead of the working directory: with ``-n 2`` each pytest-xdist worker
+    has its own session, and two sessions sharing ``./spark-warehouse`` would see each other's
+    managed tables. After pytest-spark's own hook (``trylast``), which builds the
+    configuration from ``spark_options`` (pyproject.toml: Spark's in-memory catalog, not the
+    Hive metastore pytest-spark defaults to; tests/test_spark.py's Hive test starts its own
+    sessions with Hive support)."""
     from pytest_spark.config import SparkConfigBuilder
 
     scratch = tempfile.mkdtemp(prefix="persistshard-spark-")
     atexit.register(shutil.rmtree, scratch, True)
     conf = SparkConfigBuilder.get()
     conf.set("spark.sql.warehouse.dir", os.path.join(scratch, "warehouse"))
-    conf.set("spark.driver.extraJavaOptions", f"-Dderby.system.home={scratch}")
 
 
 @pytest.fixture(scope="session")

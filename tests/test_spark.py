@@ -600,11 +600,15 @@ def test_two_streams_batch_ids_do_not_collide(location):
 
 
 def test_the_shared_sessions_catalog_lives_in_memory(spark):
-    """The shared session's Hive metastore is an in-memory Derby database (pyproject.toml's
-    ``spark_options``): a run killed between a CREATE TABLE and its DROP leaves no table for the
-    next run to trip over, as a ``metastore_db`` in the working directory did."""
-    url = spark.sparkContext.getConf().get("spark.hadoop.javax.jdo.option.ConnectionURL")
-    assert url is not None and url.startswith("jdbc:derby:memory:")
+    """The shared session's catalog is Spark's in-memory one (pyproject.toml's
+    ``spark_options``), not a Hive metastore: a run killed between a CREATE TABLE and its DROP
+    leaves no table for the next run to trip over, as a ``metastore_db`` in the working
+    directory did, and no session pays for starting Hive's metastore. Hive's catalog has a
+    test of its own (`test_hive_catalog_keeps_the_location`, sessions of its own)."""
+    conf = spark.sparkContext.getConf()
+    assert conf.get("spark.sql.catalogImplementation") == "in-memory"
+    catalog = spark._jsparkSession.sharedState().externalCatalog().unwrapped()
+    assert catalog.getClass().getSimpleName() == "InMemoryCatalog"
 
 
 def test_python_workers_import_the_installed_pyspark(spark):
