@@ -50,13 +50,17 @@ ROOT = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 #: Spark 4.3 waits a fixed 10 s, no setting raises it, for a worker it starts directly (a
 #: streaming source's runner) to connect back: "Python worker failed to connect back". The
 #: zip is the installed pyspark's own, so the workers import the same code, from the
-#: package's compiled modules. Another ``sitecustomize`` on the path still runs after it.
+#: package's compiled modules. The same for Spark's ``py4j-<version>-src.zip`` when the
+#: installed py4j is that version: besides compiling py4j, each Python task's
+#: ``importlib.invalidate_caches()`` (pyspark's ``setup_spark_files``) re-read the zip's
+#: directory, and so did every ``importlib.metadata`` lookup (crc32c's import makes one).
+#: Another ``sitecustomize`` on the path still runs after it.
 _SITECUSTOMIZE = """\
 # Written by persistshard's tests/conftest.py for one test run (see _SITECUSTOMIZE there).
 import importlib.machinery, importlib.util, os, sys
 
-_ZIP = {zip!r}
-sys.path[:] = [p for p in sys.path if os.path.realpath(p or os.curdir) != _ZIP]
+_ZIPS = {zips!r}
+sys.path[:] = [p for p in sys.path if os.path.realpath(p or os.curdir) not in _ZIPS]
 _here = os.path.dirname(os.path.realpath(__file__))
 _rest = [p for p in sys.path if os.path.realpath(p or os.curdir) != _here]
 _spec = importlib.machinery.PathFinder.find_spec("sitecustomize", _rest)
@@ -67,15 +71,38 @@ if _spec is not None and _spec.loader is not None:
 """
 
 
-def _spark_pyspark_zip() -> str:
-    """The ``pyspark.zip`` Spark puts on its workers' path: the installed pyspark's own."""
+def _spark_zips() -> list[str]:
+    """The zips Spark puts on its workers' path that hold what is installed anyway: the
+    installed pyspark's own ``pyspark.zip``, and its ``py4j-<version>-src.zip`` when the
+    installed py4j (a dependency of pyspark's wheel) is that version."""
+    import importlib.metadata
     import importlib.util
 
     spec = importlib.util.find_spec("pyspark")
     if spec is None or spec.origin is None:  # pragma: no cover - pyspark is a dependency
         raise RuntimeError("pyspark is not installed")
-    home = os.path.dirname(os.path.realpath(spec.origin))
-    return os.path.join(home, "python", "lib", "pyspark.zip")
+    lib = os.path.join(os.path.dirname(os.path.realpath(spec.origin)), "python", "lib")
+    zips = [os.path.join(lib, "pyspark.zip")]
+    try:
+        py4j = os.path.join(lib, f"py4j-{importlib.metadata.version('py4j')}-src.zip")
+    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - pyspark's dependency
+        return zips
+    if os.path.exists(py4j):
+        zips.append(py4j)
+    return zips
+
+
+def _bytecode_for_the_run(shim: str) -> None:
+    """Under ``PYTHONDONTWRITEBYTECODE`` (some machines' environment sets it), no process
+    of the run could keep bytecode for the tree: each of the hundreds of Python processes
+    Spark and the tests start (workers, planners, the bridge's) compiled persistshard anew,
+    about 0.3 s of CPU apiece. So the processes this one starts keep their bytecode in a
+    directory of the run's own (``PYTHONPYCACHEPREFIX``, removed with the shim at exit, shared
+    by pytest-xdist's workers, which inherit it), and nothing is written next to any source.
+    This process keeps the setting it was started with. A prefix already chosen is kept."""
+    if os.environ.get("PYTHONDONTWRITEBYTECODE") and not os.environ.get("PYTHONPYCACHEPREFIX"):
+        os.environ["PYTHONPYCACHEPREFIX"] = os.path.join(shim, "bytecode")
+        del os.environ["PYTHONDONTWRITEBYTECODE"]
 
 
 def _import_the_tree() -> str:
@@ -90,7 +117,8 @@ def _import_the_tree() -> str:
         os.path.join(shim, "pyspark_persistshard.py"),
     )
     with open(os.path.join(shim, "sitecustomize.py"), "w") as f:
-        f.write(_SITECUSTOMIZE.format(zip=_spark_pyspark_zip()))
+        f.write(_SITECUSTOMIZE.format(zips=_spark_zips()))
+    _bytecode_for_the_run(shim)
     sys.path[:] = [p for p in sys.path if os.path.realpath(p or os.curdir) != ROOT]
     sys.path.insert(0, shim)
     previous = os.environ.get("PYTHONPATH")

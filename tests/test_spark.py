@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import math
+import os
 import subprocess
 import sys
 import threading
@@ -612,14 +613,33 @@ def test_the_shared_sessions_catalog_lives_in_memory(spark):
 
 
 def test_python_workers_import_the_installed_pyspark(spark):
-    """The Python processes Spark starts import pyspark from the installed package's compiled
-    modules, not from Spark's ``pyspark.zip`` (conftest's ``sitecustomize``): compiling the
-    zip's sources at each start took a streaming source's runner past the 10 s Spark waits
-    for it to connect back on loaded cores."""
-    where = (
-        spark.sparkContext.parallelize([0], 1)
-        .map(lambda _: (__import__("pyspark").__file__, __import__("sys").path))
-        .collect()
+    """The Python processes Spark starts import pyspark and py4j from the installed packages'
+    compiled modules, not from Spark's ``pyspark.zip`` and ``py4j-*-src.zip`` (conftest's
+    ``sitecustomize``): compiling the zip's sources at each start took a streaming source's
+    runner past the 10 s Spark waits for it to connect back on loaded cores, and each task
+    re-read the py4j zip's directory. They keep bytecode: with ``PYTHONDONTWRITEBYTECODE``
+    in the run's environment, in the run's own directory (conftest's
+    `_bytecode_for_the_run`)."""
+
+    def probe(_: int) -> tuple[str, str, list[str], bool, str | None]:
+        import sys
+
+        import py4j
+        import pyspark
+
+        return (
+            pyspark.__file__ or "",
+            py4j.__file__ or "",
+            list(sys.path),
+            sys.dont_write_bytecode,
+            sys.pycache_prefix,
+        )
+
+    ((pyspark_file, py4j_file, path, no_bytecode, prefix),) = (
+        spark.sparkContext.parallelize([0], 1).map(probe).collect()
     )
-    ((module, path),) = where
-    assert "pyspark.zip" not in module and not any(p.endswith("pyspark.zip") for p in path), where
+    assert ".zip" not in pyspark_file and ".zip" not in py4j_file, (pyspark_file, py4j_file)
+    spark_zips = [p for p in path if p.endswith("pyspark.zip") or "py4j-" in os.path.basename(p)]
+    assert not spark_zips, path
+    assert not no_bytecode
+    assert prefix == os.environ.get("PYTHONPYCACHEPREFIX"), prefix
