@@ -412,6 +412,20 @@ def _without_companion(item: pytest.Item) -> bool:
     return any(fnmatch.fnmatchcase(name, pattern) for pattern in WITHOUT_COMPANION)
 
 
+def pytest_ignore_collect(collection_path: Any, config: pytest.Config) -> bool | None:
+    """In the second pass (``-m python_source``, README's full command), leave out the test
+    files `WITHOUT_COMPANION` names none of: ``python_source`` marks only tests it names
+    (tests/test_tiers.py checks that), so nothing else could be selected, and importing the
+    whole suite's modules on each worker only to deselect them cost seconds of CPU apiece."""
+    if config.getoption("markexpr", "") != "python_source":
+        return None
+    name = os.path.basename(str(collection_path))
+    if name.startswith("test_") and name.endswith(".py"):
+        named = {pattern.split("::", 1)[0] for pattern in WITHOUT_COMPANION}
+        return not any(fnmatch.fnmatchcase(name, pattern) for pattern in named) or None
+    return None
+
+
 def _companion_session() -> tuple[bool, str]:
     """(whether this run's session gets the companion, the pytest header's line saying what
     it uses), after putting the jar and its session catalog into ``PYSPARK_SUBMIT_ARGS`` when

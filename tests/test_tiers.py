@@ -334,3 +334,25 @@ def test_examples_follow_the_profile_loaded(request):
     assert examples(100) == settings().max_examples
     assert examples(2) == 2 and examples(4) >= 3
     assert settings.get_profile("ci").max_examples == 4 * settings.get_profile("dev").max_examples
+
+
+def test_the_second_pass_imports_only_the_files_it_can_select(tmp_path):
+    """With ``-m python_source`` (the second pass) conftest leaves out the test files
+    `WITHOUT_COMPANION` names none of, and only then: every file it names is still
+    collected, and any other selection collects every file."""
+    import conftest
+
+    class Config:
+        def __init__(self, markexpr: str) -> None:
+            self.markexpr = markexpr
+
+        def getoption(self, name: str, default: Any = None) -> Any:
+            return self.markexpr if name == "markexpr" else default
+
+    second, first = Config("python_source"), Config("")
+    named = {pattern.split("::", 1)[0] for pattern in conftest.WITHOUT_COMPANION}
+    files = sorted(p.name for p in (ROOT / "tests").glob("test_*.py"))
+    left_out = [f for f in files if conftest.pytest_ignore_collect(tmp_path / f, second)]
+    assert left_out and set(files) - set(left_out) == named, left_out
+    assert not [f for f in files if conftest.pytest_ignore_collect(tmp_path / f, first)]
+    assert conftest.pytest_ignore_collect(tmp_path / "conftest.py", second) is None
