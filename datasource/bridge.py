@@ -92,7 +92,6 @@ log = logging.getLogger("persistshard.datasource.bridge")
 ROWS = "_rows"
 
 
-#: The prefix of the error line the JVM looks for on stderr.
 def _schema(value: Any) -> StructType:
     parsed = StructType.fromJson(value)
     assert isinstance(parsed, StructType)
