@@ -24,7 +24,6 @@ import org.apache.spark.sql.connector.catalog.TableCatalog;
 import org.apache.spark.sql.connector.catalog.TableWritePrivilege;
 import org.apache.spark.sql.connector.expressions.Transform;
 import org.apache.spark.sql.types.StructType;
-import org.apache.spark.sql.util.CaseInsensitiveStringMap;
 
 /**
  * The session catalog ({@code spark.sql.catalog.spark_catalog}) that makes a persistshard
@@ -198,8 +197,7 @@ public class CompanionCatalog extends DelegatingCatalogExtension
       Map<String, String> creating = new HashMap<>(options(properties));
       creating.put("location", stored.get(TableCatalog.PROP_LOCATION));
       creating.put(TableCatalog.PROP_PROVIDER, CompanionProvider.PYTHON_NAME);
-      StructType schema = CompanionProvider.fresh()
-          .inferSchema(new CaseInsensitiveStringMap(creating));
+      StructType schema = CompanionProvider.pythonSchema(creating);
       kept = CatalogV2Util.structTypeToV2Columns(schema, false);
     } else {
       kept = withoutScanMetadata(columns);

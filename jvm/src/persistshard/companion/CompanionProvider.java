@@ -73,10 +73,18 @@ public final class CompanionProvider implements TableProvider, DataSourceRegiste
    */
   @Override
   public StructType inferSchema(CaseInsensitiveStringMap options) {
+    return pythonSchema(options.asCaseSensitiveMap());
+  }
+
+  /**
+   * The Python source's {@code schema()} for {@code options}, as {@link #inferSchema} asks it;
+   * also what the session catalog stores for a {@code CREATE TABLE} without a column list.
+   */
+  static StructType pythonSchema(Map<String, String> options) {
     ObjectNode req = JSON.createObjectNode();
     req.put("kind", "schema");
     ObjectNode opts = req.putObject("options");
-    options.asCaseSensitiveMap().forEach(opts::put);
+    options.forEach(opts::put);
     JsonNode answer;
     try {
       answer = PlanServer.plan(PythonProcess.python(), req);
