@@ -7,6 +7,9 @@ Spark's own parquet and against the Python source, medians of the same run.
   a second string), ``sum(value)``: only one column is decoded by the companion and by parquet.
   Also against the companion's full read of the same table: ``write.format("noop")``, which
   turns every column of every row into a Spark row (the scan is checked to read all five).
+  And Spark's floor: the same query shape with nothing to read, ``spark.range(10)`` in as many
+  partitions as the companion's scan, ``sum(id)`` (a partial aggregate, an exchange, a final
+  one: the per-query cost no source can go below), timed in the same rotation.
 
 The session is built with ``ps.configure_spark`` (the companion jar on its classpath: the
 format ``persistshard`` is the companion); the Python source is registered again under
@@ -28,6 +31,7 @@ OURS = "persistshard (JVM companion)"
 PARQUET = "Spark parquet"
 PYTHON = "persistshard (Python source)"
 FULL = "persistshard (JVM companion), full read"
+FLOOR = "Spark's floor: the same aggregate over 10 generated rows"
 #: Issue 38: reads with the companion at most 1.5x parquet's time.
 TARGET = 1.5
 #: Issue 38: one column of five with the companion at most 0.4x its full read of the table.
@@ -114,6 +118,12 @@ def contenders(
             companion().write.format("noop").mode("overwrite").save()
 
         out[FULL] = full_read
+        partitions = companion().rdd.getNumPartitions()
+
+        def floor() -> None:
+            spark.range(10, numPartitions=partitions).agg(F.sum("id")).collect()
+
+        out[FLOOR] = floor
     if pruning_only:
         del out[PARQUET], out[PYTHON]
     return out
@@ -157,6 +167,7 @@ def run(
             measurements.append(
                 measurement(what, OURS, FULL, times[OURS], times[FULL], target=target)
             )
+            measurements.append(measurement(what, FLOOR, FULL, times[FLOOR], times[FULL]))
         notes.append(
             f"{what}: medians "
             + ", ".join(f"{k} {sorted(v)[len(v) // 2]:.3f} s" for k, v in times.items())
@@ -176,7 +187,10 @@ def run(
             "row; the scan is checked to read all five columns, the sum's only `value`). "
             "Targets (issue 38): at most 1.5x parquet; one column of five at most 0.4x the "
             "full read (at `rows_five` rows; at `rows_five_large` the same pair is measured "
-            "again without a target, the companion alone)."
+            "again without a target, the companion alone). Spark's floor: `spark.range(10)` in "
+            "as many partitions as the companion's scan, `sum(id)`, the same plan shape with "
+            "nothing to read, against the same full read (no target: what Spark alone costs "
+            "per query, below which no source's sum can go)."
         ),
         "params": {
             "rows_sum": rows_sum,
