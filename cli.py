@@ -986,6 +986,9 @@ def _run(args: argparse.Namespace, options: dict[str, Any]) -> int:
         # said as StorageError with this command's words; ours as they are; no traceback.
         doing = DOING.get(args.command, f"run {args.command}")
         translated = as_storage_error(e, args.location, doing)
+        if translated is None and isinstance(e, ImportError):
+            print(f"{type(e).__name__}: {e}", file=sys.stderr)  # names what to install
+            return 2
         if translated is None and not isinstance(e, PersistShardError):
             raise
         print(str(translated or e), file=sys.stderr)

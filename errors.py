@@ -14,9 +14,15 @@ Invariants:
   may have been applied; a `StorageError` certainly was not (unless its message says it may
   have landed), so every ``except OSError`` that reads "maybe applied" lets `StorageError`
   through first (`persistshard.core.statemachine.machine`).
+- A feature whose package comes with an extra, used without it, is a `ModuleNotFoundError`
+  (an `ImportError`) that names the feature and the extra to install (`import_extra`), not
+  the bare one Python raises.
 """
 
 from __future__ import annotations
+
+import importlib
+from types import ModuleType
 
 
 class PersistShardError(Exception):
@@ -357,6 +363,18 @@ class LeaseExpired(PersistShardError):
 class CommitDeadline(PersistShardError):
     """A commit kept losing compare-and-set races (or kept failing on storage that then read
     back fine) until its deadline passed. Determinate: nothing was applied."""
+
+
+def import_extra(module: str, extra: str, what: str) -> ModuleType:
+    """``module`` imported, or a `ModuleNotFoundError` (its ``name`` the module's) saying
+    that ``what`` needs it and which extra of persistshard brings it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise ModuleNotFoundError(
+            f"{what} needs {module}, which is not installed: pip install 'persistshard[{extra}]'",
+            name=module,
+        ) from e
 
 
 __all__ = [

@@ -78,7 +78,7 @@ from persistshard.core.rows import DIFF, TIME
 from persistshard.core.statemachine.state import ShardState
 from persistshard.core.write.correction import Correction
 from persistshard.core.write.validate import update_schema
-from persistshard.errors import InvalidOption
+from persistshard.errors import InvalidOption, import_extra
 
 log = logging.getLogger("persistshard.core.read.scan")
 
@@ -419,8 +419,7 @@ class Scan:
 
     def to_polars(self) -> Any:
         """The whole answer as a polars DataFrame; needs the ``polars`` extra."""
-        import polars
-
+        polars = import_extra("polars", "polars", "Scan.to_polars")
         return polars.from_arrow(self.to_arrow())
 
     def to_duckdb(self, con: Any = None, name: str = "scan") -> Any:
@@ -428,8 +427,6 @@ class Scan:
         the view ``name`` and return its relation. Every query on it streams the pinned
         version again; needs the ``duckdb`` extra."""
         if con is None:
-            import duckdb
-
-            con = duckdb.connect()
+            con = import_extra("duckdb", "duckdb", "Scan.to_duckdb").connect()
         con.register(name, self)
         return con.table(name)

@@ -110,6 +110,25 @@ def _version_tuple(text: str) -> tuple[int, ...]:
     return tuple(parts)
 
 
+#: The package (and the extra of persistshard that brings it) of a protocol's fsspec
+#: implementation.
+PROTOCOL_PACKAGES = {"s3": ("s3fs", "s3"), "s3a": ("s3fs", "s3")}
+
+
+def _missing_filesystem(url: str, cause: ImportError) -> ModuleNotFoundError:
+    """The error for ``url`` whose fsspec implementation is not installed (``cause`` is
+    fsspec's, which names the package): the extra that brings it where there is one. The
+    URL itself is left out (a user:password part would be a secret)."""
+    protocol = url.split("://", 1)[0].lower() if "://" in url else "file"
+    package, extra = PROTOCOL_PACKAGES.get(protocol, (cause.name, None))
+    fix = f"pip install 'persistshard[{extra}]'" if extra else "install that package"
+    return ModuleNotFoundError(
+        f"a location on {protocol}:// needs fsspec's implementation of it, which is not "
+        f"installed ({cause}): {fix}",
+        name=package,
+    )
+
+
 def _s3fs_atomic() -> bool:
     try:
         import s3fs
@@ -574,7 +593,10 @@ class FsspecBlob(Blob):
         self._siblings: dict[str, Blob] = {}
         no_sync = storage_options.pop(NO_SYNC_OPTION, False)
         self._sync = not (no_sync is True or str(no_sync).lower() == "true")
-        fs, root = fsspec.core.url_to_fs(url, **storage_options)
+        try:
+            fs, root = fsspec.core.url_to_fs(url, **storage_options)
+        except ImportError as e:
+            raise _missing_filesystem(url, e) from e
         self.fs = fs
         self.url = url
         self.root = root.rstrip("/") if root not in ("", "/") else root

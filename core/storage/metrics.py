@@ -48,7 +48,7 @@ from persistshard.core.storage.blob import (
     as_storage_error,
     is_certain_refusal,
 )
-from persistshard.errors import StorageError
+from persistshard.errors import StorageError, import_extra
 
 if TYPE_CHECKING:
     from persistshard.core.statemachine.state import ShardState
@@ -433,6 +433,7 @@ def prometheus_collector() -> Any:
     ``persistshard_store_request_seconds``, labelled by ``operation`` (``blob.get``, ...,
     ``consensus.compare_and_set``). Each scrape reads one consistent `snapshot`. Register it
     with ``prometheus_client.REGISTRY.register(persistshard.metrics_collector())``."""
+    import_extra("prometheus_client", "prometheus", "persistshard.metrics_collector()")
     from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
     from prometheus_client.registry import Collector
 
