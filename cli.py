@@ -344,7 +344,7 @@ def cmd_history(shard: Shard, args: argparse.Namespace) -> int:
     for h in history:
         when = ""
         if h.get("at_ms"):
-            when = dt.datetime.fromtimestamp(h["at_ms"] / 1000, dt.timezone.utc).strftime(
+            when = dt.datetime.fromtimestamp(h["at_ms"] / 1000, dt.UTC).strftime(
                 "%Y-%m-%d %H:%M:%S"
             )
         print(

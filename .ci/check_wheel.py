@@ -16,9 +16,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import zipfile
-
 import tomllib
+import zipfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

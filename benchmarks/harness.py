@@ -263,7 +263,7 @@ def run_benchmark(bench: Benchmark, size: str, rounds: int) -> Result:
     result["size"] = size
     result["rounds"] = rounds
     result["seconds"] = round(time.time() - started, 1)
-    result["date"] = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    result["date"] = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     result["machine"] = machine()
     return result
 

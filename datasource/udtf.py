@@ -71,7 +71,7 @@ class PersistShardHistory:
             at = h.get("at_ms")
             yield (
                 int(h["version"]),
-                dt.datetime.fromtimestamp(at / 1000, dt.timezone.utc) if at else None,
+                dt.datetime.fromtimestamp(at / 1000, dt.UTC) if at else None,
                 str(h["kind"]),
                 str(h["commit"]),
                 str(h["id"]),

@@ -20,7 +20,7 @@ import json
 import random
 import re
 import sys
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -69,7 +69,7 @@ def every_type_table(n: int, seed: int) -> pa.Table:
             "flag": pa.array(holes([i % 3 == 0 for i in ids], 10), pa.bool_()),
             "day": pa.array(holes([date(2024, 1, 1 + i % 28) for i in ids], 12), pa.date32()),
             "ts": pa.array(
-                holes([datetime(2024, 3, 1, i % 24, i % 60, tzinfo=timezone.utc) for i in ids], 14),
+                holes([datetime(2024, 3, 1, i % 24, i % 60, tzinfo=UTC) for i in ids], 14),
                 pa.timestamp("us", tz="UTC"),
             ),
             "ntz": pa.array(

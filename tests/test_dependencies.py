@@ -7,7 +7,8 @@ without pandas (``require_minimum_pandas_version``), whatever the function does;
 distributed overwrite and ``write_together`` run their tasks through ``mapInArrow``. So: find
 the package's calls of those entry points (read with `ast`, nothing imported), and check that
 the distributions pyproject.toml's ``dependencies`` name, followed through the installed
-distributions' own requirements (extras included where asked for), reach pandas.
+distributions' own requirements (extras included where asked for), reach pandas. And pip
+installs the package on no Python older than the one its static checks check it against.
 """
 
 from __future__ import annotations
@@ -16,15 +17,10 @@ import ast
 import importlib.metadata as metadata
 import os
 import re
-import sys
+import tomllib
 
-import pytest
 from packaging.requirements import Requirement
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - CI runs 3.11
-    tomllib = pytest.importorskip("tomli")
+from packaging.specifiers import SpecifierSet
 
 #: PySpark calls that need pandas at run time, whatever the function given to them does.
 NEEDS_PANDAS = {"mapInArrow", "mapInPandas", "applyInPandas", "applyInArrow", "toPandas"}
@@ -66,9 +62,13 @@ def closure(requirements: list[str]) -> set[str]:
     return {k.split("[", 1)[0] for k in seen}
 
 
-def _runtime_requirements(repo_root: str) -> list[str]:
+def _pyproject(repo_root: str) -> dict:
     with open(os.path.join(repo_root, "pyproject.toml"), "rb") as f:
-        return list(tomllib.load(f)["project"]["dependencies"])
+        return tomllib.load(f)
+
+
+def _runtime_requirements(repo_root: str) -> list[str]:
+    return list(_pyproject(repo_root)["project"]["dependencies"])
 
 
 def _calls(repo_root: str, names: set[str]) -> list[str]:
@@ -119,3 +119,21 @@ def test_the_closure_follows_extras_and_skips_what_a_marker_excludes():
     assert "pandas" not in closure(["pyspark"])
     assert {"pyspark", "py4j", "pandas", "pyarrow", "numpy"} <= closure(["pyspark[sql]"])
     assert closure(['pandas; python_version < "3"']) == set()
+
+
+def test_the_oldest_python_allowed_is_the_one_mypy_and_ruff_check_against(repo_root):
+    """``requires-python`` admits no Python older than the one mypy checks the package
+    against (and ruff writes for): mypy knows which names each version's standard library
+    has (``typing.Self``, ``datetime.UTC`` are 3.11's), so a floor below it would let pip
+    install the package where its imports fail."""
+    project = _pyproject(repo_root)
+    checked = project["tool"]["mypy"]["python_version"]
+    ruff = project["tool"]["ruff"]["target-version"]
+    allowed = SpecifierSet(project["project"]["requires-python"])
+    major, minor = (int(x) for x in checked.split("."))
+    assert ruff == f"py{major}{minor}"
+    assert f"{major}.{minor}" in allowed
+    assert f"{major}.{minor - 1}" not in allowed, (
+        f"requires-python {allowed} admits Python {major}.{minor - 1}, older than the "
+        f"{checked} mypy checks the package against"
+    )

@@ -29,7 +29,7 @@ NAN32_PAYLOAD = np.array([0x7FC0_0042], dtype=np.uint32).view(np.float32)
 def all_types_table() -> pa.Table:
     """Seven rows of every type Spark can produce (and a few more), nulls in every column."""
     n = 7
-    utc = datetime.timezone.utc
+    utc = datetime.UTC
     point = pa.struct([("x", pa.int32()), ("tags", pa.list_(pa.string()))])
     cols: dict[str, pa.Array] = {
         "i8": pa.array([1, None, -128, 127, 0, 5, None], pa.int8()),
@@ -384,7 +384,7 @@ def test_chunk_and_part_statistics() -> None:
         ("dec", (decimal.Decimal("-999.99"), decimal.Decimal("6.00"))),
         ("d32", (datetime.date(1, 1, 1), datetime.date(2024, 2, 29))),
         ("ts", (datetime.datetime(1969, 12, 31, 23, 59, 59, 999999), None)),
-        ("tstz", (datetime.datetime(2024, 1, 1, tzinfo=datetime.timezone.utc),) * 2),
+        ("tstz", (datetime.datetime(2024, 1, 1, tzinfo=datetime.UTC),) * 2),
         ("b", (False, True)),
         ("u64", (0, 2**64 - 1)),
         ("dur", (datetime.timedelta(microseconds=-3), datetime.timedelta(microseconds=7))),

@@ -69,7 +69,7 @@ def types_table() -> pa.Table:
         ],
         metadata={"spark.sql": '{"type":"struct"}'},
     )
-    utc = datetime.timezone.utc
+    utc = datetime.UTC
     rows = 9
     columns = [
         list(range(rows)),

@@ -98,7 +98,7 @@ ALL_TYPES = StructType(
 
 
 def test_round_trip_of_every_type(spark, location):
-    ts = dt.datetime(2024, 2, 29, 12, 30, 15, 123456, tzinfo=dt.timezone.utc)
+    ts = dt.datetime(2024, 2, 29, 12, 30, 15, 123456, tzinfo=dt.UTC)
     rows = [
         (
             1,

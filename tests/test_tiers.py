@@ -14,11 +14,11 @@ import os
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
-import tomllib
 from conformance_helpers import examples
 from conftest import SLOW
 from hypothesis import settings

@@ -17,7 +17,7 @@ from persistshard.core.storage.parts import read_part
 from persistshard.core.write.validate import widens
 from persistshard.errors import InvalidUpdates
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 
 
 def _part_schemas(shard: Any) -> list[pa.Schema]:

@@ -16,7 +16,7 @@ import persistshard as ps
 
 pytestmark = pytest.mark.spark
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 T0 = dt.datetime(2024, 1, 2, 3, 4, 5, 123456, tzinfo=UTC)
 
 
