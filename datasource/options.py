@@ -280,7 +280,7 @@ def check_shared(location: str) -> None:
         try:
             cls = fsspec.get_filesystem_class(protocol)
         except (ValueError, ImportError):
-            continue  # an unknown protocol fails later, with fsspec's own message
+            continue  # fails where the blob store opens it: unknown, or not installed
         from fsspec.implementations.memory import MemoryFileSystem
 
         if protocol in PROCESS_LOCAL_PROTOCOLS or issubclass(cls, MemoryFileSystem):

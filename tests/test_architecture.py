@@ -25,7 +25,9 @@ ALLOWED = {
 }
 
 
-def _modules(root: str) -> dict[str, str]:
+def package_modules(root: str) -> dict[str, str]:
+    """The shipped package's modules under ``root`` (dotted name -> file): every module of
+    its layers, and the root modules ``errors``, ``cli`` and ``demo``."""
     out = {}
     for layer in ("core", "format", "datasource", "conformance"):
         for folder, dirs, files in os.walk(os.path.join(root, layer)):
@@ -73,7 +75,7 @@ def _layer(dotted: str) -> str:
 
 @pytest.fixture(scope="module")
 def graph(repo_root) -> dict[str, set[str]]:
-    modules = _modules(repo_root)
+    modules = package_modules(repo_root)
     known = set(modules)
     return {m: _imports(p, m, known) - {m.rpartition(".")[0]} for m, p in modules.items()}
 
@@ -100,7 +102,7 @@ def test_no_import_cycles(graph):
 
 
 def test_imports_point_one_way(repo_root):
-    modules = _modules(repo_root)
+    modules = package_modules(repo_root)
     known = set(modules)
     wrong = []
     for m, path in modules.items():
@@ -114,7 +116,7 @@ def test_imports_point_one_way(repo_root):
 
 
 def test_core_and_format_never_import_pyspark(repo_root):
-    for dotted, path in _modules(repo_root).items():
+    for dotted, path in package_modules(repo_root).items():
         if _layer(dotted) not in ("core", "format"):
             continue
         for node in ast.walk(ast.parse(open(path).read())):
@@ -131,7 +133,7 @@ def test_the_module_map_in_the_design_doc_names_every_module(repo_root):
     section = design.split("## Module map", 1)[1].split("\n## ", 1)[0]
     missing = [
         dotted
-        for dotted in _modules(repo_root)
+        for dotted in package_modules(repo_root)
         if _layer(dotted) in ALLOWED
         and not dotted.endswith("__init__")
         and dotted.count(".") >= 2
@@ -142,7 +144,7 @@ def test_the_module_map_in_the_design_doc_names_every_module(repo_root):
 
 def test_every_core_subpackage_says_what_it_owns(repo_root):
     """Each room of `core` opens with a docstring that names every module in it."""
-    modules = _modules(repo_root)
+    modules = package_modules(repo_root)
     packages = [m for m, p in modules.items() if p.endswith("__init__.py") and m.count(".") == 2]
     assert len(packages) >= 5, packages
     for package in packages:
@@ -161,7 +163,7 @@ SHARD_INTERNALS = {"machine", "blob", "_machine", "_blob"}
 
 def test_datasource_never_reaches_into_a_shards_machine_or_blob(repo_root):
     found = []
-    for dotted, path in _modules(repo_root).items():
+    for dotted, path in package_modules(repo_root).items():
         if _layer(dotted) != "datasource":
             continue
         for node in ast.walk(ast.parse(open(path).read())):

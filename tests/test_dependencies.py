@@ -21,6 +21,7 @@ import tomllib
 
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
+from test_architecture import package_modules
 
 #: PySpark calls that need pandas at run time, whatever the function given to them does.
 NEEDS_PANDAS = {"mapInArrow", "mapInPandas", "applyInPandas", "applyInArrow", "toPandas"}
@@ -72,28 +73,19 @@ def _runtime_requirements(repo_root: str) -> list[str]:
 
 
 def _calls(repo_root: str, names: set[str]) -> list[str]:
-    """``file:line name`` of every call of an attribute in ``names`` in the shipped package
-    (tests, benchmarks and the Java sources are not shipped code)."""
+    """``file:line name`` of every call of an attribute in ``names`` in the shipped package's
+    modules (`package_modules`)."""
     out = []
-    for dirpath, dirnames, filenames in os.walk(repo_root):
-        rel = os.path.relpath(dirpath, repo_root)
-        top = "" if rel == os.curdir else rel.split(os.sep)[0]
-        if top in {"tests", "benchmarks", "jvm", "docs"} or top.startswith("."):
-            dirnames[:] = []
-            continue
-        for filename in filenames:
-            if not filename.endswith(".py"):
-                continue
-            path = os.path.join(dirpath, filename)
-            with open(path, encoding="utf-8") as f:
-                tree = ast.parse(f.read(), path)
-            for node in ast.walk(tree):
-                if (
-                    isinstance(node, ast.Call)
-                    and isinstance(node.func, ast.Attribute)
-                    and node.func.attr in names
-                ):
-                    out.append(f"{os.path.relpath(path, repo_root)}:{node.lineno} {node.func.attr}")
+    for path in package_modules(repo_root).values():
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in names
+            ):
+                out.append(f"{os.path.relpath(path, repo_root)}:{node.lineno} {node.func.attr}")
     return sorted(out)
 
 
